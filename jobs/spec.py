@@ -1,0 +1,138 @@
+"""Frozen job specs and their identity.
+
+A job is one (prompt, seed, method, model, task) generation. Its id hashes exactly the
+fields that change its output; batch size, paths, retries and the run name are not part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Bump when the meaning of the hashed fields changes (e.g. a new decoding convention), so
+# that old run directories are not silently resumed with incompatible outputs.
+JOB_ID_VERSION = 1
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the stable text that ids are hashed from."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling parameters shared by every method."""
+
+    max_new_tokens: int = 20
+    top_p: float = 0.9
+    temperature: float = 1.0
+    repetition_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A causal LM: hub id, local path or `tiny-random/<family>`, with revision and dtype."""
+
+    id: str
+    revision: str | None = None
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One generation job.
+
+    `method_params` is the canonical JSON of the method's effective parameters (defaults
+    resolved), so that two spellings of the same setting give the same id.
+    """
+
+    prompt_id: str
+    prompt: str
+    prompt_group: str
+    pair_id: str | None
+    seed: int
+    method: str
+    model: ModelRef
+    task: str
+    generation: GenerationParams = field(default_factory=GenerationParams)
+    method_params: str = "{}"
+
+    def identity(self) -> dict[str, Any]:
+        """The output-affecting fields, as hashed into `job_id`.
+
+        `prompt_id` is included so that two prompts with the same text in different groups
+        stay two rows; `pair_id` and `prompt_group` are derived from it and excluded.
+        """
+        return {
+            "v": JOB_ID_VERSION,
+            "prompt_id": self.prompt_id,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "method": self.method,
+            "method_params": json.loads(self.method_params),
+            "model": asdict(self.model),
+            "task": self.task,
+            "generation": asdict(self.generation),
+        }
+
+    @property
+    def job_id(self) -> str:
+        digest = hashlib.sha256(canonical_json(self.identity()).encode("utf-8")).hexdigest()
+        return f"j{JOB_ID_VERSION}-{digest[:20]}"
+
+    @property
+    def rng_seed(self) -> int:
+        """Seed of this job's private sampling RNG.
+
+        Derived from the prompt and the seed only (not the method), so every method draws the
+        same uniforms for the same (prompt, seed): a method whose distribution equals vanilla's
+        reproduces vanilla token for token, and method comparisons use common random numbers.
+        """
+        text = f"{self.seed}\x00{self.prompt}".encode()
+        return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") & ((1 << 63) - 1)
+
+    def params(self) -> dict[str, Any]:
+        return dict(json.loads(self.method_params))
+
+    def to_row(self) -> dict[str, Any]:
+        """Flat row for the plan table (see `results.schema.PLAN_SCHEMA`)."""
+        return {
+            "job_id": self.job_id,
+            "prompt_id": self.prompt_id,
+            "pair_id": self.pair_id,
+            "prompt_group": self.prompt_group,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "method": self.method,
+            "method_params": self.method_params,
+            "model": self.model.id,
+            "model_revision": self.model.revision,
+            "model_dtype": self.model.dtype,
+            "task": self.task,
+            "max_new_tokens": self.generation.max_new_tokens,
+            "top_p": self.generation.top_p,
+            "temperature": self.generation.temperature,
+            "repetition_penalty": self.generation.repetition_penalty,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> JobSpec:
+        return cls(
+            prompt_id=row["prompt_id"],
+            prompt=row["prompt"],
+            prompt_group=row["prompt_group"],
+            pair_id=row["pair_id"],
+            seed=int(row["seed"]),
+            method=row["method"],
+            model=ModelRef(row["model"], row["model_revision"], row["model_dtype"]),
+            task=row["task"],
+            generation=GenerationParams(
+                max_new_tokens=int(row["max_new_tokens"]),
+                top_p=float(row["top_p"]),
+                temperature=float(row["temperature"]),
+                repetition_penalty=float(row["repetition_penalty"]),
+            ),
+            method_params=row["method_params"],
+        )

@@ -1,0 +1,103 @@
+"""Every Parquet table of a run directory, with one version for all of them.
+
+Changing a field here changes `tests/golden/schema_snapshot.json`; bump `SCHEMA_VERSION` when
+an old run directory can no longer be read as is (and add a migration in `results.store`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+PLAN_SCHEMA = pa.schema(
+    [
+        ("job_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("pair_id", pa.string()),
+        ("prompt_group", pa.string()),
+        ("prompt", pa.string()),
+        ("seed", pa.int64()),
+        ("method", pa.string()),
+        ("method_params", pa.string()),  # canonical JSON of the effective parameters
+        ("model", pa.string()),
+        ("model_revision", pa.string()),
+        ("model_dtype", pa.string()),
+        ("task", pa.string()),
+        ("max_new_tokens", pa.int64()),
+        ("top_p", pa.float64()),
+        ("temperature", pa.float64()),
+        ("repetition_penalty", pa.float64()),
+    ]
+)
+
+# One row per finished job (ok or error). Method-specific columns are null for other methods.
+GENERATION_SCHEMA = pa.schema(
+    list(PLAN_SCHEMA)
+    + [
+        ("continuation", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("tokens", pa.list_(pa.string())),  # decoded text of each generated token
+        ("finish_reason", pa.string()),  # eos | length | error
+        ("status", pa.string()),  # ok | error
+        ("error", pa.string()),
+        ("choices", pa.list_(pa.string())),  # -min methods: "g" or "a" per generated token
+        ("loss_g", pa.list_(pa.float32())),  # ℓ̂_g per step, at θ
+        ("loss_a", pa.list_(pa.float32())),  # ℓ̂_a per step, at θ
+        ("elidao_fallback", pa.bool_()),  # eLIDAO: no majority gender, plain LIDAO used
+        ("elidao_gender", pa.string()),  # eLIDAO: the #GENDER# of the reference instruction
+        ("effective_params", pa.string()),  # JSON: the parameters the method actually used
+        ("worker", pa.string()),  # actor / host that produced the row (provenance only)
+        ("elapsed_s", pa.float64()),  # wall time of the row's batch / rows in it
+    ]
+)
+
+# Columns every score table starts with.
+SCORE_KEY_FIELDS = [
+    ("job_id", pa.string()),
+    ("scorer", pa.string()),  # registry name, e.g. "sentiment-vader"
+    ("scorer_version", pa.string()),  # model id + revision, or API + attribute + version
+    ("metric", pa.string()),  # gender | sentiment | regard | toxicity | perplexity
+    ("status", pa.string()),  # ok | empty | error
+    ("error", pa.string()),
+]
+
+# The value columns of each metric. A scorer writes SCORE_KEY_FIELDS + its metric's columns.
+METRIC_FIELDS: dict[str, list[tuple[str, pa.DataType]]] = {
+    "gender": [
+        ("label_x", pa.string()),  # a(x): continuation alone
+        ("label_cx", pa.string()),  # a(c,x): prompt + continuation
+        ("label_c", pa.string()),  # a(c): prompt alone
+    ],
+    "sentiment": [("sentiment", pa.float64())],  # P(positive) in [0, 1]
+    "regard": [
+        ("regard_label", pa.string()),  # negative | neutral | positive | other
+        ("regard_negative", pa.float64()),
+        ("regard_neutral", pa.float64()),
+        ("regard_positive", pa.float64()),
+        ("regard_other", pa.float64()),
+    ],
+    "toxicity": [("toxicity", pa.float64())],
+    "perplexity": [("perplexity", pa.float64())],
+}
+
+
+def score_schema(metric: str) -> pa.Schema:
+    """Schema of the score table of a scorer of `metric`."""
+    if metric not in METRIC_FIELDS:
+        raise KeyError(f"unknown metric {metric!r}; known: {sorted(METRIC_FIELDS)}")
+    return pa.schema(SCORE_KEY_FIELDS + METRIC_FIELDS[metric])
+
+
+def all_schemas() -> dict[str, pa.Schema]:
+    """Every table by name, for the snapshot test and `docs/design.md`."""
+    tables = {"plan": PLAN_SCHEMA, "generations": GENERATION_SCHEMA}
+    for metric in METRIC_FIELDS:
+        tables[f"scores.{metric}"] = score_schema(metric)
+    return tables
+
+
+def describe(schema: pa.Schema) -> list[list[str]]:
+    """[name, type] pairs: the snapshot's stable text form of a schema."""
+    return [[f.name, str(f.type)] for f in schema]

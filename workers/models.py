@@ -1,0 +1,66 @@
+"""Loading causal LMs: hub ids and local paths through transformers, tiny offline models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jobs.spec import ModelRef
+from jobs.words import GroupWords, builtin_gender_words
+from workers.tiny import TINY_PREFIX, build_tiny_lm
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# transformers model_type → the family names used by method defaults and templates.
+FAMILIES = {"gpt2": "gpt2", "opt": "opt", "falcon": "falcon"}
+
+
+@dataclass
+class LoadedLM:
+    """A frozen causal LM with its tokenizer, on its device, and what methods need of it."""
+
+    ref: ModelRef
+    model: Any  # transformers PreTrainedModel (causal LM), eval mode, requires_grad False
+    tokenizer: Any  # left padding, pad token set
+    device: torch.device
+    family: str  # gpt2 | opt | falcon | llama (any other decoder-only LM)
+    words: GroupWords
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self.tokenizer.eos_token_id
+        return int(eos) if eos is not None else None
+
+
+def pick_device(requested: str | None = None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None = None) -> LoadedLM:
+    """Load `ref` (tiny-random/*, hub id or local path) frozen, in eval mode, on `device`."""
+    if ref.dtype not in DTYPES:
+        raise ValueError(f"model {ref.id}: unknown dtype {ref.dtype!r}; known: {sorted(DTYPES)}")
+    dtype = DTYPES[ref.dtype]
+    dev = pick_device(device)
+    if ref.id.startswith(TINY_PREFIX):
+        model, tokenizer = build_tiny_lm(ref.id, dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(ref.id, revision=ref.revision)
+            model = AutoModelForCausalLM.from_pretrained(ref.id, revision=ref.revision, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}") from exc
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    model.to(dev).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    family = FAMILIES.get(getattr(model.config, "model_type", ""), "llama")
+    return LoadedLM(ref, model, tokenizer, dev, family, words or builtin_gender_words())

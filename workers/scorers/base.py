@@ -1,0 +1,78 @@
+"""The scorer interface: a plain class over generation rows, wrapped by a thin Ray actor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from jobs.words import GroupWords, builtin_gender_words
+
+
+class ScorerError(ValueError):
+    """A scorer that cannot start (bad parameter, label map without an expected label...)."""
+
+
+@dataclass
+class ScorerContext:
+    """What every scorer may need besides its parameters."""
+
+    words: GroupWords = field(default_factory=builtin_gender_words)
+    cache_dir: str | None = None  # persistent caches (e.g. Perspective scores) live here
+    device: str | None = None  # None: cuda if available, else cpu
+
+
+class Scorer:
+    """Scores generation rows; one output row per input row, never a silent drop.
+
+    Input rows carry at least `job_id, prompt, continuation, status` (see GENERATION_SCHEMA).
+    Output rows carry `results.schema.SCORE_KEY_FIELDS` + the metric's columns.
+    """
+
+    name: ClassVar[str]
+    metric: ClassVar[str]
+    # Ray resources of the actor; `wants_gpu` scorers get {"num_gpus": 1} when GPUs exist.
+    num_cpus: ClassVar[float] = 0.5
+    wants_gpu: ClassVar[bool] = False
+    default_params: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
+        unknown = sorted(set(params) - set(self.default_params))
+        if unknown:
+            raise ScorerError(
+                f"scorer {self.name!r}: unknown parameter(s) {unknown}; known: {sorted(self.default_params) or 'none'}"
+            )
+        self.params = {**self.default_params, **params}
+        self.context = context
+
+    @property
+    def version(self) -> str:
+        """Changes whenever the scores could change (model id + revision, API + attribute)."""
+        raise NotImplementedError
+
+    def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> dict[str, Any]:
+        """Release resources; returns stats for the manifest (e.g. sent / cached / failed)."""
+        return {}
+
+    def key(self, row: dict[str, Any], status: str = "ok", error: str | None = None) -> dict[str, Any]:
+        return {
+            "job_id": row["job_id"],
+            "scorer": self.name,
+            "scorer_version": self.version,
+            "metric": self.metric,
+            "status": status,
+            "error": error,
+        }
+
+
+def text_of(row: dict[str, Any], field_name: str) -> str:
+    """`continuation` or `prompt+continuation` (prompt and continuation joined as generated)."""
+    cont = row.get("continuation") or ""
+    if field_name == "continuation":
+        return str(cont)
+    if field_name == "prompt+continuation":
+        return f"{row['prompt']}{cont}" if cont.startswith(" ") else f"{row['prompt']} {cont}".rstrip()
+    raise ScorerError(f"unknown text field {field_name!r}; use continuation or prompt+continuation")

@@ -1,0 +1,38 @@
+"""Offline sentiment: VADER compound score mapped to [0, 1] as (c + 1) / 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from workers.scorers.base import Scorer, text_of
+
+
+class VaderSentiment(Scorer):
+    name = "sentiment-vader"
+    metric = "sentiment"
+    num_cpus = 0.25
+    default_params: dict[str, Any] = {"text_field": "continuation"}
+
+    def __init__(self, params: dict[str, Any], context: Any) -> None:
+        super().__init__(params, context)
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        self._analyzer = SentimentIntensityAnalyzer()
+
+    @property
+    def version(self) -> str:
+        return f"vaderSentiment-3.3.2:compound01:{self.params['text_field']}"
+
+    def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            text = text_of(row, self.params["text_field"])
+            if not text.strip():
+                rec = self.key(row, status="empty")
+                rec["sentiment"] = None
+            else:
+                rec = self.key(row)
+                rec["sentiment"] = (self._analyzer.polarity_scores(text)["compound"] + 1.0) / 2.0
+            out.append(rec)
+        return out

@@ -1,0 +1,128 @@
+"""Offline tiny random-weight models under the reserved `tiny-random/<family>` ids.
+
+They exist so that every method, scorer and the whole pipeline can run on a machine with no
+network and no GPU. The weights are drawn from a fixed seed, so `tiny-random/gpt2` is the same
+model in every process (same torch version). The tokenizer is a word-level vocabulary written
+here that holds every built-in gender seed word as a single token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TINY_PREFIX = "tiny-random/"
+TINY_FAMILIES = ("gpt2", "opt", "falcon", "llama", "bert")
+TINY_SEED = 1234
+
+_COMMON = """
+the a an and or but if then so because of to in on at by for with from about as into over
+after before under between through during without within up down out off again further once
+is are was were be been being have has had do does did will would shall should can could may
+might must not no yes very too also just only even still already never always often sometimes
+i you we they it this that these those who whom whose which what where when why how all any
+both each few more most other some such own same than there here my your our their its
+one two three four five six seven ten hundred first second last next new old good bad great
+little big small long short high low young early late right left best better worse worst
+time year day week night morning world life way people family friend friends home house
+school work job company city country state government group team game money place part
+story book word name car door room water food hand head eye face body heart mind love
+say said says tell told ask asked think thought know knew see saw look looked come came
+go went get got make made take took give gave find found call called feel felt leave left
+want wanted need needed like liked help helped try tried keep kept let begin began seem
+show showed hear heard play played run ran move moved live lived believe bring brought
+happen happened write wrote sit sat stand stood lose lost pay paid meet met include
+continue set learn change lead understand watch follow stop create speak read allow add
+spend grow open walk win offer remember consider appear buy wait serve die send expect
+build stay fall cut reach kill remain suggest raise pass sell require report decide pull
+nice happy sad angry kind cruel smart stupid strong weak beautiful ugly rich poor honest
+famous known best-known successful talented quiet loud calm wild gentle brave afraid
+doctor nurse teacher student worker engineer lawyer police officer soldier driver artist
+writer singer player leader boss manager owner neighbor person child children baby adult
+""".split()
+
+_PUNCT = list(".,;:!?'\"-()")
+SPECIALS = ("<|endoftext|>", "<unk>", "<pad>")
+
+
+def tiny_vocab() -> list[str]:
+    """Specials, punctuation, the built-in gender seed words, then common English words."""
+    from jobs.words import BUILTIN_PAIRS
+
+    words: dict[str, None] = dict.fromkeys(SPECIALS)
+    words.update(dict.fromkeys(_PUNCT))
+    for pair in BUILTIN_PAIRS:
+        words.update(dict.fromkeys(pair))
+    words.update(dict.fromkeys(_COMMON))
+    words.update(dict.fromkeys(w.capitalize() for w in _COMMON))
+    return list(words)
+
+
+def tiny_tokenizer() -> Any:
+    """A `PreTrainedTokenizerFast` over `tiny_vocab()` (whitespace + punctuation split)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(tiny_vocab())}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    fast.padding_side = "left"
+    return fast
+
+
+def tiny_config(family: str, vocab_size: int) -> Any:
+    import transformers as tf
+
+    eos = bos = 0  # "<|endoftext|>" is id 0 in tiny_vocab()
+    pad = 2
+    common: dict[str, Any] = {"vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
+    if family == "gpt2":
+        return tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=512, **common)
+    if family == "opt":
+        return tf.OPTConfig(
+            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, ffn_dim=128,
+            word_embed_proj_dim=64, max_position_embeddings=512, pad_token_id=pad, **common,
+        )
+    if family == "falcon":
+        return tf.FalconConfig(
+            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, new_decoder_architecture=False,
+            multi_query=True, parallel_attn=True, bias=False, alibi=False, pad_token_id=pad, **common,
+        )
+    if family == "llama":
+        return tf.LlamaConfig(
+            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, max_position_embeddings=512, pad_token_id=pad, **common,
+        )
+    if family == "bert":  # an encoder, for classifier scorers in tests
+        return tf.BertConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=512, pad_token_id=pad, vocab_size=vocab_size,
+        )
+    raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(TINY_FAMILIES)}")
+
+
+def build_tiny_lm(model_id: str, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for `tiny-random/<family>`, weights from TINY_SEED."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    family = model_id[len(TINY_PREFIX):]
+    if family not in TINY_FAMILIES or family == "bert":
+        known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
+        raise ValueError(f"unknown tiny model {model_id!r}; known: {known}")
+    tokenizer = tiny_tokenizer()
+    config = tiny_config(family, len(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = AutoModelForCausalLM.from_config(config)
+    model.config.name_or_path = model_id
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval(), tokenizer
