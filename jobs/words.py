@@ -94,7 +94,7 @@ def load_group_words(
 
 def _word_regex(words: set[str]) -> re.Pattern[str]:
     alternation = "|".join(sorted((re.escape(w) for w in words), key=len, reverse=True))
-    return re.compile(rf"(?<![\w'])({alternation})(?![\w'])")
+    return re.compile(rf"(?<!\w)({alternation})(?!\w)")
 
 
 def count_groups(text: str, words: GroupWords) -> dict[str, int]:

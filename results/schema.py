@@ -83,6 +83,29 @@ METRIC_FIELDS: dict[str, list[tuple[str, pa.DataType]]] = {
 }
 
 
+# The long summary of aggregation (results.aggregate): one row per statistic of a cell
+# (model, method, variant, task, view); see the `results.aggregate` docstring for the names.
+SUMMARY_SCHEMA = pa.schema(
+    [
+        ("model", pa.string()),
+        ("method", pa.string()),
+        ("variant", pa.string()),  # "" unless a (model, method, task) ran with several settings
+        ("task", pa.string()),
+        ("view", pa.string()),  # a(x) | a(c,x) | a(c) | file | - (per setting)
+        ("metric", pa.string()),  # count | filter | sentiment | regard | toxicity | perplexity
+        ("stat", pa.string()),  # mean | std | bias | nnre | emt | p_smaller_vs_vanilla | ...
+        ("group", pa.string()),  # a demographic group | none | unscored | labelled | all | gap
+        ("value", pa.float64()),
+        ("ci_low", pa.float64()),  # bootstrap percentile interval (gaps only)
+        ("ci_high", pa.float64()),
+        ("n", pa.int64()),  # rows, or prompts for per-prompt statistics and gaps
+        ("n_boot", pa.int64()),  # resamples where the statistic was defined
+        ("scorer", pa.string()),
+        ("scorer_version", pa.string()),
+    ]
+)
+
+
 def score_schema(metric: str) -> pa.Schema:
     """Schema of the score table of a scorer of `metric`."""
     if metric not in METRIC_FIELDS:

@@ -158,7 +158,9 @@ class RunStore:
 
     def scorers(self) -> list[str]:
         sel = pafs.FileSelector(self.path("scores"), allow_not_found=True)
-        return sorted(i.base_name for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.Directory)
+        return sorted(
+            i.base_name for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.Directory
+        )
 
     def read_scores(self, scorer: str, metric: str) -> pl.DataFrame:
         """Score rows of one scorer, one per (job id, scorer version), newest shard wins."""

@@ -12,13 +12,61 @@ from typing import Any
 
 METHODS: dict[str, str] = {
     "vanilla": "workers.methods.base:Vanilla",
+    "uddia": "workers.methods.lidao:Uddia",
+    "lidao-min": "workers.methods.lidao:LidaoMin",
+    "lidao-prod": "workers.methods.lidao:LidaoProd",
+    "elidao-min": "workers.methods.elidao:ElidaoMin",
+    "elidao-prod": "workers.methods.elidao:ElidaoProd",
 }
 
 # Parameter defaults per method (torch-free), resolved into each job's `method_params`.
 # A method may also declare per-model-family defaults in PAPER_DEFAULTS.
+# Bias-tuned methods: `lr` / `tau` None = the LM family's value (FAMILY_TUNING) at load time;
+# `blocks` = top blocks tuned (clamped to the depth); `scope` = context | last; `head` = a head
+# file (None: the task's default head, random for tiny-random/* models).
+_TUNED: dict[str, Any] = {"lr": None, "tau": None, "blocks": 18, "scope": "context", "head": None}
+
 DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
+    "uddia": {**_TUNED, "lam": 0.05, "redo": False},
+    "lidao-min": {**_TUNED, "gamma": 0.5},
+    "lidao-prod": dict(_TUNED),
+    # `instruction`: None (by family), "plain" (GPT-2/OPT template), "instruct" (Falcon's), or a
+    # custom template containing #GENDER#.
+    "elidao-min": {**_TUNED, "gamma": 0.5, "instruction": None},
+    "elidao-prod": {**_TUNED, "instruction": None},
 }
+
+TUNED_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod")
+
+# Learning rate and mixing weight τ per LM family (method.md); "other" = any other decoder LM.
+FAMILY_TUNING: dict[str, dict[str, float]] = {
+    "gpt2": {"lr": 0.01, "tau": 0.9},
+    "opt": {"lr": 0.006, "tau": 0.8},
+    "falcon": {"lr": 0.01, "tau": 0.8},
+    "other": {"lr": 0.01, "tau": 0.8},
+}
+
+# The paper's hyper-parameter table (its Table 6): tuned-method parameters, sampling parameters
+# (for the config's generation defaults) and the variant the paper reports per model.
+PAPER_MODELS: dict[str, dict[str, Any]] = {
+    "gpt2-large": {
+        "method": {"lr": 0.01, "blocks": 18, "tau": 0.9},
+        "generation": {"top_p": 0.9, "temperature": 1.0, "repetition_penalty": 1.0},
+        "variant": "min", "samples_per_prompt": 10,
+    },
+    "facebook/opt-6.7b": {
+        "method": {"lr": 0.006, "blocks": 18, "tau": 0.8},
+        "generation": {"top_p": 0.9, "temperature": 0.75, "repetition_penalty": 1.2},
+        "variant": "min", "samples_per_prompt": 5,
+    },
+    "tiiuae/falcon-7b-instruct": {
+        "method": {"lr": 0.01, "blocks": 18, "tau": 0.8},
+        "generation": {"top_p": 0.9, "temperature": 0.75, "repetition_penalty": 1.2},
+        "variant": "prod", "samples_per_prompt": 5,
+    },
+}
+_PAPER_ALIASES = {"openai-community/gpt2-large": "gpt2-large"}
 
 
 class UnknownMethodError(KeyError):
@@ -48,6 +96,9 @@ def resolve_params(name: str, params: dict[str, Any], model_id: str) -> dict[str
 
 def model_defaults(name: str, model_id: str) -> dict[str, Any]:
     """Per-model defaults (the paper's hyper-parameter table); empty for unknown models."""
+    paper = PAPER_MODELS.get(_PAPER_ALIASES.get(model_id, model_id))
+    if name in TUNED_METHODS and paper is not None:
+        return dict(paper["method"])
     return {}
 
 

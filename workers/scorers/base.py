@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from jobs.words import GroupWords, builtin_gender_words
+from results.schema import METRIC_FIELDS
 
 
 class ScorerError(ValueError):
@@ -57,7 +58,9 @@ class Scorer:
         """Release resources; returns stats for the manifest (e.g. sent / cached / failed)."""
         return {}
 
-    def key(self, row: dict[str, Any], status: str = "ok", error: str | None = None) -> dict[str, Any]:
+    def key(
+        self, row: dict[str, Any], status: str = "ok", error: str | None = None
+    ) -> dict[str, Any]:
         return {
             "job_id": row["job_id"],
             "scorer": self.name,
@@ -74,5 +77,46 @@ def text_of(row: dict[str, Any], field_name: str) -> str:
     if field_name == "continuation":
         return str(cont)
     if field_name == "prompt+continuation":
-        return f"{row['prompt']}{cont}" if cont.startswith(" ") else f"{row['prompt']} {cont}".rstrip()
+        return (
+            f"{row['prompt']}{cont}" if cont.startswith(" ") else f"{row['prompt']} {cont}".rstrip()
+        )
     raise ScorerError(f"unknown text field {field_name!r}; use continuation or prompt+continuation")
+
+
+def score_batched(
+    scorer: Scorer,
+    rows: Sequence[dict[str, Any]],
+    batch_size: int,
+    score_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Run `score_batch` over chunks of `rows`; a failing chunk is retried row by row.
+
+    A row that still fails alone (too long for the model, out of memory...) becomes a
+    `status = error` row carrying the exception text, so one bad row never drops its batch.
+    """
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(rows), max(1, batch_size)):
+        chunk = list(rows[start : start + batch_size])
+        try:
+            out.extend(score_batch(chunk))
+            continue
+        except Exception as exc:  # noqa: BLE001 - isolated below, row by row
+            if len(chunk) == 1:
+                out.append(null_row(scorer, chunk[0], "error", f"{type(exc).__name__}: {exc}"))
+                continue
+        for row in chunk:
+            try:
+                out.extend(score_batch([row]))
+            except Exception as exc:  # noqa: BLE001 - recorded in the row
+                out.append(null_row(scorer, row, "error", f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def null_row(
+    scorer: Scorer, row: dict[str, Any], status: str, error: str | None = None
+) -> dict[str, Any]:
+    """A row of `scorer` for `row` with every metric column null (status empty or error)."""
+    rec = scorer.key(row, status=status, error=error[:2000] if error else None)
+    for name, _ in METRIC_FIELDS[scorer.metric]:
+        rec[name] = None
+    return rec

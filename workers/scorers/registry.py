@@ -9,12 +9,22 @@ from typing import Any
 SCORERS: dict[str, str] = {
     "gender": "workers.scorers.gender:GenderLabels",
     "sentiment-vader": "workers.scorers.vader:VaderSentiment",
+    "sentiment": "workers.scorers.classifier:SentimentClassifier",
+    "regard": "workers.scorers.classifier:RegardClassifier",
+    "toxicity-hf": "workers.scorers.classifier:ToxicityClassifier",
+    "perspective": "workers.scorers.perspective:PerspectiveToxicity",
+    "perplexity": "workers.scorers.perplexity:Perplexity",
 }
 
 # metric of each scorer, known without importing it (the planner and aggregation use it).
 SCORER_METRICS: dict[str, str] = {
     "gender": "gender",
     "sentiment-vader": "sentiment",
+    "sentiment": "sentiment",
+    "regard": "regard",
+    "toxicity-hf": "toxicity",
+    "perspective": "toxicity",
+    "perplexity": "perplexity",
 }
 
 

@@ -1,0 +1,88 @@
+"""The orchestrator: plan → generate → score → aggregate, each a function found by name.
+
+The driver never imports torch or transformers; models load inside Ray actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from harness.config import RunConfig, dump_config
+from harness.generation import generate_stage
+from harness.manifest import update_manifest
+from harness.scoring import score_run
+from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.grid import expand_grid
+from jobs.spec import JobSpec
+from jobs.words import GroupWords, load_group_words
+from results.store import RunStore
+from workers.scorers.base import ScorerContext
+
+log = logging.getLogger("harness")
+
+
+def load_words(cfg: RunConfig) -> GroupWords:
+    return load_group_words(cfg.gender_words, sha256=cfg.gender_words_sha256, cache_dir=cfg.runtime.cache_dir)
+
+
+def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
+    ds = cfg.dataset
+    if ds.kind == "paired-jsonl":
+        assert ds.files is not None
+        return load_paired_jsonl(ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir)
+    assert ds.path is not None
+    sha = (ds.sha256 or {}).get("path")
+    return load_prompt_list(ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir)
+
+
+def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
+    """Every job of the config's grid (validated input; nothing runs yet)."""
+    prompts = load_prompts(cfg, words)
+    models = [(m.ref(), (m.generation or cfg.generation).params()) for m in cfg.models]
+    methods = [(m.name, dict(m.params)) for m in cfg.methods]
+    return expand_grid(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt)
+
+
+def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
+    store.makedirs()
+    store.write_bytes("config.yaml", dump_config(cfg).encode())
+    store.write_plan([j.to_row() for j in jobs])
+
+
+def score_stage(store: RunStore, cfg: RunConfig, words: GroupWords, use_ray: bool,
+                only: list[str] | None = None) -> dict[str, Any]:
+    scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
+    context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
+    return score_run(store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size)
+
+
+def aggregate_stage(store: RunStore) -> Any:
+    from results.aggregate import aggregate_run
+
+    return aggregate_run(store)
+
+
+def run(cfg: RunConfig, out: str, use_ray: bool = True, progress: bool = True) -> dict[str, Any]:
+    """The whole pipeline on `cfg` into run directory `out`; resumes what is already there."""
+    store = RunStore(out)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    words = load_words(cfg)
+    jobs = plan(cfg, words)
+    write_plan(store, cfg, jobs)
+    timings["plan_s"] = time.perf_counter() - t0
+    log.info("planned %d jobs into %s", len(jobs), store.uri)
+    t0 = time.perf_counter()
+    gen_stats = generate_stage(store, cfg, jobs, words, use_ray=use_ray, progress=progress)
+    timings["generate_s"] = time.perf_counter() - t0
+    update_manifest(store, {"generation": gen_stats, "timings": timings})
+    t0 = time.perf_counter()
+    score_stats = score_stage(store, cfg, words, use_ray=use_ray)
+    timings["score_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    aggregate_stage(store)
+    timings["aggregate_s"] = time.perf_counter() - t0
+    update_manifest(store, {"scoring": score_stats, "timings": timings})
+    return {"jobs": len(jobs), "generation": gen_stats, "scoring": score_stats, "timings": timings}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up .venv for lidao-harness on a fresh machine. Idempotent: a second run only checks.
+#   bash scripts/setup.sh          # the harness
+#   bash scripts/setup.sh --dev    # + pytest, ruff, mypy, and Chromium for the report test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+dev=0; [ "${1:-}" = "--dev" ] && dev=1
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first: 2.13.0 is a local CPU build on CPU machines; any other spec pulls CUDA wheels.
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then pip install -q torch; else pip install -q torch==2.13.0; fi
+fi
+if [ $dev = 1 ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
+if [ $dev = 1 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "setup: chromium not installed; the HTML render test will skip" >&2
+fi
+python -c "import torch, transformers, ray, polars; print('lidao-harness ready: torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -1,0 +1,43 @@
+"""Shared fixtures: paths to ../shared, job factories, one local Ray for the whole session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+UDDIA = SHARED / "data" / "uddia-prompts"
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not present")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray bound to 127.0.0.1 with a short temp dir, shut down at the end."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    ray.init(
+        num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=tmp,
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)

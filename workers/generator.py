@@ -1,0 +1,111 @@
+"""`Generator`: a plain class that owns one LM replica and turns batches of jobs into shards.
+
+The Ray actor (`workers.actors`) is a thin shell around it; tests call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from jobs.spec import JobSpec, ModelRef
+from jobs.words import GroupWords
+from results.store import RunStore
+from workers.decoding import decode_batch
+from workers.methods.base import DecodingMethod
+from workers.methods.registry import load_method
+from workers.models import LoadedLM, load_lm
+
+MethodKey = tuple[str, str, str]  # (method, canonical params JSON, task)
+
+
+class Generator:
+    """One model replica: loads the LM once, caches method instances, writes shards atomically."""
+
+    def __init__(
+        self,
+        model: ModelRef,
+        run_uri: str,
+        words: GroupWords | None = None,
+        device: str | None = None,
+        name: str = "generator",
+    ) -> None:
+        self.lm: LoadedLM = load_lm(model, device=device, words=words)
+        self.store = RunStore(run_uri)
+        self.name = f"{name}@{socket.gethostname()}"
+        self._methods: dict[MethodKey, DecodingMethod] = {}
+        self.stats = {"batches": 0, "jobs": 0, "tokens": 0, "busy_s": 0.0, "oom_splits": 0}
+
+    def method(self, name: str, params_json: str, task: str) -> DecodingMethod:
+        """The method instance for (name, params, task), built once (heads, extra models...)."""
+        key = (name, params_json, task)
+        if key not in self._methods:
+            cls = load_method(name)
+            self._methods[key] = cls(self.lm, json.loads(params_json), task)
+        return self._methods[key]
+
+    def prepare(self, keys: Sequence[MethodKey]) -> dict[str, Any]:
+        """Instantiate every method this replica will run, so misconfiguration fails up front."""
+        for key in keys:
+            self.method(*key)
+        return {"device": str(self.lm.device), "family": self.lm.family, "worker": self.name}
+
+    def run_batch(self, jobs: Sequence[JobSpec]) -> dict[str, Any]:
+        """Generate and persist one batch; returns counts. Halves the batch on CUDA OOM."""
+        start = time.perf_counter()
+        rows = self._decode_splitting(list(jobs))
+        busy = time.perf_counter() - start
+        self.stats["batches"] += 1
+        self.stats["jobs"] += len(rows)
+        self.stats["tokens"] += sum(r["num_tokens"] for r in rows)
+        self.stats["busy_s"] += busy
+        return {
+            "jobs": len(rows),
+            "ok": sum(r["status"] == "ok" for r in rows),
+            "errors": [r["error"] for r in rows if r["status"] != "ok"],
+            "tokens": sum(r["num_tokens"] for r in rows),
+            "busy_s": busy,
+            "worker": self.name,
+        }
+
+    def _decode_splitting(self, jobs: list[JobSpec]) -> list[dict[str, Any]]:
+        first = jobs[0]
+        method = self.method(first.method, first.method_params, first.task)
+        try:
+            rows = decode_batch(self.lm, method, jobs)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            if len(jobs) == 1:
+                rows = [error_row(first, "CUDA out of memory with a batch of 1")]
+            else:
+                self.stats["oom_splits"] += 1
+                half = len(jobs) // 2
+                return self._decode_splitting(jobs[:half]) + self._decode_splitting(jobs[half:])
+        for row in rows:
+            row["worker"] = self.name
+        self.store.write_generations(rows)
+        return rows
+
+
+def error_row(job: JobSpec, error: str) -> dict[str, Any]:
+    """A generation row recording that `job` failed (no text)."""
+    row = job.to_row()
+    row.update(
+        continuation="", num_tokens=0, token_ids=[], tokens=[], finish_reason="error",
+        status="error", error=error, choices=None, loss_g=None, loss_a=None,
+        elidao_fallback=None, elidao_gender=None, effective_params=None, worker=None, elapsed_s=None,
+    )
+    return row
+
+
+def format_exception(exc: BaseException) -> str:
+    """One-paragraph error text for a row: the exception and its innermost frame."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
