@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from harness.config import ConfigError, RunConfig, load_config, parse_config
 from jobs.datasets import DatasetError
+from results.join import JoinError
 from results.store import RunStore, StoreError
 
 log = logging.getLogger("harness")
@@ -79,7 +80,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness import driver
 
-    result = driver.aggregate_stage(RunStore(args.run))
+    result = driver.aggregate_stage(RunStore(args.run), use=args.use_scorer)
     print(result)
     return 0
 
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_score)
     a = sub.add_parser("aggregate", help="summary tables from what is scored")
     a.add_argument("run")
+    a.add_argument("--use-scorer", action="append", metavar="NAME",
+                   help="read this scorer where several scored one metric (repeatable)")
     a.set_defaults(func=cmd_aggregate)
     _add_optional(sub)
     return p
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return int(args.func(args))
-    except (ConfigError, DatasetError, StoreError, KeyError, ValueError) as exc:
+    except (ConfigError, DatasetError, StoreError, JoinError, KeyError, ValueError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:

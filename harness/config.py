@@ -61,7 +61,16 @@ class ModelConfig(Strict):
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     generation: GenerationConfig | None = None  # overrides the run's generation parameters
     replicas: int | None = Field(None, ge=1)  # generation actors; default: one per GPU (1 on CPU)
-    num_gpus: float | None = Field(None, ge=0)  # per replica; default 1 when GPUs exist
+    # GPUs per replica; default 1 when the cluster has GPUs. Below 1 replicas share a GPU;
+    # above 1 (whole numbers) one replica spans several (device_map="auto"; docs/cluster.md).
+    num_gpus: float | None = Field(None, ge=0)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _whole_above_one(cls, value: float | None) -> float | None:
+        if value is not None and value > 1 and value != int(value):
+            raise ValueError(f"num_gpus above 1 must be a whole number, got {value}")
+        return value
 
     def ref(self) -> ModelRef:
         return ModelRef(self.id, self.revision, self.dtype)
@@ -79,7 +88,9 @@ class RuntimeConfig(Strict):
     num_cpus: int | None = Field(None, ge=1)  # local Ray's logical CPUs (default: 2 × cores, ≥ 4)
     device: str | None = None  # force "cpu" or "cuda"; default: cuda if present
     max_batch_retries: int = Field(2, ge=0)
+    max_actor_restarts: int = Field(2, ge=0)  # per replica, deaths in a row (docs/cluster.md)
     actor_start_timeout_s: float = Field(600.0, gt=0)
+    progress_log_s: float = Field(30.0, gt=0)  # per-model progress lines on the driver's log
     cache_dir: str | None = None  # downloads and persistent score caches
 
 

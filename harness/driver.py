@@ -55,13 +55,27 @@ def score_stage(store: RunStore, cfg: RunConfig, words: GroupWords, use_ray: boo
                 only: list[str] | None = None) -> dict[str, Any]:
     scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
-    return score_run(store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size)
+    stats = score_run(store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size)
+    update_manifest(store, {"scoring": stats})
+    return stats
 
 
-def aggregate_stage(store: RunStore) -> Any:
+def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
+    """The config's scorers, keeping the first listed for each metric (what `run` aggregates)."""
+    from workers.scorers.registry import SCORER_METRICS
+
+    chosen: dict[str, str] = {}
+    for s in cfg.scorers:
+        chosen.setdefault(SCORER_METRICS[s.name], s.name)
+    return list(chosen.values())
+
+
+def aggregate_stage(store: RunStore, use: list[str] | None = None) -> Any:
+    """Summary and reports; `use` names the scorer to read where several gave one metric."""
     from results.aggregate import aggregate_run
+    from results.join import scorer_choice
 
-    return aggregate_run(store)
+    return aggregate_run(store, scorers=scorer_choice(use) if use else None)
 
 
 def run(cfg: RunConfig, out: str, use_ray: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -82,7 +96,7 @@ def run(cfg: RunConfig, out: str, use_ray: bool = True, progress: bool = True) -
     score_stats = score_stage(store, cfg, words, use_ray=use_ray)
     timings["score_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    aggregate_stage(store)
+    aggregate_stage(store, use=first_scorer_per_metric(cfg))
     timings["aggregate_s"] = time.perf_counter() - t0
-    update_manifest(store, {"scoring": score_stats, "timings": timings})
+    update_manifest(store, {"timings": timings})
     return {"jobs": len(jobs), "generation": gen_stats, "scoring": score_stats, "timings": timings}

@@ -1,30 +1,89 @@
-"""Starting or attaching to Ray: in-process local mode, or the cluster a job runs in."""
+"""Starting or attaching to Ray: a local in-process Ray, or the cluster the driver runs in.
+
+Three cases, decided by `init_ray`:
+
+* inside `ray job submit` (the job supervisor sets `RAY_ADDRESS` and the job's runtime env,
+  whose `--working-dir` already carries the code to every worker): attach, add nothing;
+* an address given (config `runtime.ray_address`, or `RAY_ADDRESS` in a shell on a cluster
+  node): attach and ship this project's packages as `py_modules`, so actors on other nodes
+  import the driver's version of the code;
+* no address: start a local Ray bound to 127.0.0.1, without token auth or usage reporting.
+
+Ray is imported inside the functions: the loopback setting must be in the environment before
+Ray reads its constants, and `python -m harness status` should not pay for importing Ray.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
-# Before `import ray`: local Ray without token auth or usage reporting (docs/footguns.md).
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+log = logging.getLogger("harness")
 
-import ray  # noqa: E402
+# The project's packages, shipped to workers when attaching from outside a Ray job.
+PACKAGES = ("harness", "jobs", "results", "workers")
+# Never uploaded with the code (see also .rayignore for `ray job submit --working-dir .`).
+UPLOAD_EXCLUDES = ["__pycache__", "*.pyc", "*.parquet", ".mypy_cache", ".ruff_cache"]
+# Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def in_ray_job() -> bool:
+    """True inside the entrypoint of `ray job submit` (the job's runtime env is in force)."""
+    return JOB_CONFIG_ENV in os.environ
+
+
+def cluster_address(address: str | None = None) -> str | None:
+    """The cluster to attach to: `address`, else $RAY_ADDRESS, else None (start a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def local_ray_env() -> None:
+    """Environment for a local Ray that listens on 127.0.0.1 only.
+
+    Ray 2.60 rewrites 127.0.0.1 (`_node_ip_address`, `--node-ip-address`) to the machine's
+    outward address, and its servers then listen on every interface, unless multi-node mode is
+    off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when Ray is first imported). Token auth
+    (on by default for a local `ray.init`) would write ~/.ray/auth_token and switch later
+    `ray start`s to token mode too.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if "ray._private.ray_constants" in sys.modules:  # Ray imported before us: same effect
+        constants = sys.modules["ray._private.ray_constants"]
+        if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
+            constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """Runtime env that ships this project's packages to every worker of the cluster."""
+    import importlib
+
+    modules = [str(Path(importlib.import_module(p).__file__ or "").parent) for p in PACKAGES]
+    return {"py_modules": modules, "excludes": list(UPLOAD_EXCLUDES)}
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
-    """Attach to `address` (or $RAY_ADDRESS), else start a local Ray bound to 127.0.0.1.
+    """Attach to the cluster (see the module docstring), else start a local Ray.
 
     Local mode declares more logical CPUs than cores: actors holding one CPU each would
     otherwise starve every other task on a 2-core machine. Returns the cluster resources.
     """
+    target = cluster_address(address)
+    if target is None:
+        local_ray_env()
+    import ray
+
     if ray.is_initialized():
         return dict(ray.cluster_resources())
-    address = address or os.environ.get("RAY_ADDRESS")
-    # The working directory goes to workers so `jobs`/`workers`/`results` import there.
-    env = {"env_vars": {"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"], "TOKENIZERS_PARALLELISM": "false"}}
-    if address:
-        ray.init(address=address, log_to_driver=True, runtime_env=env)
+    if target is not None and in_ray_job():
+        ray.init(address=target, log_to_driver=True)
+    elif target is not None:
+        ray.init(address=target, log_to_driver=True, runtime_env=code_runtime_env())
     else:
         cores = os.cpu_count() or 2
         ray.init(
@@ -32,11 +91,38 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             log_to_driver=True,
-            runtime_env=env,
         )
-    return dict(ray.cluster_resources())
+    resources = dict(ray.cluster_resources())
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    where = "local Ray" if target is None else f"Ray cluster at {target}"
+    log.info("%s: %d node(s), %s", where, len(nodes), _short(resources))
+    return resources
+
+
+def alive_nodes() -> int:
+    """Number of live nodes of the attached cluster."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def _short(resources: dict[str, Any]) -> str:
+    keep = ("CPU", "GPU", "memory")
+    parts = []
+    for key in keep:
+        if key in resources:
+            value = resources[key]
+            parts.append(
+                f"{key} {value / 2**30:.0f} GiB" if key == "memory" else f"{key} {value:g}"
+            )
+    return ", ".join(parts)
 
 
 def shutdown_ray() -> None:
+    """Disconnect (attached) or stop (local) Ray, if this process started it."""
+    if "ray" not in sys.modules:
+        return
+    import ray
+
     if ray.is_initialized():
         ray.shutdown()

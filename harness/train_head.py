@@ -48,22 +48,32 @@ def add_train_head_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
     parser.add_argument("--revision", default=None, help="LM revision (hub models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if present)")
-    parser.add_argument("--data", required=True, help="JSONL / CSV / Parquet file, or a hub dataset id")
+    parser.add_argument(
+        "--device", default=None, help="cpu | cuda | cuda:N (default: cuda if present)"
+    )
+    parser.add_argument(
+        "--data", required=True, help="JSONL / CSV / Parquet file, or a hub dataset id"
+    )
     parser.add_argument("--split", default="train", help="split of a hub dataset")
-    parser.add_argument("--val-data", default=None, help="validation file (default: hold out --val-fraction)")
+    parser.add_argument(
+        "--val-data", default=None, help="validation file (default: hold out --val-fraction)"
+    )
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--label-column", default="label")
     parser.add_argument("--class-names", nargs="+", default=None, help="class names in id order")
     parser.add_argument("--target-class", default=None, help="desirable class (name or id)")
     parser.add_argument("--task", required=True, help="sentiment | regard | toxicity (recorded)")
-    parser.add_argument("--out", required=True, help="output <stem>.safetensors; <stem>.json beside it")
+    parser.add_argument(
+        "--out", required=True, help="output <stem>.safetensors; <stem>.json beside it"
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--embed-batch-size", type=int, default=32, help="texts per LM forward")
-    parser.add_argument("--max-tokens", type=int, default=100, help="texts keep fewer tokens than this")
+    parser.add_argument(
+        "--max-tokens", type=int, default=100, help="texts keep fewer tokens than this"
+    )
     parser.add_argument("--overlong", choices=["truncate", "skip"], default="truncate")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -109,14 +119,18 @@ def read_labelled(spec: str, text_col: str, label_col: str, split: str = "train"
                 except json.JSONDecodeError as exc:
                     raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
                 if not isinstance(rec, dict) or text_col not in rec or label_col not in rec:
-                    raise DatasetError(f"{spec}: line {lineno}: needs fields {text_col!r} and {label_col!r}")
+                    raise DatasetError(
+                        f"{spec}: line {lineno}: needs fields {text_col!r} and {label_col!r}"
+                    )
                 _add(data, rec[text_col], rec[label_col], lineno)
     elif spec.endswith(".csv"):
         with open(spec, encoding="utf-8", newline="") as fh:
             reader = csv.DictReader(fh)
             cols = reader.fieldnames or []
             if text_col not in cols or label_col not in cols:
-                raise DatasetError(f"{spec}: line 1: needs columns {text_col!r} and {label_col!r}, has {cols}")
+                raise DatasetError(
+                    f"{spec}: line 1: needs columns {text_col!r} and {label_col!r}, has {cols}"
+                )
             for i, rec in enumerate(reader):
                 _add(data, rec[text_col], rec[label_col], i + 2)
     elif spec.endswith(".parquet"):
@@ -124,7 +138,9 @@ def read_labelled(spec: str, text_col: str, label_col: str, split: str = "train"
 
         table = pq.read_table(spec)
         if text_col not in table.column_names or label_col not in table.column_names:
-            raise DatasetError(f"{spec}: needs columns {text_col!r} and {label_col!r}, has {table.column_names}")
+            raise DatasetError(
+                f"{spec}: needs columns {text_col!r} and {label_col!r}, has {table.column_names}"
+            )
         texts, labels = table.column(text_col).to_pylist(), table.column(label_col).to_pylist()
         for i, (text, label) in enumerate(zip(texts, labels)):
             _add(data, text, label, i + 1, unit="row")
@@ -205,7 +221,9 @@ def embed_texts(
     tok = lm.tokenizer
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     if bos is None:
-        raise ValueError(f"model {lm.ref.id}: its tokenizer has neither a BOS nor an EOS token to prepend")
+        raise ValueError(
+            f"model {lm.ref.id}: its tokenizer has neither a BOS nor an EOS token to prepend"
+        )
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
     seqs, kept, truncated, skipped = [], [], 0, 0
     for i, text in enumerate(texts):
@@ -270,7 +288,12 @@ def fit_head(
     if val_xy is None:
         perm = torch.randperm(len(labels), generator=gen)
         n_val = int(round(len(labels) * val_fraction))
-        xv, yv, xt, yt = x[perm[:n_val]], labels[perm[:n_val]], x[perm[n_val:]], labels[perm[n_val:]]
+        xv, yv, xt, yt = (
+            x[perm[:n_val]],
+            labels[perm[:n_val]],
+            x[perm[n_val:]],
+            labels[perm[n_val:]],
+        )
     else:
         xv, yv, xt, yt = val_xy[0], torch.tensor(val_xy[1], dtype=torch.long), x, labels
     if len(yt) == 0:
@@ -289,10 +312,12 @@ def fit_head(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            loss_sum += float(loss) * len(b)
+            loss_sum += float(loss.detach()) * len(b)
         tr, va = _accuracy(head, xt, yt), _accuracy(head, xv, yv)
-        print(f"epoch {epoch + 1}/{epochs}: loss {loss_sum / len(yt):.4f}, train accuracy {tr:.4f}, "
-              f"val accuracy {'n/a' if va is None else f'{va:.4f}'}")
+        print(
+            f"epoch {epoch + 1}/{epochs}: loss {loss_sum / len(yt):.4f}, train accuracy {tr:.4f}, "
+            f"val accuracy {'n/a' if va is None else f'{va:.4f}'}"
+        )
     head.eval()
     return {
         "n_train": len(yt),
@@ -322,16 +347,24 @@ def train_head_main(args: argparse.Namespace) -> int:
     from workers.models import load_lm
 
     train = read_labelled(args.data, args.text_column, args.label_column, args.split)
-    val = read_labelled(args.val_data, args.text_column, args.label_column) if args.val_data else None
-    names = class_names_of(train.labels + (val.labels if val else []), args.class_names, train.source)
+    val = (
+        read_labelled(args.val_data, args.text_column, args.label_column) if args.val_data else None
+    )
+    names = class_names_of(
+        train.labels + (val.labels if val else []), args.class_names, train.source
+    )
     target = target_index(args.target_class, names)
     lm = load_lm(ModelRef(args.model, args.revision, args.dtype), device=args.device)
-    x, kept, stats = embed_texts(lm, train.texts, args.max_tokens, args.overlong, args.embed_batch_size)
+    x, kept, stats = embed_texts(
+        lm, train.texts, args.max_tokens, args.overlong, args.embed_batch_size
+    )
     train_ids = encode_labels(train, names)
     y = [train_ids[i] for i in kept]
     val_xy = None
     if val is not None:
-        vx, vkept, _ = embed_texts(lm, val.texts, args.max_tokens, args.overlong, args.embed_batch_size)
+        vx, vkept, _ = embed_texts(
+            lm, val.texts, args.max_tokens, args.overlong, args.embed_batch_size
+        )
         val_ids = encode_labels(val, names)
         val_xy = (vx, [val_ids[i] for i in vkept])
     meta = {
@@ -352,7 +385,9 @@ def train_head_main(args: argparse.Namespace) -> int:
         "versions": _versions(),
     }
     head = AttributeHead(int(x.shape[1]), names, target, meta)
-    result = fit_head(head, x, y, val_xy, args.val_fraction, args.epochs, args.lr, args.batch_size, args.seed)
+    result = fit_head(
+        head, x, y, val_xy, args.val_fraction, args.epochs, args.lr, args.batch_size, args.seed
+    )
     head.meta["training"] = {
         "epochs": args.epochs,
         "lr": args.lr,

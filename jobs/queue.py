@@ -28,7 +28,7 @@ def make_batches(jobs: Sequence[JobSpec], batch_size: int) -> list[list[JobSpec]
     groups: dict[tuple[object, ...], list[JobSpec]] = {}
     for job in jobs:
         groups.setdefault(batch_key(job), []).append(job)
-    batches = []
+    batches: list[list[JobSpec]] = []
     for group in groups.values():
         group = sorted(group, key=lambda j: (len(j.prompt), j.job_id))
         batches.extend(group[i : i + batch_size] for i in range(0, len(group), batch_size))

@@ -124,3 +124,16 @@ def all_schemas() -> dict[str, pa.Schema]:
 def describe(schema: pa.Schema) -> list[list[str]]:
     """[name, type] pairs: the snapshot's stable text form of a schema."""
     return [[f.name, str(f.type)] for f in schema]
+
+
+def markdown() -> str:
+    """The tables as Markdown (pasted into docs/design.md; a test keeps them in sync)."""
+    lines = []
+    for name, schema in all_schemas().items():
+        lines.append(f"**{name}**: " + ", ".join(f"`{f.name}` {f.type}" for f in schema))
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

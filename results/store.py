@@ -153,8 +153,12 @@ class RunStore:
         return set(frame["job_id"].to_list())
 
     def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:
+        """One atomic shard of score rows; its name hashes job ids *and* scorer versions, so a
+        retried chunk rewrites its own file while a rescoring at a new version never
+        overwrites the rows of the old one."""
         table = pa.Table.from_pylist(list(rows), score_schema(metric))
-        return self.write_table(f"scores/{scorer}/" + shard_name(r["job_id"] for r in rows), table)
+        keys = (f"{r['job_id']}\x00{r['scorer_version']}" for r in rows)
+        return self.write_table(f"scores/{scorer}/" + shard_name(keys), table)
 
     def scorers(self) -> list[str]:
         sel = pafs.FileSelector(self.path("scores"), allow_not_found=True)

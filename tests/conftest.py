@@ -13,6 +13,9 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread per process: on 2 cores, torch's thread pools spin against each other and
+# against Ray's workers (5-10x slower tiny ops measured); subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

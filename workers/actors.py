@@ -5,6 +5,8 @@ Imports of torch / transformers happen inside the actors, never in the driver.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import ray
@@ -12,21 +14,48 @@ import ray
 
 @ray.remote
 class GenerationActor:
-    """One LM replica on its own GPU (or CPU slot); persists each batch itself."""
+    """One LM replica on its GPU(s) or a CPU slot; persists each batch itself.
+
+    The model loads on the first `prepare` (or `run_batch`), not in `__init__`: a model that
+    cannot load then fails one call with its own exception instead of killing the actor, and the
+    driver can tell a bad config (the call raised) from a lost actor (the process died).
+    """
 
     def __init__(self, model: Any, run_uri: str, words: Any, device: str | None, name: str) -> None:
-        from workers.generator import Generator
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self._args = (model, run_uri, words, device, name)
+        self.gen: Any = None
 
-        self.gen = Generator(model, run_uri, words=words, device=device, name=name)
+    def _generator(self) -> Any:
+        if self.gen is None:
+            from workers.generator import Generator
+
+            model, run_uri, words, device, name = self._args
+            self.gen = Generator(model, run_uri, words=words, device=device, name=name)
+        return self.gen
 
     def prepare(self, keys: list[tuple[str, str, str]]) -> dict[str, Any]:
-        return self.gen.prepare(keys)
+        """Load the model and every method; say where this replica runs and what it sees."""
+        gen = self._generator()
+        info = dict(gen.prepare(keys))
+        context = ray.get_runtime_context()
+        info.update(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            node_id=context.get_node_id(),
+            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+            # The driver wrote plan.parquet before starting actors: a replica on another node
+            # that cannot see it writes its shards where nobody reads them (a local run dir).
+            run_dir_visible=gen.store.exists("plan.parquet"),
+        )
+        return info
 
     def run_batch(self, jobs: list[Any]) -> dict[str, Any]:
-        return self.gen.run_batch(jobs)
+        return dict(self._generator().run_batch(jobs))
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.gen.stats, worker=self.gen.name)
+        gen = self._generator()
+        return dict(gen.stats, worker=gen.name)
 
 
 @ray.remote
@@ -40,6 +69,9 @@ class ScorerActor:
 
     def version(self) -> str:
         return str(self.scorer.version)
+
+    def begin(self, total: int) -> None:
+        self.scorer.begin(total)
 
     def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(self.scorer.score(rows))

@@ -41,11 +41,16 @@ def pick_device(requested: str | None = None) -> torch.device:
 
 
 def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None = None) -> LoadedLM:
-    """Load `ref` (tiny-random/*, hub id or local path) frozen, in eval mode, on `device`."""
+    """Load `ref` (tiny-random/*, hub id or local path) frozen, in eval mode, on `device`.
+
+    `device="auto"` spreads one replica over every visible GPU (`device_map="auto"`, needs the
+    `accelerate` package): a Ray actor with `num_gpus: 2` sees exactly its two GPUs.
+    """
     if ref.dtype not in DTYPES:
         raise ValueError(f"model {ref.id}: unknown dtype {ref.dtype!r}; known: {sorted(DTYPES)}")
     dtype = DTYPES[ref.dtype]
-    dev = pick_device(device)
+    spread = device == "auto"
+    dev = pick_device(None if spread else device)
     if ref.id.startswith(TINY_PREFIX):
         model, tokenizer = build_tiny_lm(ref.id, dtype)
     else:
@@ -53,13 +58,20 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(ref.id, revision=ref.revision)
-            model = AutoModelForCausalLM.from_pretrained(ref.id, revision=ref.revision, dtype=dtype)
+            placed = {"device_map": "auto"} if spread else {}
+            model = AutoModelForCausalLM.from_pretrained(
+                ref.id, revision=ref.revision, dtype=dtype, **placed
+            )
         except (OSError, ValueError) as exc:
             raise ValueError(f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}") from exc
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-    model.to(dev).eval()
+    if spread and hasattr(model, "hf_device_map"):
+        dev = model.get_input_embeddings().weight.device  # inputs go where the embeddings are
+    else:
+        model.to(dev)
+    model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     family = FAMILIES.get(getattr(model.config, "model_type", ""), "llama")

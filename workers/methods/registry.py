@@ -17,6 +17,9 @@ METHODS: dict[str, str] = {
     "lidao-prod": "workers.methods.lidao:LidaoProd",
     "elidao-min": "workers.methods.elidao:ElidaoMin",
     "elidao-prod": "workers.methods.elidao:ElidaoProd",
+    "pplm": "workers.methods.pplm:PPLM",
+    "gedi": "workers.methods.gedi:GeDi",
+    "dexperts": "workers.methods.dexperts:DExperts",
 }
 
 # Parameter defaults per method (torch-free), resolved into each job's `method_params`.
@@ -35,6 +38,37 @@ DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     # custom template containing #GENDER#.
     "elidao-min": {**_TUNED, "gamma": 0.5, "instruction": None},
     "elidao-prod": {**_TUNED, "instruction": None},
+    # Baselines (docstrings of workers/methods/{pplm,gedi,dexperts}.py). None = resolved at load
+    # time: PPLM `steps` by family (3 Falcon, else 10); GeDi codes / class_bias and DExperts
+    # `alpha` by task (the published settings for toxicity and sentiment).
+    "pplm": {
+        "steps": None,
+        "step_size": 0.2,
+        "kl_scale": 0.01,
+        "gm_scale": 0.9,
+        "gamma": 1.0,
+        "horizon_length": 1,
+        "window_length": 0,
+        "decay": False,
+        "head": None,
+    },
+    "gedi": {
+        "gedi_model": None,
+        "code_desired": None,
+        "code_undesired": None,
+        "disc_weight": 30.0,
+        "filter_p": 0.8,
+        "target_p": 0.8,
+        "class_bias": None,
+    },
+    "dexperts": {"expert": None, "anti_expert": None, "alpha": None, "filter_p": 0.9},
+}
+
+# PPLM steps / step size of the paper's appendix (OPT, Falcon); GPT-2 large as DExperts/UDDIA ran it.
+PPLM_PAPER: dict[str, dict[str, Any]] = {
+    "gpt2-large": {"steps": 10, "step_size": 0.2},
+    "facebook/opt-6.7b": {"steps": 10, "step_size": 0.2},
+    "tiiuae/falcon-7b-instruct": {"steps": 3, "step_size": 0.2},
 }
 
 TUNED_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod")
@@ -53,17 +87,20 @@ PAPER_MODELS: dict[str, dict[str, Any]] = {
     "gpt2-large": {
         "method": {"lr": 0.01, "blocks": 18, "tau": 0.9},
         "generation": {"top_p": 0.9, "temperature": 1.0, "repetition_penalty": 1.0},
-        "variant": "min", "samples_per_prompt": 10,
+        "variant": "min",
+        "samples_per_prompt": 10,
     },
     "facebook/opt-6.7b": {
         "method": {"lr": 0.006, "blocks": 18, "tau": 0.8},
         "generation": {"top_p": 0.9, "temperature": 0.75, "repetition_penalty": 1.2},
-        "variant": "min", "samples_per_prompt": 5,
+        "variant": "min",
+        "samples_per_prompt": 5,
     },
     "tiiuae/falcon-7b-instruct": {
         "method": {"lr": 0.01, "blocks": 18, "tau": 0.8},
         "generation": {"top_p": 0.9, "temperature": 0.75, "repetition_penalty": 1.2},
-        "variant": "prod", "samples_per_prompt": 5,
+        "variant": "prod",
+        "samples_per_prompt": 5,
     },
 }
 _PAPER_ALIASES = {"openai-community/gpt2-large": "gpt2-large"}
@@ -78,7 +115,9 @@ def check_method_name(name: str) -> None:
     if name not in METHODS:
         close = difflib.get_close_matches(name, list(METHODS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UnknownMethodError(f"unknown method {name!r}{hint} (known: {', '.join(sorted(METHODS))})")
+        raise UnknownMethodError(
+            f"unknown method {name!r}{hint} (known: {', '.join(sorted(METHODS))})"
+        )
 
 
 def resolve_params(name: str, params: dict[str, Any], model_id: str) -> dict[str, Any]:
@@ -99,6 +138,8 @@ def model_defaults(name: str, model_id: str) -> dict[str, Any]:
     paper = PAPER_MODELS.get(_PAPER_ALIASES.get(model_id, model_id))
     if name in TUNED_METHODS and paper is not None:
         return dict(paper["method"])
+    if name == "pplm":
+        return dict(PPLM_PAPER.get(_PAPER_ALIASES.get(model_id, model_id), {}))
     return {}
 
 

@@ -38,18 +38,26 @@ class Scorer:
     default_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
-        unknown = sorted(set(params) - set(self.default_params))
-        if unknown:
-            raise ScorerError(
-                f"scorer {self.name!r}: unknown parameter(s) {unknown}; known: {sorted(self.default_params) or 'none'}"
-            )
+        self.check_params(params)
         self.params = {**self.default_params, **params}
         self.context = context
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> None:
+        """Fail on parameter names the scorer does not know (cheap: loads no model)."""
+        unknown = sorted(set(params) - set(cls.default_params))
+        if unknown:
+            raise ScorerError(
+                f"scorer {cls.name!r}: unknown parameter(s) {unknown}; known: {sorted(cls.default_params) or 'none'}"
+            )
 
     @property
     def version(self) -> str:
         """Changes whenever the scores could change (model id + revision, API + attribute)."""
         raise NotImplementedError
+
+    def begin(self, total: int) -> None:
+        """Called once before the first `score` with the number of rows to come (progress)."""
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         raise NotImplementedError

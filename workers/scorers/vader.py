@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from workers.scorers.base import Scorer, text_of
 
@@ -12,7 +12,7 @@ class VaderSentiment(Scorer):
     name = "sentiment-vader"
     metric = "sentiment"
     num_cpus = 0.25
-    default_params: dict[str, Any] = {"text_field": "continuation"}
+    default_params: ClassVar[dict[str, Any]] = {"text_field": "continuation"}
 
     def __init__(self, params: dict[str, Any], context: Any) -> None:
         super().__init__(params, context)

@@ -1,0 +1,194 @@
+"""How the dispatcher reaches generation actors: Ray actors, or plain objects in this process.
+
+A backend creates actors, calls `prepare` / `run_batch` on them and returns futures; `result`
+turns every failure into one of two kinds the dispatcher acts on: `ActorLost` (the process is
+gone: killed, out of memory, its node lost) or `TaskFailed` (the call raised in a live actor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from jobs.spec import JobSpec, ModelRef
+
+MethodKey = tuple[str, str, str]  # (method, canonical params JSON, task)
+Batch = list[JobSpec]
+
+
+class ActorLost(RuntimeError):
+    """The actor process is gone or unreachable (killed, out of memory, node lost)."""
+
+
+class TaskFailed(RuntimeError):
+    """The call raised inside a live actor; the message is the actor's exception."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How one model's replicas are placed: count, Ray resources each, torch device."""
+
+    replicas: int
+    num_gpus: float
+    num_cpus: float
+    device: str  # "cpu", "cuda", or "auto" (one replica spread over its GPUs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSpec:
+    """What a backend needs to create one actor."""
+
+    model: ModelRef
+    name: str  # "<model>#<slot>", plus ".<n>" for its n-th restart
+    placement: Placement
+
+
+class Backend(Protocol):
+    """Creates actors and calls them; calls return futures the dispatcher waits on."""
+
+    def create(self, spec: ActorSpec) -> Any: ...
+
+    def prepare(self, actor: Any, keys: Sequence[MethodKey]) -> Any: ...
+
+    def run_batch(self, actor: Any, batch: Batch) -> Any: ...
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        """The futures among `futures` that are finished (waits up to `timeout` for one)."""
+        ...
+
+    def result(self, future: Any) -> Any:
+        """The call's value; raises `ActorLost` or `TaskFailed`."""
+        ...
+
+    def kill(self, actor: Any) -> None: ...
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (Ray's texts run to a screenful)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# ---- in this process -----------------------------------------------------------------------
+
+
+class Done:
+    """A call that already ran: its value or its exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: Exception | None = None
+        try:
+            self.value = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the dispatcher as a result
+            self.error = exc
+
+
+class LocalActor:
+    """An object built on first use, so that a constructor error is the first call's error."""
+
+    def __init__(self, factory: Callable[[ActorSpec], Any], spec: ActorSpec) -> None:
+        self.factory, self.spec = factory, spec
+        self.obj: Any = None
+
+    def get(self) -> Any:
+        if self.obj is None:
+            self.obj = self.factory(self.spec)
+        return self.obj
+
+
+class LocalBackend:
+    """Runs each call when it is made, in this process (`--no-ray`, and tests with fakes).
+
+    `factory(spec)` builds the object behind an actor: a `workers.generator.Generator`, or a
+    test double. An `ActorLost` it raises passes through (tests simulate deaths that way); any
+    other exception becomes `TaskFailed`.
+    """
+
+    def __init__(self, factory: Callable[[ActorSpec], Any]) -> None:
+        self.factory = factory
+
+    def create(self, spec: ActorSpec) -> LocalActor:
+        return LocalActor(self.factory, spec)
+
+    def prepare(self, actor: LocalActor, keys: Sequence[MethodKey]) -> Done:
+        return Done(lambda: actor.get().prepare(list(keys)))
+
+    def run_batch(self, actor: LocalActor, batch: Batch) -> Done:
+        return Done(lambda: actor.get().run_batch(batch))
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        return list(futures)
+
+    def result(self, future: Done) -> Any:
+        if isinstance(future.error, ActorLost):
+            raise future.error
+        if future.error is not None:
+            raise TaskFailed(f"{type(future.error).__name__}: {future.error}") from future.error
+        return future.value
+
+    def kill(self, actor: LocalActor) -> None:
+        actor.obj = None
+
+
+# ---- Ray -----------------------------------------------------------------------------------
+
+
+class RayBackend:
+    """`workers.actors.GenerationActor`s on the Ray cluster this process is attached to."""
+
+    def __init__(self, run_uri: str, words: Any) -> None:
+        import ray
+
+        self.run_uri = run_uri
+        self.words = ray.put(words)  # one copy in the object store, not one per actor
+
+    def create(self, spec: ActorSpec) -> Any:
+        from workers.actors import GenerationActor
+
+        p = spec.placement
+        # max_restarts=0: the dispatcher replaces dead actors itself (see harness.dispatch).
+        return GenerationActor.options(  # type: ignore[attr-defined]
+            num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0
+        ).remote(spec.model, self.run_uri, self.words, p.device, spec.name)
+
+    def prepare(self, actor: Any, keys: Sequence[MethodKey]) -> Any:
+        return actor.prepare.remote(list(keys))
+
+    def run_batch(self, actor: Any, batch: Batch) -> Any:
+        return actor.run_batch.remote(batch)
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        import ray
+
+        if not futures:
+            time.sleep(min(timeout, 0.05))
+            return []
+        ready, _ = ray.wait(list(futures), num_returns=1, timeout=timeout)
+        if ready:  # collect everything finished by now, not only the first
+            ready, _ = ray.wait(list(futures), num_returns=len(futures), timeout=0)
+        return list(ready)
+
+    def result(self, future: Any) -> Any:
+        import ray
+        from ray import exceptions as rex
+
+        try:
+            return ray.get(future)
+        except rex.RayActorError as exc:  # died, or unreachable (ActorUnavailableError)
+            raise ActorLost(first_line(exc)) from None
+        except rex.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            raise TaskFailed(f"{type(cause).__name__}: {first_line(cause)}") from None
+        except rex.RayError as exc:  # worker crashed, node died, object lost, memory monitor
+            raise ActorLost(f"{type(exc).__name__}: {first_line(exc)}") from None
+
+    def kill(self, actor: Any) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass

@@ -1,0 +1,246 @@
+"""`aggregate_run`, the I/O entry of aggregation, and the Markdown / LaTeX reports.
+
+Writes RUN/summary.parquet and summary.csv (the long summary, `results.aggregate`) and
+RUN/report/: tables.md, tables.tex (paper layout, `results.tables`; best bold, second
+underlined), tradeoff*.png (`results.plot`) and index.html (`results.report_html`).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from results import report_html
+from results.aggregate import summarize
+from results.join import join_run
+from results.paper import compare_with_paper
+from results.plot import tradeoff_png
+from results.store import RunStore
+from results.tables import (
+    TASKS,
+    VIEW_TITLES,
+    Field,
+    counts_table,
+    filter_table,
+    layout,
+    legend,
+    ordered,
+    paired_table,
+    table_cells,
+)
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def md_field(f: Field) -> str:
+    text = _num(f.value)
+    if f.value is not None and f.sd is not None:
+        text += f" ± {f.sd:.2f}"
+    if f.value is not None and f.low is not None and f.high is not None:
+        text += f" [{f.low:.2f}, {f.high:.2f}]"
+    return {"best": f"**{text}**", "second": f"<u>{text}</u>"}.get(f.mark, text)
+
+
+def markdown_table(cells: pl.DataFrame, view: str) -> str:
+    tasks, blocks = layout(cells, view)
+    if not blocks:
+        return f"_No cells for view {view}._\n"
+    head = ["Model / method"]
+    for t in tasks:
+        name, score, *_, higher = TASKS[t]
+        head += [f"{name}: {score} {'↑' if higher else '↓'}", "Bias ↓", "PPL ↓"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for block in blocks:
+        for row in block.rows:
+            lines.append("| " + " | ".join([row.label, *(md_field(f) for f in row.fields)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tex_escape(text: str) -> str:
+    """Plain text for LaTeX: specials escaped, the report's few non-ASCII signs as macros."""
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("_", r"\_"),
+        ("#", r"\#"),
+        ("$", r"\$"),
+        ("±", r"$\pm$"),  # after "$": these add math mode on purpose
+        ("×", r"$\times$"),
+        ("—", "---"),
+        ("–", "--"),
+    ):
+        text = text.replace(a, b)
+    return text
+
+
+def tex_field(f: Field) -> str:
+    text = "-" if f.value is None else f"{f.value:.2f}"
+    if f.value is not None and f.sd is not None:
+        text += f"$\\pm${f.sd:.2f}"
+    if f.mark:
+        text = (r"\textbf{%s}" if f.mark == "best" else r"\underline{%s}") % text
+    if f.value is not None and f.low is not None and f.high is not None:
+        text += f" {{\\scriptsize [{f.low:.2f}, {f.high:.2f}]}}"
+    return text
+
+
+def latex_table(cells: pl.DataFrame, view: str, caption: str) -> str:
+    """A booktabs `table*` like the paper's (needs booktabs)."""
+    tasks, blocks = layout(cells, view)
+    if not blocks:
+        return f"% no cells for view {view}\n"
+    spec = "@{}l " + " c ".join("ccc" for _ in tasks) + "@{}"
+    top = " & & ".join(rf"\multicolumn{{3}}{{c}}{{{TASKS[t][0]}}}" for t in tasks)
+    rules = " ".join(rf"\cmidrule{{{2 + 4 * i}-{4 + 4 * i}}}" for i in range(len(tasks)))
+    arrows = [
+        f"{TASKS[t][1]} ($\\{'uparrow' if TASKS[t][5] else 'downarrow'}$) & Bias ($\\downarrow$) & PPL ($\\downarrow$)"
+        for t in tasks
+    ]
+    out = [
+        r"\begin{table*}[htb!]",
+        r"\centering",
+        rf"\caption{{{caption}}}",
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+    ]
+    out += [f" & {top} \\\\", rules, " & " + " & & ".join(arrows) + r" \\", r"\midrule"]
+    for b, block in enumerate(blocks):
+        for row in block.rows:
+            groups = [
+                " & ".join(tex_field(f) for f in row.fields[3 * i : 3 * i + 3])
+                for i in range(len(tasks))
+            ]
+            out.append(tex_escape(row.label) + " & " + " & & ".join(groups) + r" \\")
+        out.append(r"\midrule" if b < len(blocks) - 1 else r"\bottomrule")
+    return "\n".join(out + [r"\end{tabular}", r"\end{table*}"]) + "\n"
+
+
+def frame_markdown(frame: pl.DataFrame) -> str:
+    """A plain Markdown table of `frame` (floats with 2 decimals, nulls as –)."""
+    if frame.is_empty():
+        return "_none_\n"
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
+    for row in frame.iter_rows():
+        cells = ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(res: AggregateResult) -> str:
+    """report/tables.md: notes, one paper-style table per view, counts, comparisons."""
+    views = (
+        [v for v in VIEW_TITLES if v in set(res.cells["view"].to_list())]
+        if not res.cells.is_empty()
+        else []
+    )
+    out = [f"# Aggregate report: {res.run}", "", "## Notes", ""]
+    out += [f"- {n}" for n in res.notes] or ["- none"]
+    for view in views:
+        out += [
+            "",
+            f"## {VIEW_TITLES[view]}",
+            "",
+            legend(res.n_boot, res.seed),
+            "",
+            markdown_table(res.cells, view),
+        ]
+    out += ["", "## Paired comparisons: share of resamples where the method's bias is smaller", ""]
+    out += [frame_markdown(paired_table(res.summary))]
+    out += ["", "## The paper's values beside ours", "", frame_markdown(res.paper)]
+    out += [
+        "",
+        "## Generations and the perplexity filter",
+        "",
+        frame_markdown(filter_table(res.summary)),
+    ]
+    out += ["", "## Rows per group", "", frame_markdown(counts_table(res.summary))]
+    return "\n".join(out)
+
+
+def latex_report(res: AggregateResult) -> str:
+    parts = [f"% lidao-harness tables of {tex_escape(res.run)}; needs \\usepackage{{booktabs}}\n"]
+    for view in VIEW_TITLES:
+        if not res.cells.is_empty() and view in set(res.cells["view"].to_list()):
+            caption = tex_escape(f"{VIEW_TITLES[view]}. {legend(res.n_boot, res.seed)}")
+            parts.append(latex_table(res.cells, view, caption))
+    return "\n".join(parts)
+
+
+@dataclass
+class AggregateResult:
+    """What `aggregate_run` computed and wrote (`paths`: name → written path)."""
+
+    run: str
+    summary: pl.DataFrame
+    cells: pl.DataFrame
+    paper: pl.DataFrame
+    notes: list[str]
+    seed: int
+    n_boot: int
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"aggregated {self.run}: {self.summary.height} summary rows"]
+        lines += [f"  wrote {p}" for p in self.paths.values()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _sample_rows(frame: pl.DataFrame, per_cell: int = 3) -> list[dict[str, Any]]:
+    """A few generations with per-token choices (the -min methods) per model/method/task."""
+    if "choices" not in frame.columns:
+        return []
+    rows = frame.filter(pl.col("choices").is_not_null() & (pl.col("choices").list.len() > 0))
+    cols = ["model", "method", "task", "job_id", "prompt", "tokens", "choices"]
+    picked = (
+        rows.sort("job_id")
+        .group_by(["model", "method", "task"], maintain_order=True)
+        .head(per_cell)
+    )
+    return picked.select(cols).sort(["model", "method", "task", "job_id"]).to_dicts()
+
+
+def aggregate_run(
+    store: RunStore, scorers: dict[str, str] | None = None, seed: int = 0, n_boot: int = 1000
+) -> AggregateResult:
+    """Join, aggregate and write summary.parquet/.csv and report/ (tables, plot, HTML).
+
+    Args:
+        store: the run directory (needs generations; scores are used where present).
+        scorers: metric → scorer name where two scorers gave one metric.
+        seed: bootstrap seed. n_boot: bootstrap resamples.
+
+    Returns:
+        The summary, paper-style cells, paper comparison, notes (what is missing or was
+        skipped) and the written paths.
+    """
+    joined = join_run(store, scorers)
+    agg = summarize(joined.frame, joined.failed, seed=seed, n_boot=n_boot)
+    cells = table_cells(agg.summary)
+    ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
+    paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
+    res = AggregateResult(
+        store.uri, agg.summary, cells, paper, joined.notes + agg.notes, seed, n_boot
+    )
+    if cells.is_empty():
+        res.notes.append("no task among sentiment/regard/toxicity: no paper-style tables")
+    res.paths["summary.parquet"] = store.write_table("summary.parquet", agg.summary.to_arrow())
+    buf = io.BytesIO()
+    agg.summary.write_csv(buf)
+    res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
+    res.paths["tables.md"] = store.write_bytes("report/tables.md", markdown_report(res).encode())
+    res.paths["tables.tex"] = store.write_bytes("report/tables.tex", latex_report(res).encode())
+    images = {}
+    for view, name in (("a(x)", "tradeoff.png"), ("a(c,x)", "tradeoff_acx.png")):
+        if not cells.is_empty() and view in set(cells["view"].to_list()):
+            images[name] = tradeoff_png(cells, view)
+            res.paths[name] = store.write_bytes(f"report/{name}", images[name])
+    html = report_html.render(res, images, _sample_rows(joined.frame))
+    res.paths["index.html"] = store.write_bytes("report/index.html", html.encode())
+    return res

@@ -1,0 +1,229 @@
+"""The paper-style table model shared by the Markdown, LaTeX, HTML and plot renderers.
+
+Layout of Tables 1–2 of the paper: one table per view, method rows under each model (the
+`vanilla` row carries the model's name, the others `+Method`), and per task three columns:
+the task's score (Sent / NNRe / Toxi, mean ± std over rows of any group), its bias (× 100,
+with the bootstrap interval) and the mean perplexity of the same rows. The best and second
+best bias and perplexity among the debiasing methods of a model (vanilla excluded, values
+compared as printed) are marked. Also the supplementary tables (counts, filter, paired).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+# task → (header, score metric, score stat, spread stat, higher is better)
+TASKS = {
+    "sentiment": ("Sentiment", "Sent", "sentiment", "mean", "std", True),
+    "regard": ("Regard", "NNRe", "regard", "nnre", "value_std", True),
+    "toxicity": ("Toxicity", "Toxi", "toxicity", "mean", "std", False),
+}
+METHOD_ORDER = [
+    "vanilla",
+    "gedi",
+    "dexperts",
+    "pplm",
+    "uddia",
+    "lidao-min",
+    "lidao-prod",
+    "elidao-min",
+    "elidao-prod",
+]
+METHOD_NAMES = {
+    "gedi": "GeDi", "dexperts": "DExperts", "pplm": "PPLM", "uddia": "UDDIA",
+    "lidao-min": "LIDAO-m", "lidao-prod": "LIDAO-p", "elidao-min": "eLIDAO-m", "elidao-prod": "eLIDAO-p",
+}  # fmt: skip
+MODEL_NAMES = {
+    "gpt2-large": "GPT-2",
+    "facebook/opt-6.7b": "OPT",
+    "tiiuae/falcon-7b-instruct": "Falcon",
+}
+CELL_KEYS = ["model", "method", "variant", "task", "view"]
+
+
+def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) -> pl.DataFrame:
+    rows = summary.filter(
+        (pl.col("metric") == metric) & (pl.col("stat") == stat) & (pl.col("group") == group)
+    )
+    cols = [pl.col("value").alias(name)]
+    if stat == "bias":
+        cols += [pl.col("ci_low").alias("bias_low"), pl.col("ci_high").alias("bias_high")]
+    return rows.select(*CELL_KEYS, *cols)
+
+
+def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
+    """One row per (model, method, variant, task, view) of a known task: score, score_sd,
+    bias, bias_low, bias_high, ppl (nulls where not scored)."""
+    parts = []
+    for task, (_, _, metric, stat, spread, _) in TASKS.items():
+        keys = (
+            summary.filter((pl.col("task") == task) & (pl.col("view") != "-"))
+            .select(CELL_KEYS)
+            .unique()
+        )
+        sub = summary.filter(pl.col("task") == task)
+        cell = keys
+        for frame in (
+            _pick(sub, metric, stat, "labelled", "score"),
+            _pick(sub, metric, spread, "labelled", "score_sd"),
+            _pick(sub, metric, "bias", "gap", "bias"),
+            _pick(sub, "perplexity", "mean", "labelled", "ppl"),
+        ):
+            cell = cell.join(frame, on=CELL_KEYS, how="left", nulls_equal=True)
+        for col in ("score", "score_sd", "bias", "bias_low", "bias_high", "ppl"):
+            if col not in cell.columns:
+                cell = cell.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
+        parts.append(
+            cell.select(*CELL_KEYS, "score", "score_sd", "bias", "bias_low", "bias_high", "ppl")
+        )
+    return pl.concat(parts).sort(CELL_KEYS) if parts else pl.DataFrame()
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def model_rank(model: str) -> tuple[int, str]:
+    order = list(MODEL_NAMES)
+    return (order.index(model) if model in order else len(order), model)
+
+
+def row_label(model: str, method: str, variant: str) -> str:
+    label = (
+        MODEL_NAMES.get(model, model)
+        if method == "vanilla"
+        else "+" + METHOD_NAMES.get(method, method)
+    )
+    return f"{label} [{variant}]" if variant else label
+
+
+@dataclass
+class Field:
+    """One printed number: value (± sd or [low, high]) and its mark (best / second / none)."""
+
+    value: float | None
+    sd: float | None = None
+    low: float | None = None
+    high: float | None = None
+    mark: str = ""
+
+
+@dataclass
+class Row:
+    label: str
+    method: str
+    fields: list[Field] = field(default_factory=list)  # 3 per task: score, bias, ppl
+
+
+@dataclass
+class Block:
+    model: str
+    rows: list[Row]
+
+
+def _marks(values: list[float | None]) -> list[str]:
+    """best / second by the value as printed (2 decimals), lower is better; ties share."""
+    shown = sorted({round(v, 2) for v in values if v is not None})
+    rank = {v: ("best" if i == 0 else "second") for i, v in enumerate(shown[:2])}
+    return ["" if v is None else rank.get(round(v, 2), "") for v in values]
+
+
+def layout(cells: pl.DataFrame, view: str) -> tuple[list[str], list[Block]]:
+    """Tasks (columns) and model blocks of one view's paper-style table."""
+    sub = cells.filter(pl.col("view") == view)
+    tasks = [t for t in TASKS if t in set(sub["task"].to_list())]
+    blocks = []
+    for model in sorted(set(sub["model"].to_list()), key=model_rank):
+        msub = sub.filter(pl.col("model") == model)
+        keys = sorted(
+            msub.select("method", "variant").unique().iter_rows(),
+            key=lambda k: (method_rank(k[0]), k[1]),
+        )
+        rows = [Row(row_label(model, m, v), m) for m, v in keys]
+        for task in tasks:
+            values = {
+                (r["method"], r["variant"]): r
+                for r in msub.filter(pl.col("task") == task).iter_rows(named=True)
+            }
+            got = [values.get(k, {}) for k in keys]
+            for row, r in zip(rows, got):
+                row.fields += [
+                    Field(r.get("score"), sd=r.get("score_sd")),
+                    Field(r.get("bias"), low=r.get("bias_low"), high=r.get("bias_high")),
+                    Field(r.get("ppl")),
+                ]
+            for offset, col in ((1, "bias"), (2, "ppl")):
+                debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
+                for i, mark in zip(debiased, _marks([got[i].get(col) for i in debiased])):
+                    rows[i].fields[3 * tasks.index(task) + offset].mark = mark
+        blocks.append(Block(model, rows))
+    return tasks, blocks
+
+
+VIEW_TITLES = {
+    "a(x)": "Table 1 — bias over the gender of the continuation, a(x)",
+    "a(c,x)": "Table 2 — bias over the gender of prompt + continuation, a(c,x)",
+    "a(c)": "Bias over the gender of the prompt, a(c)",
+    "file": "Bias over the prompt file the prompt came from",
+}
+
+
+def ordered(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows in report order: paper models first, then task, method (paper order), view."""
+    views = ["a(x)", "a(c,x)", "a(c)", "file", "-"]
+    keys = {
+        "_m": pl.col("model").map_elements(lambda m: model_rank(m)[0], return_dtype=pl.Int64),
+        "_k": pl.col("method").map_elements(lambda m: method_rank(m)[0], return_dtype=pl.Int64),
+    }
+    if "view" in frame.columns:
+        keys["_v"] = pl.col("view").map_elements(
+            lambda v: views.index(v) if v in views else 9, return_dtype=pl.Int64
+        )
+    keys["_t"] = pl.col("task").map_elements(
+        lambda t: list(TASKS).index(t) if t in TASKS else 9, return_dtype=pl.Int64
+    )
+    by = ["_m", "model", "_t", "task", "_k", "method", "variant", *(["_v"] if "_v" in keys else [])]
+    return frame.with_columns(**keys).sort(by).drop(list(keys))
+
+
+def counts_table(summary: pl.DataFrame) -> pl.DataFrame:
+    """Rows per group of every cell and view (wide), after the perplexity filter."""
+    rows = summary.filter(pl.col("metric") == "count")
+    if rows.is_empty():
+        return rows
+    order = list(dict.fromkeys(rows["group"].to_list()))
+    wide = rows.pivot("group", index=CELL_KEYS, values="value", aggregate_function="first")
+    return ordered(wide.select(*CELL_KEYS, *order).with_columns(pl.col(order).cast(pl.Int64)))
+
+
+def filter_table(summary: pl.DataFrame) -> pl.DataFrame:
+    rows = summary.filter(pl.col("metric") == "filter")
+    if rows.is_empty():
+        return rows
+    wide = rows.pivot("stat", index=["model", "method", "variant", "task"], values="value")
+    return ordered(
+        wide.with_columns(pl.exclude("model", "method", "variant", "task").cast(pl.Int64))
+    )
+
+
+def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
+    """Shares of resamples with a smaller bias than vanilla / uddia, for each task's own
+    metric (the other metrics' comparisons are in the summary)."""
+    rows = summary.filter(
+        pl.col("stat").str.starts_with("p_smaller_vs_") & (pl.col("metric") == pl.col("task"))
+    )
+    if rows.is_empty():
+        return rows
+    wide = rows.pivot("stat", index=CELL_KEYS, values="value")
+    refs = [c for c in ("p_smaller_vs_vanilla", "p_smaller_vs_uddia") if c in wide.columns]
+    return ordered(wide.select(*CELL_KEYS, *refs))
+
+
+def legend(n_boot: int, seed: int) -> str:
+    return (
+        f"Score: mean ± std over rows of any group. Bias × 100 with a 95% percentile interval "
+        f"over {n_boot} prompt resamples (seed {seed}). PPL: mean perplexity of the same rows. "
+        "Bold / underlined: best / second-best bias and PPL among debiasing methods (vanilla excluded)."
+    )

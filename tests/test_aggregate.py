@@ -1,0 +1,238 @@
+"""Aggregation: hand-computed metric cases (tests/cases), joins, bootstrap determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+from fake_run import score_row, synthetic_run, write_rows
+
+from results import bootstrap as bs
+from results.aggregate import summarize
+from results.join import JoinError, join_run
+from results.store import RunStore, StoreError
+
+CASES = json.loads((Path(__file__).parent / "cases" / "aggregate_metrics.json").read_text())[
+    "cases"
+]
+VALUE_KEYS = {"value", "n", "ci_low", "ci_high", "n_boot"}
+
+
+def run_case(
+    tmp_path: Path, case: dict[str, Any], n_boot: int = 50
+) -> tuple[pl.DataFrame, list[str]]:
+    store = write_rows(str(tmp_path / "run"), case["rows"])
+    joined = join_run(store)
+    agg = summarize(joined.frame, joined.failed, groups=case.get("groups"), n_boot=n_boot)
+    return agg.summary, joined.notes + agg.notes
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_metric_case(tmp_path: Path, case: dict[str, Any]) -> None:
+    summary, notes = run_case(tmp_path, case)
+    for want in case["expect"]:
+        sel = summary.filter(*[pl.col(k) == v for k, v in want.items() if k not in VALUE_KEYS])
+        assert sel.height == 1, f"{want}: {sel.height} matching summary rows"
+        got = sel.row(0, named=True)
+        for key in VALUE_KEYS & set(want):
+            if want[key] is None:
+                assert got[key] is None, f"{want}: {key} = {got[key]}, expected null"
+            else:
+                assert got[key] == pytest.approx(want[key], abs=case.get("tol", 1e-9)), (
+                    f"{want}: {key}"
+                )
+    for text in case.get("notes_contain", []):
+        assert any(text in n for n in notes), f"no note contains {text!r}: {notes}"
+
+
+def test_gap_point_estimate_equals_difference_of_group_means(tmp_path: Path) -> None:
+    summary, _ = run_case(tmp_path, {"rows": [], "expect": []} | {"rows": _random_rows(40)})
+    a = summary.filter((pl.col("view") == "a(x)") & (pl.col("metric") == "sentiment"))
+    mean = {
+        r["group"]: r["value"] for r in a.filter(pl.col("stat") == "mean").iter_rows(named=True)
+    }
+    bias = a.filter(pl.col("stat") == "bias")["value"][0]
+    assert bias == pytest.approx(abs(mean["female"] - mean["male"]) * 100)
+
+
+def _random_rows(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "prompt_id": f"p{i % 10}",
+            "label": str(rng.choice(["female", "male", "none"])),
+            "sentiment": float(rng.uniform()),
+        }
+        for i in range(n)
+    ]
+
+
+def test_bootstrap_is_deterministic_per_seed(tmp_path: Path) -> None:
+    store = synthetic_run(
+        str(tmp_path / "run"), methods=("vanilla", "lidao-min"), tasks=("sentiment",)
+    )
+    joined = join_run(store)
+    first = summarize(joined.frame, joined.failed, seed=3, n_boot=200).summary
+    again = summarize(joined.frame, joined.failed, seed=3, n_boot=200).summary
+    other = summarize(joined.frame, joined.failed, seed=4, n_boot=200).summary
+    assert first.equals(again)
+    gaps = pl.col("stat") == "bias"
+    assert first.filter(gaps)["value"].equals(other.filter(gaps)["value"])  # points do not move
+    assert not first.filter(gaps)["ci_low"].equals(other.filter(gaps)["ci_low"])
+
+
+def test_intervals_of_a_model_do_not_depend_on_other_models(tmp_path: Path) -> None:
+    one = synthetic_run(str(tmp_path / "one"), models=("m1",), tasks=("sentiment",))
+    two = synthetic_run(str(tmp_path / "two"), models=("m1", "m2"), tasks=("sentiment",))
+    rows = []
+    for store in (one, two):
+        joined = join_run(store)
+        s = summarize(joined.frame, joined.failed, n_boot=100).summary
+        rows.append(
+            s.filter((pl.col("model") == "m1") & (pl.col("stat") == "bias")).sort(
+                "method", "view", "metric"
+            )
+        )
+    assert rows[0].equals(rows[1])
+
+
+def test_prompt_weights_are_resamples_of_all_prompts() -> None:
+    w = bs.prompt_weights(7, 50, seed=0, key="m|t")
+    assert w.shape == (50, 7)
+    assert np.all(w.sum(axis=1) == 7)
+    assert np.array_equal(w, bs.prompt_weights(7, 50, seed=0, key="m|t"))
+    assert not np.array_equal(w, bs.prompt_weights(7, 50, seed=0, key="m|u"))
+
+
+def test_paired_share_uses_the_same_resamples(tmp_path: Path) -> None:
+    # lidao-min: no gap on any prompt; vanilla: female always 0.9, male 0.1; uddia = vanilla.
+    rows = []
+    for method, (f, m) in {
+        "vanilla": (0.9, 0.1),
+        "uddia": (0.9, 0.1),
+        "lidao-min": (0.5, 0.5),
+    }.items():
+        for p in range(8):
+            rows += [
+                {"method": method, "prompt_id": f"p{p}", "label": "female", "sentiment": f},
+                {"method": method, "prompt_id": f"p{p}", "label": "male", "sentiment": m},
+            ]
+    summary, _ = run_case(tmp_path, {"rows": rows}, n_boot=100)
+    shares = summary.filter(
+        (pl.col("view") == "a(x)") & pl.col("stat").str.starts_with("p_smaller")
+    )
+    got = {(r["method"], r["stat"]): r["value"] for r in shares.iter_rows(named=True)}
+    assert got[("lidao-min", "p_smaller_vs_vanilla")] == 1.0
+    assert got[("lidao-min", "p_smaller_vs_uddia")] == 1.0
+    assert got[("uddia", "p_smaller_vs_vanilla")] == 0.0  # identical gaps: ties are not smaller
+    assert ("vanilla", "p_smaller_vs_vanilla") not in got
+
+
+def test_interval_brackets_a_clear_gap(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    rows = [
+        {
+            "prompt_id": f"p{p}",
+            "label": g,
+            "sentiment": float(np.clip(mu + rng.normal(0, 0.1), 0, 1)),
+        }
+        for p in range(30)
+        for g, mu in (("female", 0.7), ("male", 0.4))
+    ]
+    summary, _ = run_case(tmp_path, {"rows": rows}, n_boot=300)
+    gap = summary.filter((pl.col("view") == "a(x)") & (pl.col("stat") == "bias")).row(0, named=True)
+    assert gap["ci_low"] < gap["value"] < gap["ci_high"]
+    assert 20 < gap["ci_low"] and gap["ci_high"] < 40
+    assert gap["n_boot"] == 300
+
+
+def test_variants_keep_settings_apart(tmp_path: Path) -> None:
+    rows = [
+        {"prompt_id": "A", "label": "female", "sentiment": 0.2, "temperature": t, "method": "uddia"}
+        for t in (0.75, 1.0)
+    ]
+    summary, _ = run_case(tmp_path, {"rows": rows})
+    assert set(summary.filter(pl.col("method") == "uddia")["variant"].to_list()) == {
+        "temperature=0.75",
+        "temperature=1.0",
+    }
+
+
+# ---- joins ---------------------------------------------------------------------------------
+
+
+def test_two_scorers_of_one_metric_must_be_chosen(tmp_path: Path) -> None:
+    store = write_rows(
+        str(tmp_path / "run"), [{"prompt_id": "A", "label": "female", "sentiment": 0.3}]
+    )
+    store.write_scores(
+        "sentiment",
+        "sentiment",
+        [score_row("j00000", "sentiment", sentiment=0.9) | {"scorer": "sentiment"}],
+    )
+    with pytest.raises(JoinError, match="sentiment, sentiment-vader"):
+        join_run(store)
+    frame = join_run(store, {"sentiment": "sentiment"}).frame
+    assert frame["sentiment"].to_list() == [0.9]
+    assert frame["sentiment_scorer"].to_list() == ["sentiment"]
+    with pytest.raises(JoinError, match="no scores"):
+        join_run(store, {"toxicity": "perspective"})
+
+
+def test_latest_scorer_version_wins(tmp_path: Path) -> None:
+    rows = [{"prompt_id": p, "label": "female", "sentiment": 0.3} for p in "AB"]
+    store = write_rows(str(tmp_path / "run"), rows)
+    old = store.list_shards("scores", "sentiment-vader")[0]
+    os.utime(old, (1_000_000_000, 1_000_000_000))
+    # Re-scored with a new version, only the first job so far: the second has no current score.
+    store.write_scores(
+        "sentiment-vader",
+        "sentiment",
+        [score_row("j00000", "sentiment", version="v2", sentiment=0.8)],
+    )
+    joined = join_run(store)
+    assert joined.frame.sort("job_id")["sentiment"].to_list() == [0.8, None]
+    assert joined.sources["sentiment"].version == "v2"
+    assert any("ignored older ['v1']" in n for n in joined.notes)
+
+
+def test_unregistered_scorer_metric_is_read_from_its_rows(tmp_path: Path) -> None:
+    store = write_rows(str(tmp_path / "run"), [{"prompt_id": "A", "label": "female"}])
+    store.write_scores(
+        "my-toxicity",
+        "toxicity",
+        [score_row("j00000", "toxicity", toxicity=0.25) | {"scorer": "my-toxicity"}],
+    )
+    joined = join_run(store)
+    assert joined.sources["toxicity"].scorer == "my-toxicity"
+    assert joined.frame["toxicity"].to_list() == [0.25]
+
+
+def test_no_generations_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no generation rows"):
+        join_run(RunStore(str(tmp_path / "empty")))
+
+
+def test_scorer_choice_maps_names_to_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    from results import join
+
+    registry = {"tox-a": "toxicity", "tox-b": "toxicity", "sent": "sentiment"}
+    monkeypatch.setattr(join, "SCORER_METRICS", registry)
+    assert join.scorer_choice(["tox-a", "sent"]) == {"toxicity": "tox-a", "sentiment": "sent"}
+    with pytest.raises(JoinError, match="both score 'toxicity'"):
+        join.scorer_choice(["tox-a", "tox-b"])
+    with pytest.raises(JoinError, match="unknown scorer"):
+        join.scorer_choice(["tox-c"])
+
+
+def test_an_empty_scorer_directory_is_ignored(tmp_path: Path) -> None:
+    store = write_rows(
+        str(tmp_path / "run"), [{"prompt_id": "A", "label": "female", "sentiment": 0.3}]
+    )
+    store.makedirs("scores", "sentiment")  # a scorer that crashed before its first shard
+    assert join_run(store).sources["sentiment"].scorer == "sentiment-vader"

@@ -1,0 +1,112 @@
+"""Perplexity of continuations given prompts on the tiny random causal LMs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from workers.scorers.base import ScorerContext, ScorerError
+from workers.scorers.perplexity import Perplexity
+
+CTX = ScorerContext(device="cpu")
+
+ROWS = [
+    {
+        "job_id": "a",
+        "prompt": "The woman worked as",
+        "continuation": " a nurse and she was happy .",
+    },
+    {"job_id": "b", "prompt": "He", "continuation": " was"},
+    {"job_id": "c", "prompt": "The man said that", "continuation": ""},
+    {"job_id": "d", "prompt": "My father told me that the new teacher", "continuation": " is kind"},
+    {"job_id": "e", "prompt": "", "continuation": " She was a doctor"},
+]
+
+
+def two_pass_perplexity(scorer: Perplexity, row: dict[str, Any]) -> float:
+    """exp((NLL(prompt + cont) − NLL(prompt)) / #cont), each NLL a sum from the model's mean loss."""
+    prompt, cont = scorer.token_ids(row)
+    model = scorer.lm.model
+
+    def total_nll(ids: list[int]) -> float:
+        if len(ids) < 2:  # a single token predicts nothing
+            return 0.0
+        t = torch.tensor([ids])
+        with torch.no_grad():
+            return float(model(input_ids=t, labels=t).loss) * (len(ids) - 1)
+
+    return math.exp((total_nll(prompt + cont) - total_nll(prompt)) / len(cont))
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def scorer(request: pytest.FixtureRequest) -> Perplexity:
+    return Perplexity({"model": f"tiny-random/{request.param}", "batch_size": 8}, CTX)
+
+
+def test_masked_batch_equals_the_two_pass_definition(scorer: Perplexity) -> None:
+    out = scorer.score(ROWS)
+    assert [r["job_id"] for r in out] == [r["job_id"] for r in ROWS]
+    for row, rec in zip(ROWS, out):
+        if rec["status"] != "ok":
+            continue
+        assert rec["perplexity"] == pytest.approx(two_pass_perplexity(scorer, row), rel=1e-4), row[
+            "job_id"
+        ]
+    assert sum(r["status"] == "ok" for r in out) == 4
+
+
+def test_batched_equals_one_by_one(scorer: Perplexity) -> None:
+    batched = scorer.score(ROWS)
+    single = [scorer.score([row])[0] for row in ROWS]
+    for b, s in zip(batched, single):
+        assert b["status"] == s["status"]
+        if b["status"] == "ok":
+            assert b["perplexity"] == pytest.approx(s["perplexity"], rel=1e-5)
+
+
+def test_empty_continuation_is_status_empty(scorer: Perplexity) -> None:
+    (rec,) = scorer.score([ROWS[2]])
+    assert rec["status"] == "empty" and rec["perplexity"] is None and rec["error"] is None
+
+
+def test_empty_prompt_is_scored_from_the_start_token(scorer: Perplexity) -> None:
+    prompt, cont = scorer.token_ids(ROWS[4])
+    assert prompt == [scorer.start_id] and len(cont) == 4
+
+
+def test_prompt_tokens_are_not_scored() -> None:
+    """The same continuation after two prompts differs; the prompt's own tokens never count."""
+    scorer = Perplexity({"model": "tiny-random/gpt2"}, CTX)
+    a, b = scorer.score(
+        [
+            {"job_id": "x", "prompt": "The woman", "continuation": " was kind"},
+            {
+                "job_id": "y",
+                "prompt": "The woman worked as a nurse and",
+                "continuation": " was kind",
+            },
+        ]
+    )
+    assert a["perplexity"] != pytest.approx(b["perplexity"], rel=1e-3)
+    nll = scorer.mean_nll([scorer.token_ids({"prompt": "The woman", "continuation": " was kind"})])[
+        0
+    ]
+    assert nll is not None and a["perplexity"] == pytest.approx(math.exp(nll))
+
+
+def test_a_too_long_row_is_an_error_row_and_the_rest_of_its_batch_scores() -> None:
+    scorer = Perplexity({"model": "tiny-random/gpt2", "batch_size": 4}, CTX)
+    long_row = {"job_id": "long", "prompt": "The man", "continuation": " was" * 600}
+    out = scorer.score([ROWS[0], long_row, ROWS[1]])
+    assert [r["status"] for r in out] == ["ok", "error", "ok"]
+    assert "602 tokens; the model takes 512" in out[1]["error"]
+
+
+def test_version_names_the_model_and_unknown_models_fail_clearly() -> None:
+    scorer = Perplexity({"model": "tiny-random/opt", "dtype": "float32"}, CTX)
+    assert scorer.version.startswith("ppl-v1:tiny-random/opt@") and scorer.lm.family == "opt"
+    with pytest.raises(ScorerError, match="unknown tiny model 'tiny-random/gpt3'"):
+        Perplexity({"model": "tiny-random/gpt3"}, CTX)

@@ -1,0 +1,286 @@
+"""Per-sequence bias tuning of the top k blocks of a frozen causal LM.
+
+`δ_s` is an additive offset on the output of every affine sub-module (Linear, GPT-2 Conv1D,
+LayerNorm / RMSNorm) of the top `k` decoder blocks and of the final norm. Offsets live in
+tensors of shape (B, out_features) that forward hooks add; the model's weights are never
+touched. Because row s of every offset only reaches row s of the batch, one backward pass of
+Σ_s ℓ_s gives each sequence its own gradient, and one step of a fresh Adam is the closed form
+`δ = −lr · g / (|g| + eps)`.
+
+The passes of one decoding step that use these pieces live in `workers.methods.tuner`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.methods.base import MethodError
+
+SCOPES = ("context", "last")
+ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
+# Attribute names of the final norm next to (or above) the decoder block list.
+FINAL_NORM_NAMES = ("ln_f", "norm", "final_layer_norm", "final_norm", "norm_f", "final_layernorm")
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """One affine sub-module whose output gets a per-sequence offset of `width` numbers."""
+
+    name: str  # qualified name in the model, for error messages
+    module: nn.Module
+    width: int
+
+
+@dataclass(frozen=True)
+class TuneSites:
+    """Where the offsets go: the affine modules of the top `k` blocks, then the final norm."""
+
+    blocks_path: str
+    num_blocks: int
+    k: int
+    points: tuple[HookPoint, ...]  # the final norm is the last point
+
+    @property
+    def final_norm(self) -> HookPoint:
+        return self.points[-1]
+
+    def numel(self) -> int:
+        """Tuned numbers per sequence (14,080 per block of GPT-2 large, plus ln_f)."""
+        return sum(p.width for p in self.points)
+
+
+def affine_width(module: nn.Module) -> int | None:
+    """Output width of an affine module (Linear, GPT-2 Conv1D, *Norm with a weight), else None."""
+    if isinstance(module, nn.Linear):
+        return int(module.out_features)
+    cls = type(module).__name__
+    if cls == "Conv1D" and isinstance(getattr(module, "nf", None), int):
+        return int(module.nf)  # type: ignore[arg-type]
+    weight = getattr(module, "weight", None)
+    if cls.endswith("Norm") and isinstance(weight, torch.Tensor) and weight.ndim == 1:
+        return int(weight.shape[0])
+    return None
+
+
+def _num_layers(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "num_hidden_layers", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The decoder block list: the first ModuleList as long as the config's layer count."""
+    n_layers = _num_layers(model)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and len(module) == n_layers:
+            return name, module
+    kind = type(model).__name__
+    raise MethodError(
+        f"bias tuning: cannot find the decoder block list of {kind} (no ModuleList of "
+        f"num_hidden_layers={n_layers} blocks); this architecture is not mapped"
+    )
+
+
+def _find_final_norm(model: nn.Module, blocks_path: str) -> tuple[str, nn.Module]:
+    """The final norm: a *Norm attribute of the block list's parent or one of its ancestors."""
+    parts = blocks_path.split(".")[:-1]
+    while True:
+        prefix = ".".join(parts)
+        parent = model.get_submodule(prefix) if prefix else model
+        for attr in FINAL_NORM_NAMES:
+            module = getattr(parent, attr, None)
+            if isinstance(module, nn.Module) and affine_width(module) is not None:
+                return (f"{prefix}.{attr}" if prefix else attr), module
+        if not parts:
+            break
+        parts.pop()
+    raise MethodError(
+        f"bias tuning: no final norm ({', '.join(FINAL_NORM_NAMES)}) found above "
+        f"{blocks_path!r} in {type(model).__name__}; this architecture is not mapped"
+    )
+
+
+def find_sites(model: nn.Module, k: int) -> TuneSites:
+    """Hook points of the top `min(k, L)` blocks plus the final norm of a causal LM.
+
+    Raises:
+        MethodError: when the block list or the final norm cannot be found, k < 1, or a block
+            has no affine sub-module.
+    """
+    if k < 1:
+        raise MethodError(f"bias tuning: blocks must be >= 1, got {k}")
+    blocks_path, blocks = _find_blocks(model)
+    k = min(k, len(blocks))
+    points: list[HookPoint] = []
+    for index in range(len(blocks) - k, len(blocks)):
+        found = [
+            HookPoint(f"{blocks_path}.{index}.{name}", module, width)
+            for name, module in blocks[index].named_modules()
+            if name and (width := affine_width(module)) is not None
+        ]
+        if not found:
+            raise MethodError(f"bias tuning: block {blocks_path}.{index} has no affine sub-module")
+        points.extend(found)
+    norm_path, norm = _find_final_norm(model, blocks_path)
+    points.append(HookPoint(norm_path, norm, affine_width(norm) or 0))
+    return TuneSites(blocks_path=blocks_path, num_blocks=len(blocks), k=k, points=tuple(points))
+
+
+@dataclass
+class HookState:
+    """What the hooks saw inside one `bias_offsets` block."""
+
+    fired: set[str] = field(default_factory=set)
+    final_hidden: list[torch.Tensor] = field(default_factory=list)  # final norm outputs, (B, T, D)
+
+
+def _offset_hook(
+    point: HookPoint, delta: torch.Tensor | None, state: HookState, capture: bool
+) -> Any:
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        state.fired.add(point.name)
+        if delta is not None:
+            batch, width = delta.shape
+            if output.shape[-1] != width or output.shape[0] % batch != 0:
+                raise MethodError(
+                    f"bias tuning: {point.name} output {tuple(output.shape)} does not match its "
+                    f"offset {tuple(delta.shape)} (batch first, features last expected)"
+                )
+            if output.shape[0] != batch:
+                # OPT's MLP flattens (B, T, W) to (B·T, W), batch-major: view it back per row.
+                output = (output.view(batch, -1, width) + delta.unsqueeze(1)).view(output.shape)
+            else:
+                # (B, W) → (B, 1, ..., 1, W): one offset per sequence, broadcast over positions
+                output = output + delta.view((batch,) + (1,) * (output.ndim - 2) + (width,))
+        if capture:
+            state.final_hidden.append(output)
+        return output
+
+    return hook
+
+
+@contextmanager
+def bias_offsets(
+    model: nn.Module, sites: TuneSites, deltas: Sequence[torch.Tensor] | None
+) -> Iterator[HookState]:
+    """Add `deltas[i]` (B, width_i) to the output of `sites.points[i]` inside the block.
+
+    With `deltas=None` nothing is added; the final norm's outputs are still captured. The hooks
+    are removed on exit, also when the block raises.
+
+    Raises:
+        MethodError: a hook point is no longer a sub-module of `model`, or shapes disagree.
+    """
+    if deltas is not None and len(deltas) != len(sites.points):
+        raise MethodError(f"bias tuning: {len(deltas)} offsets for {len(sites.points)} hook points")
+    state = HookState()
+    handles = []
+    try:
+        for i, point in enumerate(sites.points):
+            try:
+                present = model.get_submodule(point.name) is point.module
+            except AttributeError:
+                present = False
+            if not present:
+                raise MethodError(f"bias tuning: hook point {point.name} is missing from the model")
+            delta = None if deltas is None else deltas[i]
+            if delta is not None and delta.shape[-1] != point.width:
+                raise MethodError(
+                    f"bias tuning: offset of {point.name} has width {delta.shape[-1]}, not {point.width}"
+                )
+            last = i == len(sites.points) - 1
+            handles.append(
+                point.module.register_forward_hook(_offset_hook(point, delta, state, last))
+            )
+        yield state
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def adam_first_step(
+    grads: Sequence[torch.Tensor], lr: float, eps: float = ADAM_EPS
+) -> list[torch.Tensor]:
+    """One step of a freshly created Adam from zero, in closed form: `−lr · g / (|g| + eps)`.
+
+    With zero moments, m̂ = g and v̂ = g² after bias correction, whatever β1 and β2 are.
+    Computed in float32 (eps underflows in half precision), returned in each gradient's dtype.
+    """
+    out = []
+    for g in grads:
+        g32 = g.float()
+        out.append((-lr * g32 / (g32.abs() + eps)).to(g.dtype))
+    return out
+
+
+def cropped_cache(cache: Any, length: int) -> Any:
+    """A new DynamicCache over the first `length` positions of `cache`, sharing its storage.
+
+    Forwards over the result append by concatenation into new tensors, so `cache` (the shared
+    loop's θ cache) is never modified.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise MethodError(
+            f"bias tuning: expected a transformers DynamicCache, got {type(cache).__name__}"
+        )
+    view = DynamicCache()
+    new_layers: list[Any] = []
+    for i, layer in enumerate(layers):
+        keys, values = layer.keys, layer.values
+        if type(layer) is not DynamicLayer or keys is None or values is None:
+            raise MethodError(
+                f"bias tuning: cache layer {i} is a {type(layer).__name__}; only initialised "
+                "full-attention DynamicLayer caches are supported"
+            )
+        copy = DynamicLayer()
+        copy.dtype, copy.device = keys.dtype, keys.device
+        copy.keys, copy.values = keys[..., :length, :], values[..., :length, :]
+        copy.is_initialized = True
+        new_layers.append(copy)
+    view.layers = new_layers
+    return view
+
+
+def last_position(output: Any) -> Any:
+    """A block's output restricted to the last position, or None for an unknown structure.
+
+    Decoder blocks return a (B, T, D) tensor (GPT-2, OPT, LLaMA) or a tuple of it and Nones
+    (Falcon: attention weights not requested).
+    """
+    if isinstance(output, torch.Tensor):
+        return output[:, -1:]
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        if all(o is None for o in output[1:]):
+            return (output[0][:, -1:],) + output[1:]
+    return None
+
+
+@contextmanager
+def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> Iterator[None]:
+    """Make `blocks` return `output` without computing anything, inside the block.
+
+    For θ's blocks below the tuned ones: their last-position output is the same under θ and
+    θ + δ, so the tuned forward replays the probe's instead of recomputing it. Their cache
+    layers are then not extended, which is harmless for a throw-away cache view.
+    """
+    patched: list[nn.Module] = []
+    try:
+        for block in blocks:
+            vars(block)["forward"] = lambda *args, **kwargs: output  # shadows the class method
+            patched.append(block)
+        yield
+    finally:
+        for block in patched:
+            vars(block).pop("forward", None)

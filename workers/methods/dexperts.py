@@ -1,0 +1,89 @@
+"""DExperts (Liu et al., ACL 2021): `z + α (z_expert − z_anti-expert)` on next-token logits.
+
+Facts of the reference (alisawuffles/DExperts, generation/dexperts_generation.py and its
+scripts): θ's logits are first truncated to their top-p nucleus at `filter_p` (0.9; the rest
+set to −inf), then the experts' difference is added with weight α (2.0 for toxicity, 3.2 for
+sentiment), then temperature and sampling. Here the loop's `process` (temperature, repetition
+penalty) is applied to the ensemble logits and the loop's top-p follows (the reference samples
+from the full ensemble by default: set `top_p: 1.0` to match it). The experts are GPT-2 models
+fine-tuned by the authors; the user supplies both (`expert`: the desirable, e.g. non-toxic or
+positive one; `anti_expert`: the undesirable one). There is no published regard pair: α must be
+given for regard. With `alpha: 0` and `filter_p: 1.0` the method is vanilla decoding exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from jobs.spec import JobSpec
+from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.experts import Follower, load_extra_lm
+
+if TYPE_CHECKING:
+    from workers.models import LoadedLM
+
+TASK_ALPHA = {"toxicity": 2.0, "sentiment": 3.2}
+
+
+def nucleus_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(B, V) logits with −inf outside the smallest top set of mass > `top_p` (the reference's rule)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.cumsum(torch.softmax(sorted_logits, -1), -1)
+    drop = cum > top_p
+    drop[..., 1:] = drop[..., :-1].clone()  # keep the first token past the threshold too
+    drop[..., 0] = False
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+def ensemble(
+    base: torch.Tensor, expert: torch.Tensor, anti: torch.Tensor, alpha: float, filter_p: float
+) -> torch.Tensor:
+    """(B, V) DExperts scores from three (B, V) logits."""
+    return nucleus_filter(base, filter_p) + alpha * (expert - anti)
+
+
+class DExperts(DecodingMethod):
+    """Product of experts with an expert and an anti-expert LM (see the module docstring)."""
+
+    name: ClassVar[str] = "dexperts"
+    needs: ClassVar[Needs] = Needs(extra_models=("expert", "anti_expert"))
+
+    def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
+        super().__init__(lm, params, task)
+        alpha = params.get("alpha")
+        if alpha is None:
+            if task not in TASK_ALPHA:
+                raise MethodError(
+                    f"method dexperts: no published alpha for task {task!r}; set `alpha`"
+                )
+            alpha = TASK_ALPHA[task]
+        self.alpha = float(alpha)
+        self.filter_p = float(params.get("filter_p", 0.9))
+        if not 0.0 < self.filter_p <= 1.0:
+            raise MethodError(f"method dexperts: filter_p must be in (0, 1], got {self.filter_p}")
+        self.expert = Follower(load_extra_lm(lm, params.get("expert"), "expert", "dexperts"))
+        self.anti = Follower(
+            load_extra_lm(lm, params.get("anti_expert"), "anti_expert", "dexperts")
+        )
+
+    def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
+        self.expert.reset()
+        self.anti.reset()
+
+    def next_logprobs(self, ctx: StepContext) -> torch.Tensor:
+        z_expert = self.expert.feed(ctx)[:, -1]
+        z_anti = self.anti.feed(ctx)[:, -1]
+        return ctx.process(ensemble(ctx.logits, z_expert, z_anti, self.alpha, self.filter_p))
+
+    def effective_params(self) -> dict[str, Any]:
+        return {
+            "expert": self.expert.lm.ref.id,
+            "anti_expert": self.anti.lm.ref.id,
+            "alpha": self.alpha,
+            "filter_p": self.filter_p,
+        }

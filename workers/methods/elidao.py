@@ -1,0 +1,169 @@
+"""eLIDAO: LIDAO plus an instruction-prefixed reference stream for the seed-word tokens.
+
+The reference is the same frozen LM fed `instruction(#GENDER#) + prompt + generated tokens`
+with its own KV cache. For every token of V_a (vocabulary ids that decode exactly to a seed
+word, with or without a leading space) the mixed log-probability is replaced by the
+reference's before sampling. `#GENDER#` is the prompt's majority group; a prompt without a
+majority falls back to plain LIDAO, and the row records it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from jobs.spec import JobSpec
+from jobs.words import GroupWords, label_text
+from workers.methods.base import MethodError, Needs, StepContext
+from workers.methods.lidao import BiasTunedMethod, LidaoMin, LidaoProd
+from workers.models import LoadedLM
+
+# The paper's templates (its Appendix, Table 5); the Falcon one keeps the published typo.
+TEMPLATES = {
+    "plain": (
+        "Please help me complete the sentence in #Input#. You should focus on the mentioned "
+        "#GENDER# in #Input# as frequently as possible.\n\n#Input#:\n"
+    ),
+    "instruct": (
+        "#Instruction#:\nYour objecive is to continue a given text in #Input#. If a #GENDER# "
+        "presents in #Input#, you SHOULD mention this #GENDER# as frequently and explicitly as "
+        "possible.\n\n#Input#:\n"
+    ),
+}
+
+
+def instruction_template(family: str, choice: str | None) -> str:
+    """The template text: by family (Falcon → instruct), a named one, or a custom string."""
+    if choice is None:
+        return TEMPLATES["instruct" if family == "falcon" else "plain"]
+    if choice in TEMPLATES:
+        return TEMPLATES[choice]
+    if "#GENDER#" not in choice:
+        raise MethodError(
+            f"eLIDAO: instruction must be one of {sorted(TEMPLATES)} or contain #GENDER#"
+        )
+    return choice
+
+
+def seed_token_ids(tokenizer: Any, words: GroupWords) -> list[int]:
+    """V_a: ids of single tokens that decode exactly to a seed word, with or without a space."""
+    found: set[int] = set()
+    for word in sorted(words.all_words()):
+        for text in (word, " " + word):
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(ids) == 1 and tokenizer.decode(ids) in (word, " " + word):
+                found.add(int(ids[0]))
+    return sorted(found)
+
+
+class ReferenceStream:
+    """θ fed the instruction + prompt + generated tokens: one no-grad forward per token."""
+
+    def __init__(self, lm: LoadedLM, template: str) -> None:
+        self.lm = lm
+        self.template = template
+        self.genders: list[str | None] = []
+        self.logits: torch.Tensor | None = None  # (B, V) float32 next-token logits
+
+    def start(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
+        """Choose #GENDER# per row and prefill the instruction-prefixed prompts."""
+        tok = self.lm.tokenizer
+        self.genders = [
+            None if (g := label_text(j.prompt, self.lm.words)) == "none" else g for j in jobs
+        ]
+        self.use = torch.tensor([g is not None for g in self.genders], device=self.lm.device)
+        self.logits = self._cache = None
+        if not any(self.genders):
+            return  # every row falls back: no reference forwards at all
+        rows = []
+        for gender, ids in zip(self.genders, prompt_ids):
+            head: list[int] = []
+            if ids and tok.bos_token_id is not None and ids[0] == tok.bos_token_id:
+                head, ids = [ids[0]], ids[1:]  # keep a BOS the tokenizer adds in front
+            text = self.template.replace("#GENDER#", gender) if gender else ""
+            rows.append(head + list(tok(text, add_special_tokens=False)["input_ids"]) + list(ids))
+        width = max(len(r) for r in rows)
+        pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+        ids_t = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r:
+                ids_t[i, width - len(r) :] = torch.tensor(r)
+                mask[i, width - len(r) :] = 1
+        self._mask = mask.to(self.lm.device)
+        self._pos = (self._mask.cumsum(-1) - 1).clamp_min(0)
+        self._forward(ids_t.to(self.lm.device), self._pos)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        with torch.no_grad():
+            out = self.lm.model(
+                input_ids=ids,
+                attention_mask=self._mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self._cache, self.logits = out.past_key_values, out.logits[:, -1].float()
+
+    def advance(self, tokens: torch.Tensor, needed: bool) -> None:
+        """Feed the (B,) sampled tokens; skipped (no forward) when no row will need it."""
+        if self.logits is None or not needed:
+            return
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=-1)
+        self._pos = self._pos[:, -1:] + 1
+        self._forward(tokens.unsqueeze(-1), self._pos)
+
+
+class ElidaoMixin(BiasTunedMethod):
+    """Adds the reference stream and the V_a replacement to a LIDAO variant."""
+
+    needs: ClassVar[Needs] = Needs(
+        gradients=True, attribute_head=True, gender_words=True, reference_stream=True
+    )
+
+    def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
+        super().__init__(lm, params, task)
+        template = instruction_template(lm.family, self.params["instruction"])
+        self.stream = ReferenceStream(lm, template)
+        ids = seed_token_ids(lm.tokenizer, lm.words)
+        self.seed_ids = torch.tensor(ids, dtype=torch.long, device=lm.device)
+
+    def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
+        super().begin(jobs, prompt_ids)
+        self._max_steps = max(j.generation.max_new_tokens for j in jobs)
+        self.stream.start(jobs, prompt_ids)
+
+    def adjust(self, ctx: StepContext, mixed: torch.Tensor) -> torch.Tensor:
+        if self.stream.logits is None or self.seed_ids.numel() == 0:
+            return mixed
+        ref = ctx.process(self.stream.logits)[:, self.seed_ids]  # (B, |V_a|) log p_ref
+        use = self.stream.use.unsqueeze(-1)
+        out = mixed.clone()
+        out[:, self.seed_ids] = torch.where(use, ref, mixed[:, self.seed_ids])
+        return out
+
+    def after_token(self, ctx: StepContext, tokens: torch.Tensor) -> None:
+        super().after_token(ctx, tokens)
+        needed = ctx.step + 1 < self._max_steps and bool((ctx.active & self.stream.use).any())
+        self.stream.advance(tokens, needed)
+
+    def row_columns(self, row: int) -> dict[str, Any]:
+        columns = dict(super().row_columns(row))
+        gender = self.stream.genders[row] if row < len(self.stream.genders) else None
+        columns.update(elidao_fallback=gender is None, elidao_gender=gender)
+        return columns
+
+
+class ElidaoMin(ElidaoMixin, LidaoMin):
+    """eLIDAO on LIDAO-min."""
+
+    name = "elidao-min"
+
+
+class ElidaoProd(ElidaoMixin, LidaoProd):
+    """eLIDAO on LIDAO-prod."""
+
+    name = "elidao-prod"

@@ -1,0 +1,362 @@
+"""Attribute heads: linear classifiers on the mean-pooled final hidden states of a frozen LM.
+
+PPLM, UDDIA and the LIDAO family read the property of a text (non-toxic, positive...) through a
+head `W (C, D), b (C,)` applied to the mean of the LM's final hidden states (after the final
+norm). Heads are per LM and per task.
+
+File format written by the harness (`save_head`), two files side by side:
+
+- `<stem>.safetensors`: `{"linear.weight": (C, D) float32, "linear.bias": (C,) float32}`;
+- `<stem>.json`: the metadata, an object with
+  `format` ("lidao-head/1"), `lm_id`, `lm_revision`, `hidden_size`, `class_names` (index
+  order), `target_class` (index of the desirable class), `task`, `data` (source, `sha256`,
+  sizes), `training` (epochs, lr, batch size, seed, max tokens, accuracies), `created` (UTC
+  ISO date) and `versions` (torch, transformers, lidao-harness).
+
+Read as well (`load_head`), so the public PPLM / UDDIA heads load as they are: a torch state
+dict `{mlp.weight, mlp.bias}` (`.pt`) with a PPLM meta JSON beside it (`<name>_meta.json`, or
+`<name>.json`) holding `class_size, embed_size, pretrained_model, class_vocab, default_class`.
+PPLM's `default_class` is the class its demo steers to, not always a desirable one (its SST
+head's is `very_negative`), so the target class of such a head is `target_class` when the meta
+has one, else the single class whose name reads desirable (`non_toxic`, `positive`...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from jobs.datasets import DatasetError, fetch
+from workers.methods.base import MethodError
+from workers.tiny import TINY_PREFIX
+
+if TYPE_CHECKING:
+    from workers.models import LoadedLM
+
+HEAD_FORMAT = "lidao-head/1"
+
+# The UDDIA repository's toxicity head for GPT-2 large (a PPLM head; class 0 = non_toxic).
+UDDIA_TOXICITY_HEAD = (
+    "https://raw.githubusercontent.com/minicheshire/Unified-Debiasing-and-Detoxifying/main/"
+    "models/pplm_classifiers/toxicity_classifierhead_1280/toxic_classifier_head_epoch_10.pt"
+)
+# Heads known by URL: pinned SHA-256 and the PPLM metadata published beside them.
+KNOWN_HEADS: dict[str, dict[str, Any]] = {
+    UDDIA_TOXICITY_HEAD: {
+        "sha256": "00d3560b64812314eb9b9b1d220c2802264a09701dae67b779d319c1e5c02c19",
+        "meta": {
+            "class_size": 2,
+            "embed_size": 1280,
+            "pretrained_model": "gpt2-large",
+            "class_vocab": {"non_toxic": 0, "toxic": 1},
+            "default_class": 0,
+        },
+    },
+}
+
+# Class names that read as the desirable class, for heads whose meta has no `target_class`.
+DESIRABLE_NAMES = ("non_toxic", "nontoxic", "non-toxic", "clean", "positive", "very_positive")
+
+# Class names of the random heads that let tiny models run without files.
+TASK_CLASSES: dict[str, tuple[str, str]] = {
+    "toxicity": ("non_toxic", "toxic"),
+    "sentiment": ("positive", "negative"),
+    "regard": ("positive", "negative"),
+}
+
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth")
+
+
+class AttributeHead(nn.Module):
+    """A linear classifier over pooled hidden states.
+
+    Attributes:
+        linear: `nn.Linear(D, C)`.
+        target_class: index of the desirable class (non-toxic, positive...).
+        class_names: the C class names, in index order.
+        meta: the metadata it was loaded with (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        class_names: list[str],
+        target_class: int,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0 <= target_class < len(class_names):
+            raise MethodError(f"target_class {target_class} is not an index of {class_names}")
+        self.linear = nn.Linear(hidden_size, len(class_names))
+        self.target_class = int(target_class)
+        self.class_names = list(class_names)
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.linear.in_features)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(B, C) class logits of (B, D) pooled hidden states."""
+        return self.linear(pooled)  # type: ignore[no-any-return]
+
+
+def lm_hidden_size(lm: LoadedLM) -> int:
+    """Width of the final hidden states (the LM head's input; OPT-350m projects them out)."""
+    return int(lm.model.get_output_embeddings().weight.shape[1])
+
+
+def _normalise_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
+    """Our metadata, or a PPLM meta mapped onto it (lm_id, hidden_size, class_names, target_class)."""
+    out = dict(meta)
+    if "class_names" not in meta:
+        vocab = meta.get("class_vocab")
+        if not isinstance(vocab, dict) or not vocab:
+            raise MethodError(f"{where}: metadata has neither class_names nor class_vocab")
+        size = int(meta.get("class_size", len(vocab)))
+        names = [f"class_{i}" for i in range(size)]
+        for name, idx in vocab.items():
+            if not 0 <= int(idx) < size:
+                raise MethodError(
+                    f"{where}: class_vocab[{name!r}] = {idx} is outside 0..{size - 1}"
+                )
+            names[int(idx)] = str(name)
+        out["class_names"] = names
+        out.setdefault("hidden_size", meta.get("embed_size"))
+        out.setdefault("lm_id", meta.get("pretrained_model"))
+    names = [str(n) for n in out["class_names"]]
+    out["class_names"] = names
+    if "target_class" not in out:
+        hits = [i for i, n in enumerate(names) if n.lower().replace(" ", "_") in DESIRABLE_NAMES]
+        if len(hits) != 1:
+            raise MethodError(
+                f"{where}: cannot tell the desirable class among {names}; "
+                'add "target_class": <index> to the metadata'
+            )
+        out["target_class"] = hits[0]
+    target = out["target_class"]
+    if isinstance(target, str):
+        if target not in names:
+            raise MethodError(f"{where}: target_class {target!r} is not one of {names}")
+        out["target_class"] = names.index(target)
+    return out
+
+
+def _meta_path(weights: Path) -> Path:
+    """The metadata JSON beside a weights file (ours, PPLM's `_meta.json`, or the only one)."""
+    stem = weights.name
+    for suffix in WEIGHT_SUFFIXES:
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    base = re.sub(r"_epoch_\d+$", "", stem)
+    for name in (f"{stem}.json", f"{base}_meta.json", f"{stem}_meta.json"):
+        if (weights.parent / name).is_file():
+            return weights.parent / name
+    metas = sorted(weights.parent.glob("*meta*.json"))
+    if len(metas) == 1:
+        return metas[0]
+    raise MethodError(f"{weights}: no metadata JSON beside it (expected {stem}.json)")
+
+
+def _read_state(weights: Path) -> dict[str, torch.Tensor]:
+    try:
+        if weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(weights)))
+        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise MethodError(f"{weights}: cannot read head weights ({exc})") from exc
+    if not isinstance(state, dict):
+        raise MethodError(f"{weights}: expected a state dict, got {type(state).__name__}")
+    return state
+
+
+def _linear_tensors(
+    state: dict[str, torch.Tensor], where: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    for prefix in ("linear.", "mlp.", ""):
+        w, b = state.get(prefix + "weight"), state.get(prefix + "bias")
+        if isinstance(w, torch.Tensor) and isinstance(b, torch.Tensor):
+            return w, b
+    raise MethodError(
+        f"{where}: no linear.weight/bias (or PPLM mlp.weight/bias); keys: {sorted(state)}"
+    )
+
+
+def _local_weights(spec: str) -> tuple[Path, dict[str, Any] | None]:
+    """Weights file of a path or URL, and the known metadata of a known URL."""
+    if spec.startswith(("http://", "https://")):
+        known = KNOWN_HEADS.get(spec, {})
+        try:
+            local = fetch(spec, sha256=known.get("sha256"))
+        except DatasetError as exc:
+            raise MethodError(f"head {spec}: {exc}") from exc
+        if known:
+            return Path(local), dict(known["meta"])
+        raise MethodError(
+            f"head {spec}: unknown URL; download it with its metadata JSON and pass the path"
+        )
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+        if len(found) != 1:
+            raise MethodError(
+                f"{spec}: expected one head weights file in the folder, found {[p.name for p in found]}"
+            )
+        path = found[0]
+    if not path.is_file():
+        raise MethodError(f"head {spec}: no such file")
+    return path, None
+
+
+def load_head(path: str) -> AttributeHead:
+    """Load a head written by `save_head`, or a PPLM head with its meta JSON.
+
+    Args:
+        path: the weights file, its folder, or a known URL (fetched once, SHA-256 checked).
+
+    Raises:
+        MethodError: missing or unreadable files, or shapes that disagree with the metadata.
+    """
+    weights, meta = _local_weights(path)
+    where = str(weights)
+    if meta is None:
+        meta_file = _meta_path(weights)
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise MethodError(f"{meta_file}: cannot read head metadata ({exc})") from exc
+        if not isinstance(meta, dict):
+            raise MethodError(f"{meta_file}: metadata must be a JSON object")
+        where = str(meta_file)
+    meta = _normalise_meta(meta, where)
+    w, b = _linear_tensors(_read_state(weights), str(weights))
+    n_classes, hidden = len(meta["class_names"]), w.shape[-1]
+    if w.dim() != 2 or w.shape[0] != n_classes or b.shape != (n_classes,):
+        raise MethodError(
+            f"{weights}: weight {tuple(w.shape)} / bias {tuple(b.shape)} do not fit "
+            f"{n_classes} classes {meta['class_names']}"
+        )
+    if meta.get("hidden_size") not in (None, hidden):
+        raise MethodError(
+            f"{weights}: weights are {hidden} wide but the metadata says {meta['hidden_size']}"
+        )
+    meta["hidden_size"] = int(hidden)
+    meta["source"] = path
+    head = AttributeHead(int(hidden), meta["class_names"], int(meta["target_class"]), meta)
+    with torch.no_grad():
+        head.linear.weight.copy_(w.float())
+        head.linear.bias.copy_(b.float())
+    return head.eval()
+
+
+def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
+    """Write `<stem>.safetensors` and `<stem>.json` atomically; returns both paths."""
+    from safetensors.torch import save_file
+
+    target = Path(path)
+    if target.suffix != ".safetensors":
+        target = target.with_name(target.name + ".safetensors")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    meta_file = target.with_suffix(".json")
+    meta = {
+        **head.meta,
+        "format": HEAD_FORMAT,
+        "hidden_size": head.hidden_size,
+        "class_names": head.class_names,
+        "target_class": head.target_class,
+    }
+    tensors = {k: v.detach().cpu().float().contiguous() for k, v in head.state_dict().items()}
+    _atomic(target, lambda tmp: save_file(tensors, tmp))
+    text = json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n"
+    _atomic(meta_file, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return str(target), str(meta_file)
+
+
+def _atomic(target: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _model_name(model_id: str) -> str:
+    return model_id.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def check_head(head: AttributeHead, lm: LoadedLM) -> None:
+    """Fail at actor start when the head was not trained on this LM.
+
+    The LM ids match when their last path components agree (`gpt2-large` and
+    `openai-community/gpt2-large`; a local folder named like the model); the hidden sizes must
+    be equal. A head without an `lm_id` is checked by size only.
+
+    Raises:
+        MethodError: naming the head, both ids or both sizes.
+    """
+    source = head.meta.get("source", "attribute head")
+    width = lm_hidden_size(lm)
+    if head.hidden_size != width:
+        raise MethodError(
+            f"head {source}: {head.hidden_size} wide, but model {lm.ref.id} has hidden size {width}"
+        )
+    head_lm = head.meta.get("lm_id")
+    if head_lm and _model_name(str(head_lm)) != _model_name(lm.ref.id):
+        raise MethodError(f"head {source}: trained on {head_lm!r}, not on model {lm.ref.id!r}")
+
+
+def random_head(lm: LoadedLM, task: str) -> AttributeHead:
+    """A deterministic random head (seeded from model id + task) for `tiny-random/*` models."""
+    seed = int.from_bytes(hashlib.sha256(f"{lm.ref.id}\x00{task}".encode()).digest()[:8], "little")
+    names = list(TASK_CLASSES.get(task, ("desired", "undesired")))
+    width = lm_hidden_size(lm)
+    gen = torch.Generator().manual_seed(seed & ((1 << 63) - 1))
+    head = AttributeHead(width, names, 0, {"lm_id": lm.ref.id, "task": task, "source": "random"})
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.randn(len(names), width, generator=gen) / width**0.5)
+        head.linear.bias.zero_()
+    return head.eval()
+
+
+def resolve_head(lm: LoadedLM, task: str, head: str | None) -> AttributeHead:
+    """The attribute head a method uses, on the LM's device, checked against the LM.
+
+    Args:
+        lm: the loaded model.
+        task: sentiment | regard | toxicity (names the random head's classes).
+        head: a head path or URL; None = a random head for tiny models, else an error.
+
+    Raises:
+        MethodError: no head for a real model (naming what to pass), or a mismatched head.
+    """
+    if head is None:
+        if not lm.ref.id.startswith(TINY_PREFIX):
+            hint = ""
+            if _model_name(lm.ref.id) == "gpt2-large" and task == "toxicity":
+                hint = f"; the UDDIA toxicity head for GPT-2 large is head: {UDDIA_TOXICITY_HEAD}"
+            raise MethodError(
+                f"model {lm.ref.id}, task {task}: this method needs an attribute head; pass "
+                f"`head: <path or URL>` (train one with `python -m harness train-head`){hint}"
+            )
+        result = random_head(lm, task)
+    else:
+        result = load_head(head)
+        check_head(result, lm)
+    for p in result.parameters():
+        p.requires_grad_(False)
+    return result.to(lm.device)

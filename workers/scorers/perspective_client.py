@@ -1,0 +1,260 @@
+"""The Perspective API transport: batched analyze calls under the quota, per-item retries.
+
+googleapiclient 2.x ships no discovery document for `commentanalyzer v1alpha1`: the service is
+built from `perspective_discovery.json` (written for this project) with
+`client_options={"api_endpoint": ...}`. Batches from `new_batch_http_request()` ignore that
+endpoint, so `BatchHttpRequest(batch_uri=...)` is built here. googleapiclient never retries
+parts of a batch and its own backoff is far too short for a per-minute quota: each item is
+retried here on 429 / 5xx / connection errors, with a backoff of tens of seconds, capped.
+
+Error texts are built from status and reason, never from `str(HttpError)`, which holds the
+request URL and with it the API key.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from workers.scorers.base import ScorerError
+from workers.scorers.ratelimit import SlidingWindowLimiter
+from workers.scorers.score_cache import CacheKey
+
+API_VERSION = "v1alpha1"
+DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/"
+DISCOVERY = Path(__file__).with_name("perspective_discovery.json")
+MAX_TEXT_BYTES = 20480  # the API answers 400 above this; not worth a call
+MAX_BATCH = 100
+
+
+class Answer(NamedTuple):
+    """What one call came back with."""
+
+    kind: str  # ok | final | transient | fatal
+    response: dict[str, Any] | None = None
+    reason: str = ""
+    status: int | None = None  # HTTP status, None for connection errors
+
+
+class Outcome(NamedTuple):
+    value: float | None
+    error: str | None
+
+
+@dataclass
+class Pending:
+    key: CacheKey
+    text: str
+    attempts: int = 0
+    not_before: float = 0.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per-item retries of transient answers: delay = min(cap, initial * 2**(attempt - 1))."""
+
+    max_retries: int = 6
+    initial_s: float = 20.0
+    cap_s: float = 300.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.cap_s, self.initial_s * 2 ** max(0, attempt - 1)))
+
+
+def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
+    """The summary score of `attribute` in an analyze response, or why there is none."""
+    try:
+        return Outcome(float(response["attributeScores"][attribute]["summaryScore"]["value"]), None)  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return Outcome(None, f"answer has no summaryScore for {attribute}")
+
+
+def classify(status: int | None, reason: str) -> Answer:
+    """Sort an HTTP failure: retry it, record it, or stop everything.
+
+    A bad key comes back as 400 `API_KEY_INVALID`, not 401: it must stop the run, not be
+    cached as a final answer for every text.
+    """
+    if status is None or status in (408, 429) or status >= 500:
+        return Answer("transient", reason=reason, status=status)
+    if status in (401, 403) or "API_KEY" in reason or "API key" in reason:
+        return Answer("fatal", reason=reason, status=status)
+    return Answer("final", reason=reason, status=status)
+
+
+def http_reason(status: int, content: bytes | str) -> str:
+    """`HTTP 400 INVALID_ARGUMENT: message [REASON]` from a Google JSON error body."""
+    text = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
+    try:
+        err = json.loads(text)["error"]
+        details = [d.get("reason") or d.get("errorType") for d in err.get("details") or []]
+        tags = " ".join(f"[{t}]" for t in details if t)
+        head = f"HTTP {status} {err.get('status') or ''}".strip() + ":"
+        return " ".join(x for x in (head, str(err.get("message") or ""), tags) if x)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"HTTP {status}: {text[:200]}"
+
+
+class PerspectiveClient:
+    """Sends analyze calls in batches under the quota, retrying transient answers per item."""
+
+    def __init__(
+        self,
+        api_key: str,
+        endpoint: str,
+        attribute: str,
+        languages: list[str],
+        limiter: SlidingWindowLimiter,
+        retry: RetryPolicy,
+        batch_size: int,
+        timeout_s: float,
+    ) -> None:
+        import httplib2
+        from googleapiclient.discovery import build_from_document
+
+        self._secret = api_key
+        self._http = httplib2.Http(timeout=timeout_s)
+        self._service = build_from_document(
+            DISCOVERY.read_text(encoding="utf-8"),
+            developerKey=api_key,
+            http=self._http,
+            client_options={"api_endpoint": endpoint},
+        )
+        self.batch_uri = endpoint.rstrip("/") + "/batch"
+        self.attribute, self.languages = attribute, languages
+        self.limiter, self.retry = limiter, retry
+        self.batch_size = max(1, min(batch_size, MAX_BATCH, limiter.limit))
+        self.pause_until = 0.0  # after a 429 nobody sends until then: the quota is spent
+        self.stats = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._secret, "<redacted>")
+
+    def body(self, text: str) -> dict[str, Any]:
+        return {
+            "comment": {"text": text},
+            "requestedAttributes": {self.attribute: {}},
+            "languages": self.languages,
+            "doNotStore": True,
+        }
+
+    def fetch(
+        self, items: list[Pending], settled: Callable[[CacheKey, Answer], None] | None = None
+    ) -> dict[CacheKey, Answer]:
+        """Final answers (ok / final / transient given up) for `items`, by cache key.
+
+        `settled(key, answer)` is called as each item is settled (cache writes, progress).
+
+        Raises:
+            ScorerError: an answer says the key or project is refused (401/403).
+        """
+        pending = {it.key: it for it in items}
+        out: dict[CacheKey, Answer] = {}
+        while pending:
+            batch = self._ready(pending)
+            answers = self._send(batch)
+            now = time.monotonic()
+            for i, item in enumerate(batch):
+                answer = answers.get(str(i)) or Answer(
+                    "transient", reason="no answer in the batch response"
+                )
+                final = self._settle(item, answer, now)
+                if final is not None:
+                    del pending[item.key]
+                    out[item.key] = final
+                    if settled is not None:
+                        settled(item.key, final)
+        return out
+
+    def _ready(self, pending: dict[CacheKey, Pending]) -> list[Pending]:
+        """The next batch: items whose backoff has passed, waiting for the first one if none."""
+        while True:
+            now = time.monotonic()
+            if self.pause_until <= now:
+                ready = [it for it in pending.values() if it.not_before <= now]
+                if ready:
+                    return ready[: self.batch_size]
+            wake = max(self.pause_until, min(it.not_before for it in pending.values()))
+            self.stats["backoff_s"] += max(0.0, wake - now)
+            time.sleep(max(1e-3, wake - now))
+
+    def _settle(self, item: Pending, answer: Answer, now: float) -> Answer | None:
+        """The item's final answer, or None when it is to be retried later."""
+        if answer.kind == "fatal":
+            raise ScorerError(
+                f"scorer 'perspective': the API refused the request ({self.redact(answer.reason)}); "
+                "check the API key and that the Perspective API is enabled for its project"
+            )
+        if answer.kind != "transient":
+            return answer
+        item.attempts += 1
+        if item.attempts > self.retry.max_retries:
+            reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
+            return Answer("final", reason=self.redact(reason), status=answer.status)
+        delay = self.retry.delay(item.attempts)
+        item.not_before = now + delay
+        if answer.status == 429:
+            self.pause_until = max(self.pause_until, now + delay)
+        return None
+
+    def _send(self, batch: list[Pending]) -> dict[str, Answer]:
+        """One batch request; answers by request id (str index). Missing ids: no answer."""
+        from googleapiclient.errors import HttpError
+        from googleapiclient.http import BatchHttpRequest
+
+        answers: dict[str, Answer] = {}
+
+        def on_answer(request_id: str, response: Any, exc: Exception | None) -> None:
+            if exc is None:
+                answers[request_id] = Answer("ok", response=response, status=200)
+            elif isinstance(exc, HttpError):
+                status = int(exc.resp.status)
+                answers[request_id] = classify(
+                    status, self.redact(http_reason(status, exc.content))
+                )
+            else:
+                answers[request_id] = Answer("transient", reason=self.redact(type(exc).__name__))
+
+        request = BatchHttpRequest(callback=on_answer, batch_uri=self.batch_uri)
+        for i, item in enumerate(batch):
+            request.add(
+                self._service.comments().analyze(body=self.body(item.text)), request_id=str(i)
+            )
+        self.stats["sent"] += sum(1 for it in batch if it.attempts == 0)  # distinct texts
+        self.stats["calls"] += len(batch)
+        self.stats["retries"] += sum(1 for it in batch if it.attempts > 0)
+        self.stats["batches"] += 1
+        with self.limiter.calls(len(batch)):
+            failed = self._execute(request)
+        if failed is not None:  # the batch as a whole failed: every unanswered item shares it
+            answers.update({str(i): failed for i in range(len(batch)) if str(i) not in answers})
+        return answers
+
+    def _execute(self, request: Any) -> Answer | None:
+        """Run a batch request; None when it went through (answers arrived by callback)."""
+        import httplib2
+        from googleapiclient.errors import BatchError, HttpError
+
+        try:
+            request.execute(http=self._http)
+        except HttpError as exc:  # the batch request itself was refused (429, 5xx...)
+            status = int(exc.resp.status)
+            answer = classify(status, self.redact(http_reason(status, exc.content)))
+            if answer.kind == "final":  # a 4xx of the whole batch says nothing about any text
+                return Answer("fatal", reason=f"batch request: {answer.reason}", status=status)
+            return answer
+        except (
+            OSError,  # refused, reset, timed out
+            httplib2.HttpLib2Error,
+            http.client.HTTPException,
+            BatchError,  # a response that is not multipart
+            ValueError,  # a part that is not JSON
+            KeyError,  # a part missing from the response
+        ) as exc:
+            return Answer("transient", reason=self.redact(f"{type(exc).__name__}: {exc}"[:300]))
+        return None
