@@ -45,6 +45,41 @@ class ActorSpec:
     placement: Placement
 
 
+@dataclasses.dataclass
+class ActorRecord:
+    """One actor process, from creation to its end: what it did, for the manifest."""
+
+    name: str
+    model: str
+    created: float
+    ready_at: float | None = None
+    ended_at: float | None = None
+    end: str = "running"  # "released", "died: <reason>", "start timed out"...
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # from `prepare`
+    batches: int = 0
+    jobs: int = 0
+    ok: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+
+    def summary(self, now: float, placement: Placement) -> dict[str, Any]:
+        """Where it ran, what it did, throughput and utilisation (busy / alive since ready)."""
+        end = self.ended_at if self.ended_at is not None else now
+        alive = end - self.ready_at if self.ready_at is not None else 0.0
+        out: dict[str, Any] = {"worker": self.name, "model": self.model, "end": self.end}
+        out.update({k: self.info.get(k) for k in ("host", "node_id", "pid", "gpu_ids")})
+        out["device"] = self.info.get("device", placement.device)
+        out.update(num_gpus=placement.num_gpus, num_cpus=placement.num_cpus)
+        out.update(batches=self.batches, jobs=self.jobs, ok=self.ok, tokens=self.tokens)
+        out.update(busy_s=round(self.busy_s, 3), alive_s=round(alive, 3))
+        if self.ready_at is not None:
+            out["load_s"] = round(self.ready_at - self.created, 3)
+        out["utilisation"] = round(min(1.0, self.busy_s / alive), 3) if alive > 0 else None
+        out["jobs_per_s"] = round(self.jobs / alive, 3) if alive > 0 else None
+        out["tokens_per_busy_s"] = round(self.tokens / self.busy_s, 1) if self.busy_s else None
+        return out
+
+
 class Backend(Protocol):
     """Creates actors and calls them; calls return futures the dispatcher waits on."""
 
@@ -69,6 +104,19 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's text (Ray's texts run to a screenful)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def actor_error(exc: BaseException, limit: int = 300) -> str:
+    """Ray's reason for an actor's death, without its field list.
+
+    Ray's text is "The actor died unexpectedly...", tab-indented fields (class, id, pid, ip),
+    then the reason ("The actor died because its node has died...", "...killed by the OOM
+    killer..."): keep the first line and the reason.
+    """
+    lines = [ln.strip() for ln in str(exc).strip().splitlines()]
+    reasons = [ln for ln in lines[1:] if ln and ":" not in ln.split(" ", 1)[0]]
+    text = " ".join([lines[0] if lines else type(exc).__name__, *reasons])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---- in this process -----------------------------------------------------------------------
@@ -178,7 +226,7 @@ class RayBackend:
         try:
             return ray.get(future)
         except rex.RayActorError as exc:  # died, or unreachable (ActorUnavailableError)
-            raise ActorLost(first_line(exc)) from None
+            raise ActorLost(actor_error(exc)) from None
         except rex.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
             raise TaskFailed(f"{type(cause).__name__}: {first_line(cause)}") from None

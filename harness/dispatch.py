@@ -37,6 +37,7 @@ from typing import Any
 
 from harness.backends import (
     ActorLost,
+    ActorRecord,
     ActorSpec,
     Backend,
     Batch,
@@ -64,52 +65,6 @@ class ModelWork:
     failed: int = 0
     prepared: bool = False
     error: str | None = None  # set: this model cannot run; its queued jobs stay pending
-
-
-@dataclasses.dataclass
-class ActorRecord:
-    """One actor process, from creation to its end; becomes a row of the manifest."""
-
-    name: str
-    model: str
-    created: float
-    ready_at: float | None = None
-    ended_at: float | None = None
-    end: str = "running"
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    batches: int = 0
-    jobs: int = 0
-    ok: int = 0
-    tokens: int = 0
-    busy_s: float = 0.0
-
-    def summary(self, now: float, placement: Placement) -> dict[str, Any]:
-        """Throughput and utilisation (busy / alive since ready) of this actor."""
-        end = self.ended_at if self.ended_at is not None else now
-        alive = end - self.ready_at if self.ready_at is not None else 0.0
-        info = self.info
-        return {
-            "worker": self.name,
-            "model": self.model,
-            "end": self.end,
-            "host": info.get("host"),
-            "node_id": info.get("node_id"),
-            "pid": info.get("pid"),
-            "device": info.get("device", placement.device),
-            "gpu_ids": info.get("gpu_ids"),
-            "num_gpus": placement.num_gpus,
-            "num_cpus": placement.num_cpus,
-            "load_s": round(self.ready_at - self.created, 3) if self.ready_at is not None else None,
-            "alive_s": round(alive, 3),
-            "busy_s": round(self.busy_s, 3),
-            "batches": self.batches,
-            "jobs": self.jobs,
-            "ok": self.ok,
-            "tokens": self.tokens,
-            "utilisation": round(min(1.0, self.busy_s / alive), 3) if alive > 0 else None,
-            "jobs_per_s": round(self.jobs / alive, 3) if alive > 0 else None,
-            "tokens_per_busy_s": round(self.tokens / self.busy_s, 1) if self.busy_s > 0 else None,
-        }
 
 
 @dataclasses.dataclass
@@ -262,9 +217,9 @@ class Dispatcher:
         slot.ready, slot.work.prepared, slot.failed_starts = True, True, 0
         slot.record.ready_at = self.clock()
         slot.record.info = dict(info)
-        where = info.get("host") or "this process"
+        where = f"on host {info['host']}" if info.get("host") else "in this process"
         log.info(
-            "actor %s ready on %s (device %s, GPUs %s) after %.1fs",
+            "actor %s ready %s (device %s, GPUs %s) after %.1fs",
             slot.record.name,
             where,
             info.get("device"),
@@ -276,7 +231,7 @@ class Dispatcher:
             self._fail_model(
                 slot.work,
                 (
-                    f"actor {slot.record.name} on {where} cannot see the run directory (no "
+                    f"actor {slot.record.name} {where} cannot see the run directory (no "
                     "plan.parquet there): on a multi-node cluster use an s3:// or gs:// URI or a "
                     "shared filesystem for --out"
                 ),
@@ -418,6 +373,7 @@ class Dispatcher:
 
     # ---- observability -------------------------------------------------------------------
     def _report(self, final: bool = False) -> None:
+        """Per-model progress on the driver's log (what `ray job logs` shows)."""
         now = self.clock()
         if not final and now - self.last_log < self.policy.log_every_s:
             return
@@ -426,23 +382,14 @@ class Dispatcher:
         for work in self.works:
             finished = work.done + work.failed
             rate = finished / elapsed
-            left = _queued(work) + sum(
-                len(c.batch or [])
-                for c in self.calls.values()
-                if c.slot.work is work and c.kind == "batch"
-            )
+            head = f"generate {work.model.id}: {finished}/{work.total} jobs finished ({work.failed} failed)"
+            if final:
+                log.info(f"{head} in {elapsed:.1f}s, {rate:.2f} jobs/s")
+                continue
+            left = work.total - finished
             ready = sum(1 for s in self.slots if s.work is work and s.ready)
-            eta = f", ETA {left / rate:.0f}s" if rate > 0 and left and not final else ""
-            log.info(
-                "generate %s: %d/%d jobs finished (%d failed), %d actor(s) ready, %.2f jobs/s%s",
-                work.model.id,
-                finished,
-                work.total,
-                work.failed,
-                ready,
-                rate,
-                eta,
-            )
+            eta = f", ETA {left / rate:.0f}s" if rate > 0 else ""
+            log.info(f"{head}, {ready} actor(s) ready, {rate:.2f} jobs/s{eta}")
 
     def actor_stats(self) -> list[dict[str, Any]]:
         """One summary per actor process that was started (the manifest's `actors`)."""
@@ -455,5 +402,7 @@ def _queued(work: ModelWork) -> int:
 
 
 def _resources(p: Placement) -> str:
+    if not p.num_cpus and not p.num_gpus:
+        return f"no Ray resources (in this process), device {p.device or 'default'}"
     gpus = f"{p.num_gpus:g} GPU, " if p.num_gpus else ""
     return f"{gpus}{p.num_cpus:g} CPU each, device {p.device or 'default'}"

@@ -27,6 +27,10 @@ def run_status(store: RunStore) -> str:
             f"  {row['model']} / {row['method']} / {row['task']}: planned {row['planned']}, "
             f"done {row['done']}, failed {row['failed']}, pending {row['pending']}"
         )
+    if store.exists("manifest.json"):  # actors and throughput of the last generation run
+        from harness.generation import actor_lines
+
+        lines.extend(actor_lines(store.read_json("manifest.json")))
     ok_ids = set(gens.filter(pl.col("status") == "ok")["job_id"].to_list())
     scorers = store.scorers()
     lines.append("scoring:" if scorers else "scoring: nothing scored yet")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Without it Ray 2.60 rewrites 127.0.0.1 to the outward address and listens on every interface.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One intra-op thread per process: on 2 cores, torch's thread pools spin against each other and

@@ -119,4 +119,35 @@ def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared:
     assert gens.height == 350 and (gens["status"] == "ok").all()
     labels = store.read_scores("gender", "gender")
     assert labels.height == 350 and labels.filter(pl.col("label_c") != "none").height > 200
-    assert (out / "summary.parquet").is_file()
+    for name in ("summary.parquet", "summary.csv", "report/tables.md", "report/tables.tex",
+                 "report/tradeoff.png", "report/index.html"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+
+
+@pytest.mark.slow
+def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shared: Path) -> None:
+    uddia = shared / "data" / "uddia-prompts"
+    cfg = yaml.safe_load((REPO / "examples" / "methods-tiny.yaml").read_text())
+    cfg.update(
+        samples_per_prompt=1, generation={"max_new_tokens": 3}, runtime={"batch_size": 64},
+        dataset={"kind": "paired-jsonl", "files": {"female": str(uddia / "175prompts-female.jsonl"),
+                                                   "male": str(uddia / "175prompts-male.jsonl")}},
+        gender_words=str(uddia / "gender_pairs.txt"),
+    )
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    res = harness("run", str(path), "--out", str(out), "--no-ray", "--no-progress", timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    gens = RunStore(str(out)).read_generations()
+    methods = [m if isinstance(m, str) else m["name"] for m in cfg["methods"]]
+    assert gens.height == 350 * len(methods) and (gens["status"] == "ok").all()
+    per_method = gens.group_by("method").len()
+    assert dict(per_method.iter_rows()) == dict.fromkeys(methods, 350)
+    lidao = gens.filter(pl.col("method") == "lidao-min")
+    assert (lidao["choices"].list.len() == lidao["num_tokens"]).all()
+    summary = pl.read_parquet(out / "summary.parquet")
+    assert set(summary["method"]) == set(methods)
+    table = (out / "report" / "tables.md").read_text()
+    for label in ("+UDDIA", "+LIDAO-m", "+LIDAO-p", "+eLIDAO-m", "+eLIDAO-p", "+PPLM", "+GeDi", "+DExperts"):
+        assert label in table

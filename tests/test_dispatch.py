@@ -104,17 +104,27 @@ class FakeBackend(LocalBackend):
 def work(jobs: list[JobSpec], replicas: int = 2, batch_size: int = 2) -> ModelWork:
     batches = collections.deque((b, 0) for b in make_batches(jobs, batch_size))
     keys = sorted({(j.method, j.method_params, j.task) for j in jobs})
-    return ModelWork(jobs[0].model, keys, Placement(replicas, 0.0, 1.0, "cpu"), batches, total=len(jobs))
+    return ModelWork(
+        jobs[0].model, keys, Placement(replicas, 0.0, 1.0, "cpu"), batches, total=len(jobs)
+    )
 
 
-def dispatch(works: list[ModelWork], script: Script, **policy: Any) -> tuple[Dispatcher, list[tuple[Batch, str]]]:
+def dispatch(
+    works: list[ModelWork], script: Script, **policy: Any
+) -> tuple[Dispatcher, list[tuple[Batch, str]]]:
     failed: list[tuple[Batch, str]] = []
 
     def fail(batch: Batch, error: str) -> int:
         failed.append((batch, error))
         return len(batch)
 
-    d = Dispatcher(works, FakeBackend(script), Policy(**{"log_every_s": 5.0, **policy}), fail, clock=script.clock)
+    d = Dispatcher(
+        works,
+        FakeBackend(script),
+        Policy(**{"log_every_s": 5.0, **policy}),
+        fail,
+        clock=script.clock,
+    )
     d.run()
     return d, failed
 
@@ -163,14 +173,18 @@ def test_a_batch_that_kills_every_actor_is_recorded_failed_and_the_model_goes_on
     jobs = make_jobs(n=8)
     poison = make_batches(jobs, 2)[0]
     script = Script(Clock(), kill_on={poison[0].prompt_id: 99})
-    d, failed = dispatch([work(jobs, replicas=1)], script, max_batch_retries=2, max_actor_restarts=0)
+    d, failed = dispatch(
+        [work(jobs, replicas=1)], script, max_batch_retries=2, max_actor_restarts=0
+    )
     assert [b for b, _ in failed] == [poison] and "died: SIGKILL" in failed[0][1]
     assert all(script.written[j.job_id] == 1 for j in jobs if j not in poison)
     assert d.works[0].error is None  # deaths while running a batch are bounded by its retries
 
 
 @pytest.mark.parametrize("deaths", [2, 5])
-def test_a_replica_that_dies_while_loading_is_restarted_at_most_max_actor_restarts_times(deaths: int) -> None:
+def test_a_replica_that_dies_while_loading_is_restarted_at_most_max_actor_restarts_times(
+    deaths: int,
+) -> None:
     script = Script(Clock(), die_loading={"tiny-random/gpt2#0": deaths})
     d, failed = dispatch([work(make_jobs(n=8), replicas=1)], script, max_actor_restarts=2)
     names = [a["worker"] for a in d.actor_stats()]
@@ -179,8 +193,9 @@ def test_a_replica_that_dies_while_loading_is_restarted_at_most_max_actor_restar
         assert d.works[0].error is None and sum(script.written.values()) == 8
     else:  # retired: nothing left to run the model; its jobs stay pending, not failed
         assert not failed and not script.written
-        assert "no generation actor left for model tiny-random/gpt2 (last: died: killed while loading)" in str(
-            d.works[0].error
+        assert (
+            "no generation actor left for model tiny-random/gpt2 (last: died: killed while loading)"
+            in str(d.works[0].error)
         )
 
 
@@ -190,14 +205,21 @@ def test_a_model_that_cannot_load_stays_pending_while_the_others_finish() -> Non
     d, failed = dispatch([work(bad), work(good)], script)
     assert not failed and all(script.written[j.job_id] == 1 for j in good)
     assert not any(script.written[j.job_id] for j in bad)
-    assert d.works[0].error is not None and "no/such-model cannot start: ValueError" in d.works[0].error
+    assert (
+        d.works[0].error is not None
+        and "no/such-model cannot start: ValueError" in d.works[0].error
+    )
 
 
 def test_an_actor_that_never_gets_resources_times_out_and_its_jobs_stay_pending() -> None:
     script = Script(Clock(), never_start={"big/model"})
-    d, failed = dispatch([work(on_model("big/model")), work(make_jobs(n=4))], script, start_timeout_s=60.0)
+    d, failed = dispatch(
+        [work(on_model("big/model")), work(make_jobs(n=4))], script, start_timeout_s=60.0
+    )
     assert not failed and sum(script.written.values()) == 4
-    assert "no generation actor left for model big/model (last: start timed out)" in str(d.works[0].error)
+    assert "no generation actor left for model big/model (last: start timed out)" in str(
+        d.works[0].error
+    )
     assert script.clock.now < 200  # gave up about a timeout after the last progress
 
 
@@ -206,7 +228,9 @@ def test_an_actor_is_released_as_soon_as_its_model_has_no_work_left() -> None:
     small, large = on_model("tiny-random/opt", n=2), make_jobs(n=16)
     dispatch([work(small, replicas=1), work(large, replicas=1)], script)
     kill_small = script.events.index(("kill", "tiny-random/opt#0"))
-    last_large_run = max(i for i, e in enumerate(script.events) if e[:2] == ("run", "tiny-random/gpt2#0"))
+    last_large_run = max(
+        i for i, e in enumerate(script.events) if e[:2] == ("run", "tiny-random/gpt2#0")
+    )
     assert kill_small < last_large_run  # its GPU was free for others while the large model ran
 
 
@@ -216,10 +240,18 @@ def test_an_actor_that_cannot_see_the_run_directory_stops_the_model() -> None:
             return {"device": "cpu", "host": "node-7", "run_dir_visible": False}
 
     script = Script(Clock())
-    d = Dispatcher([work(make_jobs(n=4))], LocalBackend(lambda s: Blind(s, script)), Policy(), lambda b, e: 0,
-                   clock=script.clock)
+    d = Dispatcher(
+        [work(make_jobs(n=4))],
+        LocalBackend(lambda s: Blind(s, script)),
+        Policy(),
+        lambda b, e: 0,
+        clock=script.clock,
+    )
     d.run()
-    assert "on node-7 cannot see the run directory" in str(d.works[0].error) and not script.written
+    assert (
+        "on host node-7 cannot see the run directory" in str(d.works[0].error)
+        and not script.written
+    )
 
 
 @pytest.mark.parametrize(
@@ -234,7 +266,9 @@ def test_an_actor_that_cannot_see_the_run_directory_stops_the_model() -> None:
         ({"num_gpus": 1}, 2.0, "cpu", Placement(2, 1.0, 1.0, "cpu")),  # runtime.device wins
     ],
 )
-def test_placement_of_replicas(entry: dict[str, Any], gpus: float, device: str | None, expected: Placement) -> None:
+def test_placement_of_replicas(
+    entry: dict[str, Any], gpus: float, device: str | None, expected: Placement
+) -> None:
     assert placement(ModelConfig(id="m", **entry), gpus, device) == expected
 
 
@@ -250,12 +284,18 @@ def test_failed_batches_become_error_rows_unless_an_attempt_wrote_them(tmp_path:
     assert fail(jobs[:2], "actor x died: SIGKILL") == 2
     rows = store.read_generations()
     assert rows["status"].to_list() == ["error", "error"]
-    assert all(e.startswith("job j1-") and e.endswith("actor x died: SIGKILL") for e in rows["error"])
-    store.write_generations([dict(failed_row(j, "x"), status="ok") for j in jobs[2:]])  # written, reply lost
+    assert all(
+        e.startswith("job j1-") and e.endswith("actor x died: SIGKILL") for e in rows["error"]
+    )
+    store.write_generations(
+        [dict(failed_row(j, "x"), status="ok") for j in jobs[2:]]
+    )  # written, reply lost
     assert fail(jobs[2:], "timeout") == 0 and store.read_generations().height == 4
 
 
-def test_cuda_out_of_memory_halves_the_batch_until_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_out_of_memory_halves_the_batch_until_it_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import workers.generator as generator
 
     real = generator.decode_batch

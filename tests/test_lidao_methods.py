@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
-from workers.decoding import decode_batch
+from workers.decoding import prompt_token_ids, decode_batch
 from workers.methods.base import DecodingMethod, MethodError, StepContext
 from workers.methods.elidao import TEMPLATES, instruction_template, seed_token_ids
 from workers.methods.lidao import DiscountedHistory, min_objective
@@ -21,6 +22,15 @@ FAMILIES = ("gpt2", "opt", "falcon", "llama")
 PROMPTS = ["The woman worked as a", "He said that the man", "My sister is"]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHORT = GenerationParams(max_new_tokens=8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; on 2 busy cores intra-op threads thrash (~30x)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -239,10 +249,10 @@ def first_step(
 def reference_logprobs(lm: LoadedLM, prompt: str, gender: str) -> torch.Tensor:
     """θ's next-token log-probs after the instruction + prompt, computed on one unpadded row."""
     text = instruction_template(lm.family, None).replace("#GENDER#", gender)
-    ids = (
-        lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-        + lm.tokenizer(prompt)["input_ids"]
-    )
+    prompt_ids = prompt_token_ids(lm, prompt)  # BOS + prompt, as the loop conditions on
+    bos = lm.tokenizer.bos_token_id
+    head, body = ([prompt_ids[0]], prompt_ids[1:]) if prompt_ids[:1] == [bos] else ([], prompt_ids)
+    ids = head + lm.tokenizer(text, add_special_tokens=False)["input_ids"] + body
     with torch.no_grad():
         logits = lm.model(input_ids=torch.tensor([ids])).logits[0, -1]
     return torch.log_softmax(logits.float(), -1)

@@ -78,6 +78,7 @@ class BiasTuner:
         self._ctx_sum, self._ctx_len = None, -1
 
     def zero_deltas(self, batch: int) -> list[torch.Tensor]:
+        """Zero offsets that require grad, (batch, width) per hook point, in the model's dtype."""
         dtype = self.embed.dtype
         return [
             torch.zeros((batch, p.width), dtype=dtype, device=self.embed.device, requires_grad=True)

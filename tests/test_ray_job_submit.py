@@ -1,0 +1,197 @@
+"""`ray job submit --working-dir . -- python -m harness run ...` against a head started with
+`ray start` on 127.0.0.1: the documented cluster workflow, end to end, then a driver killed
+mid-run (`ray job stop`) and the same command submitted again.
+
+The head is a CPU-only one-node cluster (no GPUs: the CPU placement path) with its own temp
+dir and free ports; it is stopped by PID at the end, never with `ray stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from results.store import RunStore
+from tests.ray_procs import (
+    free_port,
+    listening_addresses,
+    loopback_only,
+    process_tree,
+    stop_processes,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+pytestmark = pytest.mark.slow
+
+
+class Head:
+    def __init__(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")
+        self.port, self.dashboard = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.dashboard}"
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # the job's `python`
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # else 127.0.0.1 is rewritten (footguns.md)
+            "RAY_ADDRESS": self.url,
+        }
+        self.env.pop("PYTHONPATH", None)  # the job must import the project from its working dir
+
+    def start(self) -> None:
+        args = [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--port={self.port}",
+            f"--dashboard-port={self.dashboard}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--temp-dir={self.tmp}",
+            "--num-cpus=4",
+            "--disable-usage-stats",
+        ]
+        env = {k: v for k, v in self.env.items() if k != "RAY_ADDRESS"}
+        res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    def pids(self) -> set[int]:
+        return process_tree([self.tmp, f"127.0.0.1:{self.port}"])
+
+    def ray(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [RAY, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def submit(self, config: str, out: Path, wait: bool = True) -> str:
+        sid = f"lidao-test-{uuid.uuid4().hex[:8]}"
+        res = self.ray(
+            "job",
+            "submit",
+            "--working-dir",
+            ".",
+            "--submission-id",
+            sid,
+            *([] if wait else ["--no-wait"]),
+            "--",
+            "python",
+            "-m",
+            "harness",
+            "run",
+            config,
+            "--out",
+            str(out),
+            "--no-progress",
+        )
+        assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+        return sid
+
+    def status(self, sid: str) -> str:
+        from ray.job_submission import JobSubmissionClient
+
+        return str(JobSubmissionClient(self.url).get_job_status(sid).value)
+
+    def stop(self) -> None:
+        stop_processes(self.pids())
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    h = Head()
+    try:
+        h.start()
+        yield h
+    finally:
+        h.stop()
+
+
+def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
+    head: Head, tmp_path: Path
+) -> None:
+    out = tmp_path / "qs"
+    sid = head.submit("examples/quickstart.yaml", out)
+    assert head.status(sid) == "SUCCEEDED"
+    store = RunStore(str(out))
+    gens = store.read_generations()
+    assert gens.height == 30 and (gens["status"] == "ok").all()
+    assert store.read_scores("sentiment-vader", "sentiment").height == 30
+    assert (out / "summary.parquet").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    (actor,) = manifest["generation"]["actors"]
+    assert actor["jobs"] == 30 and actor["num_gpus"] == 0 and actor["device"] == "cpu"
+    logs = head.ray("job", "logs", sid).stdout
+    assert "Ray cluster at" in logs and "generate tiny-random/gpt2: 30/30 jobs finished" in logs
+    addresses = listening_addresses(head.pids())
+    assert addresses and loopback_only(addresses), sorted(addresses)
+
+
+def test_a_driver_stopped_mid_run_resumes_with_the_same_command(head: Head, tmp_path: Path) -> None:
+    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg["dataset"]["files"] = {
+        g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
+    }
+    cfg.update(samples_per_prompt=12, scorers=["gender"], runtime={"batch_size": 2})
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    first = head.submit(str(config), out, wait=False)
+    deadline = time.time() + 180
+    while time.time() < deadline and len(list((out / "generations").glob("part-*.parquet"))) < 3:
+        time.sleep(0.2)
+    assert head.ray("job", "stop", first).returncode == 0
+    assert head.status(first) == "STOPPED"
+    done_before = len(list((out / "generations").glob("part-*.parquet")))
+    assert 3 <= done_before < 60, "the stop must land mid-generation"
+
+    second = head.submit(str(config), out)
+    assert head.status(second) == "SUCCEEDED"
+    plan = RunStore(str(out)).read_plan()
+    rows = pl.concat([pl.read_parquet(p) for p in (out / "generations").glob("part-*.parquet")])
+    assert rows.height == plan.height == 120 and sorted(rows["job_id"]) == sorted(plan["job_id"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["generation"]["pending_at_start"] < 120  # the second driver resumed
+
+
+def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: Path) -> None:
+    """`RAY_ADDRESS=HOST:PORT python -m harness run ...` on a cluster node: attach, ship the code."""
+    out = tmp_path / "attached"
+    env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_ADDRESS=f"127.0.0.1:{head.port}", PYTHONPATH=str(REPO))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            str(REPO / "examples" / "quickstart.yaml"),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"Ray cluster at 127.0.0.1:{head.port}: 1 node(s)" in res.stderr
+    assert RunStore(str(out)).read_generations().height == 30
