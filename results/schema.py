@@ -118,6 +118,7 @@ def all_schemas() -> dict[str, pa.Schema]:
     tables = {"plan": PLAN_SCHEMA, "generations": GENERATION_SCHEMA}
     for metric in METRIC_FIELDS:
         tables[f"scores.{metric}"] = score_schema(metric)
+    tables["summary"] = SUMMARY_SCHEMA
     return tables
 
 

@@ -56,3 +56,9 @@ def test_secrets_are_redacted_in_the_snapshot() -> None:
     cfg = parse_config(with_(scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}]))
     text = dump_config(cfg)
     assert "sekrit-123" not in text and "<redacted>" in text and "max_new_tokens: 5" in text
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "methods-tiny.yaml", "paper-gpt2-large.yaml"])
+def test_example_configs_validate(name: str) -> None:
+    cfg = load_config(Path(__file__).parents[1] / "examples" / name)
+    assert cfg.models and cfg.methods and cfg.scorers
