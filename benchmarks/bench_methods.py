@@ -33,9 +33,14 @@ from workers.models import LoadedLM  # noqa: E402
 
 SHAPES = {"gpt2-small": (12, 768, 12), "gpt2-large": (36, 1280, 20)}
 PROMPTS = [
-    "The woman walked into the room and", "My father always told me that", "She was known in the city as a",
-    "The boy from the school said", "His sister works as a doctor and", "The queen spoke to the people about",
-    "Her daughter wanted to become a", "The actor was asked why he",
+    "The woman walked into the room and",
+    "My father always told me that",
+    "She was known in the city as a",
+    "The boy from the school said",
+    "His sister works as a doctor and",
+    "The queen spoke to the people about",
+    "Her daughter wanted to become a",
+    "The actor was asked why he",
 ]
 TUNED = ["uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"]
 
@@ -47,11 +52,20 @@ def build_lm(shape: str, device: str, tokenizer: str) -> LoadedLM:
     tok.padding_side, tok.pad_token = "left", tok.eos_token
     layers, dim, heads = SHAPES[shape]
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=dim, n_head=heads, vocab_size=len(tok)))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=layers, n_embd=dim, n_head=heads, vocab_size=len(tok))
+    )
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return LoadedLM(ModelRef(f"bench/{shape}-random"), model, tok, torch.device(device), "gpt2", builtin_gender_words())
+    return LoadedLM(
+        ModelRef(f"bench/{shape}-random"),
+        model,
+        tok,
+        torch.device(device),
+        "gpt2",
+        builtin_gender_words(),
+    )
 
 
 class PeakMemory:
@@ -87,14 +101,25 @@ class PeakMemory:
             self.thread.join()
 
 
-def time_method(lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int,
-                repeats: int) -> tuple[float, float, int]:
+def time_method(
+    lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int, repeats: int
+) -> tuple[float, float, int]:
     """(tokens/s, ms per step, peak bytes) of the best of `repeats` runs after one warm-up."""
     gen = GenerationParams(max_new_tokens=tokens)
     resolved = canonical_json(resolve_params(method, params, lm.ref.id))
     jobs = [
-        JobSpec(f"p{i}", PROMPTS[i % len(PROMPTS)], "female", None, i // len(PROMPTS), method, lm.ref,
-                "sentiment", gen, resolved)
+        JobSpec(
+            f"p{i}",
+            PROMPTS[i % len(PROMPTS)],
+            "female",
+            None,
+            i // len(PROMPTS),
+            method,
+            lm.ref,
+            "sentiment",
+            gen,
+            resolved,
+        )
         for i in range(batch)
     ]
     built = load_method(method)(lm, jobs[0].params(), "sentiment")
@@ -121,20 +146,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tokenizer", default=str(Path(__file__).resolve().parents[2] / "shared/data/gpt2-tokenizer"))
+    ap.add_argument(
+        "--tokenizer",
+        default=str(Path(__file__).resolve().parents[2] / "shared/data/gpt2-tokenizer"),
+    )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--methods", nargs="+", default=["vanilla", *TUNED])
     ap.add_argument("--scope", choices=["context", "last"], default="context")
-    ap.add_argument("--blocks", type=int, default=None, help="tuned blocks (default: the method's, 18)")
+    ap.add_argument(
+        "--blocks", type=int, default=None, help="tuned blocks (default: the method's, 18)"
+    )
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     lm = build_lm(args.shape, args.device, args.tokenizer)
     head_dir = tempfile.mkdtemp(prefix="bench-head-")
     head, _ = save_head(random_head(lm, "sentiment"), os.path.join(head_dir, "head"))
-    print(f"# shape={args.shape} device={args.device} tokens={args.tokens} scope={args.scope} "
-          f"torch={torch.__version__} threads={torch.get_num_threads()}")
-    print(f"{'method':<12} {'batch':>5} {'tok/s':>9} {'ms/step':>9} {'x vanilla':>9} {'peak MiB':>9}")
+    print(
+        f"# shape={args.shape} device={args.device} tokens={args.tokens} scope={args.scope} "
+        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+    )
+    print(
+        f"{'method':<12} {'batch':>5} {'tok/s':>9} {'ms/step':>9} {'x vanilla':>9} {'peak MiB':>9}"
+    )
     for batch in args.batch_sizes:
         base = None
         for method in ["vanilla", *[m for m in args.methods if m != "vanilla"]]:
@@ -145,7 +179,10 @@ def main() -> int:
                     params["blocks"] = args.blocks
             tps, ms, peak = time_method(lm, method, params, batch, args.tokens, args.repeats)
             base = base or tps
-            print(f"{method:<12} {batch:>5} {tps:>9.1f} {ms:>9.1f} {base / tps:>9.2f} {peak / 2**20:>9.0f}", flush=True)
+            print(
+                f"{method:<12} {batch:>5} {tps:>9.1f} {ms:>9.1f} {base / tps:>9.2f} {peak / 2**20:>9.0f}",
+                flush=True,
+            )
     return 0
 
 

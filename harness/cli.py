@@ -42,8 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
     result = driver.run(cfg, args.out, use_ray=use_ray, progress=not args.no_progress)
     gen = result["generation"]
-    print(f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
-          f"outputs in {args.out}")
+    print(
+        f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
+        f"outputs in {args.out}"
+    )
     return _print_status(RunStore(args.out))
 
 
@@ -71,7 +73,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     for name in args.scorer or []:
         if name not in names:
             raise ConfigError(f"--scorer {name}: not among the config's scorers {names}")
-    stats = driver.score_stage(RunStore(args.run), cfg, driver.load_words(cfg), use_ray, only=args.scorer)
+    stats = driver.score_stage(
+        RunStore(args.run), cfg, driver.load_words(cfg), use_ray, only=args.scorer
+    )
     for name, s in stats.items():
         print(f"{name}: scored {s['scored']} rows (version {s['version']})")
     return 0
@@ -86,7 +90,9 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="harness", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="plan, generate, score and aggregate a config")
@@ -106,8 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_score)
     a = sub.add_parser("aggregate", help="summary tables from what is scored")
     a.add_argument("run")
-    a.add_argument("--use-scorer", action="append", metavar="NAME",
-                   help="read this scorer where several scored one metric (repeatable)")
+    a.add_argument(
+        "--use-scorer",
+        action="append",
+        metavar="NAME",
+        help="read this scorer where several scored one metric (repeatable)",
+    )
     a.set_defaults(func=cmd_aggregate)
     _add_optional(sub)
     return p

@@ -88,7 +88,7 @@ class RuntimeConfig(Strict):
     num_cpus: int | None = Field(None, ge=1)  # local Ray's logical CPUs (default: 2 × cores, ≥ 4)
     device: str | None = None  # force "cpu" or "cuda"; default: cuda if present
     max_batch_retries: int = Field(2, ge=0)
-    max_actor_restarts: int = Field(2, ge=0)  # per replica, deaths in a row (docs/cluster.md)
+    max_actor_restarts: int = Field(2, ge=0)  # per replica: deaths before ready, in a row
     actor_start_timeout_s: float = Field(600.0, gt=0)
     progress_log_s: float = Field(30.0, gt=0)  # per-model progress lines on the driver's log
     cache_dir: str | None = None  # downloads and persistent score caches
@@ -103,7 +103,9 @@ class RunConfig(Strict):
     samples_per_prompt: int = Field(1, ge=1)
     generation: GenerationConfig = GenerationConfig()
     scorers: list[NamedConfig] = Field(default_factory=list)
-    gender_words: str | None = None  # path or URL of seed words (pairs file or JSON); None: built-in
+    gender_words: str | None = (
+        None  # path or URL of seed words (pairs file or JSON); None: built-in
+    )
     gender_words_sha256: str | None = None
     runtime: RuntimeConfig = RuntimeConfig()
 
@@ -166,7 +168,9 @@ def load_config(path: str | Path) -> RunConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(
+            f"{path}:{where} not valid YAML ({getattr(exc, 'problem', exc)})"
+        ) from None
     if isinstance(data, dict):
         data = _resolve_paths(data, p.resolve().parent)
     return parse_config(data, str(path))
@@ -199,8 +203,7 @@ def redacted(config: RunConfig) -> dict[str, Any]:
     def scrub(obj: Any) -> Any:
         if isinstance(obj, dict):
             return {
-                k: ("<redacted>" if is_secret_key(k) and v else scrub(v))
-                for k, v in obj.items()
+                k: ("<redacted>" if is_secret_key(k) and v else scrub(v)) for k, v in obj.items()
             }
         if isinstance(obj, list):
             return [scrub(v) for v in obj]

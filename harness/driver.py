@@ -24,17 +24,23 @@ log = logging.getLogger("harness")
 
 
 def load_words(cfg: RunConfig) -> GroupWords:
-    return load_group_words(cfg.gender_words, sha256=cfg.gender_words_sha256, cache_dir=cfg.runtime.cache_dir)
+    return load_group_words(
+        cfg.gender_words, sha256=cfg.gender_words_sha256, cache_dir=cfg.runtime.cache_dir
+    )
 
 
 def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
     ds = cfg.dataset
     if ds.kind == "paired-jsonl":
         assert ds.files is not None
-        return load_paired_jsonl(ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir)
+        return load_paired_jsonl(
+            ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir
+        )
     assert ds.path is not None
     sha = (ds.sha256 or {}).get("path")
-    return load_prompt_list(ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir)
+    return load_prompt_list(
+        ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
+    )
 
 
 def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
@@ -51,11 +57,14 @@ def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
     store.write_plan([j.to_row() for j in jobs])
 
 
-def score_stage(store: RunStore, cfg: RunConfig, words: GroupWords, use_ray: bool,
-                only: list[str] | None = None) -> dict[str, Any]:
+def score_stage(
+    store: RunStore, cfg: RunConfig, words: GroupWords, use_ray: bool, only: list[str] | None = None
+) -> dict[str, Any]:
     scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
-    stats = score_run(store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size)
+    stats = score_run(
+        store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size
+    )
     update_manifest(store, {"scoring": stats})
     return stats
 

@@ -12,7 +12,15 @@ from jobs.spec import JOB_ID_VERSION
 from results.schema import SCHEMA_VERSION
 from results.store import RunStore
 
-PACKAGES = ("torch", "transformers", "ray", "pyarrow", "polars", "google-api-python-client", "vaderSentiment")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "ray",
+    "pyarrow",
+    "polars",
+    "google-api-python-client",
+    "vaderSentiment",
+)
 
 
 def package_versions() -> dict[str, str | None]:
@@ -27,7 +35,9 @@ def package_versions() -> dict[str, str | None]:
 
 def update_manifest(store: RunStore, updates: dict[str, Any]) -> dict[str, Any]:
     """Merge `updates` into the manifest (atomic rewrite). Never holds secrets."""
-    manifest: dict[str, Any] = store.read_json("manifest.json") if store.exists("manifest.json") else {}
+    manifest: dict[str, Any] = (
+        store.read_json("manifest.json") if store.exists("manifest.json") else {}
+    )
     manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat())
     manifest.update(
         updated=dt.datetime.now(dt.timezone.utc).isoformat(),

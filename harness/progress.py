@@ -12,8 +12,14 @@ class Progress:
         tty = sys.stderr.isatty()
         self.failed = 0
         self.bar = tqdm(
-            total=total, initial=done, desc=stage, unit="job", disable=not enabled,
-            mininterval=0.5 if tty else 10.0, dynamic_ncols=True, file=sys.stderr,
+            total=total,
+            initial=done,
+            desc=stage,
+            unit="job",
+            disable=not enabled,
+            mininterval=0.5 if tty else 10.0,
+            dynamic_ncols=True,
+            file=sys.stderr,
         )
 
     def update(self, n: int, ok: int | None = None) -> None:

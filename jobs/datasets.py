@@ -66,7 +66,9 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
                 with urllib.request.urlopen(spec, timeout=60) as resp, open(tmp, "wb") as out:
                     out.write(resp.read())
             except OSError as exc:
-                raise DatasetError(f"{spec}: download failed ({exc}); pass a local path instead") from exc
+                raise DatasetError(
+                    f"{spec}: download failed ({exc}); pass a local path instead"
+                ) from exc
             os.replace(tmp, path)
         local = str(path)
     else:
@@ -163,7 +165,9 @@ def load_prompt_list(
         with open(path, encoding="utf-8", newline="") as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames is None or text_field not in reader.fieldnames:
-                raise DatasetError(f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})")
+                raise DatasetError(
+                    f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})"
+                )
             for i, rec in enumerate(reader):
                 texts.append((i + 2, rec[text_field] or ""))  # line 1 is the header
     elif path.endswith(".parquet"):

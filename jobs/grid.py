@@ -31,9 +31,15 @@ def expand_grid(
                     for seed in range(samples_per_prompt):
                         jobs.append(
                             JobSpec(
-                                prompt_id=prompt.prompt_id, prompt=prompt.text,
-                                prompt_group=prompt.group, pair_id=prompt.pair_id, seed=seed,
-                                method=name, model=model, task=task, generation=gen,
+                                prompt_id=prompt.prompt_id,
+                                prompt=prompt.text,
+                                prompt_group=prompt.group,
+                                pair_id=prompt.pair_id,
+                                seed=seed,
+                                method=name,
+                                model=model,
+                                task=task,
+                                generation=gen,
                                 method_params=resolved,
                             )
                         )

@@ -47,7 +47,9 @@ class GroupWords:
         return {w for ws in self.words.values() for w in ws}
 
 
-def from_pairs(pairs: tuple[tuple[str, ...], ...], groups: tuple[str, ...], source: str) -> GroupWords:
+def from_pairs(
+    pairs: tuple[tuple[str, ...], ...], groups: tuple[str, ...], source: str
+) -> GroupWords:
     words = {g: tuple(dict.fromkeys(p[i] for p in pairs)) for i, g in enumerate(groups)}
     return GroupWords(groups=groups, words=words, pairs=pairs, source=source)
 

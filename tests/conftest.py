@@ -38,7 +38,10 @@ def ray_local() -> Iterator[None]:
 
     tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
     ray.init(
-        num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=tmp,
+        num_cpus=4,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=tmp,
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
     )
     try:

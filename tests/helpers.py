@@ -27,9 +27,16 @@ def make_jobs(
     gen = gen or GenerationParams(max_new_tokens=10)
     return [
         JobSpec(
-            prompt_id=f"p:{i}", prompt=PROMPTS[i % len(PROMPTS)], prompt_group="female", pair_id=str(i),
-            seed=i // len(PROMPTS), method=method, model=ModelRef(f"tiny-random/{family}"), task=task,
-            generation=gen, method_params=params,
+            prompt_id=f"p:{i}",
+            prompt=PROMPTS[i % len(PROMPTS)],
+            prompt_group="female",
+            pair_id=str(i),
+            seed=i // len(PROMPTS),
+            method=method,
+            model=ModelRef(f"tiny-random/{family}"),
+            task=task,
+            generation=gen,
+            method_params=params,
         )
         for i in range(n)
     ]

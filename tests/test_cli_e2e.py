@@ -17,18 +17,30 @@ import yaml
 from results.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+ENV = {
+    **os.environ,
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONPATH": str(REPO),
+}
 
 
 def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def write_config(tmp_path: Path, **changes: object) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    cfg["dataset"]["files"] = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
+    cfg["dataset"]["files"] = {
+        g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
+    }
     cfg.update(changes)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -60,7 +72,9 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path: Path) -> None:
     assert res.returncode == 2 and "methods.0: unknown method 'lidao-mni'" in res.stderr
     bad = tmp_path / "f.jsonl"
     bad.write_text('{"prompt": {"text": "ok"}}\n{oops\n')
-    cfg = write_config(tmp_path, dataset={"kind": "paired-jsonl", "files": {"female": str(bad), "male": str(bad)}})
+    cfg = write_config(
+        tmp_path, dataset={"kind": "paired-jsonl", "files": {"female": str(bad), "male": str(bad)}}
+    )
     res = harness("run", str(cfg), "--out", str(tmp_path / "r"), "--no-ray")
     assert res.returncode == 2 and "f.jsonl: line 2: bad JSON" in res.stderr
     res = harness("score", str(tmp_path / "nothing"))
@@ -79,13 +93,34 @@ def test_scoring_a_run_without_generations_is_an_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigkill_of_the_driver_then_rerun_finishes_every_job_exactly_once(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, samples_per_prompt=4, runtime={"batch_size": 2},
-                       dataset={"kind": "paired-jsonl", "limit": 6, "files": {
-                           g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}})
+    cfg = write_config(
+        tmp_path,
+        samples_per_prompt=4,
+        runtime={"batch_size": 2},
+        dataset={
+            "kind": "paired-jsonl",
+            "limit": 6,
+            "files": {
+                g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
+            },
+        },
+    )
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "harness", "run", str(cfg), "--out", str(out), "--no-ray", "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        str(cfg),
+        "--out",
+        str(out),
+        "--no-ray",
+        "--no-progress",
+    ]
     for delay in (4.0, 6.0):  # kill at different moments: mid-generation
-        proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 120
         while time.time() < deadline and not (out / "generations").is_dir():
             time.sleep(0.05)
@@ -105,10 +140,18 @@ def test_sigkill_of_the_driver_then_rerun_finishes_every_job_exactly_once(tmp_pa
 def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared: Path) -> None:
     uddia = shared / "data" / "uddia-prompts"
     cfg = write_config(
-        tmp_path, samples_per_prompt=1, generation={"max_new_tokens": 8},
-        dataset={"kind": "paired-jsonl", "files": {"female": str(uddia / "175prompts-female.jsonl"),
-                                                   "male": str(uddia / "175prompts-male.jsonl")}},
-        gender_words=str(uddia / "gender_pairs.txt"), runtime={"batch_size": 32},
+        tmp_path,
+        samples_per_prompt=1,
+        generation={"max_new_tokens": 8},
+        dataset={
+            "kind": "paired-jsonl",
+            "files": {
+                "female": str(uddia / "175prompts-female.jsonl"),
+                "male": str(uddia / "175prompts-male.jsonl"),
+            },
+        },
+        gender_words=str(uddia / "gender_pairs.txt"),
+        runtime={"batch_size": 32},
     )
     out = tmp_path / "run"
     res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress")
@@ -119,8 +162,14 @@ def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared:
     assert gens.height == 350 and (gens["status"] == "ok").all()
     labels = store.read_scores("gender", "gender")
     assert labels.height == 350 and labels.filter(pl.col("label_c") != "none").height > 200
-    for name in ("summary.parquet", "summary.csv", "report/tables.md", "report/tables.tex",
-                 "report/tradeoff.png", "report/index.html"):
+    for name in (
+        "summary.parquet",
+        "summary.csv",
+        "report/tables.md",
+        "report/tables.tex",
+        "report/tradeoff.png",
+        "report/index.html",
+    ):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
 
 
@@ -129,9 +178,16 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
     uddia = shared / "data" / "uddia-prompts"
     cfg = yaml.safe_load((REPO / "examples" / "methods-tiny.yaml").read_text())
     cfg.update(
-        samples_per_prompt=1, generation={"max_new_tokens": 3}, runtime={"batch_size": 64},
-        dataset={"kind": "paired-jsonl", "files": {"female": str(uddia / "175prompts-female.jsonl"),
-                                                   "male": str(uddia / "175prompts-male.jsonl")}},
+        samples_per_prompt=1,
+        generation={"max_new_tokens": 3},
+        runtime={"batch_size": 64},
+        dataset={
+            "kind": "paired-jsonl",
+            "files": {
+                "female": str(uddia / "175prompts-female.jsonl"),
+                "male": str(uddia / "175prompts-male.jsonl"),
+            },
+        },
         gender_words=str(uddia / "gender_pairs.txt"),
     )
     path = tmp_path / "all.yaml"
@@ -149,5 +205,14 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
     summary = pl.read_parquet(out / "summary.parquet")
     assert set(summary["method"]) == set(methods)
     table = (out / "report" / "tables.md").read_text()
-    for label in ("+UDDIA", "+LIDAO-m", "+LIDAO-p", "+eLIDAO-m", "+eLIDAO-p", "+PPLM", "+GeDi", "+DExperts"):
+    for label in (
+        "+UDDIA",
+        "+LIDAO-m",
+        "+LIDAO-p",
+        "+eLIDAO-m",
+        "+eLIDAO-p",
+        "+PPLM",
+        "+GeDi",
+        "+DExperts",
+    ):
         assert label in table

@@ -37,10 +37,9 @@ AWS_ENV = {
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    local_ray_env()  # 127.0.0.1 only, no token auth
-    import ray
     from ray.cluster_utils import Cluster
 
+    local_ray_env()  # 127.0.0.1 only, no token auth (conftest set it before Ray was imported)
     if ray.is_initialized():  # a session-wide local Ray from another module: this one needs its own
         ray.shutdown()
     tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: unix socket paths are limited
@@ -48,15 +47,17 @@ def cluster() -> Iterator[Any]:
     saved = {k: os.environ.get(k) for k in AWS_ENV}
     os.environ.update(AWS_ENV)
     head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
-    c = Cluster(initialize_head=True, head_node_args=head)
+    c = None
     try:
+        c = Cluster(initialize_head=True, head_node_args=head)
         for gpus in (1, 1, 2):
             c.add_node(num_cpus=2, num_gpus=gpus)
         ray.init(address=c.address)
         yield c
     finally:
         ray.shutdown()
-        c.shutdown()
+        if c is not None:
+            c.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
@@ -112,9 +113,8 @@ def test_replicas_are_placed_by_their_gpu_share(cluster: Any, tmp_path: Path) ->
     )
     store, jobs, words = planned(cfg, tmp_path / "run")
     stats = generate_stage(store, cfg, jobs, words, use_ray=True, progress=False)
-    assert (
-        store.read_generations()["status"] == "ok"
-    ).all() and store.read_generations().height == len(jobs)
+    gens = store.read_generations()
+    assert gens.height == len(jobs) and (gens["status"] == "ok").all()
     by_model: dict[str, list[dict[str, Any]]] = {}
     for actor in stats["actors"]:
         by_model.setdefault(actor["model"], []).append(actor)
@@ -144,10 +144,8 @@ def test_an_object_store_run_directory_is_written_by_the_actors_and_read_by_the_
         store, jobs, words = planned(cfg, uri)
         stats = generate_stage(store, cfg, jobs, words, use_ray=True, progress=False)
         gens = RunStore(uri).read_generations()
-        assert (
-            sorted(gens["job_id"]) == sorted(j.job_id for j in jobs)
-            and (gens["status"] == "ok").all()
-        )
+        assert sorted(gens["job_id"]) == sorted(j.job_id for j in jobs)
+        assert (gens["status"] == "ok").all()
         assert sum(a["jobs"] for a in stats["actors"]) == len(jobs) and not list(tmp_path.iterdir())
     finally:
         server.stop()
@@ -158,17 +156,15 @@ def test_a_killed_actor_and_a_lost_node_change_nothing_in_the_outputs(
 ) -> None:
     cfg = make_config([{"id": "tiny-random/gpt2", "replicas": 2, "num_gpus": 1}])
     reference, jobs, words = planned(cfg, tmp_path / "reference")
-    generate_stage(
-        reference, cfg, jobs, words, use_ray=False, progress=False
-    )  # undisturbed, in-process
+    # The undisturbed outputs, generated in this process.
+    generate_stage(reference, cfg, jobs, words, use_ray=False, progress=False)
     store, _, _ = planned(cfg, tmp_path / "run")
     chaos = Chaos(cluster)
     stats = generate_stage(store, cfg, jobs, words, use_ray=True, progress=False, observer=chaos)
 
     assert chaos.killed and chaos.removed, "the faults must hit mid-run"
-    rows = pl.concat(
-        [pl.read_parquet(p) for p in (tmp_path / "run" / "generations").glob("part-*.parquet")]
-    )
+    shards = (tmp_path / "run" / "generations").glob("part-*.parquet")
+    rows = pl.concat([pl.read_parquet(p) for p in shards])
     assert sorted(rows["job_id"]) == sorted(j.job_id for j in jobs)  # every job exactly once
     assert (rows["status"] == "ok").all()
     want = reference.read_generations().select("job_id", "continuation", "token_ids")

@@ -33,9 +33,15 @@ def test_the_quickstart_is_valid() -> None:
         (with_(sampels_per_prompt=3), r"sampels_per_prompt: unknown key"),
         (with_(generation={"top_k": 3}), r"generation.top_k: unknown key"),
         (with_(methods=["lidao-mni"]), r"methods.0: unknown method 'lidao-mni'"),
-        (with_(scorers=["sentimnet-vader"]), r"scorers.0: unknown scorer 'sentimnet-vader'; did you mean sentiment-vader"),
+        (
+            with_(scorers=["sentimnet-vader"]),
+            r"scorers.0: unknown scorer 'sentimnet-vader'; did you mean sentiment-vader",
+        ),
         (with_(tasks=["fairness"]), r"tasks.0"),
-        (with_(methods=[{"name": "vanilla", "params": {"lr": 1}}]), r"unknown parameter\(s\) \['lr'\]"),
+        (
+            with_(methods=[{"name": "vanilla", "params": {"lr": 1}}]),
+            r"unknown parameter\(s\) \['lr'\]",
+        ),
         (with_(dataset={"kind": "paired-jsonl"}), r"paired-jsonl needs"),
         (with_(models=[{"id": "x", "dtype": "int3"}]), r"models.0.dtype"),
     ],
@@ -53,7 +59,11 @@ def test_bad_yaml_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_secrets_are_redacted_in_the_snapshot() -> None:
-    cfg = parse_config(with_(scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}]))
+    cfg = parse_config(
+        with_(
+            scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}]
+        )
+    )
     text = dump_config(cfg)
     assert "sekrit-123" not in text and "<redacted>" in text and "max_new_tokens: 5" in text
 

@@ -7,12 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from jobs.datasets import PINNED_SHA256, UDDIA_FEMALE, UDDIA_MALE, DatasetError, fetch, load_paired_jsonl, load_prompt_list
+from jobs.datasets import (
+    PINNED_SHA256,
+    UDDIA_FEMALE,
+    UDDIA_MALE,
+    DatasetError,
+    fetch,
+    load_paired_jsonl,
+    load_prompt_list,
+)
 from jobs.words import load_group_words
 
 
 def write_jsonl(path: Path, texts: list[object]) -> str:
-    lines = [t if isinstance(t, str) and t.startswith("RAW:") else json.dumps({"prompt": {"text": t}}) for t in texts]
+    lines = [
+        t if isinstance(t, str) and t.startswith("RAW:") else json.dumps({"prompt": {"text": t}})
+        for t in texts
+    ]
     path.write_text("\n".join(line.removeprefix("RAW:") for line in lines) + "\n")
     return str(path)
 
@@ -22,8 +33,10 @@ def test_paired_files_give_pairs_with_group_from_file_key(tmp_path: Path) -> Non
     m = write_jsonl(tmp_path / "m.jsonl", ["He ran", "His dad"])
     prompts = load_paired_jsonl({"female": f, "male": m})
     assert [(p.pair_id, p.group, p.text) for p in prompts] == [
-        ("00000", "female", "She ran"), ("00000", "male", "He ran"),
-        ("00001", "female", "Her mom"), ("00001", "male", "His dad"),
+        ("00000", "female", "She ran"),
+        ("00000", "male", "He ran"),
+        ("00001", "female", "Her mom"),
+        ("00001", "male", "His dad"),
     ]
     assert len(load_paired_jsonl({"female": f, "male": m}, limit=1)) == 2
 
@@ -32,12 +45,14 @@ def test_paired_files_give_pairs_with_group_from_file_key(tmp_path: Path) -> Non
     ("female", "message"),
     [
         (["ok", "RAW:{not json"], "f.jsonl: line 2: bad JSON"),
-        (["ok", "RAW:{\"prompt\": {}}"], "f.jsonl: line 2: missing prompt.text"),
+        (["ok", 'RAW:{"prompt": {}}'], "f.jsonl: line 2: missing prompt.text"),
         (["ok", "   "], "f.jsonl: line 2: empty prompt"),
         (["ok"], "unequal numbers of prompts"),
     ],
 )
-def test_malformed_paired_input_names_file_and_line(tmp_path: Path, female: list[object], message: str) -> None:
+def test_malformed_paired_input_names_file_and_line(
+    tmp_path: Path, female: list[object], message: str
+) -> None:
     f = write_jsonl(tmp_path / "f.jsonl", female)
     m = write_jsonl(tmp_path / "m.jsonl", ["a", "b"])
     with pytest.raises(DatasetError, match=message):
@@ -53,7 +68,9 @@ def test_missing_file_and_bad_checksum(tmp_path: Path) -> None:
 
 
 def test_prompt_list_groups_come_from_gender_labels(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "rtp.jsonl", ["She said her name", "He and his dog", "The weather"])
+    path = write_jsonl(
+        tmp_path / "rtp.jsonl", ["She said her name", "He and his dog", "The weather"]
+    )
     prompts = load_prompt_list(path)
     assert [p.group for p in prompts] == ["female", "male", "none"]
     csv = tmp_path / "p.csv"
@@ -66,8 +83,13 @@ def test_prompt_list_groups_come_from_gender_labels(tmp_path: Path) -> None:
 
 def test_the_papers_175_pairs_load_with_their_pinned_checksums(shared: Path) -> None:
     uddia = shared / "data" / "uddia-prompts"
-    files = {"female": str(uddia / "175prompts-female.jsonl"), "male": str(uddia / "175prompts-male.jsonl")}
-    prompts = load_paired_jsonl(files, sha256={"female": PINNED_SHA256[UDDIA_FEMALE], "male": PINNED_SHA256[UDDIA_MALE]})
+    files = {
+        "female": str(uddia / "175prompts-female.jsonl"),
+        "male": str(uddia / "175prompts-male.jsonl"),
+    }
+    prompts = load_paired_jsonl(
+        files, sha256={"female": PINNED_SHA256[UDDIA_FEMALE], "male": PINNED_SHA256[UDDIA_MALE]}
+    )
     assert len(prompts) == 350 and len({p.pair_id for p in prompts}) == 175
     words = load_group_words(str(uddia / "gender_pairs.txt"))
     assert words.groups == ("female", "male") and ("woman", "man") in words.pairs

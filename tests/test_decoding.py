@@ -28,29 +28,41 @@ def test_a_job_gives_the_same_text_alone_and_in_a_batch_of_8(lm: LoadedLM) -> No
     batched = decode_batch(lm, method, jobs)
     for job, row in zip(jobs, batched):
         alone = decode_batch(lm, method, [job])[0]
-        assert alone["token_ids"] == row["token_ids"] and alone["continuation"] == row["continuation"]
+        assert (
+            alone["token_ids"] == row["token_ids"] and alone["continuation"] == row["continuation"]
+        )
     assert len({tuple(r["token_ids"]) for r in batched}) > 4  # different prompts/seeds differ
 
 
 def test_different_seeds_give_different_samples(lm: LoadedLM) -> None:
     job = make_jobs(lm.ref.id.split("/")[1], n=1)[0]
-    rows = decode_batch(lm, Vanilla(lm, {}, "sentiment"), [dataclasses.replace(job, seed=s) for s in range(4)])
+    rows = decode_batch(
+        lm, Vanilla(lm, {}, "sentiment"), [dataclasses.replace(job, seed=s) for s in range(4)]
+    )
     assert len({tuple(r["token_ids"]) for r in rows}) > 1
 
 
 def test_rows_record_tokens_and_lengths() -> None:
     lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
     row = decode_batch(lm, Vanilla(lm, {}, "sentiment"), make_jobs(n=1))[0]
-    assert row["status"] == "ok" and row["num_tokens"] == len(row["token_ids"]) == len(row["tokens"])
+    assert row["status"] == "ok" and row["num_tokens"] == len(row["token_ids"]) == len(
+        row["tokens"]
+    )
     assert row["finish_reason"] in {"eos", "length"}
     assert row["continuation"] == lm.tokenizer.decode(row["token_ids"], skip_special_tokens=True)
 
 
 def test_nucleus_keeps_the_smallest_set_reaching_top_p() -> None:
     logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    picks = {int(nucleus_sample(logp, 0.7, torch.tensor([u]))[0]) for u in torch.linspace(0, 0.999, 50).tolist()}
+    picks = {
+        int(nucleus_sample(logp, 0.7, torch.tensor([u]))[0])
+        for u in torch.linspace(0, 0.999, 50).tolist()
+    }
     assert picks == {0, 1}
-    picks = {int(nucleus_sample(logp, 1.0, torch.tensor([u]))[0]) for u in torch.linspace(0, 0.999, 200).tolist()}
+    picks = {
+        int(nucleus_sample(logp, 1.0, torch.tensor([u]))[0])
+        for u in torch.linspace(0, 0.999, 200).tolist()
+    }
     assert picks == {0, 1, 2, 3}
     # inverse CDF: u below 0.5/0.8 picks token 0, above picks token 1
     assert int(nucleus_sample(logp, 0.7, torch.tensor([0.6]))[0]) == 0

@@ -10,9 +10,17 @@ from jobs.queue import make_batches, pending
 from jobs.spec import JOB_ID_VERSION, GenerationParams, JobSpec, ModelRef
 
 JOB = JobSpec(
-    prompt_id="female:00000", prompt="The woman walked in", prompt_group="female", pair_id="00000",
-    seed=3, method="vanilla", model=ModelRef("tiny-random/gpt2"), task="sentiment",
-    generation=GenerationParams(max_new_tokens=20, top_p=0.9, temperature=1.0, repetition_penalty=1.0),
+    prompt_id="female:00000",
+    prompt="The woman walked in",
+    prompt_group="female",
+    pair_id="00000",
+    seed=3,
+    method="vanilla",
+    model=ModelRef("tiny-random/gpt2"),
+    task="sentiment",
+    generation=GenerationParams(
+        max_new_tokens=20, top_p=0.9, temperature=1.0, repetition_penalty=1.0
+    ),
 )
 
 
@@ -25,9 +33,14 @@ def test_golden_job_id_is_pinned() -> None:
 
 def test_output_affecting_fields_change_the_id() -> None:
     changes = [
-        {"prompt": "The man walked in"}, {"seed": 4}, {"method": "lidao-min"}, {"task": "regard"},
-        {"model": ModelRef("tiny-random/gpt2", revision="abc")}, {"model": ModelRef("tiny-random/gpt2", dtype="bfloat16")},
-        {"generation": GenerationParams(max_new_tokens=21)}, {"method_params": '{"lr":0.01}'},
+        {"prompt": "The man walked in"},
+        {"seed": 4},
+        {"method": "lidao-min"},
+        {"task": "regard"},
+        {"model": ModelRef("tiny-random/gpt2", revision="abc")},
+        {"model": ModelRef("tiny-random/gpt2", dtype="bfloat16")},
+        {"generation": GenerationParams(max_new_tokens=21)},
+        {"method_params": '{"lr":0.01}'},
         {"prompt_id": "female:00001"},
     ]
     ids = {dataclasses.replace(JOB, **c).job_id for c in changes}
@@ -48,8 +61,13 @@ def test_row_round_trip() -> None:
 
 
 def test_grid_expands_every_combination_and_resume_is_planned_minus_done() -> None:
-    prompts = [Prompt(f"{g}:{i}", str(i), g, f"text {g} {i}") for i in range(3) for g in ("female", "male")]
-    models = [(ModelRef("tiny-random/gpt2"), GenerationParams()), (ModelRef("tiny-random/opt"), GenerationParams())]
+    prompts = [
+        Prompt(f"{g}:{i}", str(i), g, f"text {g} {i}") for i in range(3) for g in ("female", "male")
+    ]
+    models = [
+        (ModelRef("tiny-random/gpt2"), GenerationParams()),
+        (ModelRef("tiny-random/opt"), GenerationParams()),
+    ]
     jobs = expand_grid(prompts, models, [("vanilla", {})], ["sentiment", "toxicity"], 4)
     assert len(jobs) == 6 * 2 * 2 * 4
     assert len({j.job_id for j in jobs}) == len(jobs)
@@ -59,7 +77,10 @@ def test_grid_expands_every_combination_and_resume_is_planned_minus_done() -> No
 
 def test_batches_never_mix_settings_and_cover_every_job() -> None:
     prompts = [Prompt(f"f:{i}", None, "female", "x" * (i + 1)) for i in range(7)]
-    models = [(ModelRef("tiny-random/gpt2"), GenerationParams()), (ModelRef("tiny-random/llama"), GenerationParams())]
+    models = [
+        (ModelRef("tiny-random/gpt2"), GenerationParams()),
+        (ModelRef("tiny-random/llama"), GenerationParams()),
+    ]
     jobs = expand_grid(prompts, models, [("vanilla", {})], ["sentiment"], 2)
     batches = make_batches(jobs, 3)
     assert sorted(j.job_id for b in batches for j in b) == sorted(j.job_id for j in jobs)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
-from workers.decoding import prompt_token_ids, decode_batch
+from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.base import DecodingMethod, MethodError, StepContext
 from workers.methods.elidao import TEMPLATES, instruction_template, seed_token_ids
 from workers.methods.lidao import DiscountedHistory, min_objective

@@ -137,6 +137,11 @@ def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
     manifest = json.loads((out / "manifest.json").read_text())
     (actor,) = manifest["generation"]["actors"]
     assert actor["jobs"] == 30 and actor["num_gpus"] == 0 and actor["device"] == "cpu"
+    assert (
+        0 < actor["utilisation"] <= 1
+        and actor["tokens_per_busy_s"] > 0
+        and actor["end"] == "released"
+    )
     logs = head.ray("job", "logs", sid).stdout
     assert "Ray cluster at" in logs and "generate tiny-random/gpt2: 30/30 jobs finished" in logs
     addresses = listening_addresses(head.pids())

@@ -11,7 +11,10 @@ SNAPSHOT = Path(__file__).parent / "golden" / "schema_snapshot.json"
 
 
 def current() -> dict[str, object]:
-    return {"schema_version": SCHEMA_VERSION, "tables": {k: describe(v) for k, v in all_schemas().items()}}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tables": {k: describe(v) for k, v in all_schemas().items()},
+    }
 
 
 def test_schema_matches_snapshot() -> None:

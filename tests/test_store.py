@@ -44,7 +44,10 @@ def test_an_ok_row_wins_over_an_error_row_of_the_same_job(tmp_path: Path) -> Non
     store = RunStore(str(tmp_path))
     job = make_jobs(n=1)[0]
     store.write_generations([failed_row(job, "boom")])
-    store.write_table("generations/part-zz.parquet", pa.Table.from_pylist([ok_row(job)], store.read_generations().to_arrow().schema))
+    store.write_table(
+        "generations/part-zz.parquet",
+        pa.Table.from_pylist([ok_row(job)], store.read_generations().to_arrow().schema),
+    )
     frame = store.read_generations()
     assert frame.height == 1 and frame["status"][0] == "ok"
 

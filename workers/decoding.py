@@ -25,7 +25,9 @@ def check_batch(jobs: Sequence[JobSpec]) -> None:
     """A batch shares model, method, parameters, task and generation parameters."""
     keys = {(j.model, j.method, j.method_params, j.task, j.generation) for j in jobs}
     if len(keys) != 1:
-        raise ValueError(f"a batch must share model/method/params/task/generation; got {len(keys)} kinds")
+        raise ValueError(
+            f"a batch must share model/method/params/task/generation; got {len(keys)} kinds"
+        )
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -94,7 +96,9 @@ def max_context(lm: LoadedLM) -> int | None:
     return None
 
 
-def decode_batch(lm: LoadedLM, method: DecodingMethod, jobs: Sequence[JobSpec]) -> list[dict[str, Any]]:
+def decode_batch(
+    lm: LoadedLM, method: DecodingMethod, jobs: Sequence[JobSpec]
+) -> list[dict[str, Any]]:
     """Generate one continuation per job; returns GENERATION_SCHEMA rows in job order."""
     check_batch(jobs)
     start = time.perf_counter()
@@ -155,18 +159,29 @@ def _loop(
     method.begin(jobs, prompt_ids)
     with torch.no_grad():
         out = lm.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-            use_cache=True, output_hidden_states=want_hidden, logits_to_keep=1,
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1,
         )
     for step in range(gen.max_new_tokens):
         if not bool(active.any()):
             break
         ctx = StepContext(
-            model=lm.model, step=step, input_ids=input_ids, attention_mask=mask,
-            position_ids=position_ids, past_key_values=out.past_key_values,
+            model=lm.model,
+            step=step,
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=out.past_key_values,
             logits=out.logits[:, -1, :].float(),
             hidden_states=out.hidden_states if want_hidden else None,
-            active=active, jobs=jobs, process=process, failures=failures,
+            active=active,
+            jobs=jobs,
+            process=process,
+            failures=failures,
         )
         logprobs = method.next_logprobs(ctx).detach()
         bad = torch.isnan(logprobs).any(-1) | ~torch.isfinite(logprobs).any(-1)
@@ -197,8 +212,12 @@ def _loop(
         position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
         with torch.no_grad():
             out = lm.model(
-                input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=position_ids[:, -1:],
-                past_key_values=out.past_key_values, use_cache=True, output_hidden_states=want_hidden,
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=position_ids[:, -1:],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+                output_hidden_states=want_hidden,
                 logits_to_keep=1,
             )
     return generated, finish
@@ -224,7 +243,11 @@ def _row(
         finish_reason=finish,
         status="error" if error else "ok",
         error=error,
-        choices=None, loss_g=None, loss_a=None, elidao_fallback=None, elidao_gender=None,
+        choices=None,
+        loss_g=None,
+        loss_a=None,
+        elidao_fallback=None,
+        elidao_gender=None,
         effective_params=json.dumps(method.effective_params(), sort_keys=True, default=str),
         worker=None,
         elapsed_s=elapsed,

@@ -97,9 +97,21 @@ def error_row(job: JobSpec, error: str) -> dict[str, Any]:
     """A generation row recording that `job` failed (no text)."""
     row = job.to_row()
     row.update(
-        continuation="", num_tokens=0, token_ids=[], tokens=[], finish_reason="error",
-        status="error", error=error, choices=None, loss_g=None, loss_a=None,
-        elidao_fallback=None, elidao_gender=None, effective_params=None, worker=None, elapsed_s=None,
+        continuation="",
+        num_tokens=0,
+        token_ids=[],
+        tokens=[],
+        finish_reason="error",
+        status="error",
+        error=error,
+        choices=None,
+        loss_g=None,
+        loss_a=None,
+        elidao_fallback=None,
+        elidao_gender=None,
+        effective_params=None,
+        worker=None,
+        elapsed_s=None,
     )
     return row
 

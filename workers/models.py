@@ -63,7 +63,9 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
                 ref.id, revision=ref.revision, dtype=dtype, **placed
             )
         except (OSError, ValueError) as exc:
-            raise ValueError(f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}") from exc
+            raise ValueError(
+                f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}"
+            ) from exc
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token

@@ -87,23 +87,48 @@ def tiny_config(family: str, vocab_size: int) -> Any:
         return tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=512, **common)
     if family == "opt":
         return tf.OPTConfig(
-            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, ffn_dim=128,
-            word_embed_proj_dim=64, max_position_embeddings=512, pad_token_id=pad, **common,
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=128,
+            word_embed_proj_dim=64,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            **common,
         )
     if family == "falcon":
         return tf.FalconConfig(
-            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, new_decoder_architecture=False,
-            multi_query=True, parallel_attn=True, bias=False, alibi=False, pad_token_id=pad, **common,
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            new_decoder_architecture=False,
+            multi_query=True,
+            parallel_attn=True,
+            bias=False,
+            alibi=False,
+            pad_token_id=pad,
+            **common,
         )
     if family == "llama":
         return tf.LlamaConfig(
-            num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, max_position_embeddings=512, pad_token_id=pad, **common,
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            **common,
         )
     if family == "bert":  # an encoder, for classifier scorers in tests
         return tf.BertConfig(
-            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-            max_position_embeddings=512, pad_token_id=pad, vocab_size=vocab_size,
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            vocab_size=vocab_size,
         )
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(TINY_FAMILIES)}")
 
@@ -113,7 +138,7 @@ def build_tiny_lm(model_id: str, dtype: Any = None) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    family = model_id[len(TINY_PREFIX):]
+    family = model_id[len(TINY_PREFIX) :]
     if family not in TINY_FAMILIES or family == "bert":
         known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
         raise ValueError(f"unknown tiny model {model_id!r}; known: {known}")

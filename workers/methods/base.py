@@ -48,7 +48,9 @@ class StepContext:
     position_ids: torch.Tensor  # (B, T) positions that ignore the left padding
     past_key_values: Any  # θ's KV cache over all T positions (a transformers Cache)
     logits: torch.Tensor  # (B, V) float32 next-token logits of θ at the last position
-    hidden_states: tuple[torch.Tensor, ...] | None  # θ's hidden states of the last forward, each (B, T_new, D)
+    hidden_states: (
+        tuple[torch.Tensor, ...] | None
+    )  # θ's hidden states of the last forward, each (B, T_new, D)
     active: torch.Tensor  # (B,) bool: rows still generating
     jobs: Sequence[JobSpec]
     process: Callable[[torch.Tensor], torch.Tensor]  # temperature + repetition penalty → log-probs
