@@ -40,7 +40,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.ray_runtime import init_ray
 
         init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
-    result = driver.run(cfg, args.out, use_ray=use_ray, progress=not args.no_progress)
+    result = driver.run(
+        cfg,
+        args.out,
+        use_ray=use_ray,
+        progress=not args.no_progress,
+        retry_failed=args.retry_failed,
+    )
     gen = result["generation"]
     print(
         f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
@@ -100,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="run directory (local path or s3:// / gs:// URI)")
     r.add_argument("--no-ray", action="store_true", help="run in this process, without Ray")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument(
+        "--retry-failed", action="store_true", help="generate again the jobs that failed"
+    )
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("status", help="planned / done / failed per stage")
     s.add_argument("run")

@@ -58,13 +58,17 @@ def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
 
 
 def score_stage(
-    store: RunStore, cfg: RunConfig, words: GroupWords, use_ray: bool, only: list[str] | None = None
+    store: RunStore,
+    cfg: RunConfig,
+    words: GroupWords,
+    use_ray: bool,
+    only: list[str] | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
-    stats = score_run(
-        store, scorers, context, use_ray=use_ray, batch_size=cfg.runtime.score_batch_size
-    )
+    batch = cfg.runtime.score_batch_size
+    stats = score_run(store, scorers, context, use_ray, batch_size=batch, progress=progress)
     update_manifest(store, {"scoring": stats})
     return stats
 
@@ -87,8 +91,17 @@ def aggregate_stage(store: RunStore, use: list[str] | None = None) -> Any:
     return aggregate_run(store, scorers=scorer_choice(use) if use else None)
 
 
-def run(cfg: RunConfig, out: str, use_ray: bool = True, progress: bool = True) -> dict[str, Any]:
-    """The whole pipeline on `cfg` into run directory `out`; resumes what is already there."""
+def run(
+    cfg: RunConfig,
+    out: str,
+    use_ray: bool = True,
+    progress: bool = True,
+    retry_failed: bool = False,
+) -> dict[str, Any]:
+    """The whole pipeline on `cfg` into run directory `out`; resumes what is already there.
+
+    Jobs that ended with an error count as done unless `retry_failed`.
+    """
     store = RunStore(out)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -98,11 +111,13 @@ def run(cfg: RunConfig, out: str, use_ray: bool = True, progress: bool = True) -
     timings["plan_s"] = time.perf_counter() - t0
     log.info("planned %d jobs into %s", len(jobs), store.uri)
     t0 = time.perf_counter()
-    gen_stats = generate_stage(store, cfg, jobs, words, use_ray=use_ray, progress=progress)
+    gen_stats = generate_stage(
+        store, cfg, jobs, words, use_ray=use_ray, progress=progress, retry_failed=retry_failed
+    )
     timings["generate_s"] = time.perf_counter() - t0
     update_manifest(store, {"generation": gen_stats, "timings": timings})
     t0 = time.perf_counter()
-    score_stats = score_stage(store, cfg, words, use_ray=use_ray)
+    score_stats = score_stage(store, cfg, words, use_ray=use_ray, progress=progress)
     timings["score_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     aggregate_stage(store, use=first_scorer_per_metric(cfg))

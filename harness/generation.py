@@ -60,6 +60,7 @@ def generate_stage(
     words: GroupWords,
     use_ray: bool = True,
     progress: bool = True,
+    retry_failed: bool = False,
     observer: Observer | None = None,
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
@@ -67,7 +68,7 @@ def generate_stage(
     Raises `GenerationError` (after the other models are done and the manifest is written)
     when a model could not run at all.
     """
-    todo = pending(jobs, store.done_job_ids())
+    todo = pending(jobs, store.done_job_ids(include_errors=not retry_failed))
     stats: dict[str, Any] = {
         "planned": len(jobs),
         "pending_at_start": len(todo),

@@ -216,3 +216,33 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
         "+DExperts",
     ):
         assert label in table
+
+
+def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> None:
+    from harness.generation import failed_row
+    from jobs.spec import JobSpec
+
+    cfg = write_config(
+        tmp_path,
+        samples_per_prompt=1,
+        dataset={
+            "kind": "paired-jsonl",
+            "limit": 2,
+            "files": {
+                g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
+            },
+        },
+    )
+    out = tmp_path / "run"
+    assert harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress").returncode == 0
+    store = RunStore(str(out))
+    for shard in (out / "generations").glob("part-*.parquet"):
+        shard.unlink()  # as if every batch had failed
+    store.write_generations(
+        [failed_row(JobSpec.from_row(r), "boom") for r in store.read_plan().to_dicts()]
+    )
+    res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress")
+    assert res.returncode == 0 and "failed 4, pending 0" in res.stdout
+    res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "--retry-failed")
+    assert res.returncode == 0 and "done 4, failed 0" in res.stdout, res.stdout
+    assert (store.read_generations()["status"] == "ok").all()
