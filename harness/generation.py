@@ -23,6 +23,7 @@ from harness.progress import Progress
 from jobs.queue import make_batches, pending
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
+from results.schema import error_row
 from results.store import RunStore, shard_name
 
 log = logging.getLogger("harness")
@@ -197,25 +198,7 @@ def _model_stats(work: ModelWork, actors: list[dict[str, Any]]) -> dict[str, Any
 
 def failed_row(job: JobSpec, error: str) -> dict[str, Any]:
     """An error row for a job whose batch could not be generated (no torch needed)."""
-    row = job.to_row()
-    row.update(
-        continuation="",
-        num_tokens=0,
-        token_ids=[],
-        tokens=[],
-        finish_reason="error",
-        status="error",
-        error=f"job {job.job_id}: {error}",
-        choices=None,
-        loss_g=None,
-        loss_a=None,
-        elidao_fallback=None,
-        elidao_gender=None,
-        effective_params=None,
-        worker=None,
-        elapsed_s=None,
-    )
-    return row
+    return error_row(job.to_row(), f"job {job.job_id}: {error}")
 
 
 def actor_lines(manifest: dict[str, Any]) -> list[str]:

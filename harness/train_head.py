@@ -18,12 +18,11 @@ import argparse
 import csv
 import datetime as dt
 import importlib.util
-import json
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobs.datasets import DatasetError, sha256_file
+from jobs.datasets import DatasetError, iter_jsonl, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -110,19 +109,12 @@ def read_labelled(spec: str, text_col: str, label_col: str, split: str = "train"
         return _read_hub(spec, text_col, label_col, split)
     data = Labelled(spec, sha256=sha256_file(spec))
     if spec.endswith((".jsonl", ".json")):
-        with open(spec, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
-                if not isinstance(rec, dict) or text_col not in rec or label_col not in rec:
-                    raise DatasetError(
-                        f"{spec}: line {lineno}: needs fields {text_col!r} and {label_col!r}"
-                    )
-                _add(data, rec[text_col], rec[label_col], lineno)
+        for lineno, rec in iter_jsonl(spec, spec):
+            if not isinstance(rec, dict) or text_col not in rec or label_col not in rec:
+                raise DatasetError(
+                    f"{spec}: line {lineno}: needs fields {text_col!r} and {label_col!r}"
+                )
+            _add(data, rec[text_col], rec[label_col], lineno)
     elif spec.endswith(".csv"):
         with open(spec, encoding="utf-8", newline="") as fh:
             reader = csv.DictReader(fh)

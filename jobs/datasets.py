@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,24 +83,29 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
     return local
 
 
-def _read_jsonl_prompts(path: str, spec: str) -> list[tuple[int, str, dict[str, Any]]]:
-    """(line number, prompt text, record) for each non-blank line."""
-    out = []
+def iter_jsonl(path: str, spec: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed record) of each non-blank line; bad JSON names `spec` and the line."""
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
-            prompt = rec.get("prompt") if isinstance(rec, dict) else None
-            text = prompt.get("text") if isinstance(prompt, dict) else None
-            if not isinstance(text, str):
-                raise DatasetError(f"{spec}: line {lineno}: missing prompt.text")
-            if not text.strip():
-                raise DatasetError(f"{spec}: line {lineno}: empty prompt")
-            out.append((lineno, text, rec))
+
+
+def _read_jsonl_prompts(path: str, spec: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """(line number, prompt text, record) for each non-blank line."""
+    out = []
+    for lineno, rec in iter_jsonl(path, spec):
+        prompt = rec.get("prompt") if isinstance(rec, dict) else None
+        text = prompt.get("text") if isinstance(prompt, dict) else None
+        if not isinstance(text, str):
+            raise DatasetError(f"{spec}: line {lineno}: missing prompt.text")
+        if not text.strip():
+            raise DatasetError(f"{spec}: line {lineno}: empty prompt")
+        out.append((lineno, text, rec))
     return out
 
 
@@ -152,15 +158,7 @@ def load_prompt_list(
         if text_field == "prompt.text":
             texts = [(ln, t) for ln, t, _ in _read_jsonl_prompts(path, spec)]
         else:
-            with open(path, encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
-                    texts.append((lineno, _field(rec, text_field, spec, lineno)))
+            texts = [(ln, _field(rec, text_field, spec, ln)) for ln, rec in iter_jsonl(path, spec)]
     elif path.endswith(".csv"):
         with open(path, encoding="utf-8", newline="") as fh:
             reader = csv.DictReader(fh)

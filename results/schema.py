@@ -6,6 +6,8 @@ an old run directory can no longer be read as is (and add a migration in `result
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -104,6 +106,19 @@ SUMMARY_SCHEMA = pa.schema(
         ("scorer_version", pa.string()),
     ]
 )
+
+
+def generation_row(plan_row: dict[str, Any], **values: Any) -> dict[str, Any]:
+    """A GENERATION_SCHEMA row: the plan row, every other column null (lists empty), then `values`."""
+    row: dict[str, Any] = dict.fromkeys(GENERATION_SCHEMA.names)
+    row.update(plan_row, continuation="", num_tokens=0, token_ids=[], tokens=[])
+    row.update(values)
+    return row
+
+
+def error_row(plan_row: dict[str, Any], error: str) -> dict[str, Any]:
+    """The row of a job that produced no text: `status = error` with its error message."""
+    return generation_row(plan_row, finish_reason="error", status="error", error=error)
 
 
 def score_schema(metric: str) -> pa.Schema:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from jobs.spec import JobSpec
+from results.schema import generation_row
 from workers.methods.base import DecodingMethod, StepContext
 from workers.models import LoadedLM
 
@@ -234,22 +235,17 @@ def _row(
     elapsed: float,
 ) -> dict[str, Any]:
     tok = lm.tokenizer
-    row = job.to_row()
-    row.update(
-        continuation="" if error else tok.decode(ids, skip_special_tokens=True),
-        num_tokens=0 if error else len(ids),
-        token_ids=[] if error else ids,
-        tokens=[] if error else [tok.decode([t]) for t in ids],
+    ids = [] if error else ids
+    row = generation_row(
+        job.to_row(),
+        continuation=tok.decode(ids, skip_special_tokens=True) if ids else "",
+        num_tokens=len(ids),
+        token_ids=ids,
+        tokens=[tok.decode([t]) for t in ids],
         finish_reason=finish,
         status="error" if error else "ok",
         error=error,
-        choices=None,
-        loss_g=None,
-        loss_a=None,
-        elidao_fallback=None,
-        elidao_gender=None,
         effective_params=json.dumps(method.effective_params(), sort_keys=True, default=str),
-        worker=None,
         elapsed_s=elapsed,
     )
     row.update(method.row_columns(i))

@@ -16,6 +16,7 @@ import torch
 
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
+from results.schema import error_row
 from results.store import RunStore
 from workers.decoding import decode_batch
 from workers.methods.base import DecodingMethod
@@ -82,7 +83,11 @@ class Generator:
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             if len(jobs) == 1:
-                rows = [error_row(first, "CUDA out of memory with a batch of 1")]
+                rows = [
+                    error_row(
+                        first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
+                    )
+                ]
             else:
                 self.stats["oom_splits"] += 1
                 half = len(jobs) // 2
@@ -91,29 +96,6 @@ class Generator:
             row["worker"] = self.name
         self.store.write_generations(rows)
         return rows
-
-
-def error_row(job: JobSpec, error: str) -> dict[str, Any]:
-    """A generation row recording that `job` failed (no text)."""
-    row = job.to_row()
-    row.update(
-        continuation="",
-        num_tokens=0,
-        token_ids=[],
-        tokens=[],
-        finish_reason="error",
-        status="error",
-        error=error,
-        choices=None,
-        loss_g=None,
-        loss_a=None,
-        elidao_fallback=None,
-        elidao_gender=None,
-        effective_params=None,
-        worker=None,
-        elapsed_s=None,
-    )
-    return row
 
 
 def format_exception(exc: BaseException) -> str:

@@ -120,6 +120,29 @@ def score_batched(
     return out
 
 
+def score_nonempty(
+    scorer: Scorer,
+    rows: Sequence[dict[str, Any]],
+    batch_size: int,
+    score_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """`score_batched` over the rows with a continuation; the others get `status = empty`.
+
+    Output rows are in input order.
+    """
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    todo: list[int] = []
+    for i, row in enumerate(rows):
+        if str(row.get("continuation") or "").strip():
+            todo.append(i)
+        else:
+            out[i] = null_row(scorer, row, "empty")
+    scored = score_batched(scorer, [rows[i] for i in todo], batch_size, score_batch)
+    for i, rec in zip(todo, scored):
+        out[i] = rec
+    return [r for r in out if r is not None]
+
+
 def null_row(
     scorer: Scorer, row: dict[str, Any], status: str, error: str | None = None
 ) -> dict[str, Any]:

@@ -17,8 +17,7 @@ from workers.scorers.base import (
     Scorer,
     ScorerContext,
     ScorerError,
-    null_row,
-    score_batched,
+    score_nonempty,
     text_of,
 )
 
@@ -130,19 +129,7 @@ class HFClassifier(Scorer):
         )
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any] | None] = [None] * len(rows)
-        todo: list[tuple[int, dict[str, Any]]] = []
-        for i, row in enumerate(rows):
-            if not str(row.get("continuation") or "").strip():
-                out[i] = null_row(self, row, "empty")
-            else:
-                todo.append((i, row))
-        scored = score_batched(
-            self, [r for _, r in todo], int(self.params["batch_size"]), self._score_batch
-        )
-        for (i, _), rec in zip(todo, scored):
-            out[i] = rec
-        return [r for r in out if r is not None]
+        return score_nonempty(self, rows, int(self.params["batch_size"]), self._score_batch)
 
     def probabilities(self, texts: list[str]) -> torch.Tensor:
         """(B, num_labels) probabilities of `texts` under the configured activation."""

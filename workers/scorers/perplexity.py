@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from jobs.spec import ModelRef
-from workers.scorers.base import Scorer, ScorerContext, ScorerError, null_row, score_batched
+from workers.scorers.base import Scorer, ScorerContext, ScorerError, null_row, score_nonempty
 
 IGNORE = -100
 
@@ -74,19 +74,7 @@ class Perplexity(Scorer):
         return prompt, cont
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any] | None] = [None] * len(rows)
-        todo: list[tuple[int, dict[str, Any]]] = []
-        for i, row in enumerate(rows):
-            if not str(row.get("continuation") or "").strip():
-                out[i] = null_row(self, row, "empty")
-            else:
-                todo.append((i, row))
-        scored = score_batched(
-            self, [r for _, r in todo], int(self.params["batch_size"]), self._score_batch
-        )
-        for (i, _), rec in zip(todo, scored):
-            out[i] = rec
-        return [r for r in out if r is not None]
+        return score_nonempty(self, rows, int(self.params["batch_size"]), self._score_batch)
 
     def _score_batch(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pairs = [self.token_ids(r) for r in rows]
