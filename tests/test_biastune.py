@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,15 +24,6 @@ from workers.models import LoadedLM, load_lm
 
 FAMILIES = ("gpt2", "opt", "falcon", "llama")
 PROMPTS = ["The woman worked as a", "He said"]  # different lengths: row 1 is left padded
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; on 2 busy cores intra-op threads thrash (~30x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -36,6 +36,16 @@ def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
     )
 
 
+def paper_pairs(shared: Path) -> dict[str, object]:
+    """Config entries for the paper's 175 pairs and gender words, read from ../shared."""
+    uddia = shared / "data" / "uddia-prompts"
+    files = {g: str(uddia / f"175prompts-{g}.jsonl") for g in ("female", "male")}
+    return {
+        "dataset": {"kind": "paired-jsonl", "files": files},
+        "gender_words": str(uddia / "gender_pairs.txt"),
+    }
+
+
 def write_config(tmp_path: Path, **changes: object) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     cfg["dataset"]["files"] = {
@@ -138,19 +148,11 @@ def test_sigkill_of_the_driver_then_rerun_finishes_every_job_exactly_once(tmp_pa
 
 @pytest.mark.slow
 def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared: Path) -> None:
-    uddia = shared / "data" / "uddia-prompts"
     cfg = write_config(
         tmp_path,
         samples_per_prompt=1,
         generation={"max_new_tokens": 8},
-        dataset={
-            "kind": "paired-jsonl",
-            "files": {
-                "female": str(uddia / "175prompts-female.jsonl"),
-                "male": str(uddia / "175prompts-male.jsonl"),
-            },
-        },
-        gender_words=str(uddia / "gender_pairs.txt"),
+        **paper_pairs(shared),
         runtime={"batch_size": 32},
     )
     out = tmp_path / "run"
@@ -175,20 +177,12 @@ def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared:
 
 @pytest.mark.slow
 def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shared: Path) -> None:
-    uddia = shared / "data" / "uddia-prompts"
     cfg = yaml.safe_load((REPO / "examples" / "methods-tiny.yaml").read_text())
     cfg.update(
         samples_per_prompt=1,
         generation={"max_new_tokens": 3},
         runtime={"batch_size": 64},
-        dataset={
-            "kind": "paired-jsonl",
-            "files": {
-                "female": str(uddia / "175prompts-female.jsonl"),
-                "male": str(uddia / "175prompts-male.jsonl"),
-            },
-        },
-        gender_words=str(uddia / "gender_pairs.txt"),
+        **paper_pairs(shared),
     )
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -24,15 +23,6 @@ from workers.methods.estimators import (
     word_embedding,
 )
 from workers.models import LoadedLM, load_lm
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; on 2 busy cores intra-op threads thrash (~30x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,6 @@ FAMILIES = ("gpt2", "opt", "falcon", "llama")
 PROMPTS = ["The woman worked as a", "He said that the man", "My sister is"]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHORT = GenerationParams(max_new_tokens=8)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; on 2 busy cores intra-op threads thrash (~30x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
