@@ -59,7 +59,9 @@ class ModelConfig(Strict):
     id: str
     revision: str | None = None
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    generation: GenerationConfig | None = None  # overrides the run's generation parameters
+    # Overrides the run's generation parameters whole. Without it, a model the paper ran gets
+    # the paper's sampling parameters as defaults under what the run's `generation` sets.
+    generation: GenerationConfig | None = None
     replicas: int | None = Field(None, ge=1)  # generation actors; default: one per GPU (1 on CPU)
     # GPUs per replica; default 1 when the cluster has GPUs. Below 1 replicas share a GPU;
     # above 1 (whole numbers) one replica spans several (device_map="auto"; docs/cluster.md).

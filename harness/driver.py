@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any
 
-from harness.config import RunConfig, dump_config
+from harness.config import GenerationConfig, ModelConfig, RunConfig, dump_config
 from harness.generation import generate_stage
 from harness.manifest import update_manifest
 from harness.scoring import score_run
@@ -43,10 +43,24 @@ def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
     )
 
 
+def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
+    """The model's own `generation`, else the run's, with the paper's sampling parameters as the
+    defaults for a model the paper ran (e.g. OPT-6.7B: temperature 0.75, repetition penalty 1.2)."""
+    if model.generation is not None:
+        return model.generation
+    from workers.methods.registry import paper_generation
+
+    paper = paper_generation(model.id)
+    given = {k: getattr(cfg.generation, k) for k in cfg.generation.model_fields_set}
+    if "generation" not in cfg.model_fields_set:
+        given = {}
+    return GenerationConfig(**{**cfg.generation.model_dump(), **paper, **given})
+
+
 def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     """Every job of the config's grid (validated input; nothing runs yet)."""
     prompts = load_prompts(cfg, words)
-    models = [(m.ref(), (m.generation or cfg.generation).params()) for m in cfg.models]
+    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     return expand_grid(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt)
 

@@ -79,6 +79,8 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
     if sha256 is not None:
         got = sha256_file(local)
         if got != sha256:
+            if local != os.path.expanduser(spec):
+                os.unlink(local)  # a bad download must not stay in the cache
             raise DatasetError(f"{spec}: SHA-256 {got} does not match the pinned {sha256}")
     return local
 

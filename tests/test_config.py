@@ -72,3 +72,19 @@ def test_secrets_are_redacted_in_the_snapshot() -> None:
 def test_example_configs_validate(name: str) -> None:
     cfg = load_config(Path(__file__).parents[1] / "examples" / name)
     assert cfg.models and cfg.methods and cfg.scorers
+
+
+def test_a_paper_model_defaults_to_the_papers_sampling_parameters() -> None:
+    from harness.driver import generation_for
+
+    opt = {"id": "facebook/opt-6.7b"}
+    cfg = parse_config(with_(models=[opt, {"id": "tiny-random/gpt2"}]))
+    paper, tiny = (generation_for(cfg, m) for m in cfg.models)
+    assert (paper.temperature, paper.repetition_penalty, paper.top_p) == (0.75, 1.2, 0.9)
+    assert (tiny.temperature, tiny.repetition_penalty) == (1.0, 1.0)
+    # what the user writes wins, at the run level or the model level
+    cfg = parse_config(with_(models=[opt], generation={"temperature": 0.5}))
+    chosen = generation_for(cfg, cfg.models[0])
+    assert (chosen.temperature, chosen.repetition_penalty) == (0.5, 1.2)
+    cfg = parse_config(with_(models=[{**opt, "generation": {"max_new_tokens": 5}}]))
+    assert generation_for(cfg, cfg.models[0]).temperature == 1.0

@@ -93,3 +93,37 @@ def test_the_papers_175_pairs_load_with_their_pinned_checksums(shared: Path) -> 
     assert len(prompts) == 350 and len({p.pair_id for p in prompts}) == 175
     words = load_group_words(str(uddia / "gender_pairs.txt"))
     assert words.groups == ("female", "male") and ("woman", "man") in words.pairs
+
+
+def test_urls_are_downloaded_once_into_the_cache_and_checked(tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    write_jsonl(served / "f.jsonl", ["She ran"])
+    hits: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            hits.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(served))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/f.jsonl"
+        cache = str(tmp_path / "cache")
+        first = fetch(url, cache_dir=cache)
+        assert fetch(url, cache_dir=cache) == first and len(hits) == 1  # second time from cache
+        assert Path(first).read_text() == (served / "f.jsonl").read_text()
+        with pytest.raises(DatasetError, match="does not match the pinned"):
+            fetch(url, sha256="0" * 64, cache_dir=cache)
+        assert not Path(first).exists() and fetch(url, cache_dir=cache) == first  # fetched again
+        with pytest.raises(DatasetError, match="download failed"):
+            fetch(url.replace("f.jsonl", "missing.jsonl"), cache_dir=cache)
+    finally:
+        server.shutdown()

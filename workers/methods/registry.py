@@ -106,6 +106,13 @@ PAPER_MODELS: dict[str, dict[str, Any]] = {
 _PAPER_ALIASES = {"openai-community/gpt2-large": "gpt2-large"}
 
 
+def paper_generation(model_id: str) -> dict[str, Any]:
+    """The paper's sampling parameters for `model_id` (top-p, temperature, repetition penalty);
+    empty for a model the paper did not run."""
+    paper = PAPER_MODELS.get(_PAPER_ALIASES.get(model_id, model_id))
+    return dict(paper["generation"]) if paper is not None else {}
+
+
 class UnknownMethodError(KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
