@@ -44,6 +44,10 @@ def test_the_quickstart_is_valid() -> None:
         ),
         (with_(dataset={"kind": "paired-jsonl"}), r"paired-jsonl needs"),
         (with_(models=[{"id": "x", "dtype": "int3"}]), r"models.0.dtype"),
+        (
+            with_(models=[{"id": "tiny-random/gpt3"}]),
+            r"models.0.id: unknown tiny model 'tiny-random/gpt3'",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(data: dict[str, object], message: str) -> None:
