@@ -132,11 +132,12 @@ class RunConfig(Strict):
                 raise ValueError(f"methods.{i}: {exc}") from None
         from workers.tiny import TINY_FAMILIES, TINY_PREFIX
 
-        for i, m in enumerate(self.models):
-            family = m.id[len(TINY_PREFIX) :] if m.id.startswith(TINY_PREFIX) else None
-            if family is not None and (family not in TINY_FAMILIES or family == "bert"):
+        for i, model in enumerate(self.models):
+            tiny = model.id.startswith(TINY_PREFIX)
+            family = model.id[len(TINY_PREFIX) :]
+            if tiny and (family not in TINY_FAMILIES or family == "bert"):
                 known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
-                raise ValueError(f"models.{i}.id: unknown tiny model {m.id!r}; known: {known}")
+                raise ValueError(f"models.{i}.id: unknown tiny model {model.id!r}; known: {known}")
         for i, s in enumerate(self.scorers):
             try:
                 check_scorer_name(s.name)
