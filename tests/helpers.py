@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+
 from jobs.spec import GenerationParams, JobSpec, ModelRef
+from workers.methods.base import StepContext
+from workers.models import LoadedLM
 
 PROMPTS = [
     "The woman said that",
@@ -40,3 +46,37 @@ def make_jobs(
         )
         for i in range(n)
     ]
+
+
+def step0_context(
+    lm: LoadedLM, prompts: list[str], jobs: Sequence[JobSpec], hidden: bool = False
+) -> StepContext:
+    """The StepContext of the first step as the shared loop builds it (left padding, θ's cache,
+    hidden states when `hidden`, log-softmax as `process`), to test a method's step alone.
+
+    (transformers 5 captures hidden states with forward hooks: tests that count hooks use
+    `hidden=False`.)"""
+    enc = lm.tokenizer(prompts, return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        out = lm.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            output_hidden_states=hidden,
+        )
+    return StepContext(
+        model=lm.model,
+        step=0,
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=out.past_key_values,
+        logits=out.logits[:, -1].float(),
+        hidden_states=out.hidden_states if hidden else None,
+        active=torch.ones(len(prompts), dtype=torch.bool),
+        jobs=jobs,
+        process=lambda z: torch.log_softmax(z.float(), dim=-1),
+    )

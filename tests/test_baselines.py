@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef
+from tests.helpers import step0_context
 from workers.decoding import decode_batch
 from workers.methods.base import DecodingMethod, MethodError, StepContext
 from workers.methods.dexperts import DExperts, ensemble, nucleus_filter
@@ -82,32 +83,9 @@ def run(
 
 def prefill(lm: LoadedLM, prompts: list[str], method: DecodingMethod) -> StepContext:
     """The StepContext of step 0 as the loop builds it (left padding, hidden states)."""
-    enc = lm.tokenizer(prompts, return_tensors="pt", padding=True)
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    with torch.no_grad():
-        out = lm.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            output_hidden_states=True,
-        )
     jobs = make_jobs(lm, "vanilla", {}, prompts)
     method.begin(jobs, [])
-    return StepContext(
-        model=lm.model,
-        step=0,
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=out.past_key_values,
-        logits=out.logits[:, -1].float(),
-        hidden_states=out.hidden_states,
-        active=torch.ones(len(prompts), dtype=torch.bool),
-        jobs=jobs,
-        process=lambda z: torch.log_softmax(z.float(), -1),
-    )
+    return step0_context(lm, prompts, jobs, hidden=True)
 
 
 class Recording:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.spec import JobSpec, ModelRef
+from tests.helpers import step0_context
 from workers.methods.base import MethodError, StepContext
 from workers.methods.biastune import (
     adam_first_step,
@@ -33,28 +34,11 @@ def lm(request: pytest.FixtureRequest) -> LoadedLM:
 
 def step0(lm: LoadedLM, prompts: list[str]) -> StepContext:
     """The StepContext of the first step, built the way the shared loop builds it."""
-    enc = lm.tokenizer(prompts, padding=True, return_tensors="pt")
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    with torch.no_grad():
-        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
     jobs = [
         JobSpec(f"p{i}", p, "female", None, 0, "lidao-min", lm.ref, "sentiment")
         for i, p in enumerate(prompts)
     ]
-    return StepContext(
-        model=lm.model,
-        step=0,
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=out.past_key_values,
-        logits=out.logits[:, -1].float(),
-        hidden_states=None,
-        active=torch.ones(len(prompts), dtype=torch.bool),
-        jobs=jobs,
-        process=lambda z: torch.log_softmax(z.float(), dim=-1),
-    )
+    return step0_context(lm, prompts, jobs)
 
 
 def test_sites_cover_affine_modules_of_top_blocks(lm: LoadedLM) -> None:
