@@ -11,7 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness.compare import add_compare_args, compare_main
 from harness.config import ConfigError, RunConfig, load_config, parse_config
+from harness.train_head import add_train_head_args, train_head_main
 from jobs.datasets import DatasetError
 from results.join import JoinError
 from results.store import RunStore, StoreError
@@ -128,27 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="read this scorer where several scored one metric (repeatable)",
     )
     a.set_defaults(func=cmd_aggregate)
-    _add_optional(sub)
+    th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
+    add_train_head_args(th)
+    th.set_defaults(func=train_head_main)
+    c = sub.add_parser("compare", help="per-cell differences of two runs' summaries")
+    add_compare_args(c)
+    c.set_defaults(func=compare_main)
     return p
-
-
-def _add_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    try:
-        from harness.train_head import add_train_head_args, train_head_main
-
-        th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
-        add_train_head_args(th)
-        th.set_defaults(func=train_head_main)
-    except ImportError:
-        pass
-    try:
-        from harness.compare import add_compare_args, compare_main
-
-        c = sub.add_parser("compare", help="per-cell differences of two runs' summaries")
-        add_compare_args(c)
-        c.set_defaults(func=compare_main)
-    except ImportError:
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

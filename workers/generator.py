@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,10 +95,3 @@ class Generator:
             row["worker"] = self.name
         self.store.write_generations(rows)
         return rows
-
-
-def format_exception(exc: BaseException) -> str:
-    """One-paragraph error text for a row: the exception and its innermost frame."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-    return f"{type(exc).__name__}: {exc}{where}"
