@@ -1,12 +1,21 @@
-"""Seeded bootstrap over prompts for the bias gaps.
+"""Seeded bootstrap and permutation tests for the bias gaps (docs/statistics.md).
 
-The unit of resampling is the prompt (its generations move together). One resample is a row
-of counts `W[b, p]` (how often prompt p was drawn); every gap is a ratio of weighted per-prompt
-sums, so a gap's point estimate is the same function at `W = 1`, and all methods of one
-(model, task) share the same `W`: paired comparisons use the same resamples.
+Resampling unit: the *pair* (`pair_id`) when the prompts come as counterfactual pairs, else the
+prompt; a unit's generations move together. One resample is a row of counts `W[b, u]` (how
+often unit u was drawn); every gap is a ratio of weighted per-unit sums, so its point estimate is
+the same function at `W = 1`, and all methods of one (model, task) share the same `W`: paired
+comparisons use the same resamples.
 
-Gaps for K ≥ 2 groups are the largest pairwise gap; a group without data makes the gap NaN
-(undefined), never 0.
+The gap statistic of a cell:
+- K = 2 groups (g0, g1 in the configured order), mean score and EMT: the *signed* difference
+  g0 − g1, so its percentile interval contains 0 when the groups do not differ;
+- K ≥ 3 groups, mean score and EMT: the range max − min over groups (non-negative);
+- regard: total-variation distance between the groups' class distributions (the largest
+  pairwise one for K ≥ 3; non-negative).
+Non-negative statistics are biased upwards near 0 (the plug-in of a distance), so their interval
+never reaches 0: they carry a permutation p-value of "no difference between groups" (labels
+shuffled within pairs for paired data, among all rows otherwise). Every gap carries one.
+A group without data makes the gap NaN (undefined), never 0.
 """
 
 from __future__ import annotations
@@ -18,71 +27,71 @@ import numpy as np
 
 from results.metrics import REGARD_CLASSES
 
+CI_METHOD = "percentile"
+
+
+def _rng(seed: int, key: str) -> np.random.Generator:
+    salt = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    return np.random.default_rng([seed, salt])
+
 
 def prompt_weights(n_prompts: int, n_boot: int, seed: int, key: str) -> np.ndarray:
-    """(n_boot, n_prompts) resample counts, reproducible from (seed, key).
+    """(n_boot, n_units) resample counts of `n_prompts` units, reproducible from (seed, key).
 
     `key` (e.g. "model|task") gives each block of cells its own stream, so adding a model to
-    a run does not change the intervals of the others.
+    a run does not change the intervals of the others. The units may be prompts or pairs.
     """
     if n_prompts == 0 or n_boot == 0:
         return np.zeros((n_boot, n_prompts))
-    salt = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-    rng = np.random.default_rng([seed, salt])
+    rng = _rng(seed, key)
     draws = rng.integers(0, n_prompts, size=(n_boot, n_prompts))
     flat = draws + np.arange(n_boot)[:, None] * n_prompts
     counts = np.bincount(flat.ravel(), minlength=n_boot * n_prompts)
     return counts.reshape(n_boot, n_prompts).astype(np.float64)
 
 
-def _wsum(weights: np.ndarray, per_prompt: np.ndarray) -> np.ndarray:
-    """(B, P) x (G, P) -> (B, G) weighted sums.
+unit_weights = prompt_weights
+
+
+def _wsum(weights: np.ndarray, per_unit: np.ndarray) -> np.ndarray:
+    """(B, U) x (G, U) -> (B, G) weighted sums.
 
     einsum without BLAS: a threaded BLAS matmul of these thin shapes took 15-20 ms instead of
     under 1 ms while polars' thread pool was alive (2 cores), the bulk of `summarize`.
     """
-    return np.einsum("bp,gp->bg", weights, per_prompt, optimize=False)
+    return np.einsum("bu,gu->bg", weights, per_unit, optimize=False)
 
 
-def _spread(values: np.ndarray) -> np.ndarray:
-    """(B, G) → (B,): max − min over groups (the largest pairwise gap), NaN if any is NaN."""
+def contrast(values: np.ndarray) -> np.ndarray:
+    """(B, G) → (B,): g0 − g1 for two groups, max − min for more; NaN if a group is NaN."""
     if values.shape[1] < 2:
         return np.full(values.shape[0], np.nan)
+    if values.shape[1] == 2:
+        return np.asarray(values[:, 0] - values[:, 1])
     return np.asarray(values.max(axis=1) - values.min(axis=1))
 
 
 def mean_gap(weights: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Largest gap between group means.
+    """Gap (`contrast`) between group means.
 
     Args:
-        weights: (B, P) resample counts.
-        sums: (G, P) sum of the score over each group's rows of each prompt.
-        counts: (G, P) number of such rows.
+        weights: (B, U) resample counts.
+        sums: (G, U) sum of the score over each group's rows of each unit.
+        counts: (G, U) number of such rows.
 
     Returns:
         (B,) gaps, in the score's units.
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         means = _wsum(weights, sums) / _wsum(weights, counts)  # (B, G)
-    return _spread(means)
+    return contrast(means)
 
 
-def tv_gap(weights: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
-    """Largest total-variation distance between the groups' class distributions.
-
-    Args:
-        weights: (B, P) resample counts.
-        class_counts: (G, C, P) rows of class c in group g for prompt p.
-
-    Returns:
-        (B,) distances in [0, 1].
-    """
-    totals = np.einsum("bp,gcp->bgc", weights, class_counts)  # (B, G, C)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        shares = totals / totals.sum(axis=2, keepdims=True)
+def _tv(shares: np.ndarray) -> np.ndarray:
+    """(B, G, C) class shares → (B,) largest pairwise total-variation distance."""
     n_groups = shares.shape[1]
     if n_groups < 2:
-        return np.full(weights.shape[0], np.nan)
+        return np.full(shares.shape[0], np.nan)
     pairs = [
         0.5 * np.abs(shares[:, i] - shares[:, j]).sum(axis=1)
         for i in range(n_groups)
@@ -91,21 +100,37 @@ def tv_gap(weights: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
     return np.asarray(np.max(np.stack(pairs, axis=1), axis=1))
 
 
-def max_mean_gap(weights: np.ndarray, maxima: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Largest gap of expected maximum (e.g. toxicity) between groups.
+def tv_gap(weights: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
+    """Largest total-variation distance between the groups' class distributions.
 
     Args:
-        weights: (B, P) resample counts.
-        maxima: (G, P) the largest score among group g's rows of prompt p (any value if absent).
-        present: (G, P) 1 where group g has rows for prompt p, else 0.
+        weights: (B, U) resample counts.
+        class_counts: (G, C, U) rows of class c in group g for unit u.
+
+    Returns:
+        (B,) distances in [0, 1].
+    """
+    totals = np.einsum("bu,gcu->bgc", weights, class_counts)  # (B, G, C)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = totals / totals.sum(axis=2, keepdims=True)
+    return _tv(shares)
+
+
+def max_mean_gap(weights: np.ndarray, maxima: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Gap (`contrast`) of expected maximum (e.g. toxicity) between groups.
+
+    Args:
+        weights: (B, U) resample counts.
+        maxima: (G, U) sum over the unit's prompts of the largest score among group g's rows of
+            that prompt (prompts where g has no row add 0).
+        present: (G, U) number of the unit's prompts where group g has rows.
 
     Returns:
         (B,) gaps of the per-group means over prompts of the per-prompt maxima.
     """
-    filled = np.where(present > 0, maxima, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        emt = _wsum(weights, filled) / _wsum(weights, present)  # (B, G)
-    return _spread(emt)
+        emt = _wsum(weights, maxima) / _wsum(weights, present)  # (B, G)
+    return contrast(emt)
 
 
 class Interval(NamedTuple):
@@ -124,17 +149,81 @@ def percentile_ci(samples: np.ndarray, level: float = 0.95) -> Interval:
     return Interval(float(low), float(high), int(valid.size))
 
 
-def share_smaller(method: np.ndarray, reference: np.ndarray) -> tuple[float, int]:
-    """Share of paired resamples where `method`'s gap is strictly smaller than `reference`'s.
+def is_signed(metric: str, n_groups: int) -> bool:
+    """Whether the cell's gap is a signed difference (its interval may contain 0)."""
+    return metric != "regard" and n_groups == 2
 
-    Ties (e.g. identical generations) count as not smaller. Resamples where either gap is
-    undefined are left out; the second value is how many remained.
+
+class Comparison(NamedTuple):
+    """Paired comparison of two gaps: `diff` = |gap A| − |gap B| over the same resamples."""
+
+    diff: float
+    low: float
+    high: float
+    p_value: float  # two-sided; 1.0 when every resample ties
+    n_valid: int
+
+
+def compare_gaps(
+    a: np.ndarray, b: np.ndarray, level: float = 0.95, point: tuple[float, float] | None = None
+) -> Comparison:
+    """Paired bootstrap comparison of two cells' gaps (resampled with the same weights).
+
+    Compares magnitudes: d* = |a*| − |b*| per resample (a signed gap's size is its bias).
+    Interval: percentile interval of d*. p-value: 2 · min(P(d* ≤ 0), P(d* ≥ 0)), capped at 1;
+    resamples where d* = 0 (ties) count on both sides, so identical methods give p = 1.
+
+    Args:
+        a, b: (B,) gaps of the two cells at the same resamples (NaN: undefined, left out).
+        point: the two full-sample gaps, for `diff` (default: the median of d*).
     """
-    ok = ~(np.isnan(method) | np.isnan(reference))
+    ok = ~(np.isnan(a) | np.isnan(b))
     n = int(ok.sum())
     if n == 0:
-        return float("nan"), 0
-    return float(np.mean(method[ok] < reference[ok])), n
+        return Comparison(float("nan"), float("nan"), float("nan"), float("nan"), 0)
+    d = np.abs(a[ok]) - np.abs(b[ok])
+    # Differences of resamples of the same data: round off float noise before the sign test.
+    scale = max(float(np.max(np.abs(a[ok]))), float(np.max(np.abs(b[ok]))), 1.0)
+    d = np.where(np.abs(d) <= 1e-12 * scale, 0.0, d)
+    ci = percentile_ci(d, level)
+    p = min(1.0, 2.0 * min(float(np.mean(d <= 0)), float(np.mean(d >= 0))))
+    diff = abs(point[0]) - abs(point[1]) if point is not None else float(np.median(d))
+    return Comparison(float(diff), ci.low, ci.high, p, n)
+
+
+def _unit_arrays(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    unit_of: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """Per-(group, unit) sums of the cell's rows, the input of the weighted statistics."""
+    n_p, n_u = unit_of.size, int(unit_of.max()) + 1 if unit_of.size else 0
+    cell = group * n_p + prompt
+    if metric == "regard":
+        n_c = len(REGARD_CLASSES)
+        flat = (group * n_c + value.astype(np.int64)) * n_u + unit_of[prompt]
+        counts = np.bincount(flat, minlength=n_groups * n_c * n_u).astype(np.float64)
+        return (counts.reshape(n_groups, n_c, n_u),)
+    counts = np.bincount(cell, minlength=n_groups * n_p).astype(np.float64).reshape(n_groups, n_p)
+    to_unit = np.arange(n_groups)[:, None] * n_u + unit_of[None, :]  # (G, P) → flat (g, unit)
+    size = n_groups * n_u
+
+    def by_unit(per_prompt: np.ndarray) -> np.ndarray:
+        return np.bincount(to_unit.ravel(), weights=per_prompt.ravel(), minlength=size).reshape(
+            n_groups, n_u
+        )
+
+    if metric == "toxicity":
+        top = np.full(n_groups * n_p, -np.inf)
+        np.maximum.at(top, cell, value)
+        present = (counts > 0).astype(np.float64)
+        filled = np.where(present > 0, top.reshape(n_groups, n_p), 0.0)
+        return by_unit(filled), by_unit(present)
+    sums = np.bincount(cell, weights=value, minlength=n_groups * n_p).reshape(n_groups, n_p)
+    return by_unit(sums), by_unit(counts)
 
 
 def gap_samples(
@@ -144,6 +233,7 @@ def gap_samples(
     value: np.ndarray,
     n_groups: int,
     weights: np.ndarray,
+    unit_of: np.ndarray | None = None,
 ) -> np.ndarray:
     """The bias gap × 100 of one cell: at the full sample, then at each resample.
 
@@ -151,28 +241,99 @@ def gap_samples(
         metric: sentiment (mean gap), regard (TV distance) or toxicity (EMT gap); any other
             per-row score is treated like sentiment.
         group: (N,) group index of each scored row, in [0, n_groups).
-        prompt: (N,) column of each row's prompt in `weights`.
-        value: (N,) the score; for regard the class index into REGARD_CLASSES (rows of
-            class `other` left out by the caller).
+        prompt: (N,) index of each row's prompt, in [0, P).
+        value: (N,) the score (finite); for regard the class index into REGARD_CLASSES (rows
+            of class `other` left out by the caller).
         n_groups: number of demographic groups.
-        weights: (B, P) resample counts shared by every cell of the same (model, task).
+        weights: (B, U) resample counts of the units, shared by every cell of a (model, task).
+        unit_of: (P,) unit (pair) of each prompt; default: each prompt its own unit (U = P).
 
     Returns:
         (1 + B,) gaps; NaN where a group has no rows.
     """
-    n_p = weights.shape[1]
-    full = np.vstack([np.ones((1, n_p)), weights])
-    cell = group * n_p + prompt
+    n_u = weights.shape[1]
+    if unit_of is None:
+        unit_of = np.arange(n_u)
+    full = np.vstack([np.ones((1, n_u)), weights])
+    arrays = _unit_arrays(metric, group, prompt, value, n_groups, unit_of)
+    if metric == "regard":
+        return 100.0 * tv_gap(full, arrays[0])
+    if metric == "toxicity":
+        return 100.0 * max_mean_gap(full, *arrays)
+    return 100.0 * mean_gap(full, *arrays)
+
+
+def _permuted_labels(
+    group: np.ndarray, strata: np.ndarray | None, n_perm: int, rng: np.random.Generator
+) -> np.ndarray:
+    """(n_perm, N) group labels shuffled within each stratum (all rows when None)."""
+    n = group.size
+    keys = rng.random((n_perm, n))
+    if strata is not None:
+        keys += strata[None, :].astype(np.float64)  # strata stay in place, rows move within
+        order = np.argsort(strata, kind="stable")
+        # Rows sorted by stratum: argsort of keys permutes within each stratum's block.
+        perm = np.argsort(keys[:, order], axis=1)
+        shuffled = np.empty((n_perm, n), dtype=group.dtype)
+        shuffled[:, order] = group[order][perm]
+        return shuffled
+    return np.asarray(group[np.argsort(keys, axis=1)])
+
+
+def permuted_gaps(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    n_perm: int,
+    rng: np.random.Generator,
+    strata: np.ndarray | None = None,
+) -> np.ndarray:
+    """(n_perm,) gaps × 100 with the rows' group labels shuffled (within `strata`)."""
+    labels = _permuted_labels(group, strata, n_perm, rng)  # (R, N)
+    base = np.arange(n_perm)[:, None]
     if metric == "regard":
         n_c = len(REGARD_CLASSES)
-        flat = (group * n_c + value.astype(np.int64)) * n_p + prompt
-        counts = np.bincount(flat, minlength=n_groups * n_c * n_p).astype(np.float64)
-        return 100.0 * tv_gap(full, counts.reshape(n_groups, n_c, n_p))
-    counts = np.bincount(cell, minlength=n_groups * n_p).astype(np.float64).reshape(n_groups, n_p)
+        flat = (base * n_groups + labels) * n_c + value.astype(np.int64)[None, :]
+        counts = np.bincount(flat.ravel(), minlength=n_perm * n_groups * n_c).astype(np.float64)
+        counts = counts.reshape(n_perm, n_groups, n_c)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shares = counts / counts.sum(axis=2, keepdims=True)
+        return 100.0 * _tv(shares)
     if metric == "toxicity":
-        top = np.full(n_groups * n_p, -np.inf)
-        np.maximum.at(top, cell, value)
-        present = (counts > 0).astype(np.float64)
-        return 100.0 * max_mean_gap(full, top.reshape(n_groups, n_p), present)
-    sums = np.bincount(cell, weights=value, minlength=n_groups * n_p).reshape(n_groups, n_p)
-    return 100.0 * mean_gap(full, sums, counts)
+        n_p = int(prompt.max()) + 1 if prompt.size else 0
+        cell = ((base * n_groups + labels) * n_p + prompt[None, :]).ravel()
+        top = np.full(n_perm * n_groups * n_p, -np.inf)
+        np.maximum.at(top, cell, np.broadcast_to(value, labels.shape).ravel())
+        top = top.reshape(n_perm, n_groups, n_p)
+        present = np.isfinite(top)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            emt = np.where(present, top, 0.0).sum(axis=2) / present.sum(axis=2)
+        return 100.0 * contrast(emt)
+    flat = (base * n_groups + labels).ravel()
+    size = n_perm * n_groups
+    sums = np.bincount(flat, weights=np.broadcast_to(value, labels.shape).ravel(), minlength=size)
+    counts = np.bincount(flat, minlength=size).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (sums / counts).reshape(n_perm, n_groups)
+    return 100.0 * contrast(means)
+
+
+def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
+    """(1 + #{|T*| ≥ |T|}) / (1 + R); one-sided on T for non-negative statistics.
+
+    Permutations where the gap is undefined (a group emptied) are left out; NaN if none remain
+    or the observed gap is undefined.
+    """
+    valid = permuted[~np.isnan(permuted)]
+    if not np.isfinite(observed) or valid.size == 0:
+        return float("nan")
+    t, s = (abs(observed), np.abs(valid)) if signed else (observed, valid)
+    tol = 1e-9 * max(1.0, abs(t))  # the same split computed in another order
+    return float((1 + np.sum(s >= t - tol)) / (1 + valid.size))
+
+
+def strata_of(prompt: np.ndarray, unit_of: np.ndarray, paired: bool) -> np.ndarray | None:
+    """Permutation strata of the rows: their pair when the data are paired, else none."""
+    return unit_of[prompt] if paired else None
