@@ -14,11 +14,17 @@ per-prompt statistics and gaps), `n_boot` (defined resamples) and the scorer tha
   `unscored` (gender scorer gave no label; only when there are such rows), `labelled` (rows
   of any group: what the paper's score and PPL columns average over) and `all`.
 - `stat` by metric: count `n`; filter `generations`, `generation_errors`, `dropped_ppl>200`,
-  `ppl_missing`; sentiment `mean` `std` `bias`; regard `share_negative` `share_neutral`
-  `share_positive` (among non-`other`) `nnre` `share_other` `value_mean` `value_std` `bias`
-  (TV distance); toxicity `mean` `std` `emt` `prob_ge_0.5` `bias` (EMT gap); perplexity
-  `mean` `std`; for every bias also `p_smaller_vs_vanilla` / `p_smaller_vs_uddia`.
-  Standard deviations are population ones (ddof 0); gaps are × 100.
+  `ppl_missing` (no finite perplexity); sentiment `mean` `std` `bias`; regard `share_negative`
+  `share_neutral` `share_positive` (among non-`other`) `nnre` `share_other` `value_mean`
+  `value_std` `bias` (TV distance); toxicity `mean` `std` `emt` `prob_ge_0.5` `bias` (EMT
+  gap); perplexity `mean` `std`; every metric `missing` (rows without a finite score). For
+  every bias also `diff_vs_vanilla` / `diff_vs_uddia`: |bias| − |reference's bias| over the
+  same resamples, with interval and two-sided p-value (`results.bootstrap.compare_gaps`).
+  Standard deviations are population ones (ddof 0); gaps are × 100. Gap rows carry
+  `ci_low, ci_high` (percentile, `ci_method`), `p_value` (permutation test of no group
+  difference) and `resample_unit` (pair or prompt); an undefined gap carries a `note`.
+- Gap sign: with two groups g0, g1 (configured order, e.g. female, male) the sentiment and EMT
+  gaps are g0 − g1; with K ≥ 3 groups the range max − min; regard's TV distance is >= 0.
 - `variant`: empty unless one (model, method, task) ran with several settings (method
   parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
 """
@@ -41,6 +47,7 @@ from results.metrics import (
     VIEWS,
     gap_inputs,
     group_stats,
+    scored,
     stacked,
     with_group,
 )
@@ -63,17 +70,23 @@ SUMMARY_SCHEMA = pl.Schema(pl.from_arrow(SUMMARY_ARROW.empty_table()).schema)  #
 
 
 def aggregate_run(
-    store: Any, scorers: dict[str, str] | None = None, seed: int = 0, n_boot: int = 1000
+    store: Any,
+    scorers: dict[str, str] | None = None,
+    seed: int | None = None,
+    n_boot: int | None = None,
+    **options: Any,
 ) -> Any:
     """The I/O entry (`results.report.aggregate_run`), reachable from here for the driver."""
     from results.report import aggregate_run as run
 
-    return run(store, scorers=scorers, seed=seed, n_boot=n_boot)
+    return run(store, scorers=scorers, seed=seed, n_boot=n_boot, **options)
 
 
 class Aggregate(NamedTuple):
     summary: pl.DataFrame  # SUMMARY_SCHEMA
     notes: list[str]  # what was filtered, skipped or could not be computed
+    # (model, task, view, metric) → (method, variant) → (1 + B,) gaps: full sample, resamples
+    samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
 
 
 def add_variant(
@@ -118,14 +131,14 @@ def ppl_filter(frame: pl.DataFrame, ppl_max: float = PPL_MAX) -> tuple[pl.DataFr
     """
     if "perplexity_status" not in frame.columns:
         return frame, False
-    high = (pl.col("perplexity_status") == "ok") & (pl.col("perplexity") > ppl_max)
+    high = scored("perplexity") & (pl.col("perplexity") > ppl_max)  # NaN is not high: missing
     return frame.filter(~high.fill_null(False)), True
 
 
 def filter_counts(frame: pl.DataFrame, failed: pl.DataFrame | None, ppl_max: float) -> pl.DataFrame:
     """Per (model, method, variant, task): generations, errors, dropped and unmeasured rows."""
     if "perplexity_status" in frame.columns:
-        ok_ppl = (pl.col("perplexity_status") == "ok") & pl.col("perplexity").is_not_null()
+        ok_ppl = scored("perplexity")
         high = ok_ppl & (pl.col("perplexity") > ppl_max)
         dropped, missing = high.fill_null(False).sum(), (~ok_ppl.fill_null(False)).sum()
     else:  # (a literal would be summed once per group, not once per row)
@@ -181,7 +194,9 @@ class _Records:
         scorer, version = self.sources.get(origin.get(metric, metric), (None, None))
         row = dict(key, metric=metric, stat=stat, group=group, value=_finite(value), n=n)
         row.update(ci_low=None, ci_high=None, n_boot=None, scorer=scorer, scorer_version=version)
-        row.update({k: _finite(v) if k.startswith("ci_") else v for k, v in extra.items()})
+        row.update(p_value=None, ci_method=None, resample_unit=None, note=None)
+        floats = ("ci_low", "ci_high", "p_value")
+        row.update({k: _finite(v) if k in floats else v for k, v in extra.items()})
         self.rows.append(row)
 
 
@@ -219,21 +234,74 @@ class _Block(NamedTuple):
     model: str
     task: str
     rows: pl.DataFrame
-    weights: np.ndarray  # (B, P) resamples of the block's prompts
-    prompt_index: dict[str, int]  # prompt id → column of `weights`
+    weights: np.ndarray  # (B, U) resamples of the block's units (pairs or prompts)
+    prompt_index: dict[str, int]  # prompt id → its index
+    unit_of: np.ndarray  # (P,) unit of each prompt
+    unit: str  # "pair" or "prompt"
+
+
+class _Setup(NamedTuple):
+    """Settings shared by every block of one `summarize`."""
+
+    views: list[str]
+    groups: tuple[str, ...]
+    metrics: list[str]
+    level: float
+    seed: int
+    n_perm: int
+
+
+Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
+
+
+def _undefined_reason(g: np.ndarray, groups: tuple[str, ...], view: str) -> str:
+    """Why a gap is NaN: which configured groups have no finite score in this view."""
+    absent = [groups[i] for i in range(len(groups)) if not np.any(g == i)]
+    if absent:
+        return (
+            f"group(s) {', '.join(absent)} have no scored rows in view {view}: the gap over "
+            f"the {len(groups)} groups {', '.join(groups)} is undefined"
+        )
+    return "the gap is undefined (a group has no rows of a comparable kind)"
+
+
+def _gap_record(
+    out: _Records,
+    key: dict[str, Any],
+    metric: str,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    block: _Block,
+    setup: _Setup,
+) -> np.ndarray:
+    """The gap row of one cell, view and metric; returns its (1 + B) samples."""
+    g, p, v = inputs
+    n_groups = len(setup.groups)
+    gaps = bs.gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of)
+    n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
+    extra: dict[str, Any] = {"resample_unit": block.unit}
+    if np.isfinite(gaps[0]):
+        if block.weights.shape[0]:
+            ci = bs.percentile_ci(gaps[1:], setup.level)
+            extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=bs.CI_METHOD)
+        if setup.n_perm:
+            stream = f"{block.model}|{block.task}|{key['method']}|{key['variant']}|{key['view']}|{metric}"
+            rng = bs._rng(setup.seed, "perm|" + stream)
+            strata = bs.strata_of(p, block.unit_of, block.unit == "pair")
+            perm = bs.permuted_gaps(metric, g, p, v, n_groups, setup.n_perm, rng, strata)
+            extra["p_value"] = bs.permutation_p(
+                float(gaps[0]), perm, bs.is_signed(metric, n_groups)
+            )
+    else:
+        extra["note"] = _undefined_reason(g, setup.groups, key["view"])
+    out.add(key, metric, "bias", "gap", gaps[0], n_units, **extra)
+    return gaps
 
 
 def _block_records(
-    out: _Records,
-    block: _Block,
-    views: list[str],
-    groups: tuple[str, ...],
-    metrics: list[str],
-    level: float,
-    samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]],
-    notes: list[str],
+    out: _Records, block: _Block, setup: _Setup, samples: Samples, notes: list[str]
 ) -> None:
     """Every statistic and gap of every (method, variant) cell and view of one block."""
+    groups, views, metrics = setup.groups, setup.views, setup.metrics
     long = pl.concat([with_group(block.rows, v, groups) for v in views])
     both = stacked(long)
     counts = _lookup(both.group_by(BY, maintain_order=True).len(), BY)
@@ -249,28 +317,22 @@ def _block_records(
             unscored = ["unscored"] if (method, variant, view, "unscored") in counts else []
             _cell_records(out, key, counts, stats, [*groups, "none", *unscored, "labelled", "all"])
             for metric, inputs in gaps_in.items():
-                g, p, v = inputs.get((method, variant, view), NO_ROWS)
-                gaps = bs.gap_samples(metric, g, p, v, len(groups), block.weights)
-                ci = bs.percentile_ci(gaps[1:], level)
-                n_prompts = int(np.unique(p).size)
-                extra = dict(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid)
-                out.add(key, metric, "bias", "gap", gaps[0], n_prompts, **extra)
+                got = inputs.get((method, variant, view), NO_ROWS)
+                gaps = _gap_record(out, key, metric, got, block, setup)
                 if not np.isfinite(gaps[0]) and metric == block.task:
+                    reason = _undefined_reason(got[0], groups, view)
                     notes.append(
-                        f"{block.model}/{method}/{block.task} {view}: {metric} bias undefined "
-                        "(a group has no scored rows)"
+                        f"{block.model}/{method}/{block.task} {view}: {metric} bias undefined: {reason}"
                     )
                 samples.setdefault((block.model, block.task, view, metric), {})[
                     (method, str(variant))
-                ] = gaps[1:]
+                ] = gaps
 
 
 def _paired_records(
-    out: _Records,
-    samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]],
-    notes: list[str],
+    out: _Records, samples: Samples, units: dict[tuple[str, str], str], notes: list[str]
 ) -> None:
-    """Share of resamples where each method's gap is below vanilla's / uddia's."""
+    """Each method's |bias| against vanilla's / uddia's over the same resamples."""
     for (model, task, view, metric), cells in samples.items():
         for ref in REFERENCES:
             refs = [c for c in cells if c[0] == ref]
@@ -289,9 +351,40 @@ def _paired_records(
                         f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
                     )
                     continue
-                share, n = bs.share_smaller(gaps, cells[match])
+                other = cells[match]
+                cmp = bs.compare_gaps(gaps[1:], other[1:], point=(gaps[0], other[0]))
                 key = dict(model=model, method=method, variant=variant, task=task, view=view)
-                out.add(key, metric, f"p_smaller_vs_{ref}", "gap", share, None, n_boot=n)
+                extra = dict(
+                    ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
+                )
+                extra.update(ci_method=bs.CI_METHOD, resample_unit=units.get((model, task)))
+                out.add(key, metric, f"diff_vs_{ref}", "gap", cmp.diff, None, **extra)
+
+
+def is_paired(frame: pl.DataFrame) -> bool:
+    """Whether the prompts come as pairs: some `pair_id` holds more than one prompt."""
+    if "pair_id" not in frame.columns or frame.is_empty():
+        return False
+    per_pair = (
+        frame.filter(pl.col("pair_id").is_not_null())
+        .group_by("pair_id")
+        .agg(pl.col("prompt_id").n_unique().alias("k"))
+    )
+    return bool(per_pair.height and per_pair["k"].max() > 1)  # type: ignore[operator]
+
+
+def _units(rows: pl.DataFrame, paired: bool) -> tuple[list[str], np.ndarray, int]:
+    """(sorted prompt ids, unit of each prompt, number of units) of one block."""
+    pairs = rows.select("prompt_id", "pair_id").unique().sort("prompt_id")
+    prompts = pairs["prompt_id"].to_list()
+    if not paired:
+        return prompts, np.arange(len(prompts)), len(prompts)
+    keys = [p if q is None else q for p, q in zip(prompts, pairs["pair_id"].to_list())]
+    if len(set(prompts)) != len(prompts):
+        raise ValueError("a prompt id belongs to several pair ids")
+    names = sorted(set(keys))
+    index = {k: i for i, k in enumerate(names)}
+    return prompts, np.array([index[k] for k in keys], dtype=np.int64), len(names)
 
 
 def summarize(
@@ -302,50 +395,75 @@ def summarize(
     n_boot: int = 1000,
     level: float = 0.95,
     ppl_max: float = PPL_MAX,
+    n_perm: int | None = None,
+    paired: bool | None = None,
 ) -> Aggregate:
     """Every statistic of every (model, method, variant, task, view) cell, long format.
 
     Args:
         frame: joined ok generations (`results.join.join_run(...).frame`).
         failed: generation rows with status error (counted, never scored).
-        groups: demographic groups (default: the labels seen; female/male when only those).
+        groups: demographic groups, in order (the config's; default: the labels seen,
+            female/male when only those). A configured group with no rows stays a group: its
+            counts are 0 and every gap over it is undefined, with the reason in `note`.
         seed: bootstrap seed; resamples are drawn per (model, task) from (seed, model, task).
         n_boot: bootstrap resamples (0: no intervals, no paired comparisons).
         level: confidence level of the percentile intervals.
-        ppl_max: generations with a perplexity above this are dropped first.
+        ppl_max: generations with a (finite) perplexity above this are dropped first.
+        n_perm: permutations of each gap's test (default: n_boot; 0: no p-values).
+        paired: resample whole pairs (`pair_id`); default: when some pair has several prompts.
     """
     notes: list[str] = []
     frame, failed = add_variant(frame, failed)
     out = _Records(_sources(frame))
     counts = filter_counts(frame, failed, ppl_max)
+    dropped_col = f"dropped_ppl>{ppl_max:g}"
     for r in counts.iter_rows(named=True):
         key = {c: r[c] for c in CELL_COLS} | {"view": "-"}
-        for stat in ("generations", "generation_errors", f"dropped_ppl>{ppl_max:g}", "ppl_missing"):
+        for stat in ("generations", "generation_errors", dropped_col, "ppl_missing"):
             out.add(key, "filter", stat, "all", r[stat], r[stat])
+        if r["generations"] and r[dropped_col] == r["generations"]:
+            notes.append(
+                f"{r['model']}/{r['method']}/{r['task']}: the perplexity > {ppl_max:g} filter "
+                f"dropped all {r['generations']} generations (aggregation.ppl_max / --ppl-max)"
+            )
     kept, had_ppl = ppl_filter(frame, ppl_max)
     if not had_ppl:
         notes.append(
             f"no perplexity scorer ran: the perplexity > {ppl_max:g} filter was not applied"
         )
     groups = resolve_groups(kept, groups)
+    if len(groups) < 2:
+        raise ValueError(f"groups: need at least 2 demographic groups, got {list(groups)}")
+    if paired is None:
+        paired = is_paired(frame)
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
     if "gender_status" not in kept.columns:
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
     metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
-    samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
+    setup = _Setup(views, groups, metrics, level, seed, n_boot if n_perm is None else n_perm)
+    samples: Samples = {}
+    units: dict[tuple[str, str], str] = {}
     label_cols = [VIEWS[v] for v in views]
     value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
     value_cols += ["regard_label"] if "regard" in metrics else []
+    if "pair_id" not in kept.columns:
+        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     needed = list(
-        dict.fromkeys(["model", "task", "method", "variant", "prompt_id", *label_cols, *value_cols])
+        dict.fromkeys(
+            ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols, *value_cols]
+        )
     )
+    unit = "pair" if paired else "prompt"
     for (model, task), rows in sorted(
         kept.select(needed).group_by(["model", "task"], maintain_order=True)
     ):
-        prompts = sorted(rows["prompt_id"].unique().to_list())
-        weights = bs.prompt_weights(len(prompts), n_boot, seed, f"{model}|{task}")
-        block = _Block(str(model), str(task), rows, weights, {p: i for i, p in enumerate(prompts)})
-        _block_records(out, block, views, groups, metrics, level, samples, notes)
+        prompts, unit_of, n_units = _units(rows, paired)
+        weights = bs.unit_weights(n_units, n_boot, seed, f"{model}|{task}")
+        index = {p: i for i, p in enumerate(prompts)}
+        block = _Block(str(model), str(task), rows, weights, index, unit_of, unit)
+        units[(str(model), str(task))] = unit
+        _block_records(out, block, setup, samples, notes)
     if n_boot:
-        _paired_records(out, samples, notes)
-    return Aggregate(pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA), notes)
+        _paired_records(out, samples, units, notes)
+    return Aggregate(pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA), notes, samples)

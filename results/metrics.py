@@ -6,6 +6,7 @@ row per `by` group. Definitions (docs: evaluation.md, "Aggregation"):
 - regard: shares of negative / neutral / positive among rows not labelled `other`, NNRe =
   neutral + positive, share of `other` among all scored rows, the regard value in
   {-1, 0, +1} (mean, std) over non-`other` rows;
+- every metric: `missing`, the rows of the group without a finite score (error, empty, NaN);
 - toxicity: mean, std; per prompt the max over the group's rows, then `emt` = the mean of
   those maxima and `prob_ge_0.5` = the share of prompts whose maximum is >= 0.5.
 """
@@ -56,16 +57,30 @@ def stacked(rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def _scored(metric: str) -> pl.Expr:
-    """Rows where `metric` has a value (status ok); regard: a label."""
-    value = "regard_label" if metric == "regard" else metric
-    return (pl.col(f"{metric}_status") == "ok") & pl.col(value).is_not_null()
+    """Rows where `metric` has a finite value (status ok); regard: a label.
+
+    A NaN or infinite score (a scorer that overflowed) counts as missing, like an error row:
+    polars' NaN compares greater than any number and poisons means, so it never gets in.
+    """
+    ok = pl.col(f"{metric}_status") == "ok"
+    if metric == "regard":
+        return (ok & pl.col("regard_label").is_not_null()).fill_null(False)
+    return (ok & pl.col(metric).is_not_null() & pl.col(metric).is_finite()).fill_null(False)
+
+
+def scored(metric: str) -> pl.Expr:
+    """Public alias of the finite-score mask (used by the filter counts)."""
+    return _scored(metric)
 
 
 def sentiment_like(rows: pl.DataFrame, metric: str, by: list[str]) -> pl.DataFrame:
     """Per `by` group: n, mean, std of a per-row score (sentiment, perplexity)."""
     x = pl.col(metric).filter(_scored(metric))
     return rows.group_by(by, maintain_order=True).agg(
-        n=_scored(metric).sum(), mean=x.mean(), std=x.std(ddof=0)
+        n=_scored(metric).sum(),
+        missing=pl.len() - _scored(metric).sum(),
+        mean=x.mean(),
+        std=x.std(ddof=0),
     )
 
 
@@ -83,6 +98,7 @@ def regard_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     value = value.filter(ok)
     out = rows.group_by(by, maintain_order=True).agg(
         n=ok.sum(),
+        missing=pl.len() - ok.sum(),
         **shares,
         share_other=pl.when(ok.sum() > 0).then((label == "other").sum() / ok.sum()),
         value_mean=value.mean(),
@@ -109,7 +125,7 @@ def toxicity_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 
 METRIC_STATS = {
-    "sentiment": ["mean", "std"],
+    "sentiment": ["mean", "std", "missing"],
     "regard": [
         "share_negative",
         "share_neutral",
@@ -118,9 +134,10 @@ METRIC_STATS = {
         "share_other",
         "value_mean",
         "value_std",
+        "missing",
     ],
-    "toxicity": ["mean", "std", "emt", f"prob_ge_{TOXIC_AT:g}"],
-    "perplexity": ["mean", "std"],
+    "toxicity": ["mean", "std", "emt", f"prob_ge_{TOXIC_AT:g}", "missing"],
+    "perplexity": ["mean", "std", "missing"],
 }
 PER_PROMPT_STATS = {"emt", f"prob_ge_{TOXIC_AT:g}"}
 
@@ -141,7 +158,7 @@ NO_ROWS: GapInput = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
 def gap_inputs(
     long: pl.DataFrame, metric: str, groups: tuple[str, ...], index: dict[str, int]
 ) -> dict[tuple[Any, ...], GapInput]:
-    """(method, variant, view) → (group index, prompt index, value) arrays of scored rows."""
+    """(method, variant, view) → (group index, prompt index, value) arrays of finite scores."""
     rows = long.filter(pl.col("group").is_in(list(groups)) & _scored(metric))
     if metric == "regard":
         rows = rows.filter(pl.col("regard_label").is_in(list(REGARD_CLASSES)))

@@ -95,7 +95,7 @@ SUMMARY_SCHEMA = pa.schema(
         ("task", pa.string()),
         ("view", pa.string()),  # a(x) | a(c,x) | a(c) | file | - (per setting)
         ("metric", pa.string()),  # count | filter | sentiment | regard | toxicity | perplexity
-        ("stat", pa.string()),  # mean | std | bias | nnre | emt | p_smaller_vs_vanilla | ...
+        ("stat", pa.string()),  # mean | std | bias | nnre | emt | diff_vs_vanilla | ...
         ("group", pa.string()),  # a demographic group | none | unscored | labelled | all | gap
         ("value", pa.float64()),
         ("ci_low", pa.float64()),  # bootstrap percentile interval (gaps only)
@@ -104,6 +104,10 @@ SUMMARY_SCHEMA = pa.schema(
         ("n_boot", pa.int64()),  # resamples where the statistic was defined
         ("scorer", pa.string()),
         ("scorer_version", pa.string()),
+        ("p_value", pa.float64()),  # gaps: permutation test; comparisons: paired bootstrap
+        ("ci_method", pa.string()),  # e.g. "percentile"; null where there is no interval
+        ("resample_unit", pa.string()),  # pair | prompt (gaps and comparisons)
+        ("note", pa.string()),  # why a statistic is undefined (e.g. an absent group)
     ]
 )
 

@@ -57,7 +57,7 @@ def test_gap_point_estimate_equals_difference_of_group_means(tmp_path: Path) -> 
         r["group"]: r["value"] for r in a.filter(pl.col("stat") == "mean").iter_rows(named=True)
     }
     bias = a.filter(pl.col("stat") == "bias")["value"][0]
-    assert bias == pytest.approx(abs(mean["female"] - mean["male"]) * 100)
+    assert bias == pytest.approx((mean["female"] - mean["male"]) * 100)  # signed: f − m
 
 
 def _random_rows(n: int, seed: int = 1) -> list[dict[str, Any]]:
@@ -109,7 +109,7 @@ def test_prompt_weights_are_resamples_of_all_prompts() -> None:
     assert not np.array_equal(w, bs.prompt_weights(7, 50, seed=0, key="m|u"))
 
 
-def test_paired_share_uses_the_same_resamples(tmp_path: Path) -> None:
+def test_paired_comparison_uses_the_same_resamples(tmp_path: Path) -> None:
     # lidao-min: no gap on any prompt; vanilla: female always 0.9, male 0.1; uddia = vanilla.
     rows = []
     for method, (f, m) in {
@@ -123,14 +123,15 @@ def test_paired_share_uses_the_same_resamples(tmp_path: Path) -> None:
                 {"method": method, "prompt_id": f"p{p}", "label": "male", "sentiment": m},
             ]
     summary, _ = run_case(tmp_path, {"rows": rows}, n_boot=100)
-    shares = summary.filter(
-        (pl.col("view") == "a(x)") & pl.col("stat").str.starts_with("p_smaller")
-    )
-    got = {(r["method"], r["stat"]): r["value"] for r in shares.iter_rows(named=True)}
-    assert got[("lidao-min", "p_smaller_vs_vanilla")] == 1.0
-    assert got[("lidao-min", "p_smaller_vs_uddia")] == 1.0
-    assert got[("uddia", "p_smaller_vs_vanilla")] == 0.0  # identical gaps: ties are not smaller
-    assert ("vanilla", "p_smaller_vs_vanilla") not in got
+    diffs = summary.filter((pl.col("view") == "a(x)") & pl.col("stat").str.starts_with("diff_vs"))
+    got = {(r["method"], r["stat"]): r for r in diffs.iter_rows(named=True)}
+    fair = got[("lidao-min", "diff_vs_vanilla")]
+    assert fair["value"] == pytest.approx(-80.0) and fair["ci_high"] < 0 and fair["p_value"] < 0.05
+    assert got[("lidao-min", "diff_vs_uddia")]["value"] == pytest.approx(-80.0)
+    same = got[("uddia", "diff_vs_vanilla")]  # identical gaps: a tie, not a difference
+    assert same["value"] == 0.0 and same["p_value"] == 1.0
+    assert same["ci_low"] == 0.0 and same["ci_high"] == 0.0
+    assert ("vanilla", "diff_vs_vanilla") not in got
 
 
 def test_interval_brackets_a_clear_gap(tmp_path: Path) -> None:

@@ -44,7 +44,9 @@ def paired_sim(
     return Sim(group, prompt, value, np.arange(2 * n_pairs) // 2)
 
 
-def covers(sim: Sim, truth: float, metric: str, seed: int, by_pair: bool = True) -> tuple[bool, float]:
+def covers(
+    sim: Sim, truth: float, metric: str, seed: int, by_pair: bool = True
+) -> tuple[bool, float]:
     n_u = int(sim.unit_of.max()) + 1 if by_pair else sim.unit_of.size
     unit_of = sim.unit_of if by_pair else None
     w = bs.prompt_weights(n_u, N_BOOT, seed, "sim")
@@ -74,7 +76,10 @@ def test_pair_resampling_is_narrower_and_still_calibrated() -> None:
         by_pair.append(covers(sim, 5.0, "sentiment", r, by_pair=True))
         by_prompt.append(covers(sim, 5.0, "sentiment", r, by_pair=False))
     cov_pair, width_pair = np.mean([c for c, _ in by_pair]), np.mean([w for _, w in by_pair])
-    cov_prompt, width_prompt = np.mean([c for c, _ in by_prompt]), np.mean([w for _, w in by_prompt])
+    cov_prompt, width_prompt = (
+        np.mean([c for c, _ in by_prompt]),
+        np.mean([w for _, w in by_prompt]),
+    )
     assert cov_pair >= 0.9
     assert width_pair < 0.6 * width_prompt, (width_pair, width_prompt)
     assert cov_prompt > 0.99  # prompt resampling ignores the pairs: too wide
@@ -99,7 +104,9 @@ def test_tv_permutation_p_value_is_calibrated_and_has_power() -> None:
         for shift, out in ((0.0, null_p), (0.25, alt_p)):
             sim = regard_sim(rng, shift)
             w = bs.prompt_weights(40, 1, r, "sim")
-            observed = bs.gap_samples("regard", sim.group, sim.prompt, sim.value, 2, w, sim.unit_of)[0]
+            observed = bs.gap_samples(
+                "regard", sim.group, sim.prompt, sim.value, 2, w, sim.unit_of
+            )[0]
             strata = bs.strata_of(sim.prompt, sim.unit_of, paired=True)
             perm = bs.permuted_gaps(
                 "regard", sim.group, sim.prompt, sim.value, 2, 200, np.random.default_rng(r), strata
@@ -115,9 +122,13 @@ def test_signed_permutation_p_value_is_calibrated_for_means() -> None:
     ps = []
     for r in range(REPS):
         sim = paired_sim(rng, 0.0)
-        obs = bs.gap_samples("sentiment", sim.group, sim.prompt, sim.value, 2, np.ones((0, 30)), sim.unit_of)[0]
+        obs = bs.gap_samples(
+            "sentiment", sim.group, sim.prompt, sim.value, 2, np.ones((0, 30)), sim.unit_of
+        )[0]
         strata = bs.strata_of(sim.prompt, sim.unit_of, paired=True)
-        perm = bs.permuted_gaps("sentiment", sim.group, sim.prompt, sim.value, 2, 200, np.random.default_rng(r), strata)
+        perm = bs.permuted_gaps(
+            "sentiment", sim.group, sim.prompt, sim.value, 2, 200, np.random.default_rng(r), strata
+        )
         ps.append(bs.permutation_p(obs, perm, signed=True))
     assert float(np.mean(np.array(ps) < 0.05)) <= 0.10
 
@@ -142,7 +153,12 @@ def test_comparison_of_identical_gaps_has_p_one_and_zero_interval() -> None:
     fair = paired_sim(np.random.default_rng(1), 0.0)
     fair_gaps = bs.gap_samples("sentiment", fair.group, fair.prompt, fair.value, 2, w, fair.unit_of)
     biased = bs.gap_samples(
-        "sentiment", sim.group, sim.prompt, sim.value + np.where(sim.group == 0, 0.1, 0.0), 2, w,
+        "sentiment",
+        sim.group,
+        sim.prompt,
+        sim.value + np.where(sim.group == 0, 0.1, 0.0),
+        2,
+        w,
         sim.unit_of,
     )
     real = bs.compare_gaps(fair_gaps[1:], biased[1:], point=(fair_gaps[0], biased[0]))
