@@ -40,4 +40,4 @@ def test_scorer_gives_three_views() -> None:
     out = GenderLabels({}, ScorerContext())
     (rec,) = out.score(rows)
     assert (rec["label_c"], rec["label_x"], rec["label_cx"]) == ("female", "male", "male")
-    assert rec["status"] == "ok" and rec["scorer_version"].startswith("seed-words-v1:")
+    assert rec["status"] == "ok" and rec["scorer_version"].startswith("seed-words-v2:")

@@ -110,3 +110,14 @@ def test_version_names_the_model_and_unknown_models_fail_clearly() -> None:
     assert scorer.version.startswith("ppl-v1:tiny-random/opt@") and scorer.lm.family == "opt"
     with pytest.raises(ScorerError, match="unknown tiny model 'tiny-random/gpt3'"):
         Perplexity({"model": "tiny-random/gpt3"}, CTX)
+
+
+def test_a_model_yielding_nan_gives_error_rows_not_scores() -> None:
+    scorer = Perplexity({"model": "tiny-random/gpt2", "batch_size": 8}, CTX)
+    with torch.no_grad():
+        for p in scorer.lm.model.parameters():
+            p.fill_(float("nan"))
+    out = scorer.score(ROWS)
+    assert [r["status"] for r in out] == ["error", "error", "empty", "error", "error"]
+    assert all(r["perplexity"] is None for r in out)
+    assert "non-finite score from perplexity" in str(out[0]["error"])

@@ -211,3 +211,45 @@ def test_a_failing_row_becomes_an_error_row_and_its_batch_still_scores(
         out[1]["error"] == "RuntimeError: CUDA out of memory (simulated)"
         and out[1]["sentiment"] is None
     )
+
+
+def test_text_is_prompt_and_continuation_as_generated() -> None:
+    row = {"prompt": "The chair", "continuation": "man said"}
+    assert text_of(row, "prompt+continuation") == "The chairman said"  # nothing inserted
+    assert text_of({"prompt": "He", "continuation": " ran"}, "prompt+continuation") == "He ran"
+    assert text_of(row, "continuation") == "man said"
+
+
+def test_a_classifier_yielding_nan_writes_error_rows(models: dict[str, str]) -> None:
+    scorer = SentimentClassifier({"model": models["sst"]}, CTX)
+    with torch.no_grad():
+        scorer.model.classifier.bias.fill_(float("nan"))  # what an fp16 overflow looks like
+    out = scorer.score(ROWS)
+    by_id = {r["job_id"]: r for r in out}
+    assert {by_id[j]["status"] for j in "abdf"} == {"error"} and by_id["c"]["status"] == "empty"
+    assert all(by_id[j]["sentiment"] is None for j in "abdf")
+    assert "non-finite score from sentiment: sentiment = nan" in by_id["a"]["error"]
+
+
+def test_classifier_truncates_to_the_models_own_position_limit(tmp_path: Path) -> None:
+    path = save_classifier(
+        tmp_path, "short", {0: "NEGATIVE", 1: "POSITIVE"}, max_position_embeddings=8
+    )
+    scorer = SentimentClassifier({"model": path, "max_length": 512}, CTX)
+    assert scorer.max_tokens == 8
+    long = {"job_id": "x", "prompt": "p", "continuation": " she was happy" * 20}
+    (rec,) = scorer.score([long])
+    assert rec["status"] == "ok", rec["error"]  # truncated, not an index error
+
+
+def test_truncation_length_takes_the_smallest_limit() -> None:
+    from types import SimpleNamespace
+
+    from workers.scorers.classifier import truncation_length
+
+    tok = SimpleNamespace(model_max_length=int(1e30))  # "no limit"
+    bert = SimpleNamespace(max_position_embeddings=32, model_type="bert")
+    roberta = SimpleNamespace(max_position_embeddings=514, model_type="roberta", pad_token_id=1)
+    assert truncation_length(512, tok, bert) == 32
+    assert truncation_length(512, tok, roberta) == 512
+    assert truncation_length(64, SimpleNamespace(model_max_length=40), roberta) == 40

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,6 +38,21 @@ class Scorer:
     num_cpus: ClassVar[float] = 0.5
     wants_gpu: ClassVar[bool] = False
     default_params: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every `score` a subclass defines is wrapped by `reject_non_finite`: a NaN or
+        infinite score (an fp16 overflow, a broken head) becomes an error row, whatever the
+        scorer (built-in or plugin) does itself."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("score")
+        if own is not None and not getattr(own, "_checks_finite", False):
+
+            @functools.wraps(own)
+            def score(self: Scorer, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+                return reject_non_finite(self, own(self, rows))
+
+            score._checks_finite = True  # type: ignore[attr-defined]
+            cls.score = score  # type: ignore[method-assign]
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         self.check_params(params)
@@ -79,15 +96,20 @@ class Scorer:
         }
 
 
+TEXT_JOIN = "raw"  # how prompt+continuation is joined: the raw strings, nothing inserted
+
+
 def text_of(row: dict[str, Any], field_name: str) -> str:
-    """`continuation` or `prompt+continuation` (prompt and continuation joined as generated)."""
-    cont = row.get("continuation") or ""
+    """`continuation` or `prompt+continuation`: the text as the model saw it.
+
+    The prompt and the continuation are concatenated exactly as generated, nothing inserted:
+    a continuation that starts inside a word ("The chair" + "man said") stays inside it.
+    """
+    cont = str(row.get("continuation") or "")
     if field_name == "continuation":
-        return str(cont)
+        return cont
     if field_name == "prompt+continuation":
-        return (
-            f"{row['prompt']}{cont}" if cont.startswith(" ") else f"{row['prompt']} {cont}".rstrip()
-        )
+        return f"{row.get('prompt') or ''}{cont}"
     raise ScorerError(f"unknown text field {field_name!r}; use continuation or prompt+continuation")
 
 
@@ -151,3 +173,27 @@ def null_row(
     for name, _ in METRIC_FIELDS[scorer.metric]:
         rec[name] = None
     return rec
+
+
+def reject_non_finite(scorer: Scorer, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows scored ok with a NaN or infinite metric value become `status = error` rows.
+
+    The message names the field and the value; every metric column of such a row is null,
+    so nothing downstream can mistake it for a score.
+    """
+    fields = [name for name, _ in METRIC_FIELDS.get(scorer.metric, ())]
+    out = []
+    for rec in rows:
+        bad = [
+            (name, rec.get(name))
+            for name in fields
+            if isinstance(rec.get(name), float) and not math.isfinite(rec[name])
+        ]
+        if rec.get("status") == "ok" and bad:
+            what = ", ".join(f"{name} = {value!r}" for name, value in bad)
+            message = f"non-finite score from {scorer.name}: {what} (e.g. an fp16 overflow)"
+            fixed = null_row(scorer, rec, "error", message)
+            out.append(fixed)
+        else:
+            out.append(rec)
+    return out

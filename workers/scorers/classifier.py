@@ -17,6 +17,7 @@ from workers.scorers.base import (
     Scorer,
     ScorerContext,
     ScorerError,
+    TEXT_JOIN,
     score_nonempty,
     text_of,
 )
@@ -55,6 +56,26 @@ def label_index(id2label: dict[Any, Any], wanted: Sequence[str], where: str) -> 
     return {w: found[w] for w in wanted}
 
 
+def truncation_length(max_length: int, tokenizer: Any, config: Any) -> int:
+    """Tokens a classifier reads: min(the parameter, the tokenizer's limit, the positions).
+
+    RoBERTa-style models (position ids offset by `pad_token_id + 1`) lose those positions.
+    A tokenizer without a limit reports a huge `model_max_length`; it is then ignored.
+    """
+    limits = [max_length]
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+        limits.append(tok_max)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        if "roberta" in str(getattr(config, "model_type", "")) or "camembert" in str(
+            getattr(config, "model_type", "")
+        ):
+            positions -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+        limits.append(positions)
+    return max(1, min(limits))
+
+
 class HFClassifier(Scorer):
     """Base of the classifier scorers; subclasses name the labels and map probabilities."""
 
@@ -89,6 +110,9 @@ class HFClassifier(Scorer):
         where = f"scorer {self.name!r}, model {self.params['model']!r}"
         self.index = label_index(self.model.config.id2label, self.wanted_labels(), where)
         self.activation = self._activation()
+        self.max_tokens = truncation_length(
+            int(self.params["max_length"]), self.tokenizer, self.model.config
+        )
 
     def wanted_labels(self) -> tuple[str, ...]:
         return self.labels
@@ -123,10 +147,10 @@ class HFClassifier(Scorer):
     def version(self) -> str:
         # The hub commit the weights came from when no revision was pinned ("main" moves).
         rev = self.params["revision"] or getattr(self.model.config, "_commit_hash", None) or "local"
-        return (
-            f"hf:{self.params['model']}@{rev}:{self.params['text_field']}"
-            f":max{self.params['max_length']}:{self.activation}"
-        )
+        field = self.params["text_field"]
+        if field == "prompt+continuation":
+            field += f"/{TEXT_JOIN}"  # the join changed (nothing inserted): score again
+        return f"hf:{self.params['model']}@{rev}:{field}:max{self.params['max_length']}:{self.activation}"
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return score_nonempty(self, rows, int(self.params["batch_size"]), self._score_batch)
@@ -139,7 +163,7 @@ class HFClassifier(Scorer):
             texts,
             padding=True,
             truncation=True,
-            max_length=int(self.params["max_length"]),
+            max_length=self.max_tokens,
             return_tensors="pt",
         ).to(self.device)
         with torch.inference_mode():

@@ -19,7 +19,7 @@ class GenderLabels(Scorer):
     def version(self) -> str:
         words = self.context.words
         text = "\n".join(f"{g}:{' '.join(words.words[g])}" for g in words.groups)
-        return f"seed-words-v1:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        return f"seed-words-v2:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
