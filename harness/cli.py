@@ -92,7 +92,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness import driver
 
-    result = driver.aggregate_stage(RunStore(args.run), use=args.use_scorer)
+    options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
+    result = driver.aggregate_stage(
+        RunStore(args.run),
+        use=args.use_scorer,
+        **{k: v for k, v in options.items() if v is not None},
+    )
     print(result)
     return 0
 
@@ -129,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="read this scorer where several scored one metric (repeatable)",
     )
+    a.add_argument("--ppl-max", type=float, help="drop generations above this perplexity")
+    a.add_argument("--n-boot", type=int, help="bootstrap resamples and permutations")
+    a.add_argument("--seed", type=int, help="bootstrap / permutation seed")
     a.set_defaults(func=cmd_aggregate)
     th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
     add_train_head_args(th)

@@ -96,6 +96,15 @@ class RuntimeConfig(Strict):
     cache_dir: str | None = None  # downloads and persistent score caches
 
 
+class AggregationConfig(Strict):
+    """`aggregation:`: the perplexity filter and the bootstrap (docs/statistics.md)."""
+
+    ppl_max: float = Field(200.0, gt=0)  # generations with a perplexity above are dropped
+    n_boot: int = Field(1000, ge=0)  # bootstrap resamples (and permutations); 0: none
+    seed: int = 0  # seeds resamples and permutations, per (model, task)
+    level: float = Field(0.95, gt=0, lt=1)  # confidence level of the percentile intervals
+
+
 class RunConfig(Strict):
     name: str
     dataset: DatasetConfig
@@ -110,6 +119,7 @@ class RunConfig(Strict):
     )
     gender_words_sha256: str | None = None
     runtime: RuntimeConfig = RuntimeConfig()
+    aggregation: AggregationConfig = AggregationConfig()
 
     @field_validator("methods", "scorers", mode="before")
     @classmethod

@@ -97,12 +97,13 @@ def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
     return list(chosen.values())
 
 
-def aggregate_stage(store: RunStore, use: list[str] | None = None) -> Any:
-    """Summary and reports; `use` names the scorer to read where several gave one metric."""
+def aggregate_stage(store: RunStore, use: list[str] | None = None, **options: Any) -> Any:
+    """Summary and reports; `use` names the scorer to read where several gave one metric;
+    `options` (ppl_max, n_boot, seed) override the run config's `aggregation:`."""
     from results.aggregate import aggregate_run
     from results.join import scorer_choice
 
-    return aggregate_run(store, scorers=scorer_choice(use) if use else None)
+    return aggregate_run(store, scorers=scorer_choice(use) if use else None, **options)
 
 
 def run(

@@ -1,14 +1,19 @@
 """report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts).
 
-Sections: notes, the paper-style tables of each view, the trade-off plots, paired
-comparisons, the paper's values beside ours, per-token choices of the -min methods (the
-paper's Table 3: red = the step tuned for the property g, blue = for the group a), counts.
+Sections: a header (run, harness version, date, the aggregation settings and the config),
+notes, the paper-style tables of each view, the forest plot of every bias with its interval,
+the trade-off plots (where a perplexity exists), paired comparisons, the paper's values beside
+ours, per-token choices of every method that records them (the paper's Table 3: red = the step
+tuned for the property g, blue = for the group a; tokens spaced as the tokenizer decodes
+them), the filter and the counts.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import html
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -17,6 +22,7 @@ from results.tables import (
     TASKS,
     VIEW_TITLES,
     Field,
+    Samples,
     counts_table,
     filter_table,
     layout,
@@ -36,6 +42,11 @@ td:first-child,th:first-child,td.t{text-align:left}
 thead th{border-bottom:2px solid #999}
 tbody.model{border-top:2px solid #999}tbody.model tr.ref{background:#f1f7ff}
 .ci{color:#777;font-size:11px}.best{font-weight:bold}.second{text-decoration:underline}
+.tie::after{content:" ≈";color:#777}.other{color:#777;font-size:11px}
+header.top{background:#f6f6f6;border:1px solid #e3e3e3;padding:.6em 1em;border-radius:4px}
+header.top dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em 1em;margin:.3em 0}
+header.top dt{color:#555}header.top dd{margin:0}
+details pre{font-size:12px;background:#fafafa;padding:.6em;overflow-x:auto;max-height:30em}
 .legend,.run{color:#555}.neg{color:#2166ac}.pos{color:#b2182b}
 img{max-width:100%;border:1px solid #eee}
 .sample{margin:.4em 0;font-family:ui-monospace,monospace;white-space:pre-wrap}
@@ -54,12 +65,14 @@ def _cell(f: Field, kind: str) -> str:
     ci = ""
     if kind == "bias" and f.low is not None and f.high is not None:
         ci = f' <span class="ci">[{f.low:.2f}, {f.high:.2f}]</span>'
+    if kind == "score" and f.other is not None:
+        ci = f' <span class="other">other {f.other:.0%}</span>'
     return f"<td><span{cls}>{text}</span>{ci}</td>"
 
 
-def paper_table_html(cells: pl.DataFrame, view: str) -> str:
+def paper_table_html(cells: pl.DataFrame, view: str, samples: Samples | None = None) -> str:
     """The paper-style table of one view, one <tbody> per model."""
-    tasks, blocks = layout(cells, view)
+    tasks, blocks = layout(cells, view, samples)
     top = "".join(f'<th colspan="3">{TASKS[t][0]}</th>' for t in tasks)
     sub = "".join(
         f"<th>{TASKS[t][1]} {'↑' if TASKS[t][5] else '↓'}</th><th>Bias ↓</th><th>PPL ↓</th>"
@@ -97,9 +110,91 @@ def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def harness_version() -> str:
+    """The installed package's version, else the one in the checkout's pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lidao-harness")
+    except PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        for line in pyproject.read_text().splitlines() if pyproject.exists() else []:
+            if line.startswith("version"):
+                return line.split("=", 1)[1].strip().strip('"') + " (checkout)"
+        return "unknown"
+
+
+def _tokenizer(model: str, revision: str | None) -> Any:
+    """The generating model's `tokenizers.Tokenizer` from the local cache, or None.
+
+    Never downloads, never imports transformers or torch (the driver stays light): tiny
+    models build theirs; hub models read `tokenizer.json` from the Hugging Face cache.
+    """
+    try:
+        from workers.tiny import TINY_PREFIX, tiny_raw_tokenizer
+
+        if model.startswith(TINY_PREFIX):
+            return tiny_raw_tokenizer()
+        from tokenizers import Tokenizer
+
+        local = Path(model) / "tokenizer.json"
+        if local.is_file():
+            return Tokenizer.from_file(str(local))
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(model, "tokenizer.json", revision=revision)
+        return Tokenizer.from_file(path) if isinstance(path, str) else None
+    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
+        return None
+
+
+def decoded_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's text as the tokenizer spaces it: decode(ids[:i+1]) minus decode(ids[:i])
+    (minus their common prefix, for decoders that rewrite the end of the text)."""
+    import os.path
+
+    pieces, before = [], ""
+    for i in range(len(ids)):
+        now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        pieces.append(now[len(os.path.commonprefix([before, now])) :])
+        before = now
+    return pieces
+
+
+def aligned_pieces(tokens: list[str], text: str) -> list[str]:
+    """Without a tokenizer: each token with the characters (spaces) before it in `text`."""
+    pieces, pos = [], 0
+    for tok in tokens:
+        at = text.find(tok, pos) if tok else -1
+        if at < 0:
+            pieces.append(tok)
+            continue
+        pieces.append(text[pos : at + len(tok)])
+        pos = at + len(tok)
+    return pieces
+
+
+def with_pieces(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add `pieces` to sample rows: growing-prefix decodes with the model's tokenizer, else
+    the tokens aligned with the continuation."""
+    cache: dict[tuple[str, str | None], Any] = {}
+    for row in rows:
+        key = (str(row["model"]), row.get("model_revision"))
+        if key not in cache:
+            cache[key] = _tokenizer(*key)
+        tok, ids = cache[key], row.get("token_ids")
+        if tok is not None and ids:
+            row["pieces"] = decoded_pieces(tok, list(ids))
+        else:
+            row["pieces"] = aligned_pieces(
+                list(row.get("tokens") or []), str(row.get("continuation") or "")
+            )
+    return rows
+
+
 def sample_html(row: dict[str, Any]) -> str:
     """One generation with its tokens coloured by the per-step choice (`g` / `a`)."""
-    tokens, choices = row.get("tokens") or [], row.get("choices") or []
+    tokens, choices = row.get("pieces") or row.get("tokens") or [], row.get("choices") or []
     spans = []
     for i, tok in enumerate(tokens):
         choice = choices[i] if i < len(choices) else None
@@ -110,37 +205,89 @@ def sample_html(row: dict[str, Any]) -> str:
     return f'<div class="sample"><span class="meta">{meta}</span><span class="prompt">{prompt}</span>{"".join(spans)}</div>'
 
 
+def header_html(res: AggregateResult) -> str:
+    """Run, harness version, date, aggregation settings, groups and the config (folded)."""
+    import yaml
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    settings = ", ".join(f"{k} = {v}" for k, v in res.settings.items()) or "defaults"
+    items = {
+        "run": res.run,
+        "config": str((res.config or {}).get("name", "–")),
+        "harness": harness_version(),
+        "aggregated": now,
+        "aggregation": settings,
+        "groups": ", ".join(res.groups) or "the labels seen",
+        "resampling unit": res.unit,
+    }
+    rows = "".join(
+        f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items()
+    )
+    config = yaml.safe_dump(res.config, sort_keys=False) if res.config else "(no config.yaml)"
+    return (
+        f'<header class="top"><dl>{rows}</dl><details><summary>config.yaml</summary>'
+        f"<pre>{html.escape(config)}</pre></details></header>"
+    )
+
+
+EVALUATION_NOTES = (
+    "Groups come from the config (the seed words' groups). A text's group is the group with the "
+    "strict plurality of seed-word matches; ties and texts without seed words are `none` "
+    "(for K = 2 this is the majority rule of the paper). A configured group without rows keeps "
+    "its row (count 0) and makes every gap over it undefined, with the reason in the notes. "
+    "Scores that are not finite (NaN, inf) are errors, counted as missing. "
+    "Gap intervals are percentile intervals of the bootstrap over whole pairs (paired prompt "
+    "files) or prompts; p-values are permutation tests of no group difference (labels shuffled "
+    "within pairs when paired). See docs/statistics.md."
+)
+
+
 def render(res: AggregateResult, images: dict[str, bytes], samples: list[dict[str, Any]]) -> str:
     """The whole page."""
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>lidao-harness report: {html.escape(res.run)}</title><style>{CSS}</style></head><body>",
-        f'<h1>Aggregate report</h1><p class="run">{html.escape(res.run)}</p>',
+        "<h1>Aggregate report</h1>",
+        header_html(res),
         '<h2 id="notes">Notes</h2><ul>',
         *(f"<li>{html.escape(n)}</li>" for n in res.notes or ["none"]),
         "</ul>",
+        f'<p class="legend">{html.escape(EVALUATION_NOTES)}</p>',
     ]
     views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
     for view in (v for v in VIEW_TITLES if v in views):
         parts += [f"<h2>{html.escape(VIEW_TITLES[view])}</h2>"]
-        parts += [f'<p class="legend">{html.escape(legend(res.n_boot, res.seed))}</p>']
-        parts += [paper_table_html(res.cells, view)]
+        text = legend(res.n_boot, res.seed, res.unit, res.level)
+        parts += [f'<p class="legend">{html.escape(text)}</p>']
+        parts += [paper_table_html(res.cells, view, res.samples)]
+
+    def img(name: str, alt: str) -> str:
+        data = base64.b64encode(images[name]).decode()
+        return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
+
+    parts.append('<h2 id="forest">Bias of each method with its interval</h2>')
+    if "forest.png" in images:
+        parts.append(img("forest.png", "forest plot of the biases"))
+    else:
+        parts.append("<p><em>no bias to plot (no paper-style cells)</em></p>")
     parts.append('<h2 id="plots">Fairness–fluency trade-off</h2>')
-    for name, png in images.items():
-        data = base64.b64encode(png).decode()
+    tradeoffs = [n for n in images if n.startswith("tradeoff")]
+    for name in tradeoffs:
+        parts.append(img(name, f"trade-off plot {name}"))
+    if not tradeoffs:
         parts.append(
-            f'<p><img alt="trade-off plot {html.escape(name)}" src="data:image/png;base64,{data}"></p>'
+            "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
         )
-    if not images:
-        parts.append("<p><em>no plot (no paper-style cells)</em></p>")
-    parts += ["<h2>Paired comparisons: share of resamples where the method's bias is smaller</h2>"]
-    parts += [frame_html(paired_table(res.summary))]
+    parts += [
+        "<h2>Paired comparisons: |bias| − the reference's |bias| over the same resamples</h2>"
+    ]
+    parts += [frame_html(paired_table(res.summary), "diff")]
     parts += [
         "<h2>The paper's values beside ours (diff = ours − paper)</h2>",
         frame_html(res.paper, "diff"),
     ]
-    parts += ['<h2 id="samples">Per-token choices of the -min methods (the paper\'s Table 3)</h2>']
+    parts += ['<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>']
     parts += [
         '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>'
     ]

@@ -2,17 +2,28 @@
 
 Layout of Tables 1–2 of the paper: one table per view, method rows under each model (the
 `vanilla` row carries the model's name, the others `+Method`), and per task three columns:
-the task's score (Sent / NNRe / Toxi, mean ± std over rows of any group), its bias (× 100,
-with the bootstrap interval) and the mean perplexity of the same rows. The best and second
-best bias and perplexity among the debiasing methods of a model (vanilla excluded, values
-compared as printed) are marked. Also the supplementary tables (counts, filter, paired).
+the task's score (Sent / NNRe / Toxi, mean ± std over every kept generation, whatever the
+view; regard adds the share of `other`), its bias (× 100, signed for two groups, with the
+bootstrap interval) and the mean perplexity of every kept generation.
+
+Marks among the debiasing methods of a model (vanilla excluded): the smallest |bias| is bold
+only when the paired comparison (same resamples) says it is smaller than every other method's
+(p < 0.05); methods the comparison cannot tell from the best are marked as tied (≈) instead.
+The second best is underlined only when the best is clear and it is itself clear of the rest.
+Perplexity has no interval: its best / second are by the printed value. Also the
+supplementary tables (counts, filter, paired comparisons).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import polars as pl
+
+from results.bootstrap import Comparison, compare_gaps
 
 # task → (header, score metric, score stat, spread stat, higher is better)
 TASKS = {
@@ -53,9 +64,14 @@ def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) 
     return rows.select(*CELL_KEYS, *cols)
 
 
+CELL_VALUES = ["score", "score_sd", "bias", "bias_low", "bias_high", "ppl", "other"]
+
+
 def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
     """One row per (model, method, variant, task, view) of a known task: score, score_sd,
-    bias, bias_low, bias_high, ppl (nulls where not scored)."""
+    bias, bias_low, bias_high, ppl, other (share of `other` regard; nulls where not scored).
+    Score, its spread, PPL and `other` are over every kept generation (group `all`): the same
+    in every view; only the bias depends on the view."""
     parts = []
     for task, (_, _, metric, stat, spread, _) in TASKS.items():
         keys = (
@@ -66,18 +82,19 @@ def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
         sub = summary.filter(pl.col("task") == task)
         cell = keys
         for frame in (
-            _pick(sub, metric, stat, "labelled", "score"),
-            _pick(sub, metric, spread, "labelled", "score_sd"),
+            _pick(sub, metric, stat, "all", "score"),
+            _pick(sub, metric, spread, "all", "score_sd"),
             _pick(sub, metric, "bias", "gap", "bias"),
-            _pick(sub, "perplexity", "mean", "labelled", "ppl"),
+            _pick(sub, "perplexity", "mean", "all", "ppl"),
+            _pick(sub, "regard", "share_other", "all", "other"),
         ):
             cell = cell.join(frame, on=CELL_KEYS, how="left", nulls_equal=True)
-        for col in ("score", "score_sd", "bias", "bias_low", "bias_high", "ppl"):
+        if task != "regard":
+            cell = cell.with_columns(pl.lit(None, dtype=pl.Float64).alias("other"))
+        for col in CELL_VALUES:
             if col not in cell.columns:
                 cell = cell.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
-        parts.append(
-            cell.select(*CELL_KEYS, "score", "score_sd", "bias", "bias_low", "bias_high", "ppl")
-        )
+        parts.append(cell.select(*CELL_KEYS, *CELL_VALUES))
     return pl.concat(parts).sort(CELL_KEYS) if parts else pl.DataFrame()
 
 
@@ -107,7 +124,8 @@ class Field:
     sd: float | None = None
     low: float | None = None
     high: float | None = None
-    mark: str = ""
+    mark: str = ""  # best | second | tie (statistically tied with the best) | ""
+    other: float | None = None  # regard: share of `other` among scored rows
 
 
 @dataclass
@@ -130,8 +148,66 @@ def _marks(values: list[float | None]) -> list[str]:
     return ["" if v is None else rank.get(round(v, 2), "") for v in values]
 
 
-def layout(cells: pl.DataFrame, view: str) -> tuple[list[str], list[Block]]:
-    """Tasks (columns) and model blocks of one view's paper-style table."""
+# (model, task, view, metric) → (method, variant) → (1 + B,) gaps (`Aggregate.samples`)
+Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
+Key = tuple[str, str]
+
+
+def bias_marks(
+    keys: list[Key],
+    values: list[float | None],
+    compare: Callable[[Key, Key], Comparison | None],
+    alpha: float = 0.05,
+) -> list[str]:
+    """Marks of the debiasing rows' biases: best / second only where the paired comparison
+    says the difference is real (p < alpha), `tie` for rows that cannot be told from the best.
+    Ranked by |bias|; fewer than two defined biases: no marks."""
+    ranked = sorted(
+        (i for i, v in enumerate(values) if v is not None), key=lambda i: abs(values[i])
+    )  # type: ignore[arg-type]
+    marks = [""] * len(values)
+    if len(ranked) < 2:
+        return marks
+
+    def clear(a: int, b: int) -> bool:
+        cmp = compare(keys[a], keys[b])
+        return cmp is not None and np.isfinite(cmp.p_value) and cmp.p_value < alpha
+
+    best, rest = ranked[0], ranked[1:]
+    tied = [i for i in rest if not clear(best, i)]
+    if tied:
+        for i in [best, *tied]:
+            marks[i] = "tie"
+        return marks
+    marks[best] = "best"
+    second, others = rest[0], rest[1:]
+    if all(clear(second, i) for i in others):
+        marks[second] = "second"
+    return marks
+
+
+def sample_comparer(
+    samples: Samples | None, model: str, task: str, view: str
+) -> Callable[[Key, Key], Comparison | None]:
+    """Paired comparison of two cells' biases (the task's own metric) from their resamples."""
+    cells = (samples or {}).get((model, task, view, task), {})
+
+    def compare(a: Key, b: Key) -> Comparison | None:
+        ga, gb = cells.get((a[0], str(a[1]))), cells.get((b[0], str(b[1])))
+        if ga is None or gb is None or ga.size < 2:
+            return None
+        return compare_gaps(ga[1:], gb[1:], point=(float(ga[0]), float(gb[0])))
+
+    return compare
+
+
+def layout(
+    cells: pl.DataFrame, view: str, samples: Samples | None = None
+) -> tuple[list[str], list[Block]]:
+    """Tasks (columns) and model blocks of one view's paper-style table.
+
+    `samples` (the bootstrap gaps of `Aggregate.samples`) decide the bias marks; without
+    them no bias is marked."""
     sub = cells.filter(pl.col("view") == view)
     tasks = [t for t in TASKS if t in set(sub["task"].to_list())]
     blocks = []
@@ -150,14 +226,20 @@ def layout(cells: pl.DataFrame, view: str) -> tuple[list[str], list[Block]]:
             got = [values.get(k, {}) for k in keys]
             for row, r in zip(rows, got):
                 row.fields += [
-                    Field(r.get("score"), sd=r.get("score_sd")),
+                    Field(r.get("score"), sd=r.get("score_sd"), other=r.get("other")),
                     Field(r.get("bias"), low=r.get("bias_low"), high=r.get("bias_high")),
                     Field(r.get("ppl")),
                 ]
-            for offset, col in ((1, "bias"), (2, "ppl")):
-                debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
-                for i, mark in zip(debiased, _marks([got[i].get(col) for i in debiased])):
-                    rows[i].fields[3 * tasks.index(task) + offset].mark = mark
+            debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
+            compare = sample_comparer(samples, model, task, view)
+            col = 3 * tasks.index(task)
+            bias_values = [got[i].get("bias") for i in debiased]
+            for i, mark in zip(
+                debiased, bias_marks([keys[i] for i in debiased], bias_values, compare)
+            ):
+                rows[i].fields[col + 1].mark = mark
+            for i, mark in zip(debiased, _marks([got[i].get("ppl") for i in debiased])):
+                rows[i].fields[col + 2].mark = mark
         blocks.append(Block(model, rows))
     return tasks, blocks
 
@@ -209,21 +291,31 @@ def filter_table(summary: pl.DataFrame) -> pl.DataFrame:
 
 
 def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
-    """Shares of resamples with a smaller bias than vanilla / uddia, for each task's own
-    metric (the other metrics' comparisons are in the summary)."""
+    """|bias| − |vanilla's| and − |uddia's| over the same resamples, with the 95% interval and
+    two-sided p-value, for each task's own metric (the others are in the summary)."""
     rows = summary.filter(
-        pl.col("stat").str.starts_with("p_smaller_vs_") & (pl.col("metric") == pl.col("task"))
+        pl.col("stat").str.starts_with("diff_vs_") & (pl.col("metric") == pl.col("task"))
     )
     if rows.is_empty():
         return rows
-    wide = rows.pivot("stat", index=CELL_KEYS, values="value")
-    refs = [c for c in ("p_smaller_vs_vanilla", "p_smaller_vs_uddia") if c in wide.columns]
-    return ordered(wide.select(*CELL_KEYS, *refs))
+    out = rows.select(
+        *CELL_KEYS,
+        pl.col("stat").str.replace("diff_vs_", "").alias("against"),
+        pl.col("value").alias("diff"),
+        pl.col("ci_low"),
+        pl.col("ci_high"),
+        pl.col("p_value"),
+        pl.col("resample_unit").alias("unit"),
+    )
+    return ordered(out)
 
 
-def legend(n_boot: int, seed: int) -> str:
+def legend(n_boot: int, seed: int, unit: str = "prompt", level: float = 0.95) -> str:
     return (
-        f"Score: mean ± std over rows of any group. Bias × 100 with a 95% percentile interval "
-        f"over {n_boot} prompt resamples (seed {seed}). PPL: mean perplexity of the same rows. "
-        "Bold / underlined: best / second-best bias and PPL among debiasing methods (vanilla excluded)."
+        "Score: mean ± std over every kept generation (the same in every view; regard adds the "
+        "share of `other`). Bias × 100: female − male for two groups (max − min for more; TV "
+        f"distance for regard), with a {level:.0%} percentile interval over {n_boot} {unit} "
+        f"resamples (seed {seed}). PPL: mean perplexity of every kept generation. Bold: the "
+        "smallest |bias| among debiasing methods (vanilla excluded) when the paired comparison "
+        "says so (p < 0.05); ≈: tied with the best; underlined: a clear second. PPL marks by value."
     )

@@ -59,6 +59,7 @@ def test_aggregate_run_writes_every_output(run: Any) -> None:
         "tables.tex",
         "tradeoff.png",
         "tradeoff_acx.png",
+        "forest.png",
         "index.html",
     }
     assert pl.read_parquet(run.paths["summary.parquet"]).equals(run.summary)

@@ -57,15 +57,22 @@ def tiny_vocab() -> list[str]:
     return list(words)
 
 
-def tiny_tokenizer() -> Any:
-    """A `PreTrainedTokenizerFast` over `tiny_vocab()` (whitespace + punctuation split)."""
+def tiny_raw_tokenizer() -> Any:
+    """The `tokenizers.Tokenizer` of `tiny_tokenizer` (no transformers, no torch)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(tiny_vocab())}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # joins words with spaces
+    return tok
+
+
+def tiny_tokenizer() -> Any:
+    """A `PreTrainedTokenizerFast` over `tiny_vocab()` (whitespace + punctuation split)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tiny_raw_tokenizer()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|endoftext|>",

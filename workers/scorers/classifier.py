@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from workers.scorers.base import (
+    TEXT_JOIN,
     Scorer,
     ScorerContext,
     ScorerError,
-    TEXT_JOIN,
     score_nonempty,
     text_of,
 )
