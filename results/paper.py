@@ -108,6 +108,9 @@ def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> p
                     )
             ref = pick.row(0, named=True)
             ours = cell.get(column)
+            if column == "bias" and ours is not None:
+                ours = abs(ours)  # the paper prints |gap|; ours is signed (female − male)
+                note = "ours: |signed gap|"
             diff = ours - ref[column] if ours is not None and ref[column] is not None else None
             rows.append(
                 {

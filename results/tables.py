@@ -174,6 +174,8 @@ def bias_marks(
         return cmp is not None and np.isfinite(cmp.p_value) and cmp.p_value < alpha
 
     best, rest = ranked[0], ranked[1:]
+    if any(compare(keys[best], keys[i]) is None for i in rest):
+        return marks  # no resamples to tell: no mark rather than a guess
     tied = [i for i in rest if not clear(best, i)]
     if tied:
         for i in [best, *tied]:
@@ -181,7 +183,7 @@ def bias_marks(
         return marks
     marks[best] = "best"
     second, others = rest[0], rest[1:]
-    if all(clear(second, i) for i in others):
+    if others and all(clear(second, i) for i in others):  # (the last of two is not "second")
         marks[second] = "second"
     return marks
 

@@ -102,6 +102,10 @@ def synthetic_run(
     seed: int = 0,
 ) -> RunStore:
     """A full run with random labels and scores; lidao-min rows carry tokens and choices."""
+    from workers.tiny import tiny_raw_tokenizer, tiny_vocab
+
+    tiny = tiny_raw_tokenizer()
+    vocab = {w: i for i, w in enumerate(tiny_vocab())}
     rng = np.random.default_rng(seed)
     words = ["The", " woman", " said", " that", " he", " was", " kind", " and", " she", " smiled"]
     rows = []
@@ -112,6 +116,11 @@ def synthetic_run(
                     group = "female" if p % 2 == 0 else "male"
                     for s in range(n_seeds):
                         tokens = [str(w) for w in rng.choice(words, size=8)]
+                        text, ids = "".join(tokens), None
+                        if model.startswith("tiny-random/"):  # as the generator writes them
+                            ids = [vocab.get(w.strip(), vocab["happy"]) for w in tokens]
+                            text = tiny.decode(ids, skip_special_tokens=True)
+                            tokens = [tiny.decode([i]) for i in ids]  # single ids: no spaces
                         rows.append(
                             {
                                 "job_id": f"{model}-{method}-{task}-{p}-{s}",
@@ -122,8 +131,10 @@ def synthetic_run(
                                 "prompt_group": group,
                                 "prompt": f"Prompt {p} about a {'woman' if group == 'female' else 'man'}",
                                 "seed": s,
-                                "continuation": "".join(tokens),
+                                "continuation": text,
                                 "tokens": tokens,
+                                "token_ids": ids,
+                                "pair_id": f"{p // 2:05d}",
                                 "choices": [str(c) for c in rng.choice(["g", "a"], size=8)]
                                 if method.endswith("-min")
                                 else None,

@@ -69,14 +69,29 @@ def test_aggregate_run_writes_every_output(run: Any) -> None:
     assert "| +LIDAO-m |" in md and "| GPT-2 |" in md
 
 
-def test_tables_mark_best_and_second_among_debiasing_methods() -> None:
+def _samples(biases: dict[str, float], sd: float, seed: int = 0) -> dict[Any, Any]:
+    """Bootstrap gaps of one (model, task, view) cell per method: the bias ± normal noise that
+    all methods share (same resamples) plus a little of their own."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    common = rng.normal(0, sd, 400)
+    cells = {
+        (m, ""): np.concatenate([[b], b + common + rng.normal(0, sd / 4, 400)])
+        for m, b in biases.items()
+    }
+    return {("gpt2-large", "sentiment", "a(x)", "sentiment"): cells}
+
+
+def test_tables_mark_best_and_second_only_where_the_interval_says_so() -> None:
     cells = cells_frame([
         ("gpt2-large", "vanilla", 0.5, 10.0),  # best numbers, but the reference row is not ranked
         ("gpt2-large", "uddia", 3.0, 30.0),
-        ("gpt2-large", "lidao-min", 1.0, 40.0),
+        ("gpt2-large", "lidao-min", -1.0, 40.0),  # |bias| ranks: a negative gap of 1 is small
         ("gpt2-large", "pplm", 2.0, None),
     ])  # fmt: skip
-    _, blocks = layout(cells, "a(x)")
+    biases = {"vanilla": 0.5, "uddia": 3.0, "lidao-min": -1.0, "pplm": 2.0}
+    _, blocks = layout(cells, "a(x)", _samples(biases, sd=0.1))  # clear differences
     marks = {r.method: (r.fields[1].mark, r.fields[2].mark) for r in blocks[0].rows}
     assert marks == {
         "vanilla": ("", ""),
@@ -85,8 +100,15 @@ def test_tables_mark_best_and_second_among_debiasing_methods() -> None:
         "lidao-min": ("best", "second"),
     }
     assert [r.label for r in blocks[0].rows] == ["GPT-2", "+PPLM", "+UDDIA", "+LIDAO-m"]
-    md = markdown_table(cells, "a(x)")
-    assert "**1.00**" in md and "<u>2.00</u>" in md and "**30.00**" in md
+    md = markdown_table(cells, "a(x)", _samples(biases, sd=0.1))
+    assert "**-1.00**" in md and "<u>2.00</u>" in md and "**30.00**" in md
+    # Noisy resamples: LIDAO and PPLM cannot be told apart; UDDIA is clearly worse.
+    _, noisy = layout(cells, "a(x)", _samples(biases, sd=3.0))
+    tied = {r.method: r.fields[1].mark for r in noisy[0].rows}
+    assert tied["lidao-min"] == "tie" and tied["pplm"] == "tie" and tied["vanilla"] == ""
+    assert "≈" in markdown_table(cells, "a(x)", _samples(biases, sd=3.0))
+    _, bare = layout(cells, "a(x)")  # no resamples: no bias is marked
+    assert {r.fields[1].mark for r in bare[0].rows} == {""}
 
 
 def test_marks_compare_printed_values_and_skip_missing() -> None:
@@ -208,11 +230,18 @@ def test_tradeoff_png_is_valid_and_not_blank(run: Any) -> None:
 def test_html_is_self_contained_with_tables_plot_and_coloured_tokens(run: Any) -> None:
     page = Path(run.paths["index.html"]).read_text()
     assert page.count('<table class="paper">') == 4  # a(x), a(c,x), a(c), file
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == 3  # forest + two trade-off plots
+    assert 'alt="forest plot of the biases"' in page
     assert not re.search(r"""(src|href)=["'](?!data:)""", page)  # nothing fetched from elsewhere
     coloured = len(re.findall(r'class="tok-[ga]"', page)) - 2  # minus the legend
     # lidao-min rows carry 8 choices each; 3 samples per model × task.
     assert coloured == 2 * 3 * 3 * 8
+    # The tiny model's tokens were stored as single-id decodes ("woman"): the page spaces
+    # them as the tokenizer does (" woman"), from growing-prefix decodes.
+    tiny = page[page.index("tiny-random/gpt2 · lidao-min") :]
+    assert re.search(r'<span class="tok-[ga]"> (woman|said|that|he|was|kind|and|she|smiled)<', tiny)
+    assert "harness</dt>" in page and "aggregated</dt>" in page and "config.yaml" in page
+    assert "other " in page  # the share of `other` regard beside NNRe
 
 
 class Chromium:
@@ -315,7 +344,7 @@ def test_html_renders_in_headless_chromium(run: Any, tmp_path: Path) -> None:
         )
         browser.call("Page.navigate", session, url=Path(run.paths["index.html"]).as_uri())
         browser.wait_for("Page.loadEventFired")
-        check = "JSON.stringify({tables: document.querySelectorAll('table.paper').length, images: Array.from(document.images).map(i => i.complete && i.naturalWidth > 0), tokens: document.querySelectorAll('.tok-g, .tok-a').length})"
+        check = "JSON.stringify({tables: document.querySelectorAll('table.paper').length, images: Array.from(document.images).map(i => i.complete && i.naturalWidth > 0), tokens: document.querySelectorAll('.tok-g, .tok-a').length, forest: Array.from(document.images).some(i => i.alt.startsWith('forest')), spaced: Array.from(document.querySelectorAll('.tok-g, .tok-a')).filter(e => e.textContent.startsWith(' ')).length})"
         state = json.loads(
             browser.call("Runtime.evaluate", session, expression=check)["result"]["value"]
         )
@@ -331,9 +360,12 @@ def test_html_renders_in_headless_chromium(run: Any, tmp_path: Path) -> None:
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
     ]  # fmt: skip
     assert errors == []
-    assert state["tables"] == 4 and state["images"] == [True, True] and state["tokens"] > 0
+    assert state["tables"] == 4 and state["images"] == [True, True, True] and state["tokens"] > 0
+    assert state["forest"] and state["spaced"] > 0
     png = base64.b64decode(shot["data"])
     (tmp_path / "index.png").write_bytes(png)
+    if os.environ.get("LIDAO_SCREENSHOT"):  # to look at it: LIDAO_SCREENSHOT=/tmp/shot.png
+        Path(os.environ["LIDAO_SCREENSHOT"]).write_bytes(png)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000
 
 
