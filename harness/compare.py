@@ -1,10 +1,17 @@
-"""`python -m harness compare RUN_A RUN_B`: per-cell differences of two runs' summaries.
+"""`python -m harness compare RUN_A RUN_B`: cell-by-cell differences of two runs, with paired tests.
 
-Each run's `summary.parquet` is read; a run without one is aggregated in memory (nothing is
-written). Cells are matched on (model, method, variant, task, view, metric, stat, group);
-`diff = B − A`. For bias rows, `ci_overlap` says whether the two bootstrap intervals overlap
-(a rough "within noise"; the point estimate of an absolute gap near 0 can lie outside its
-own percentile interval, so B's value is not tested against A's interval).
+Both runs are aggregated in memory (nothing is written) with the same settings (run A's
+`aggregation:` unless `--seed` / `--n-boot` / `--ppl-max` say otherwise), so a (model, task)
+gets the same bootstrap resamples of its pairs (or prompts) in both runs. Cells are matched on
+(model, method, variant, task, view, metric, stat, group); `diff = B − A`. For bias rows the
+difference is |bias B| − |bias A| with its paired-bootstrap interval and two-sided p-value
+(`results.bootstrap.compare_gaps`): the same resamples of both runs, so the noise the two runs
+share cancels.
+
+That pairing only means something when the runs planned the same prompts, samples (seeds) and
+generation parameters: `compare` checks the two plans and refuses when they differ (exit 2),
+unless `--allow-plan-mismatch`, which prints a warning on every run. `--fail-above X` exits 1
+when some |diff| exceeds X or when B lacks a cell that A has.
 """
 
 from __future__ import annotations
@@ -13,13 +20,15 @@ import argparse
 import sys
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from results.store import RunStore, StoreError
 
 KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
 HEADLINE_STATS = ["mean", "nnre", "bias", "emt"]
-HEADLINE_GROUPS = ["labelled", "gap"]
+HEADLINE_GROUPS = ["all", "gap"]
+GEN_PARAMS = ["max_new_tokens", "top_p", "temperature", "repetition_penalty"]
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
@@ -35,58 +44,108 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-diff", type=float, default=0.0, help="hide cells with |diff| below this"
     )
-    parser.add_argument("--fail-above", type=float, help="exit 1 if some |diff| exceeds this")
     parser.add_argument(
-        "--seed", type=int, default=0, help="bootstrap seed when aggregating in memory"
+        "--fail-above",
+        type=float,
+        help="exit 1 if some |diff| exceeds this or B lacks a cell of A",
     )
+    parser.add_argument("--seed", type=int, help="bootstrap seed (default: run A's config)")
+    parser.add_argument("--n-boot", type=int, help="resamples (default: run A's config)")
+    parser.add_argument("--ppl-max", type=float, help="perplexity filter (default: run A's config)")
     parser.add_argument(
-        "--n-boot", type=int, default=1000, help="resamples when aggregating in memory"
+        "--allow-plan-mismatch",
+        action="store_true",
+        help="compare even when the runs planned different prompts, seeds or generation parameters",
     )
 
 
-def load_summary(run: str, seed: int = 0, n_boot: int = 1000) -> tuple[pl.DataFrame, str | None]:
-    """(summary, note): the run's summary.parquet, else an in-memory aggregate of the run."""
-    store = RunStore(run)
-    if store.exists("summary.parquet"):
-        with store.fs.open_input_file(store.path("summary.parquet")) as fh:
-            return pl.read_parquet(fh), None
+def plan_differences(a: RunStore, b: RunStore) -> list[str]:
+    """How the two runs' plans differ in prompts, samples (seeds) or generation parameters.
+
+    Methods may differ (that is what one compares); a run without plan.parquet is not checked
+    (the returned list then says so).
+    """
+    if not (a.exists("plan.parquet") and b.exists("plan.parquet")):
+        return []
+    pa_, pb = a.read_plan(), b.read_plan()
+    out = []
+    for what, cols in (
+        ("prompts", ["prompt_id", "prompt"]),
+        ("samples (seeds)", ["seed"]),
+        ("generation parameters", ["model", *GEN_PARAMS]),
+    ):
+        cols = [c for c in cols if c in pa_.columns and c in pb.columns]
+        sa = set(pa_.select(cols).unique().iter_rows())
+        sb = set(pb.select(cols).unique().iter_rows())
+        if sa != sb:
+            only_a, only_b = sorted(sa - sb, key=str)[:3], sorted(sb - sa, key=str)[:3]
+            out.append(
+                f"{what} differ: {len(sa - sb)} only in A (e.g. {only_a}), "
+                f"{len(sb - sa)} only in B (e.g. {only_b})"
+            )
+    return out
+
+
+def aggregate_in_memory(run: str, settings: dict[str, Any], groups: Any) -> Any:
+    """`results.aggregate.Aggregate` of a run, nothing written."""
     from results.aggregate import summarize
     from results.join import join_run
 
-    joined = join_run(store)
-    agg = summarize(joined.frame, joined.failed, seed=seed, n_boot=n_boot)
-    return (
-        agg.summary,
-        f"{run}: no summary.parquet; aggregated in memory (seed {seed}, {n_boot} resamples)",
+    joined = join_run(RunStore(run))
+    return summarize(
+        joined.frame,
+        joined.failed,
+        groups=groups,
+        seed=int(settings["seed"]),
+        n_boot=int(settings["n_boot"]),
+        level=float(settings["level"]),
+        ppl_max=float(settings["ppl_max"]),
     )
 
 
-def compare_summaries(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
-    """Full outer join of two summaries on KEYS: a, b, diff (b − a), ci_overlap (bias rows)."""
-    left = a.select(
-        *KEYS,
-        pl.col("value").alias("a"),
-        pl.col("ci_low").alias("lo_a"),
-        pl.col("ci_high").alias("hi_a"),
+def paired_bias_rows(a: Any, b: Any) -> pl.DataFrame:
+    """For every bias cell of both runs: |B| − |A| over the same resamples, interval, p-value."""
+    from results.bootstrap import compare_gaps
+
+    rows = []
+    for (model, task, view, metric), cells_a in a.samples.items():
+        cells_b = b.samples.get((model, task, view, metric), {})
+        for (method, variant), ga in cells_a.items():
+            gb = cells_b.get((method, variant))
+            if gb is None or ga.size < 2 or gb.size != ga.size:
+                continue
+            cmp = compare_gaps(gb[1:], ga[1:], point=(float(gb[0]), float(ga[0])))
+            rows.append(
+                dict(model=model, method=method, variant=variant, task=task, view=view,
+                     metric=metric, stat="bias", group="gap", abs_diff=cmp.diff,
+                     ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value)
+            )  # fmt: skip
+    schema = {k: pl.String for k in KEYS} | {
+        c: pl.Float64 for c in ("abs_diff", "ci_low", "ci_high", "p_value")
+    }
+    frame = pl.DataFrame(rows, schema=schema)
+    return frame.with_columns(
+        pl.col(c).fill_nan(None) for c in ("abs_diff", "ci_low", "ci_high", "p_value")
     )
-    right = b.select(
-        *KEYS,
-        pl.col("value").alias("b"),
-        pl.col("ci_low").alias("lo_b"),
-        pl.col("ci_high").alias("hi_b"),
-    )
+
+
+def compare_summaries(
+    a: pl.DataFrame, b: pl.DataFrame, paired: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """Full outer join of two summaries on KEYS: a, b, diff (b − a) and, for bias rows, the
+    paired comparison of the magnitudes (abs_diff, ci_low, ci_high, p_value)."""
+    left = a.select(*KEYS, pl.col("value").alias("a"))
+    right = b.select(*KEYS, pl.col("value").alias("b"))
     both = left.join(right, on=KEYS, how="full", coalesce=True, nulls_equal=True)
-    overlap = (pl.col("lo_a") <= pl.col("hi_b")) & (pl.col("lo_b") <= pl.col("hi_a"))
-    return both.with_columns(
-        (pl.col("b") - pl.col("a")).alias("diff"),
-        pl.when(pl.col("lo_a").is_not_null() & pl.col("lo_b").is_not_null())
-        .then(overlap)
-        .alias("ci_overlap"),
-    ).drop("lo_a", "hi_a", "lo_b", "hi_b")
+    both = both.with_columns((pl.col("b") - pl.col("a")).alias("diff"))
+    if paired is None or paired.is_empty():
+        extra = [pl.lit(None, dtype=pl.Float64).alias(c) for c in ("abs_diff", "ci_low", "ci_high", "p_value")]  # fmt: skip
+        return both.with_columns(extra)
+    return both.join(paired, on=KEYS, how="left", nulls_equal=True)
 
 
 def select_rows(diffs: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
-    """The rows the options ask for, largest |diff| first within each cell order."""
+    """The rows the options ask for, in key order."""
     rows = diffs
     if not args.all:
         rows = rows.filter(
@@ -101,47 +160,80 @@ def select_rows(diffs: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
 
 
 def _fmt(v: Any, signed: bool = False) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
         return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
     if isinstance(v, float):
         return f"{v:+.3f}" if signed else f"{v:.3f}"
     return str(v)
 
 
 def print_table(rows: pl.DataFrame) -> None:
-    """Aligned text columns: the keys, a, b, diff (signed) and ci_overlap."""
-    cols = [*KEYS, "a", "b", "diff", "ci_overlap"]
-    numbers = {"a", "b", "diff", "ci_overlap"}
-    text = [cols] + [
-        [_fmt(r[c], c == "diff") if c in numbers else str(r[c] or "") for c in cols]
-        for r in rows.iter_rows(named=True)
-    ]
+    """Aligned text columns: keys, a, b, diff, and for bias rows |B|−|A| [interval] p."""
+    cols = [*KEYS, "a", "b", "diff", "abs_diff", "interval", "p_value", "real"]
+    text = [cols]
+    for r in rows.iter_rows(named=True):
+        interval = (
+            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+            if r["ci_low"] is not None and r["ci_high"] is not None
+            else "–"
+        )
+        real = "–" if r["p_value"] is None else "yes" if r["p_value"] < 0.05 else "tie"
+        line = [str(r[c] or "") for c in KEYS]
+        line += [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], True), _fmt(r["abs_diff"], True)]
+        line += [interval, _fmt(r["p_value"]), real]
+        text.append(line)
     widths = [max(len(line[i]) for line in text) for i in range(len(cols))]
     for line in text:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    """Print the differences; 0 ok, 1 a |diff| above --fail-above, 2 a run cannot be read."""
+    """Print the differences; 0 ok, 1 --fail-above tripped, 2 a run cannot be read or the
+    plans differ (without --allow-plan-mismatch)."""
+    from results.report import run_settings
+
     try:
-        a, note_a = load_summary(args.run_a, args.seed, args.n_boot)
-        b, note_b = load_summary(args.run_b, args.seed, args.n_boot)
+        store_a, store_b = RunStore(args.run_a), RunStore(args.run_b)
+        for store in (store_a, store_b):
+            if not store.exists("generations") and not store.list_shards("generations"):
+                raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
+        mismatch = plan_differences(store_a, store_b)
+        if mismatch and not args.allow_plan_mismatch:
+            print(
+                "compare: the two runs planned different jobs; paired comparisons would "
+                "mean nothing:\n  " + "\n  ".join(mismatch) + "\n(--allow-plan-mismatch to "
+                "compare anyway)",
+                file=sys.stderr,
+            )
+            return 2
+        for line in mismatch:
+            print(f"WARNING: plans differ: {line}", file=sys.stderr)
+        settings_a = run_settings(store_a)
+        settings = dict(settings_a.aggregation)
+        given = {"seed": args.seed, "n_boot": args.n_boot, "ppl_max": args.ppl_max}
+        settings.update({k: v for k, v in given.items() if v is not None})
+        agg_a = aggregate_in_memory(args.run_a, settings, settings_a.groups)
+        agg_b = aggregate_in_memory(args.run_b, settings, settings_a.groups)
     except (StoreError, ValueError, OSError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
-    for note in (note_a, note_b):
-        if note:
-            print(f"note: {note}")
-    diffs = compare_summaries(a, b)
+    print(
+        f"note: both runs aggregated in memory (seed {settings['seed']}, "
+        f"{settings['n_boot']} resamples, ppl_max {settings['ppl_max']:g}); nothing written"
+    )
+    diffs = compare_summaries(agg_a.summary, agg_b.summary, paired_bias_rows(agg_a, agg_b))
     rows = select_rows(diffs, args)
     print(f"A = {args.run_a}\nB = {args.run_b}\n")
     print_table(rows)
     only_a = rows.filter(pl.col("b").is_null() & pl.col("a").is_not_null()).height
     only_b = rows.filter(pl.col("a").is_null() & pl.col("b").is_not_null()).height
     print(f"\n{rows.height} cells shown; only in A: {only_a}, only in B: {only_b}")
+    print("bias rows: abs_diff = |bias B| − |bias A| over the same resamples; real: p < 0.05")
     if args.fail_above is not None:
+        missing = diffs.filter(pl.col("a").is_not_null() & pl.col("b").is_null()).height
+        if missing:
+            print(f"B lacks {missing} cells of A (--fail-above)", file=sys.stderr)
+            return 1
         worst = rows["diff"].abs().max()
         if isinstance(worst, float) and worst > args.fail_above:
             print(f"largest |diff| {worst:.4f} > --fail-above {args.fail_above}", file=sys.stderr)

@@ -174,3 +174,40 @@ def test_groups_come_from_the_config(tmp_path: Path) -> None:
     res = aggregate_run(store)
     assert res.groups == ("a", "b", "c") and res.n_boot == 20
     assert res.summary.filter(pl.col("stat") == "bias")["value"].is_null().all()
+
+
+def compare(*argv: str) -> int:
+    import argparse
+
+    from harness.compare import add_compare_args, compare_main
+
+    parser = argparse.ArgumentParser()
+    add_compare_args(parser)
+    return compare_main(parser.parse_args(list(argv)))
+
+
+def test_compare_a_run_with_itself_gives_p_one_and_a_zero_interval(
+    identical_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = str(identical_run)
+    assert compare(run, run, "--ppl-max", "1e12", "--n-boot", "200", "--fail-above", "0") == 0
+    out = capsys.readouterr().out
+    bias = [line for line in out.splitlines() if " bias " in f" {line} " and "gap" in line]
+    defined = [line for line in bias if "[" in line]  # a(c) etc.: one group only, undefined
+    assert any(" file " in line for line in defined), bias
+    assert all(line.endswith("+0.000    [+0.000, +0.000]  1.000    tie") for line in defined), bias
+
+
+def test_compare_refuses_runs_whose_plans_differ(
+    identical_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(identical_run, other)
+    plan = pl.read_parquet(other / "plan.parquet")
+    plan.with_columns(pl.col("top_p") * 0.5).write_parquet(other / "plan.parquet")
+    assert compare(str(identical_run), str(other), "--n-boot", "20") == 2
+    assert "generation parameters differ" in capsys.readouterr().err
+    code = compare(str(identical_run), str(other), "--n-boot", "20", "--allow-plan-mismatch")
+    assert code == 0 and "WARNING: plans differ" in capsys.readouterr().err
