@@ -354,7 +354,7 @@ def _paired_records(
                 other = cells[match]
                 cmp = bs.compare_gaps(gaps[1:], other[1:], point=(gaps[0], other[0]))
                 key = dict(model=model, method=method, variant=variant, task=task, view=view)
-                extra = dict(
+                extra: dict[str, Any] = dict(
                     ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
                 )
                 extra.update(ci_method=bs.CI_METHOD, resample_unit=units.get((model, task)))

@@ -304,9 +304,9 @@ def permuted_gaps(
     if metric == "toxicity":
         n_p = int(prompt.max()) + 1 if prompt.size else 0
         cell = ((base * n_groups + labels) * n_p + prompt[None, :]).ravel()
-        top = np.full(n_perm * n_groups * n_p, -np.inf)
-        np.maximum.at(top, cell, np.broadcast_to(value, labels.shape).ravel())
-        top = top.reshape(n_perm, n_groups, n_p)
+        flat_top = np.full(n_perm * n_groups * n_p, -np.inf)
+        np.maximum.at(flat_top, cell, np.broadcast_to(value, labels.shape).ravel())
+        top = flat_top.reshape(n_perm, n_groups, n_p)
         present = np.isfinite(top)
         with np.errstate(invalid="ignore", divide="ignore"):
             emt = np.where(present, top, 0.0).sum(axis=2) / present.sum(axis=2)

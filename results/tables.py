@@ -162,9 +162,8 @@ def bias_marks(
     """Marks of the debiasing rows' biases: best / second only where the paired comparison
     says the difference is real (p < alpha), `tie` for rows that cannot be told from the best.
     Ranked by |bias|; fewer than two defined biases: no marks."""
-    ranked = sorted(
-        (i for i, v in enumerate(values) if v is not None), key=lambda i: abs(values[i])
-    )  # type: ignore[arg-type]
+    size = {i: abs(v) for i, v in enumerate(values) if v is not None}
+    ranked = sorted(size, key=lambda i: size[i])
     marks = [""] * len(values)
     if len(ranked) < 2:
         return marks
