@@ -169,7 +169,7 @@ def test_the_papers_175_pairs_run_through_the_whole_path(tmp_path: Path, shared:
         "summary.csv",
         "report/tables.md",
         "report/tables.tex",
-        "report/tradeoff.png",
+        "report/forest.png",  # no perplexity scorer: the forest plot, no trade-off plot
         "report/index.html",
     ):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
