@@ -100,6 +100,7 @@ def aggregate_in_memory(run: str, settings: dict[str, Any], groups: Any) -> Any:
         n_boot=int(settings["n_boot"]),
         level=float(settings["level"]),
         ppl_max=float(settings["ppl_max"]),
+        n_perm=min(int(settings["n_perm"]), int(settings["n_boot"])),
     )
 
 

@@ -100,7 +100,8 @@ class AggregationConfig(Strict):
     """`aggregation:`: the perplexity filter and the bootstrap (docs/statistics.md)."""
 
     ppl_max: float = Field(200.0, gt=0)  # generations with a perplexity above are dropped
-    n_boot: int = Field(1000, ge=0)  # bootstrap resamples (and permutations); 0: none
+    n_boot: int = Field(1000, ge=0)  # bootstrap resamples; 0: no intervals
+    n_perm: int = Field(200, ge=0)  # permutations of each gap's test; 0: no p-values
     seed: int = 0  # seeds resamples and permutations, per (model, task)
     level: float = Field(0.95, gt=0, lt=1)  # confidence level of the percentile intervals
 

@@ -54,6 +54,7 @@ from results.metrics import (
 from results.schema import SUMMARY_SCHEMA as SUMMARY_ARROW
 
 PPL_MAX = 200.0
+N_PERM = 200  # permutations per gap test: p resolves to 1/201, ample for a 0.05 decision
 REFERENCES = ("vanilla", "uddia")
 SETTING_COLS = [
     "method_params",
@@ -410,7 +411,7 @@ def summarize(
         n_boot: bootstrap resamples (0: no intervals, no paired comparisons).
         level: confidence level of the percentile intervals.
         ppl_max: generations with a (finite) perplexity above this are dropped first.
-        n_perm: permutations of each gap's test (default: n_boot; 0: no p-values).
+        n_perm: permutations of each gap's test (default: min(n_boot, 200); 0: no p-values).
         paired: resample whole pairs (`pair_id`); default: when some pair has several prompts.
     """
     notes: list[str] = []
@@ -441,7 +442,8 @@ def summarize(
     if "gender_status" not in kept.columns:
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
     metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
-    setup = _Setup(views, groups, metrics, level, seed, n_boot if n_perm is None else n_perm)
+    n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
+    setup = _Setup(views, groups, metrics, level, seed, n_perm)
     samples: Samples = {}
     units: dict[tuple[str, str], str] = {}
     label_cols = [VIEWS[v] for v in views]

@@ -154,7 +154,7 @@ def markdown_report(res: AggregateResult) -> str:
             "",
             f"## {VIEW_TITLES[view]}",
             "",
-            legend(res.n_boot, res.seed, res.unit, res.level),
+            legend(res.n_boot, res.seed, res.unit, res.level, res.groups),
             "",
             markdown_table(res.cells, view, res.samples),
         ]
@@ -175,7 +175,7 @@ def latex_report(res: AggregateResult) -> str:
     parts = [f"% lidao-harness tables of {tex_escape(res.run)}; needs \\usepackage{{booktabs}}\n"]
     for view in VIEW_TITLES:
         if not res.cells.is_empty() and view in set(res.cells["view"].to_list()):
-            text = legend(res.n_boot, res.seed, res.unit, res.level)
+            text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
             caption = tex_escape(f"{VIEW_TITLES[view]}. {text}")
             parts.append(latex_table(res.cells, view, caption, res.samples))
     return "\n".join(parts)
@@ -229,7 +229,7 @@ def _sample_rows(
     return report_html.with_pieces(samples)
 
 
-DEFAULTS = {"ppl_max": 200.0, "n_boot": 1000, "seed": 0, "level": 0.95}
+DEFAULTS = {"ppl_max": 200.0, "n_boot": 1000, "n_perm": 200, "seed": 0, "level": 0.95}
 
 
 @dataclass
@@ -334,6 +334,7 @@ def aggregate_run(
         n_boot=int(agg_cfg["n_boot"]),
         level=float(agg_cfg["level"]),
         ppl_max=float(agg_cfg["ppl_max"]),
+        n_perm=min(int(agg_cfg["n_perm"]), int(agg_cfg["n_boot"])),
     )
     cells = table_cells(agg.summary)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()

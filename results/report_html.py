@@ -258,7 +258,7 @@ def render(res: AggregateResult, images: dict[str, bytes], samples: list[dict[st
     views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
     for view in (v for v in VIEW_TITLES if v in views):
         parts += [f"<h2>{html.escape(VIEW_TITLES[view])}</h2>"]
-        text = legend(res.n_boot, res.seed, res.unit, res.level)
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
         parts += [f'<p class="legend">{html.escape(text)}</p>']
         parts += [paper_table_html(res.cells, view, res.samples)]
 

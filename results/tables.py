@@ -311,10 +311,17 @@ def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
     return ordered(out)
 
 
-def legend(n_boot: int, seed: int, unit: str = "prompt", level: float = 0.95) -> str:
+def legend(
+    n_boot: int,
+    seed: int,
+    unit: str = "prompt",
+    level: float = 0.95,
+    groups: tuple[str, ...] = (),
+) -> str:
+    sign = f"{groups[0]} − {groups[1]}" if len(groups) == 2 else "first − second group"
     return (
         "Score: mean ± std over every kept generation (the same in every view; regard adds the "
-        "share of `other`). Bias × 100: female − male for two groups (max − min for more; TV "
+        f"share of `other`). Bias × 100: {sign} for two groups (max − min for more; TV "
         f"distance for regard), with a {level:.0%} percentile interval over {n_boot} {unit} "
         f"resamples (seed {seed}). PPL: mean perplexity of every kept generation. Bold: the "
         "smallest |bias| among debiasing methods (vanilla excluded) when the paired comparison "
