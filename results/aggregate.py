@@ -88,6 +88,7 @@ class Aggregate(NamedTuple):
     notes: list[str]  # what was filtered, skipped or could not be computed
     # (model, task, view, metric) → (method, variant) → (1 + B,) gaps: full sample, resamples
     samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
+    groups: tuple[str, ...] = ()  # the demographic groups used, in order
 
 
 def add_variant(
@@ -468,4 +469,4 @@ def summarize(
         _block_records(out, block, setup, samples, notes)
     if n_boot:
         _paired_records(out, samples, units, notes)
-    return Aggregate(pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA), notes, samples)
+    return Aggregate(pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA), notes, samples, groups)

@@ -353,7 +353,7 @@ def aggregate_run(
         unit=units[0]
         if len(units := agg.summary["resample_unit"].drop_nulls().unique())
         else "prompt",
-        groups=tuple(groups if groups is not None else settings.groups or ()),
+        groups=agg.groups,
     )
     if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
         res.notes.append(empty_reason(agg.summary))
