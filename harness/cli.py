@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="read this scorer where several scored one metric (repeatable)",
     )
     a.add_argument("--ppl-max", type=float, help="drop generations above this perplexity")
-    a.add_argument("--n-boot", type=int, help="bootstrap resamples (permutations: at most this many)")
+    a.add_argument(
+        "--n-boot", type=int, help="bootstrap resamples (permutations: at most this many)"
+    )
     a.add_argument("--seed", type=int, help="bootstrap / permutation seed")
     a.set_defaults(func=cmd_aggregate)
     th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
