@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, ModelRef
+from tests.agreement import assert_alone_matches_batched
 from tests.helpers import make_jobs
 from workers.decoding import decode_batch, nucleus_sample, repetition_penalty
 from workers.methods.base import Vanilla
@@ -21,16 +22,10 @@ def lm(request: pytest.FixtureRequest) -> LoadedLM:
     return load_lm(ModelRef(f"tiny-random/{request.param}"), device="cpu")
 
 
-def test_a_job_gives_the_same_text_alone_and_in_a_batch_of_8(lm: LoadedLM) -> None:
+def test_a_job_samples_alike_alone_and_in_a_batch_of_8(lm: LoadedLM) -> None:
     gen = GenerationParams(max_new_tokens=12, temperature=0.75, repetition_penalty=1.2)
     jobs = make_jobs(lm.ref.id.split("/")[1], n=8, gen=gen)
-    method = Vanilla(lm, {}, "sentiment")
-    batched = decode_batch(lm, method, jobs)
-    for job, row in zip(jobs, batched):
-        alone = decode_batch(lm, method, [job])[0]
-        assert (
-            alone["token_ids"] == row["token_ids"] and alone["continuation"] == row["continuation"]
-        )
+    batched = assert_alone_matches_batched(lm, Vanilla(lm, {}, "sentiment"), jobs)
     assert len({tuple(r["token_ids"]) for r in batched}) > 4  # different prompts/seeds differ
 
 
