@@ -65,7 +65,9 @@ def assert_same_samples(
     same = 0
     for sa, sb in zip(a, b, strict=False):
         if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
-            assert bool(sa.active[row_a]) == bool(sb.active[row_b]), f"step {sa.step}: one run ended"
+            assert bool(sa.active[row_a]) == bool(sb.active[row_b]), (
+                f"step {sa.step}: one run ended"
+            )
             break
         assert float(sa.uniforms[row_a]) == float(sb.uniforms[row_b]), f"step {sa.step}: uniforms"
         p = torch.softmax(sa.logprobs[row_a].double(), -1)

@@ -176,7 +176,9 @@ def test_method_filters_are_row_wise() -> None:
     batch_g = gedi_filter(scores, desired, 0.8, 0.8)
     batch_d = nucleus_filter(scores, 0.9)
     for i in range(5):
-        assert torch.equal(batch_g[i], gedi_filter(scores[i : i + 1], desired[i : i + 1], 0.8, 0.8)[0])
+        assert torch.equal(
+            batch_g[i], gedi_filter(scores[i : i + 1], desired[i : i + 1], 0.8, 0.8)[0]
+        )
         assert torch.equal(batch_d[i], nucleus_filter(scores[i : i + 1], 0.9)[0])
 
 

@@ -93,7 +93,11 @@ def test_row_alone_equals_row_in_batch(lm: LoadedLM, method: str, scope: str) ->
     for i, prompt in enumerate(PROMPTS):
         (alone,) = generate(lm, method, [prompt], params)
         n = next(
-            (t for t, (x, y) in enumerate(zip(alone["token_ids"], batch[i]["token_ids"])) if x != y),
+            (
+                t
+                for t, (x, y) in enumerate(zip(alone["token_ids"], batch[i]["token_ids"]))
+                if x != y
+            ),
             min(alone["num_tokens"], batch[i]["num_tokens"]),
         )  # losses are compared while the texts agree (they may part at a near-tie)
         torch.testing.assert_close(
