@@ -187,3 +187,78 @@ def test_seen_mask_counts_real_tokens_only_when_pad_is_bos() -> None:
         [1, 14],
         [1, 15],
     ]  # no BOS / pad, whatever order the writes ran in
+
+
+# --- batch sizing on GPUs (the logic, with a fake memory) --------------------------------------
+
+
+class FakeMemory:
+    """A device of `capacity` bytes where a batch takes `per_token` bytes per sequence-token."""
+
+    def __init__(self, capacity: int, per_token: int, in_use: int = 1000) -> None:
+        self.capacity_, self.per_token, self.in_use = capacity, per_token, in_use
+        self.peak_ = in_use
+
+    def start(self) -> int:
+        self.peak_ = self.in_use
+        return self.in_use
+
+    def peak(self) -> int:
+        return self.peak_
+
+    def capacity(self) -> int:
+        return self.capacity_
+
+    def run(self, sequences: int, length: int) -> None:
+        need = self.in_use + sequences * length * self.per_token
+        if need > self.capacity_:
+            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        self.peak_ = max(self.peak_, need)
+
+
+def test_batches_are_cut_to_what_the_measured_peak_says_fits(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import generator as generator_module
+
+    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
+    memory = FakeMemory(capacity=40_000, per_token=500)
+    gen.sizer = generator_module.BatchSizer(memory, fraction=0.9)
+    sizes: list[int] = []
+    real = generator_module.decode_batch
+
+    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
+        memory.run(len(jobs), gen._length(jobs))  # raises like CUDA when it does not fit
+        sizes.append(len(jobs))
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    short = GenerationParams(max_new_tokens=2)
+    jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=32, gen=short)]
+    length = gen._length(jobs)  # BOS + 'He' + 2 new tokens
+    fits = int((0.9 * 40_000 - 1000) // (500 * length))
+    first = gen.run_batch(jobs[:4])  # measures the peak per sequence
+    assert first["ok"] == 4 and first["peak_bytes_per_seq"] == 500 * length
+    result = gen.run_batch(jobs)  # 32 do not fit: cut into chunks of `fits`
+    assert result["ok"] == 32 and gen.stats["oom_splits"] == 0
+    assert sizes[1:] == [fits] * (32 // fits) + ([32 % fits] if 32 % fits else [])
+    assert fits < 32 and gen.stats["memory_chunks"] == len(sizes) - 2
+
+
+def test_out_of_memory_still_halves_before_any_measurement(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import generator as generator_module
+
+    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
+    memory = FakeMemory(capacity=20_000, per_token=500)
+    gen.sizer = generator_module.BatchSizer(memory)
+    real = generator_module.decode_batch
+
+    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
+        memory.run(len(jobs), gen._length(jobs))
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=16)]
+    assert gen.run_batch(jobs)["ok"] == 16 and gen.stats["oom_splits"] > 0
