@@ -204,7 +204,10 @@ def test_method_filters_are_row_wise() -> None:
 def test_baselines_run_on_cuda(method: str, active: dict[str, Any], zero: dict[str, Any]) -> None:
     cuda = load_lm(ModelRef("tiny-random/gpt2"), device="cuda")
     assert all(len(t) > 0 for t in run(cuda, method, active))
-    assert run(cuda, method, zero) == run(cuda, "vanilla", {})
+    _, at_zero = traced(cuda, build(cuda, method, zero), make_jobs(cuda, method, zero, PROMPTS))
+    _, plain = traced(cuda, build(cuda, "vanilla", {}), make_jobs(cuda, "vanilla", {}, PROMPTS))
+    for i in range(len(PROMPTS)):  # CUDA kernels round differently by path: within 1e-4
+        assert_same_samples(at_zero, i, plain, i, GEN.top_p, tol=1e-4)
 
 
 # --- PPLM --------------------------------------------------------------------------------------
