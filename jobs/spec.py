@@ -13,7 +13,7 @@ from typing import Any
 
 # Bump when the meaning of the hashed fields changes (e.g. a new decoding convention), so
 # that old run directories are not silently resumed with incompatible outputs.
-JOB_ID_VERSION = 1
+JOB_ID_VERSION = 2  # 2: device-hashed uniforms and BOS-free repetition penalty change every text
 
 
 def canonical_json(obj: Any) -> str:

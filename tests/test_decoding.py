@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, ModelRef
+from tests.agreement import assert_alone_matches_batched
 from tests.helpers import make_jobs
+from workers import decoding
 from workers.decoding import decode_batch, nucleus_sample, repetition_penalty
 from workers.methods.base import Vanilla
 from workers.models import LoadedLM, load_lm
 
 FAMILIES = ["gpt2", "opt", "falcon", "llama"]
+PINNED_UNIFORMS = [0.5074927365001425, 0.1767669660442076]  # job_uniforms(seeds, step 3)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -21,16 +24,10 @@ def lm(request: pytest.FixtureRequest) -> LoadedLM:
     return load_lm(ModelRef(f"tiny-random/{request.param}"), device="cpu")
 
 
-def test_a_job_gives_the_same_text_alone_and_in_a_batch_of_8(lm: LoadedLM) -> None:
+def test_a_job_samples_alike_alone_and_in_a_batch_of_8(lm: LoadedLM) -> None:
     gen = GenerationParams(max_new_tokens=12, temperature=0.75, repetition_penalty=1.2)
     jobs = make_jobs(lm.ref.id.split("/")[1], n=8, gen=gen)
-    method = Vanilla(lm, {}, "sentiment")
-    batched = decode_batch(lm, method, jobs)
-    for job, row in zip(jobs, batched):
-        alone = decode_batch(lm, method, [job])[0]
-        assert (
-            alone["token_ids"] == row["token_ids"] and alone["continuation"] == row["continuation"]
-        )
+    batched = assert_alone_matches_batched(lm, Vanilla(lm, {}, "sentiment"), jobs)
     assert len({tuple(r["token_ids"]) for r in batched}) > 4  # different prompts/seeds differ
 
 
@@ -96,3 +93,172 @@ def test_an_over_long_prompt_fails_only_its_own_job() -> None:
     assert rows[0]["status"] == "error" and "exceeds the model's context of 512" in rows[0]["error"]
     assert jobs[0].job_id in rows[0]["error"]
     assert rows[1]["status"] == "ok" and rows[1]["num_tokens"] > 0
+
+
+# --- stable sampling, device uniforms, the seen mask -------------------------------------------
+
+
+def _reference_token(probs: torch.Tensor, top_p: float, u: float) -> int:
+    """Nucleus + inverse CDF written plainly: order by (probability desc, token id asc)."""
+    order = sorted(range(probs.shape[0]), key=lambda t: (-float(probs[t]), t))
+    nucleus, mass = [], 0.0
+    for t in order:
+        if mass >= top_p:
+            break
+        nucleus.append(t)
+        mass += float(probs[t])
+    target, acc = u * mass, 0.0
+    for t in nucleus:
+        acc += float(probs[t])
+        if target < acc:
+            return t
+    return nucleus[-1]
+
+
+def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> None:
+    vocab = 50257  # a real vocabulary, so the top-k path runs
+    tied = torch.full((vocab,), -30.0)
+    tied[[7, 40000, 123, 9999]] = 0.0  # four exactly tied tokens hold the nucleus
+    tied[[5, 6]] = -1.0
+    flat = torch.zeros(vocab)  # its nucleus is far wider than 256 candidates: full sort
+    probs = torch.softmax(torch.stack([tied, flat]).double(), -1)
+    uniforms = torch.linspace(0, 0.999, 999, dtype=torch.float64)
+    _, exact = decoding.nucleus_topk(probs, 0.9, torch.zeros(2, dtype=torch.float64))
+    assert exact.tolist() == [True, False]  # the tied row is decided by its 256 candidates
+    for u in uniforms.tolist()[::37]:
+        uu = torch.tensor([u, u], dtype=torch.float64)
+        alone = int(nucleus_sample(tied.unsqueeze(0), 0.9, uu[:1])[0])
+        beside = nucleus_sample(torch.stack([tied, flat]), 0.9, uu)
+        full = int(decoding.nucleus_full(probs[:1], 0.9, uu[:1])[0])
+        assert alone == int(beside[0]) == full == _reference_token(probs[0], 0.9, u)
+        assert int(beside[1]) == _reference_token(probs[1], 0.9, u)
+
+
+def test_topk_path_equals_a_full_sort_on_random_peaked_rows() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = 4.0 * torch.randn(16, 50257, generator=gen)
+    logits[:, :300] = logits[:, :300].round()  # many exact ties among likely tokens
+    probs = torch.softmax(logits.double(), -1)
+    u = torch.rand(16, generator=gen, dtype=torch.float64)
+    tokens, exact = decoding.nucleus_topk(probs, 0.9, u)
+    assert bool(exact.any())  # some rows decided on the top-k path
+    full = decoding.nucleus_full(probs, 0.9, u)
+    assert torch.equal(tokens[exact], full[exact])
+    assert torch.equal(nucleus_sample(logits, 0.9, u), full)
+
+
+def test_job_uniforms_are_uniform_and_independent_of_the_batch() -> None:
+    seeds = torch.tensor([j.rng_seed for j in make_jobs(n=8)] + list(range(2000)))
+    draws = torch.stack([decoding.job_uniforms(seeds, s) for s in range(50)])  # (steps, B)
+    assert float(draws.min()) >= 0.0 and float(draws.max()) < 1.0
+    counts = torch.histc(draws.float(), bins=20, min=0, max=1)
+    expected = draws.numel() / 20
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 43.8  # 19 degrees of freedom, p = 0.001
+    # neighbouring steps and neighbouring seeds are uncorrelated
+    for x, y in ((draws[:-1], draws[1:]), (draws[:, 8:-1], draws[:, 9:])):
+        assert abs(float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1])) < 0.02
+    for i in (0, 5, 100):  # a row's uniforms alone equal its uniforms in the batch
+        assert torch.equal(decoding.job_uniforms(seeds[i : i + 1], 7), draws[7, i : i + 1])
+
+
+def test_job_uniforms_are_pinned() -> None:
+    # Changing these changes every generated text: bump JOB_ID_VERSION with them.
+    got = decoding.job_uniforms(torch.tensor([0, 3975714862755628463]), 3).tolist()
+    assert got == PINNED_UNIFORMS
+
+
+def test_seen_mask_counts_real_tokens_only_when_pad_is_bos() -> None:
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    bos = lm.tokenizer.bos_token_id
+    assert bos is not None  # padded with the BOS id below, as real GPT-2 (pad = BOS = EOS)
+    ids = torch.tensor([[bos, bos, bos, 11, 12], [bos, 13, 11, 14, 15]])  # row 0 left padded
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    real = decoding._real_prompt_positions(lm, ids, mask)
+    assert real.tolist() == [[False, False, False, True, True], [False, True, True, True, True]]
+    vocab = len(lm.tokenizer)
+    seen = decoding.seen_mask(ids, real, vocab)
+    assert seen.shape == (2, vocab + 1)
+    assert torch.nonzero(seen[:, :vocab]).tolist() == [
+        [0, 11],
+        [0, 12],
+        [1, 11],
+        [1, 13],
+        [1, 14],
+        [1, 15],
+    ]  # no BOS / pad, whatever order the writes ran in
+
+
+# --- batch sizing on GPUs (the logic, with a fake memory) --------------------------------------
+
+
+class FakeMemory:
+    """A device of `capacity` bytes where a batch takes `per_token` bytes per sequence-token."""
+
+    def __init__(self, capacity: int, per_token: int, in_use: int = 1000) -> None:
+        self.capacity_, self.per_token, self.in_use = capacity, per_token, in_use
+        self.peak_ = in_use
+
+    def start(self) -> int:
+        self.peak_ = self.in_use
+        return self.in_use
+
+    def peak(self) -> int:
+        return self.peak_
+
+    def capacity(self) -> int:
+        return self.capacity_
+
+    def run(self, sequences: int, length: int) -> None:
+        need = self.in_use + sequences * length * self.per_token
+        if need > self.capacity_:
+            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        self.peak_ = max(self.peak_, need)
+
+
+def test_batches_are_cut_to_what_the_measured_peak_says_fits(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import generator as generator_module
+
+    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
+    memory = FakeMemory(capacity=40_000, per_token=500)
+    gen.sizer = generator_module.BatchSizer(memory, fraction=0.9)
+    sizes: list[int] = []
+    real = generator_module.decode_batch
+
+    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
+        memory.run(len(jobs), gen._length(jobs))  # raises like CUDA when it does not fit
+        sizes.append(len(jobs))
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    short = GenerationParams(max_new_tokens=2)
+    jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=32, gen=short)]
+    length = gen._length(jobs)  # BOS + 'He' + 2 new tokens
+    fits = int((0.9 * 40_000 - 1000) // (500 * length))
+    first = gen.run_batch(jobs[:4])  # measures the peak per sequence
+    assert first["ok"] == 4 and first["peak_bytes_per_seq"] == 500 * length
+    result = gen.run_batch(jobs)  # 32 do not fit: cut into chunks of `fits`
+    assert result["ok"] == 32 and gen.stats["oom_splits"] == 0
+    assert sizes[1:] == [fits] * (32 // fits) + ([32 % fits] if 32 % fits else [])
+    assert fits < 32 and gen.stats["memory_chunks"] == len(sizes) - 2
+
+
+def test_out_of_memory_still_halves_before_any_measurement(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import generator as generator_module
+
+    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
+    memory = FakeMemory(capacity=20_000, per_token=500)
+    gen.sizer = generator_module.BatchSizer(memory)
+    real = generator_module.decode_batch
+
+    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
+        memory.run(len(jobs), gen._length(jobs))
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=16)]
+    assert gen.run_batch(jobs)["ok"] == 16 and gen.stats["oom_splits"] > 0

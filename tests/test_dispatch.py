@@ -285,7 +285,7 @@ def test_failed_batches_become_error_rows_unless_an_attempt_wrote_them(tmp_path:
     rows = store.read_generations()
     assert rows["status"].to_list() == ["error", "error"]
     assert all(
-        e.startswith("job j1-") and e.endswith("actor x died: SIGKILL") for e in rows["error"]
+        e.startswith("job j2-") and e.endswith("actor x died: SIGKILL") for e in rows["error"]
     )
     store.write_generations(
         [dict(failed_row(j, "x"), status="ok") for j in jobs[2:]]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
+from tests.agreement import assert_alone_matches_batched, assert_same_samples, traced
 from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.base import DecodingMethod, MethodError, StepContext
 from workers.methods.elidao import TEMPLATES, instruction_template, seed_token_ids
@@ -66,10 +67,15 @@ def generate(
     ],
 )
 def test_no_step_reproduces_vanilla(lm: LoadedLM, method: str, params: dict[str, Any]) -> None:
-    vanilla = [r["token_ids"] for r in generate(lm, "vanilla", PROMPTS)]
-    tuned = generate(lm, method, PROMPTS, params)
-    assert [r["status"] for r in tuned] == ["ok"] * 3
-    assert [r["token_ids"] for r in tuned] == vanilla
+    # Same uniforms; the tuned path with zero offsets rounds differently from θ's cached forward,
+    # so distributions are compared within tolerance and tokens up to a near-tie.
+    jobs = make_jobs(lm, "vanilla", PROMPTS, {})
+    _, vanilla = traced(lm, build(lm, jobs), jobs)
+    jobs = make_jobs(lm, method, PROMPTS, params)
+    tuned_rows, tuned = traced(lm, build(lm, jobs), jobs)
+    assert [r["status"] for r in tuned_rows] == ["ok"] * 3
+    compared = sum(assert_same_samples(tuned, i, vanilla, i, SHORT.top_p) for i in range(3))
+    assert compared >= 3
 
 
 def test_a_real_step_changes_the_samples() -> None:
@@ -82,12 +88,24 @@ def test_a_real_step_changes_the_samples() -> None:
 @pytest.mark.parametrize(("method", "scope"), [("lidao-min", "context"), ("elidao-prod", "last")])
 def test_row_alone_equals_row_in_batch(lm: LoadedLM, method: str, scope: str) -> None:
     params = {"scope": scope, "blocks": 2}  # 2 of 4 blocks: the lower ones are replayed
-    batch = generate(lm, method, PROMPTS, params)
+    jobs = make_jobs(lm, method, PROMPTS, params)
+    batch = assert_alone_matches_batched(lm, build(lm, jobs), jobs)
     for i, prompt in enumerate(PROMPTS):
         (alone,) = generate(lm, method, [prompt], params)
-        assert alone["token_ids"] == batch[i]["token_ids"]
-        torch.testing.assert_close(alone["loss_g"], batch[i]["loss_g"], rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(alone["loss_a"], batch[i]["loss_a"], rtol=1e-4, atol=1e-6)
+        n = next(
+            (
+                t
+                for t, (x, y) in enumerate(zip(alone["token_ids"], batch[i]["token_ids"]))
+                if x != y
+            ),
+            min(alone["num_tokens"], batch[i]["num_tokens"]),
+        )  # losses are compared while the texts agree (they may part at a near-tie)
+        torch.testing.assert_close(
+            alone["loss_g"][: n + 1], batch[i]["loss_g"][: n + 1], rtol=1e-4, atol=1e-6
+        )
+        torch.testing.assert_close(
+            alone["loss_a"][: n + 1], batch[i]["loss_a"][: n + 1], rtol=1e-4, atol=1e-6
+        )
 
 
 def test_output_columns_and_effective_params(lm: LoadedLM) -> None:

@@ -1,18 +1,19 @@
 """The shared batched decoding loop: one place for padding, cache, sampling and stopping.
 
-Each job's randomness comes from its own `torch.Generator` seeded with `JobSpec.rng_seed`:
-one uniform per step per row, turned into a token by inverse-CDF sampling over the nucleus.
-So a job samples the same tokens alone or in any batch, and a method whose distribution equals
-vanilla's samples vanilla's tokens.
+Each job's randomness is one uniform per step, a hash of (`JobSpec.rng_seed`, step) computed on
+the device (`job_uniforms`), turned into a token by inverse-CDF sampling over the nucleus
+(`nucleus_sample`). So a job draws the same uniforms alone or in any batch, and a method whose
+distribution equals vanilla's samples vanilla's tokens (see docs/design.md for what is exact
+and what holds within rounding).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -39,23 +40,73 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
     return torch.where(seen, penalised, logits)
 
 
+def seen_mask(ids: torch.Tensor, real: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, V + 1) bool: True at every id that occurs at a `real` position of (B, T) `ids`.
+
+    Positions that are not real (left padding, the leading BOS) are sent to the spare column V
+    instead of being scattered with the value False: with pad = BOS (GPT-2) a False and a True
+    would race for the same cell (nondeterministic on CUDA). Every write stores True, so the
+    result does not depend on the order of the writes. Read it as `mask[:, :V]`.
+    """
+    mask = torch.zeros((ids.shape[0], vocab + 1), dtype=torch.bool, device=ids.device)
+    mask.scatter_(1, torch.where(real, ids, vocab), True)
+    return mask
+
+
+# --- per-job random numbers ------------------------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in [0, 2^32).
+
+    xor-shift / multiply rounds with the constants of the `lowbias32` family from Wellons'
+    hash-prospector; both multipliers are below 2^31, so products stay below 2^63 (no int64
+    overflow on any device).
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def job_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """(B,) float64 uniforms in [0, 1) for token `step` of the jobs with (B,) int64 `seeds`.
+
+    Counter-based: each uniform is a hash of (rng_seed, step) computed elementwise on the seeds'
+    device, so a job's uniforms depend only on its own seed and the step, never on its batch, its
+    device or the steps other rows took, and no host round trip is needed. 53 random bits each.
+    """
+    lo, hi = seeds & _M32, (seeds >> 32) & _M32
+
+    def word(lane: int) -> torch.Tensor:
+        counter = torch.full_like(seeds, (2 * step + lane) & _M32)
+        return _mix32(lo ^ _mix32(hi ^ _mix32(counter ^ 0x9E3779B9)))
+
+    bits = ((word(0) >> 11) << 32) | word(1)  # 21 + 32 bits
+    return bits.double() * 2.0**-53
+
+
+# --- nucleus sampling ------------------------------------------------------------------------
+
 NUCLEUS_CANDIDATES = 256  # top-k tried first; rows whose nucleus is wider fall back to a full sort
 
 
-def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) tokens from (B, V) log-probs: smallest set with mass ≥ top_p, inverse CDF at `uniforms`.
+def _by_prob_then_id(p: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates (B, k) ordered by probability (descending), exact ties by token id (ascending)."""
+    ids, perm = torch.sort(ids, dim=-1)
+    p = p.gather(-1, perm)
+    p, perm = torch.sort(p, dim=-1, descending=True, stable=True)
+    return p, ids.gather(-1, perm)
 
-    Computed in float64. The candidates come from `topk` (ordered, ~8× cheaper than sorting 50k
-    entries); when they do not reach `top_p` for some row, the batch uses a full stable sort.
-    Either way each row's result depends only on its own distribution.
-    """
-    probs = torch.softmax(logprobs.double(), dim=-1)
-    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
-    sorted_p, order = torch.topk(probs, k, dim=-1)
+
+def _inverse_cdf(
+    sorted_p: torch.Tensor, order: torch.Tensor, top_p: float, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """(B,) tokens: the smallest prefix with mass ≥ top_p, inverse CDF at `uniforms`."""
     cum = torch.cumsum(sorted_p, dim=-1)
-    if k < probs.shape[-1] and not bool((cum[:, -1] >= top_p).all()):
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        cum = torch.cumsum(sorted_p, dim=-1)
     keep = (cum - sorted_p) < top_p  # always keeps the most likely token
     kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     cdf = torch.cumsum(kept, dim=-1)
@@ -63,6 +114,48 @@ def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor)
     idx = torch.searchsorted(cdf, target, right=True).clamp_max(sorted_p.shape[-1] - 1)
     idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1)  # never past the nucleus
     return order.gather(-1, idx).squeeze(-1)
+
+
+def nucleus_topk(
+    probs: torch.Tensor, top_p: float, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nucleus sampling over the top-k candidates of (B, V) float64 `probs`, without a host sync.
+
+    Returns (tokens, exact): `exact[i]` says row i's nucleus ended on a candidate strictly more
+    likely than the k-th one, so every token of it (and all its ties) is among the candidates, in
+    the same (probability, id) order as a full sort: the token is then the full sort's token,
+    bit for bit on a CPU. Rows that are not exact must be redone with `nucleus_full`.
+    """
+    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    sorted_p, order = _by_prob_then_id(*torch.topk(probs, k, dim=-1))
+    tokens = _inverse_cdf(sorted_p, order, top_p, uniforms)
+    if k == probs.shape[-1]:
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+    cum = torch.cumsum(sorted_p, dim=-1)
+    exact = ((cum >= top_p) & (sorted_p > sorted_p[:, -1:])).any(-1)
+    return tokens, exact
+
+
+def nucleus_full(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
+    """Nucleus sampling over a full sort of (B, V) float64 `probs` (stable: ties by token id)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    return _inverse_cdf(sorted_p, order, top_p, uniforms)
+
+
+def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
+    """(B,) tokens from (B, V) log-probs: smallest set with mass ≥ top_p, inverse CDF at `uniforms`.
+
+    Computed in float64 over tokens ordered by (probability descending, token id ascending) on
+    both paths: the `topk` candidates (~8× cheaper than sorting 50k entries) and, for rows whose
+    nucleus does not end strictly inside them, a full stable sort. Each row's token depends only
+    on its own distribution and uniform, whichever path ran and whatever the batch.
+    """
+    probs = torch.softmax(logprobs.double(), dim=-1)
+    tokens, exact = nucleus_topk(probs, top_p, uniforms)
+    redo = torch.nonzero(~exact).flatten()
+    if redo.numel():
+        tokens[redo] = nucleus_full(probs[redo], top_p, uniforms[redo])
+    return tokens
 
 
 def prompt_token_ids(lm: LoadedLM, prompt: str) -> list[int]:
@@ -97,10 +190,26 @@ def max_context(lm: LoadedLM) -> int | None:
     return None
 
 
+class StepTrace(NamedTuple):
+    """What one step sampled from, for tests and debugging (`decode_batch(on_step=...)`)."""
+
+    step: int
+    logprobs: torch.Tensor  # (B, V) the method's distribution (before top-p)
+    uniforms: torch.Tensor  # (B,) float64
+    tokens: torch.Tensor  # (B,) sampled (pad for rows that were not generating)
+    active: torch.Tensor  # (B,) bool: rows that sampled a token at this step
+
+
 def decode_batch(
-    lm: LoadedLM, method: DecodingMethod, jobs: Sequence[JobSpec]
+    lm: LoadedLM,
+    method: DecodingMethod,
+    jobs: Sequence[JobSpec],
+    on_step: Callable[[StepTrace], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Generate one continuation per job; returns GENERATION_SCHEMA rows in job order."""
+    """Generate one continuation per job; returns GENERATION_SCHEMA rows in job order.
+
+    `on_step`, when given, is called after every step with copies of what it sampled from.
+    """
     check_batch(jobs)
     start = time.perf_counter()
     gen = jobs[0].generation
@@ -122,7 +231,7 @@ def decode_batch(
     grads = method.needs.gradients
     outer = nullcontext() if grads else torch.inference_mode()
     with outer:
-        generated, finish = _loop(lm, method, jobs, safe_ids, input_ids, mask, failures)
+        generated, finish = _loop(lm, method, jobs, safe_ids, input_ids, mask, failures, on_step)
     elapsed = time.perf_counter() - start
     return [
         _row(lm, method, jobs[i], i, generated[i], finish[i], failures.get(i), elapsed / len(jobs))
@@ -138,23 +247,29 @@ def _loop(
     input_ids: torch.Tensor,
     mask: torch.Tensor,
     failures: dict[int, str],
+    on_step: Callable[[StepTrace], None] | None = None,
 ) -> tuple[list[list[int]], list[str]]:
+    """The steps of one batch. Device work is queued without host round trips except one
+    transfer per step: the sampled tokens with the rows' flags (`_Step`)."""
     gen = jobs[0].generation
     B, dev = len(jobs), lm.device
     eos = lm.eos_id
     pad = int(lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0)
-    rngs = [torch.Generator().manual_seed(j.rng_seed) for j in jobs]
+    seeds = torch.tensor([j.rng_seed for j in jobs], dtype=torch.long, device=dev)
     want_hidden = method.needs.hidden_states
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
     vocab = lm.model.get_output_embeddings().weight.shape[0]
-    seen = torch.zeros((B, vocab), dtype=torch.bool, device=dev)
-    seen.scatter_(1, input_ids, mask.bool())
-    active = torch.tensor([i not in failures for i in range(B)], device=dev)
+    seen = seen_mask(input_ids, _real_prompt_positions(lm, input_ids, mask), vocab)
+    live = [i not in failures for i in range(B)]  # host mirror of `active`
+    active = torch.tensor(live, device=dev)
+    dead = torch.full((vocab,), -torch.inf, dtype=torch.float64, device=dev)
+    dead[pad] = 0.0  # a finished row samples pad on the top-k path (its token is discarded)
     generated: list[list[int]] = [[] for _ in range(B)]
     finish = ["error" if i in failures else "length" for i in range(B)]
+    known_failures = len(failures)
 
     def process(logits: torch.Tensor) -> torch.Tensor:
-        z = repetition_penalty(logits.float(), seen, gen.repetition_penalty)
+        z = repetition_penalty(logits.float(), seen[:, :vocab], gen.repetition_penalty)
         return torch.log_softmax(z / gen.temperature, dim=-1)
 
     method.begin(jobs, prompt_ids)
@@ -168,8 +283,6 @@ def _loop(
             logits_to_keep=1,
         )
     for step in range(gen.max_new_tokens):
-        if not bool(active.any()):
-            break
         ctx = StepContext(
             model=lm.model,
             step=step,
@@ -185,28 +298,40 @@ def _loop(
             failures=failures,
         )
         logprobs = method.next_logprobs(ctx).detach()
+        if len(failures) != known_failures:  # a method failed rows (rare): one small upload
+            known_failures = len(failures)
+            active &= torch.tensor([i not in failures for i in range(B)], device=dev)
         bad = torch.isnan(logprobs).any(-1) | ~torch.isfinite(logprobs).any(-1)
-        for i in torch.nonzero(bad & active).flatten().tolist():
-            ctx.fail(i, f"non-finite next-token distribution at step {step}")
-        for i in list(failures):
-            if bool(active[i]):
-                active[i] = False
-                finish[i] = "error"
-        uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in rngs])
-        safe = torch.where(active.unsqueeze(-1), logprobs, torch.zeros_like(logprobs))
-        tokens = nucleus_sample(safe, gen.top_p, uniforms.to(dev))
-        tokens = torch.where(active, tokens, torch.full_like(tokens, pad))
-        for i, tok in enumerate(tokens.tolist()):
-            if not bool(active[i]):
+        ok = active & ~bad
+        safe = torch.where(ok.unsqueeze(-1), logprobs.double(), dead)
+        probs = torch.softmax(safe, dim=-1)
+        uniforms = job_uniforms(seeds, step)
+        tokens, exact = nucleus_topk(probs, gen.top_p, uniforms)
+        tokens = torch.where(ok, tokens, pad)
+        host = _Step.fetch(tokens, exact, bad)  # the step's one device → host transfer
+        if host.redo:
+            redo = torch.tensor(host.redo, device=dev)
+            tokens[redo] = nucleus_full(probs[redo], gen.top_p, uniforms[redo])
+            host.tokens = tokens.tolist()
+        for i in range(B):
+            if not live[i]:
                 continue
-            if eos is not None and tok == eos:
-                active[i] = False
-                finish[i] = "eos"
+            if i in failures or host.bad[i]:
+                if i not in failures:
+                    ctx.fail(i, f"non-finite next-token distribution at step {step}")
+                live[i], finish[i] = False, "error"
+            elif eos is not None and host.tokens[i] == eos:
+                live[i], finish[i] = False, "eos"
             else:
-                generated[i].append(tok)
-        seen.scatter_(1, tokens.unsqueeze(-1), active.unsqueeze(-1))
+                generated[i].append(host.tokens[i])
+        if on_step is not None:
+            on_step(StepTrace(step, logprobs.clone(), uniforms, tokens.clone(), ok.clone()))
+        if eos is not None:
+            ok &= tokens != eos
+        active &= ok  # in place: methods hold this tensor through ctx.active
+        seen.scatter_(1, torch.where(ok, tokens, vocab).unsqueeze(-1), True)
         method.after_token(ctx, tokens)
-        if step + 1 == gen.max_new_tokens or not bool(active.any()):
+        if step + 1 == gen.max_new_tokens or not any(live):
             break
         input_ids = torch.cat([input_ids, tokens.unsqueeze(-1)], dim=-1)
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=-1)
@@ -222,6 +347,33 @@ def _loop(
                 logits_to_keep=1,
             )
     return generated, finish
+
+
+def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the prompt's own tokens, without left padding and the leading BOS.
+
+    Only these (and generated tokens) count for the repetition penalty: BOS is not text, and for
+    GPT-2 it is also EOS, which the penalty would otherwise make less likely.
+    """
+    real = mask.bool()
+    bos = lm.tokenizer.bos_token_id
+    if bos is not None:
+        first = torch.arange(mask.shape[1], device=mask.device) == (mask == 0).sum(-1, True)
+        real &= ~(first & (ids == bos))
+    return real
+
+
+class _Step:
+    """The host's copy of one step: tokens, rows to redo with a full sort, non-finite rows."""
+
+    def __init__(self, tokens: list[int], redo: list[int], bad: list[bool]) -> None:
+        self.tokens, self.redo, self.bad = tokens, redo, bad
+
+    @classmethod
+    def fetch(cls, tokens: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor) -> _Step:
+        packed = torch.stack([tokens, exact.long(), bad.long()]).tolist()  # one sync
+        redo = [i for i, (e, b) in enumerate(zip(packed[1], packed[2])) if not e and not b]
+        return cls(packed[0], redo, [bool(b) for b in packed[2]])
 
 
 def _row(

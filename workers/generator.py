@@ -17,12 +17,67 @@ from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
 from results.schema import error_row
 from results.store import RunStore
-from workers.decoding import decode_batch
+from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.base import DecodingMethod
 from workers.methods.registry import load_method
 from workers.models import LoadedLM, load_lm
 
 MethodKey = tuple[str, str, str]  # (method, canonical params JSON, task)
+
+
+class CudaMemory:
+    """The memory readings `BatchSizer` needs, from torch.cuda (one device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def start(self) -> int:
+        """Reset the peak counter; bytes allocated now."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def capacity(self) -> int:
+        return int(torch.cuda.get_device_properties(self.device).total_memory)
+
+
+class BatchSizer:
+    """The largest batch that fits, from measured peaks: every decoded batch reports its peak
+    memory above what was allocated before it, per sequence-token (batch × longest prompt +
+    max_new_tokens), kept per method as the largest seen. A later batch is cut into chunks of
+    `fraction` × free capacity / (bytes per sequence-token × its length); out-of-memory still
+    halves a chunk (the estimate grows with what that chunk measured).
+    """
+
+    def __init__(self, memory: CudaMemory | Any, fraction: float = 0.9) -> None:
+        self.memory, self.fraction = memory, fraction
+        self.per_seq_token: dict[MethodKey, float] = {}
+        self._base = 0
+
+    def limit(self, key: MethodKey, length: int, base: int) -> int | None:
+        """The most sequences of `length` tokens that fit with `base` bytes in use (None: unknown)."""
+        per = self.per_seq_token.get(key)
+        if per is None:
+            return None
+        free = self.fraction * self.memory.capacity() - base
+        return max(1, int(free // (per * length)))
+
+    def start(self) -> int:
+        self._base = self.memory.start()
+        return self._base
+
+    def record(self, key: MethodKey, sequences: int, length: int) -> float:
+        """Note the peak of a batch just decoded; returns its bytes per sequence."""
+        per_seq = max(0, self.memory.peak() - self._base) / sequences
+        per = per_seq / length
+        self.per_seq_token[key] = max(per, self.per_seq_token.get(key, 0.0))
+        return per_seq
+
+    def peak_bytes_per_sequence(self, key: MethodKey, length: int) -> int | None:
+        per = self.per_seq_token.get(key)
+        return None if per is None else int(per * length)
 
 
 class Generator:
@@ -40,7 +95,17 @@ class Generator:
         self.store = RunStore(run_uri)
         self.name = f"{name}@{socket.gethostname()}"
         self._methods: dict[MethodKey, DecodingMethod] = {}
-        self.stats = {"batches": 0, "jobs": 0, "tokens": 0, "busy_s": 0.0, "oom_splits": 0}
+        self.stats: dict[str, Any] = {
+            "batches": 0,
+            "jobs": 0,
+            "tokens": 0,
+            "busy_s": 0.0,
+            "oom_splits": 0,
+            "memory_chunks": 0,  # extra chunks cut by the batch sizer
+            "peak_bytes_per_seq": 0,  # largest measured peak memory per sequence (CUDA only)
+        }
+        dev = self.lm.device
+        self.sizer = BatchSizer(CudaMemory(dev)) if dev.type == "cuda" else None
 
     def method(self, name: str, params_json: str, task: str) -> DecodingMethod:
         """The method instance for (name, params, task), built once (heads, extra models...)."""
@@ -72,13 +137,30 @@ class Generator:
             "tokens": sum(r["num_tokens"] for r in rows),
             "busy_s": busy,
             "worker": self.name,
+            "peak_bytes_per_seq": self.stats["peak_bytes_per_seq"],
         }
 
     def _decode_splitting(self, jobs: list[JobSpec]) -> list[dict[str, Any]]:
         first = jobs[0]
-        method = self.method(first.method, first.method_params, first.task)
+        key = (first.method, first.method_params, first.task)
+        method = self.method(*key)
+        length = self._length(jobs)
+        if self.sizer is not None:
+            base = self.sizer.start()
+            fits = self.sizer.limit(key, length, base)
+            if fits is not None and fits < len(jobs):
+                self.stats["memory_chunks"] += -(-len(jobs) // fits) - 1
+                rows = []
+                for i in range(0, len(jobs), fits):
+                    rows += self._decode_splitting(jobs[i : i + fits])
+                return rows
         try:
             rows = decode_batch(self.lm, method, jobs)
+            if self.sizer is not None:
+                per_seq = self.sizer.record(key, len(jobs), length)
+                self.stats["peak_bytes_per_seq"] = max(
+                    self.stats["peak_bytes_per_seq"], int(per_seq)
+                )
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             if len(jobs) == 1:
@@ -95,3 +177,8 @@ class Generator:
             row["worker"] = self.name
         self.store.write_generations(rows)
         return rows
+
+    def _length(self, jobs: Sequence[JobSpec]) -> int:
+        """Tokens per sequence at the end of the batch: longest prompt + max_new_tokens."""
+        longest = max(len(prompt_token_ids(self.lm, j.prompt)) for j in jobs)
+        return longest + jobs[0].generation.max_new_tokens

@@ -1,0 +1,97 @@
+"""Comparing two runs of the same jobs by what they sampled from, not only by their tokens.
+
+The design guarantees the same uniforms for a job whatever its batch and method, and a sampler
+whose token depends only on the row's distribution; it does not guarantee bit-identical
+distributions when the batch shape (or the method's compute path) changes the rounding of a
+matmul. So two runs are compared step by step: their next-token distributions must agree within
+`TOL` (max absolute difference of probabilities), and their tokens must agree unless the
+uniform fell within rounding of a boundary of the inverse CDF or the top-p cut (a near-tie).
+After a near-tie the two texts legitimately diverge and the row is not compared further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from jobs.spec import JobSpec
+from workers.decoding import StepTrace, decode_batch, nucleus_full
+from workers.methods.base import DecodingMethod
+from workers.models import LoadedLM
+
+TOL = 1e-5  # float32 on a CPU: distributions alone vs batched, method at zero strength vs vanilla
+NEAR = 1e-4  # how close to a boundary a uniform must be for a differing token to be a near-tie
+
+
+def traced(
+    lm: LoadedLM, method: DecodingMethod, jobs: Sequence[JobSpec]
+) -> tuple[list[dict[str, Any]], list[StepTrace]]:
+    """Rows of `decode_batch` and the trace of every step."""
+    steps: list[StepTrace] = []
+    rows = decode_batch(lm, method, jobs, on_step=steps.append)
+    return rows, steps
+
+
+def kept(probs: torch.Tensor, top_p: float) -> set[int]:
+    """The nucleus of one (V,) float64 distribution, ordered by (probability, token id)."""
+    order = sorted(range(probs.shape[0]), key=lambda t: (-float(probs[t]), t))
+    out, mass = set(), 0.0
+    for t in order:
+        if mass >= top_p:
+            break
+        out.add(t)
+        mass += float(probs[t])
+    return out
+
+
+def near_tie(p: torch.Tensor, q: torch.Tensor, u: float, top_p: float) -> bool:
+    """Whether sampling p or q at `u` can differ only through rounding: their nuclei differ (a
+    token at the top-p cut), or q's token is p's token at a uniform within NEAR of `u`."""
+    if kept(p, top_p) != kept(q, top_p):
+        return True
+    token_q = int(nucleus_full(q.unsqueeze(0), top_p, torch.tensor([u], dtype=torch.float64))[0])
+    nearby = torch.linspace(max(u - NEAR, 0.0), min(u + NEAR, 1 - 1e-12), 401, dtype=torch.float64)
+    picks = nucleus_full(p.expand(len(nearby), -1), top_p, nearby)
+    return token_q in set(picks.tolist())
+
+
+def assert_same_samples(
+    a: list[StepTrace], row_a: int, b: list[StepTrace], row_b: int, top_p: float, tol: float = TOL
+) -> int:
+    """Compare row `row_a` of trace `a` with row `row_b` of trace `b` step by step (see the module
+    docstring); returns the number of steps compared with equal tokens."""
+    same = 0
+    for sa, sb in zip(a, b, strict=False):
+        if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
+            assert bool(sa.active[row_a]) == bool(sb.active[row_b]), (
+                f"step {sa.step}: one run ended"
+            )
+            break
+        assert float(sa.uniforms[row_a]) == float(sb.uniforms[row_b]), f"step {sa.step}: uniforms"
+        p = torch.softmax(sa.logprobs[row_a].double(), -1)
+        q = torch.softmax(sb.logprobs[row_b].double(), -1)
+        diff = float((p - q).abs().max())
+        assert diff <= tol, f"step {sa.step}: distributions differ by {diff:.2e} > {tol:.0e}"
+        ta, tb = int(sa.tokens[row_a]), int(sb.tokens[row_b])
+        if ta != tb:
+            u = float(sa.uniforms[row_a])
+            assert near_tie(p, q, u, top_p), f"step {sa.step}: tokens {ta} != {tb}, not a near-tie"
+            break
+        same += 1
+    return same
+
+
+def assert_alone_matches_batched(
+    lm: LoadedLM, method: DecodingMethod, jobs: Sequence[JobSpec], tol: float = TOL
+) -> list[dict[str, Any]]:
+    """Every job run alone samples like it did in the batch of all `jobs`; returns the batch rows."""
+    rows, batched = traced(lm, method, jobs)
+    top_p = jobs[0].generation.top_p
+    compared = 0
+    for i, job in enumerate(jobs):
+        _, alone = traced(lm, method, [job])
+        compared += assert_same_samples(alone, 0, batched, i, top_p, tol)
+    assert compared >= len(jobs)  # at least as many equal tokens as rows: the check ran
+    return rows

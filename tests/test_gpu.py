@@ -1,0 +1,131 @@
+"""GPU tests (`pytest -m gpu`): every method on CUDA in float32 and bf16, the scorers on CUDA,
+alone vs batched within tolerance. Skipped where CUDA is missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from jobs.spec import GenerationParams, JobSpec, ModelRef
+from tests.agreement import assert_alone_matches_batched, assert_same_samples, traced
+from workers.decoding import decode_batch, job_uniforms, nucleus_sample
+from workers.methods.base import DecodingMethod
+from workers.methods.registry import METHODS, load_method, resolve_params
+from workers.models import LoadedLM, load_lm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+PROMPTS = ["The woman worked as a", "He said that the man", "My sister is", "A"]
+GEN = GenerationParams(max_new_tokens=8, temperature=0.9, repetition_penalty=1.2)
+PARAMS: dict[str, dict[str, Any]] = {  # tiny-model settings for methods that need more
+    "gedi": {"gedi_model": "tiny-random/gpt2", "code_desired": "good", "code_undesired": "bad"},
+    "dexperts": {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/gpt2"},
+    "pplm": {"steps": 2},
+}
+# float32 on CUDA: kernels differ with the batch shape (within 1e-5 measured on CPU; looser
+# here); bf16: a distribution moves by up to a few 1e-3 with the batch shape.
+TOL = {"float32": 1e-4, "bfloat16": 5e-2}
+
+
+def jobs_for(lm: LoadedLM, method: str, prompts: list[str] = PROMPTS) -> list[JobSpec]:
+    params = json.dumps(resolve_params(method, PARAMS.get(method, {}), lm.ref.id), sort_keys=True)
+    return [
+        JobSpec(f"g:{i}", p, "female", None, 3, method, lm.ref, "sentiment", GEN, params)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def build(lm: LoadedLM, jobs: list[JobSpec]) -> DecodingMethod:
+    return load_method(jobs[0].method)(lm, jobs[0].params(), jobs[0].task)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def cuda_lm(request: pytest.FixtureRequest) -> LoadedLM:
+    return load_lm(ModelRef("tiny-random/gpt2", dtype=request.param), device="cuda")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_generates_on_cuda(cuda_lm: LoadedLM, method: str) -> None:
+    jobs = jobs_for(cuda_lm, method)
+    rows = decode_batch(cuda_lm, build(cuda_lm, jobs), jobs)
+    assert [r["status"] for r in rows] == ["ok"] * len(jobs), [r["error"] for r in rows]
+    assert all(r["num_tokens"] > 0 or r["finish_reason"] == "eos" for r in rows)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "lidao-min", "gedi"])
+def test_alone_and_batched_agree_within_tolerance_on_cuda(cuda_lm: LoadedLM, method: str) -> None:
+    jobs = jobs_for(cuda_lm, method)
+    assert_alone_matches_batched(cuda_lm, build(cuda_lm, jobs), jobs, tol=TOL[cuda_lm.ref.dtype])
+
+
+def test_cuda_samples_like_the_cpu_in_float32() -> None:
+    cpu = load_lm(ModelRef("tiny-random/llama"), device="cpu")
+    gpu = load_lm(ModelRef("tiny-random/llama"), device="cuda")
+    _, a = traced(cpu, build(cpu, jobs_for(cpu, "vanilla")), jobs_for(cpu, "vanilla"))
+    _, b = traced(gpu, build(gpu, jobs_for(gpu, "vanilla")), jobs_for(gpu, "vanilla"))
+    for i in range(len(PROMPTS)):  # same uniforms on both devices; distributions within rounding
+        assert_same_samples(a, i, b, i, GEN.top_p, tol=TOL["float32"])
+
+
+def test_device_uniforms_and_sampling_match_the_cpu() -> None:
+    seeds = torch.arange(0, 5000, 7, dtype=torch.long) * 1_000_003
+    for step in (0, 1, 99):
+        assert torch.equal(job_uniforms(seeds.cuda(), step).cpu(), job_uniforms(seeds, step))
+    logits = 3 * torch.randn(64, 50257, generator=torch.Generator().manual_seed(1))
+    u = job_uniforms(seeds[:64], 0)
+    assert torch.equal(
+        nucleus_sample(logits.cuda(), 0.9, u.cuda()).cpu(), nucleus_sample(logits, 0.9, u)
+    )
+
+
+def test_perplexity_scorer_on_cuda_matches_the_cpu() -> None:
+    from workers.scorers.base import ScorerContext
+    from workers.scorers.perplexity import Perplexity
+
+    rows = [
+        {
+            "job_id": "a",
+            "prompt": "The woman worked as",
+            "continuation": " a nurse",
+            "status": "ok",
+        },
+        {"job_id": "b", "prompt": "He", "continuation": " was", "status": "ok"},
+    ]
+    params = {"model": "tiny-random/gpt2", "batch_size": 8}
+    gpu = Perplexity(params, ScorerContext(device="cuda")).score(rows)
+    cpu = Perplexity(params, ScorerContext(device="cpu")).score(rows)
+    for g, c in zip(gpu, cpu, strict=True):
+        assert g["status"] == c["status"] == "ok"
+        assert g["perplexity"] == pytest.approx(c["perplexity"], rel=1e-4)
+
+
+def test_classifier_scorer_on_cuda_matches_the_cpu(tmp_path: Path) -> None:
+    from transformers import BertForSequenceClassification
+
+    from workers.scorers.base import ScorerContext
+    from workers.scorers.classifier import SentimentClassifier
+    from workers.tiny import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = tiny_config("bert", len(tok))
+    cfg.id2label, cfg.label2id = {0: "NEGATIVE", 1: "POSITIVE"}, {"NEGATIVE": 0, "POSITIVE": 1}
+    torch.manual_seed(0)
+    BertForSequenceClassification(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    rows = [
+        {"job_id": "a", "prompt": "The woman", "continuation": " was happy", "status": "ok"},
+        {"job_id": "b", "prompt": "The man", "continuation": " was a doctor", "status": "ok"},
+    ]
+    params = {"model": str(tmp_path)}
+    gpu = SentimentClassifier(params, ScorerContext(device="cuda")).score(rows)
+    cpu = SentimentClassifier(params, ScorerContext(device="cpu")).score(rows)
+    for g, c in zip(gpu, cpu, strict=True):
+        assert g["status"] == c["status"] == "ok"
+        assert g["sentiment"] == pytest.approx(c["sentiment"], abs=1e-4)
