@@ -187,6 +187,8 @@ class BiasTuner:
         """
         T = ctx.input_ids.shape[1]
         hidden = ctx.hidden_states
+        if self._states is not None and self._states.shape[1] == T:
+            return self._states  # already grown for this step (the probe, then the tuned pass)
         if hidden is not None and len(hidden) == self.sites.num_blocks + 1:
             new = hidden[self.first].detach()
             if new.shape[1] == T:
@@ -285,7 +287,10 @@ class BiasTuner:
                 self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
                 context_sum = before.to(last.device) + last
             hidden = out.last_hidden_state[:, -1]  # (B, D)
-            logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
+            if self.f32 is None:  # θ's logits from the loop, exact at δ = 0
+                logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
+            else:  # the loop's half-precision logits would round p_θ: recompute in float32
+                logits = self._head_product(hidden).to(ctx.logits.device)
             cache = self._merged_cache(ctx, out.past_key_values)
             self._horizon_forward(ctx, logits, cache)
             horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
@@ -368,9 +373,13 @@ class BiasTuner:
                     past_key_values=cache,
                     use_cache=True,
                 )
-            hidden = out.last_hidden_state[:, -1]
-            weight = self.head_weight
-            logits = hidden.to(weight.device, weight.dtype) @ weight.T
-            if self.head_bias is not None:
-                logits = logits + self.head_bias.to(logits.device)
-        return logits.float().to(ctx.logits.device)
+            logits = self._head_product(out.last_hidden_state[:, -1])
+        return logits.to(ctx.logits.device)
+
+    def _head_product(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, V) float32 logits of (B, D) final hidden states (float32 output matrix if half)."""
+        weight = self.head_weight
+        logits = hidden.to(weight.device, weight.dtype) @ weight.T
+        if self.head_bias is not None:
+            logits = logits + self.head_bias.to(logits.device)
+        return logits.float()
