@@ -31,7 +31,9 @@ def jobs_for(lm: LoadedLM, method: str, params: dict[str, Any], tokens: int) -> 
     ]
 
 
-def generate(lm: LoadedLM, method: str, params: dict[str, Any], tokens: int) -> list[dict[str, Any]]:
+def generate(
+    lm: LoadedLM, method: str, params: dict[str, Any], tokens: int
+) -> list[dict[str, Any]]:
     jobs = jobs_for(lm, method, params, tokens)
     built = load_method(method)(lm, jobs[0].params(), "sentiment")
     return decode_batch(lm, built, jobs)
@@ -51,7 +53,9 @@ def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> Non
     steps: list[int] = []  # calls to block 0 so far, at the start of each step
     # counted inside the block: a replayed block is called but computes nothing
     inner = lm.model.transformer.h[0].ln_1
-    handle = inner.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[:2].numel()))
+    handle = inner.register_forward_pre_hook(
+        lambda m, args: calls.append(args[0].shape[:2].numel())
+    )
     original = method.next_logprobs
     method.next_logprobs = lambda ctx: (steps.append(len(calls)), original(ctx))[1]  # type: ignore[method-assign]
     try:
@@ -136,21 +140,23 @@ def _moved(value: Any, device: torch.device) -> Any:
     return value
 
 
+def _device_forward(module: nn.Module, device: torch.device) -> Callable[..., Any]:
+    plain = type(module).forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        moved = {k: _moved(v, device) for k, v in kwargs.items()}
+        return plain(module, *_moved(args, device), **moved)
+
+    return forward
+
+
 def split(model: nn.Module, device_map: dict[str, str]) -> None:
     """Place each named module on its device, with an instance `forward` that moves its inputs
     there first: what accelerate's `dispatch_model` does for a `device_map`."""
     for name, device in device_map.items():
         module = model.get_submodule(name)
         module.to(device)
-        target = torch.device(device)
-
-        def forward(
-            *args: Any, _f: Callable[..., Any] = type(module).forward, _m: nn.Module = module,
-            _d: torch.device = target, **kwargs: Any
-        ) -> Any:
-            return _f(_m, *_moved(args, _d), **{k: _moved(v, _d) for k, v in kwargs.items()})
-
-        vars(module)["forward"] = forward
+        vars(module)["forward"] = _device_forward(module, torch.device(device))
 
 
 def _split_lm(device: str) -> tuple[LoadedLM, LoadedLM, list[nn.Module]]:

@@ -229,10 +229,10 @@ def adam_first_step(
 
 def module_device(module: nn.Module, default: torch.device) -> torch.device:
     """The device of a module's first parameter or buffer (models split across devices)."""
-    for tensor in module.parameters(recurse=True):
-        return tensor.device
-    for tensor in module.buffers(recurse=True):
-        return tensor.device
+    for param in module.parameters(recurse=True):
+        return param.device
+    for buffer in module.buffers(recurse=True):
+        return buffer.device
     return default
 
 

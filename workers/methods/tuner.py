@@ -81,10 +81,10 @@ class _Float32Top:
 
     def __init__(self, model: nn.Module, sites: TuneSites) -> None:
         self.model = model
-        self.blocks = model.get_submodule(sites.blocks_path)
+        blocks = model.get_submodule(sites.blocks_path)
         first = sites.num_blocks - sites.k
         self.swaps: list[tuple[nn.Module, str, nn.Module]] = [
-            (self.blocks, str(i), copy.deepcopy(self.blocks[i]).float())
+            (blocks, str(i), copy.deepcopy(blocks.get_submodule(str(i))).float())
             for i in range(first, sites.num_blocks)
         ]
         parent_name, _, attr = sites.final_norm.name.rpartition(".")
@@ -96,14 +96,14 @@ class _Float32Top:
 
     @contextmanager
     def swapped(self) -> Iterator[None]:
-        saved = [(parent, name, parent._modules[name]) for parent, name, _ in self.swaps]
+        saved = [(parent, name, parent.get_submodule(name)) for parent, name, _ in self.swaps]
         try:
             for parent, name, module in self.swaps:
                 parent._modules[name] = module
             yield
         finally:
             for parent, name, module in saved:
-                parent._modules[name] = module  # type: ignore[assignment]
+                parent._modules[name] = module
 
 
 def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:
@@ -136,7 +136,9 @@ class BiasTuner:
         self.embed = lm.model.get_input_embeddings().weight  # (V, D)
         head = lm.model.get_output_embeddings()
         if not isinstance(head, nn.Linear):
-            raise MethodError(f"bias tuning: the output layer of {type(lm.model).__name__} is not a Linear")
+            raise MethodError(
+                f"bias tuning: the output layer of {type(lm.model).__name__} is not a Linear"
+            )
         self.head = head
         self.first = self.sites.num_blocks - self.sites.k  # index of the first tuned block
         block_list = lm.model.get_submodule(self.sites.blocks_path)
@@ -280,7 +282,9 @@ class BiasTuner:
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
             else:
                 before = self._context_sum(ctx)
-                out = self._top(ctx, slice(T - 1, T), states[:, -1:], cropped_cache(ctx.past_key_values, T - 1))
+                out = self._top(
+                    ctx, slice(T - 1, T), states[:, -1:], cropped_cache(ctx.past_key_values, T - 1)
+                )
                 final = state.final_hidden[-1].float()
                 last = final[:, -1] * mask[:, -1:].to(final.device).float()
                 # Next step's context = this step's + this last position (θ: δ is zero here).
