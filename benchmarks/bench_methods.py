@@ -3,16 +3,24 @@
     python benchmarks/bench_methods.py                       # GPT-2 small shape, batch 1 8 32
     python benchmarks/bench_methods.py --shape gpt2-large    # on a GPU
     python benchmarks/bench_methods.py --methods vanilla lidao-min --batch-sizes 8 --tokens 10
+    python benchmarks/bench_methods.py --paper-row --limit 16   # the paper's GPT-2 large row
 
 Prints, per method and batch size: tokens/s, ms per decoding step, the ratio of its cost per
-token to vanilla's at the same batch size, and the peak memory of the run (CUDA: allocator peak;
-CPU: peak resident set growth, sampled). The tokenizer is GPT-2's, read from `--tokenizer`
-(a folder with vocab.json + merges.txt, or a hub id on a machine with internet).
+token to vanilla's at the same batch size, its speed-up in tokens/s over the `reference-style`
+row, and the peak memory of the run (CUDA: allocator peak; CPU: peak resident set growth,
+sampled). `reference-style` rebuilds the UDDIA reference's call structure on the same model:
+batch 1, a fresh `torch.optim.Adam` per token on the real bias parameters, the context re-run
+at every step (see `reference_style`). `--paper-row` times the paper's GPT-2 large row end to
+end: 3,500 generations (175 pairs × 2 × 10 seeds) × 20 tokens with lidao-min at the paper's
+hyper-parameters (`--limit` runs the first N generations). The tokenizer is GPT-2's, read from
+`--tokenizer` (a folder with vocab.json + merges.txt, or a hub id on a machine with internet).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import os
 import sys
 import tempfile
@@ -21,13 +29,21 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json  # noqa: E402
 from jobs.words import builtin_gender_words  # noqa: E402
-from workers.decoding import decode_batch  # noqa: E402
-from workers.methods.heads import random_head, save_head  # noqa: E402
+from workers.decoding import decode_batch, nucleus_sample, prompt_token_ids  # noqa: E402
+from workers.methods.biastune import cropped_cache, find_sites  # noqa: E402
+from workers.methods.estimators import (  # noqa: E402
+    demographic_loss,
+    gender_geometry,
+    property_loss,
+)
+from workers.methods.heads import random_head, resolve_head, save_head  # noqa: E402
+from workers.methods.lidao import DiscountedHistory, min_objective  # noqa: E402
 from workers.methods.registry import load_method, resolve_params  # noqa: E402
 from workers.models import LoadedLM  # noqa: E402
 
@@ -142,6 +158,144 @@ def time_method(
     return made / best, best / steps * 1000, peak
 
 
+def direct_demographic_scores(geometry: object, gen_sum: torch.Tensor, n: int) -> torch.Tensor:
+    """(1, V) s_x as the reference computes it: the (V, D) tensor r_x = (n c̄ + E_x)/(n+1)."""
+    embed = geometry.embed.float()  # type: ignore[attr-defined]
+    v = geometry.direction  # type: ignore[attr-defined]
+    r = (gen_sum + embed) / (n + 1)  # (V, D), materialised every step
+    cos = torch.nn.functional.cosine_similarity(r, v.unsqueeze(0), dim=-1)
+    log_qc = torch.stack([F.logsigmoid(-10 * cos), F.logsigmoid(10 * cos)], -1)
+    kl = (log_qc.exp() * (log_qc - geometry.log_q)).sum(-1)  # type: ignore[attr-defined]
+    return (kl + geometry.prior_term).unsqueeze(0)  # type: ignore[attr-defined]
+
+
+def reference_style(
+    lm: LoadedLM, head_path: str, blocks: int, tokens: int, prompts: list[str]
+) -> tuple[float, float]:
+    """(tokens/s, ms per step) of the UDDIA reference's call structure, lidao-min's loss.
+
+    One sequence at a time; per token: θ's forward of the new token (its cache), then a fresh
+    `torch.optim.Adam` over the real bias vectors of the top `blocks` blocks and `ln_f`, the
+    whole context re-run with gradients plus the horizon position, ℓ̂_a through a (V, D) tensor
+    (`direct_demographic_scores`), one backward and one Adam step, the tuned last position over
+    θ's cache, the biases restored from a saved copy, the mixture sampled. On a deep copy of the
+    model (the biases are trained in place).
+    """
+    model = copy.deepcopy(lm.model)
+    ref = LoadedLM(lm.ref, model, lm.tokenizer, lm.device, lm.family, lm.words)
+    sites = find_sites(model, blocks)
+    biases: list[torch.Tensor] = [p.module.bias for p in sites.points]  # type: ignore[misc]
+    saved = [b.detach().clone() for b in biases]
+    head = resolve_head(ref, "sentiment", head_path).to(lm.device)
+    target = int(getattr(head, "target_class", 0))
+    geometry = gender_geometry(ref)
+    embed = model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(0)
+    made, start = 0, time.perf_counter()
+    for index, prompt in enumerate([prompts[0], *prompts]):  # the first run warms up
+        if index == 1:
+            made, start = 0, time.perf_counter()
+        steps = min(2, tokens) if index == 0 else tokens
+        ids = torch.tensor([prompt_token_ids(ref, prompt)], device=lm.device)
+        history = DiscountedHistory(0.5, 1, lm.device)
+        gen_sum = torch.zeros((1, embed.shape[1]), device=lm.device)
+        with torch.no_grad():
+            theta = model(input_ids=ids, use_cache=True)
+        for made_here in range(steps):
+            for b in biases:
+                b.requires_grad_(True)
+            optimizer = torch.optim.Adam(biases, lr=0.01)
+            out = model(input_ids=ids, use_cache=True, output_hidden_states=True)
+            probs = out.logits[:, -1].float().softmax(-1)
+            horizon = model.base_model(
+                inputs_embeds=(probs @ embed).unsqueeze(1),
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            ).last_hidden_state
+            pooled = torch.cat([out.hidden_states[-1], horizon], dim=1).mean(1)
+            loss_g = property_loss(head, pooled, target)
+            scores = direct_demographic_scores(geometry, gen_sum, made_here)
+            loss_a = demographic_loss(probs, scores)
+            loss, _ = min_objective(loss_g, loss_a, history.weights())
+            history.push(loss_g, loss_a)
+            optimizer.zero_grad()
+            loss.sum().backward()
+            optimizer.step()
+            with torch.no_grad():
+                T = ids.shape[1]
+                tuned = model(
+                    input_ids=ids[:, -1:],
+                    past_key_values=cropped_cache(theta.past_key_values, T - 1),
+                    use_cache=True,
+                ).logits[:, -1]
+                for b, original in zip(biases, saved):
+                    b.requires_grad_(False)
+                    b.copy_(original)
+                mixed = 0.9 * tuned.float().log_softmax(-1) + 0.1 * theta.logits[
+                    :, -1
+                ].float().log_softmax(-1)
+                token = nucleus_sample(mixed, 0.9, torch.rand((1,), generator=gen))
+                gen_sum = gen_sum + embed[token].float()
+                ids = torch.cat([ids, token.view(1, 1)], dim=-1)
+                theta = model(
+                    input_ids=ids[:, -1:], past_key_values=theta.past_key_values, use_cache=True
+                )
+            made += 1
+    elapsed = time.perf_counter() - start
+    return made / elapsed, elapsed / made * 1000
+
+
+def paper_prompts() -> list[str]:
+    """The 175 female + 175 male prompts of the paper (../shared), else the built-in ones."""
+    folder = Path(__file__).resolve().parents[2] / "shared/data/uddia-prompts"
+    texts = []
+    for group in ("female", "male"):
+        path = folder / f"175prompts-{group}.jsonl"
+        if path.exists():
+            texts += [json.loads(line)["prompt"]["text"] for line in path.open() if line.strip()]
+    return texts or PROMPTS
+
+
+def paper_row(lm: LoadedLM, head: str, batch: int, limit: int | None, scope: str) -> None:
+    """The paper's GPT-2 large row with lidao-min: 3,500 generations × 20 tokens, wall time."""
+    params = resolve_params("lidao-min", {"head": head, "scope": scope}, "gpt2-large")
+    gen = GenerationParams(max_new_tokens=20, top_p=0.9, temperature=1.0)
+    prompts = paper_prompts()
+    jobs = [
+        JobSpec(
+            f"p{i}",
+            text,
+            "female",
+            None,
+            seed,
+            "lidao-min",
+            lm.ref,
+            "sentiment",
+            gen,
+            canonical_json(params),
+        )
+        for seed in range(10)
+        for i, text in enumerate(prompts)
+    ][:limit]
+    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
+    print(f"# paper row: lidao-min {json.dumps(params, default=str)} batch={batch}")
+    decode_batch(lm, method, jobs[: min(2, len(jobs))])  # warm-up
+    start, made = time.perf_counter(), 0
+    for i in range(0, len(jobs), batch):
+        rows = decode_batch(lm, method, jobs[i : i + batch])
+        made += sum(r["num_tokens"] for r in rows)
+        bad = [r["error"] for r in rows if r["status"] != "ok"]
+        if bad:
+            raise SystemExit(f"paper row: {bad[0]}")
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    print(
+        f"generations={len(jobs)} tokens={made} wall_s={wall:.1f} tok/s={made / wall:.1f} "
+        f"(3,500 generations would take ~{wall * 3500 / len(jobs):.0f} s at this rate)"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
@@ -158,16 +312,36 @@ def main() -> int:
     )
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference-style row")
+    ap.add_argument(
+        "--paper-row", action="store_true", help="GPT-2 large shape, lidao-min, 3,500 × 20"
+    )
+    ap.add_argument("--limit", type=int, default=None, help="paper row: first N generations")
+    ap.add_argument("--paper-batch", type=int, default=64, help="paper row: batch size")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.paper_row:
+        args.shape = "gpt2-large"
     lm = build_lm(args.shape, args.device, args.tokenizer)
     head_dir = tempfile.mkdtemp(prefix="bench-head-")
     head, _ = save_head(random_head(lm, "sentiment"), os.path.join(head_dir, "head"))
     print(
         f"# shape={args.shape} device={args.device} tokens={args.tokens} scope={args.scope} "
-        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+        f"blocks={args.blocks} torch={torch.__version__} threads={torch.get_num_threads()}"
     )
+    if args.paper_row:
+        paper_row(lm, head, args.paper_batch, args.limit, args.scope)
+        return 0
+    reference = None
+    if not args.no_reference:
+        blocks = args.blocks or 18
+        reference, ref_ms = reference_style(lm, head, blocks, args.tokens, PROMPTS[:1])
+        print(f"# reference-style (batch 1, Adam per token, context re-run): {reference:.2f} tok/s")
     print(
-        f"{'method':<12} {'batch':>5} {'tok/s':>9} {'ms/step':>9} {'x vanilla':>9} {'peak MiB':>9}"
+        f"{'method':<16} {'batch':>5} {'tok/s':>9} {'ms/step':>9} {'x vanilla':>9} "
+        f"{'x ref-style':>11} {'peak MiB':>9}"
     )
     for batch in args.batch_sizes:
         base = None
@@ -179,8 +353,17 @@ def main() -> int:
                     params["blocks"] = args.blocks
             tps, ms, peak = time_method(lm, method, params, batch, args.tokens, args.repeats)
             base = base or tps
+            speed = f"{tps / reference:>11.1f}" if reference else f"{'-':>11}"
             print(
-                f"{method:<12} {batch:>5} {tps:>9.1f} {ms:>9.1f} {base / tps:>9.2f} {peak / 2**20:>9.0f}",
+                f"{method:<16} {batch:>5} {tps:>9.1f} {ms:>9.1f} {base / tps:>9.2f} "
+                f"{speed} {peak / 2**20:>9.0f}",
+                flush=True,
+            )
+        if reference and batch == args.batch_sizes[0]:
+            base_ref = (base or reference) / reference
+            print(
+                f"{'reference-style':<16} {1:>5} {reference:>9.1f} {ref_ms:>9.1f} "
+                f"{base_ref:>9.2f} {1.0:>11.1f} {'':>9}",
                 flush=True,
             )
     return 0

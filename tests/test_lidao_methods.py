@@ -221,7 +221,15 @@ def test_model_untouched_after_generation_and_after_a_failing_step(lm: LoadedLM)
     method.head = FlakyHead(method.head, row=0, after=1, explode=True)  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="head exploded"):
         decode_batch(lm, method, jobs)
-    assert all(not m._forward_hooks for m in lm.model.modules())
+    # The loop asks for hidden states, and transformers 5 leaves its capture hooks registered:
+    # look for ours (and for replayed blocks' patched forwards) only.
+    ours = [
+        hook
+        for m in lm.model.modules()
+        for hook in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+        if getattr(hook, "__module__", "").startswith("workers.")
+    ]
+    assert not ours and all("forward" not in vars(m) for m in lm.model.modules())
     assert all(torch.equal(p, weights[n]) for n, p in lm.model.state_dict().items())
     assert torch.equal(_probe_logits(lm), before)
 

@@ -148,19 +148,24 @@ def _offset_hook(
 ) -> Any:
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         state.fired.add(point.name)
-        if delta is not None:
-            batch, width = delta.shape
+        offset = delta
+        if offset is not None:
+            batch, width = offset.shape
             if output.shape[-1] != width or output.shape[0] % batch != 0:
                 raise MethodError(
                     f"bias tuning: {point.name} output {tuple(output.shape)} does not match its "
-                    f"offset {tuple(delta.shape)} (batch first, features last expected)"
+                    f"offset {tuple(offset.shape)} (batch first, features last expected)"
                 )
+            if offset.device != output.device or offset.dtype != output.dtype:
+                # a model split across devices, or a half-precision module (see the precision
+                # policy in `workers.methods.tuner`)
+                offset = offset.to(device=output.device, dtype=output.dtype)
             if output.shape[0] != batch:
                 # OPT's MLP flattens (B, T, W) to (B·T, W), batch-major: view it back per row.
-                output = (output.view(batch, -1, width) + delta.unsqueeze(1)).view(output.shape)
+                output = (output.view(batch, -1, width) + offset.unsqueeze(1)).view(output.shape)
             else:
                 # (B, W) → (B, 1, ..., 1, W): one offset per sequence, broadcast over positions
-                output = output + delta.view((batch,) + (1,) * (output.ndim - 2) + (width,))
+                output = output + offset.view((batch,) + (1,) * (output.ndim - 2) + (width,))
         if capture:
             state.final_hidden.append(output)
         return output
@@ -222,6 +227,15 @@ def adam_first_step(
     return out
 
 
+def module_device(module: nn.Module, default: torch.device) -> torch.device:
+    """The device of a module's first parameter or buffer (models split across devices)."""
+    for param in module.parameters(recurse=True):
+        return param.device
+    for buffer in module.buffers(recurse=True):
+        return buffer.device
+    return default
+
+
 def cropped_cache(cache: Any, length: int) -> Any:
     """A new DynamicCache over the first `length` positions of `cache`, sharing its storage.
 
@@ -275,12 +289,17 @@ def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> Iterator[None]:
     θ + δ, so the tuned forward replays the probe's instead of recomputing it. Their cache
     layers are then not extended, which is harmless for a throw-away cache view.
     """
-    patched: list[nn.Module] = []
+    patched: list[tuple[nn.Module, Any]] = []
+    missing = object()
     try:
         for block in blocks:
+            # An instance `forward` may already be there (accelerate's device hooks): keep it.
+            patched.append((block, vars(block).get("forward", missing)))
             vars(block)["forward"] = lambda *args, **kwargs: output  # shadows the class method
-            patched.append(block)
         yield
     finally:
-        for block in patched:
-            vars(block).pop("forward", None)
+        for block, previous in patched:
+            if previous is missing:
+                vars(block).pop("forward", None)
+            else:
+                vars(block)["forward"] = previous

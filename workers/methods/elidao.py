@@ -121,7 +121,11 @@ class ElidaoMixin(BiasTunedMethod):
     """Adds the reference stream and the V_a replacement to a LIDAO variant."""
 
     needs: ClassVar[Needs] = Needs(
-        gradients=True, attribute_head=True, gender_words=True, reference_stream=True
+        gradients=True,
+        hidden_states=True,
+        attribute_head=True,
+        gender_words=True,
+        reference_stream=True,
     )
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:

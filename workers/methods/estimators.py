@@ -142,14 +142,14 @@ def demographic_scores(geo: GenderGeometry, gen_sum: torch.Tensor) -> torch.Tens
 
 def demographic_loss(probs: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """(B,) ℓ̂_a = Σ_x p_θ(x) s_x, differentiable through `probs` (B, V)."""
-    return (probs * scores).sum(-1)
+    return (probs * scores.to(probs.device)).sum(-1)
 
 
 def property_loss(head: torch.nn.Module, pooled: torch.Tensor, target: int) -> torch.Tensor:
     """(B,) ℓ̂_g: cross-entropy of `head(pooled)` toward the desirable class `target`."""
     weight = next(head.parameters())
-    logits = head(pooled.to(weight.dtype)).float()  # (B, C)
-    labels = torch.full((pooled.shape[0],), int(target), dtype=torch.long, device=pooled.device)
+    logits = head(pooled.to(weight.device, weight.dtype)).float()  # (B, C)
+    labels = torch.full((pooled.shape[0],), int(target), dtype=torch.long, device=logits.device)
     return F.cross_entropy(logits, labels, reduction="none")
 
 

@@ -72,7 +72,10 @@ def min_objective(
 class BiasTunedMethod(DecodingMethod):
     """Shared engine of UDDIA / LIDAO / eLIDAO; subclasses define `objective`."""
 
-    needs: ClassVar[Needs] = Needs(gradients=True, attribute_head=True, gender_words=True)
+    # hidden_states: the loop's forward gives the inputs of the first tuned block (never recomputed)
+    needs: ClassVar[Needs] = Needs(
+        gradients=True, hidden_states=True, attribute_head=True, gender_words=True
+    )
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         from workers.methods.registry import DEFAULT_PARAMS, FAMILY_TUNING

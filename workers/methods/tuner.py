@@ -1,19 +1,28 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-The probe gives θ's last-position distribution and the pooled final hidden states with
-gradient paths to zero offsets δ (so losses at θ, gradients w.r.t. δ); `step` turns one
-backward of Σ_s ℓ_s into the closed-form fresh-Adam offsets; `tuned_logits` recomputes the last
-position under θ + δ over θ's KV cache from the shared loop (never modified).
+What θ fixes is never recomputed. The blocks below the tuned ones give the same states under θ
+and θ + δ, so their output at every position comes from the shared loop's own forward (its
+hidden states): in `context` scope the tuner keeps, per batch, the states entering the first
+tuned block for every position (one more per token) and re-runs only the top k blocks over
+them; in `last` scope it runs the top k blocks on the last position only, over θ's cache. The
+probe's logits are θ's logits from the loop (their gradient is one product with the output
+matrix, no forward product); the tuned forward replays the lower blocks too.
 
 Gradient scopes: `context` differentiates as if the tuned blocks of every position were
-recomputed with δ (one full forward of the sequence per step); `last` treats θ's cached states
-as constants (only the last position and the horizon carry gradient).
+recomputed with δ; `last` treats θ's cached states as constants (only the last position and
+the horizon carry gradient).
+
+Precision: in a half-precision model an offset of 0.006 rounds away on any activation of
+magnitude ≥ 2, so the tuned path (the top k blocks, the final norm and the output product)
+runs on float32 copies of those modules while θ's own forward and the lower blocks stay in the
+model's dtype. `docs/design.md` (Bias tuning) gives the measurements behind this choice.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +33,12 @@ from workers.methods.base import MethodError
 from workers.methods.biastune import (
     SCOPES,
     HookState,
+    TuneSites,
     adam_first_step,
     bias_offsets,
     cropped_cache,
     find_sites,
-    last_position,
+    module_device,
     skip_blocks,
 )
 
@@ -41,9 +51,68 @@ if TYPE_CHECKING:
 class Probe:
     """θ's last-position logits and pooled hidden states, differentiable w.r.t. `deltas`."""
 
-    deltas: list[torch.Tensor]  # zeros, requires_grad, (B, width) per hook point
+    deltas: list[torch.Tensor]  # zeros, requires_grad, (B, width) per hook point, float32
     logits: torch.Tensor  # (B, V) float32
     pooled: torch.Tensor  # (B, D) float32: mean final hidden state incl. the horizon position
+
+
+class _ThetaLogits(torch.autograd.Function):
+    """θ's logits as the value, `hidden @ Wᵀ` as the derivative: no second forward product."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor) -> Any:
+        ctx.save_for_backward(weight)
+        ctx.hidden_meta = (hidden.dtype, hidden.device)
+        return logits.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (weight,) = ctx.saved_tensors
+        dtype, device = ctx.hidden_meta
+        g = grad.to(device=weight.device, dtype=weight.dtype) @ weight  # (B, D)
+        return g.to(device=device, dtype=dtype), None, None
+
+
+class _Float32Top:
+    """float32 copies of the tuned blocks and the final norm, swapped in for the tuned passes.
+
+    Built only for a half-precision model; the originals stay in place for θ's forwards.
+    """
+
+    def __init__(self, model: nn.Module, sites: TuneSites) -> None:
+        self.model = model
+        blocks = model.get_submodule(sites.blocks_path)
+        first = sites.num_blocks - sites.k
+        self.swaps: list[tuple[nn.Module, str, nn.Module]] = [
+            (blocks, str(i), copy.deepcopy(blocks.get_submodule(str(i))).float())
+            for i in range(first, sites.num_blocks)
+        ]
+        parent_name, _, attr = sites.final_norm.name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        self.swaps.append((parent, attr, copy.deepcopy(sites.final_norm.module).float()))
+        self.swaps[0][2].register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
+        with self.swapped():
+            self.sites = find_sites(model, sites.k)
+
+    @contextmanager
+    def swapped(self) -> Iterator[None]:
+        saved = [(parent, name, parent.get_submodule(name)) for parent, name, _ in self.swaps]
+        try:
+            for parent, name, module in self.swaps:
+                parent._modules[name] = module
+            yield
+        finally:
+            for parent, name, module in saved:
+                parent._modules[name] = module
+
+
+def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """Pre-hook of the first float32 block: its hidden-state input arrives in the model's dtype."""
+    if args and isinstance(args[0], torch.Tensor):
+        args = (args[0].float(), *args[1:])
+    elif isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        kwargs = {**kwargs, "hidden_states": kwargs["hidden_states"].float()}
+    return args, kwargs
 
 
 class BiasTuner:
@@ -59,120 +128,212 @@ class BiasTuner:
     def __init__(self, lm: LoadedLM, blocks: int, scope: str) -> None:
         if scope not in SCOPES:
             raise MethodError(f"bias tuning: scope must be one of {SCOPES}, got {scope!r}")
+        self.lm = lm
         self.model = lm.model
-        self.base = lm.model.base_model  # the decoder without the LM head (horizon forwards)
+        self.base = lm.model.base_model  # the decoder without the LM head
         self.sites = find_sites(lm.model, blocks)
         self.scope = scope
         self.embed = lm.model.get_input_embeddings().weight  # (V, D)
-        self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T−1
-        self._ctx_len = -1  # T−1 the sum is valid for
+        head = lm.model.get_output_embeddings()
+        if not isinstance(head, nn.Linear):
+            raise MethodError(
+                f"bias tuning: the output layer of {type(lm.model).__name__} is not a Linear"
+            )
+        self.head = head
+        self.first = self.sites.num_blocks - self.sites.k  # index of the first tuned block
         block_list = lm.model.get_submodule(self.sites.blocks_path)
-        below = self.sites.num_blocks - self.sites.k
-        self.lower: list[nn.Module] = list(block_list.children())[:below]  # θ-only blocks
-        self.replay = True  # reuse the probe's lower-block output in `tuned_logits`
-        self._lower_out: Any = None  # that output at the last position
-        self._lower_key: tuple[int, int] = (-1, -1)  # (step, T) it belongs to
+        self.lower: list[nn.Module] = list(block_list.children())[: self.first]  # θ-only blocks
+        half = self.embed.dtype in (torch.float16, torch.bfloat16)
+        self.f32 = _Float32Top(lm.model, self.sites) if half else None
+        self.tuned_sites = self.f32.sites if self.f32 else self.sites
+        # float32 output matrix for the tuned path of a half-precision model
+        self.head_weight = head.weight.detach().float() if half else head.weight.detach()
+        self.head_bias = None if head.bias is None else head.bias.detach().float()
+        self.replay = True  # tuned forward: reuse the lower blocks' output instead of recomputing
+        self._tuple_blocks, self._hidden_is_norm = self._inspect()
+        self.begin()
+
+    # ---- per-batch state ---------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Forget per-batch state (the running sum of context hidden states)."""
-        self._ctx_sum, self._ctx_len = None, -1
+        """Forget per-batch state (cached block inputs, running sum of context hidden states)."""
+        self._states: torch.Tensor | None = None  # (B, T, D) inputs of the first tuned block
+        self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
+        self._ctx_len = -1  # T the sum is valid for
+
+    def _inspect(self) -> tuple[bool, bool]:
+        """(blocks return tuples, θ's last hidden state is the final norm's output) of this LM."""
+        outputs: list[Any] = []
+        block = self.model.get_submodule(self.sites.blocks_path)[0]
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.lm.device)
+        handle = block.register_forward_hook(lambda m, a, o: outputs.append(o))
+        try:
+            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
+                # (not output_hidden_states: transformers 5 leaves its capture hooks registered)
+                out = self.base(input_ids=ids, use_cache=False)
+        finally:
+            handle.remove()
+        last = out.last_hidden_state
+        norm_out = state.final_hidden[-1].to(last.device)
+        return isinstance(outputs[0], tuple), bool(torch.equal(last, norm_out))
+
+    def _block_output(self, states: torch.Tensor) -> Any:
+        """`states` in the structure the lower blocks return (Falcon: a tuple)."""
+        return (states, None) if self._tuple_blocks else states
+
+    def _block_inputs(self, ctx: StepContext) -> torch.Tensor:
+        """(B, T, D) inputs of the first tuned block at every position, from θ's forwards.
+
+        Grown by the loop's hidden states of each new position; recomputed (no grad) only when
+        they are missing (a StepContext without hidden states, e.g. in unit tests).
+        """
+        T = ctx.input_ids.shape[1]
+        hidden = ctx.hidden_states
+        if self._states is not None and self._states.shape[1] == T:
+            return self._states  # already grown for this step (the probe, then the tuned pass)
+        if hidden is not None and len(hidden) == self.sites.num_blocks + 1:
+            new = hidden[self.first].detach()
+            if new.shape[1] == T:
+                self._states = new
+            elif self._states is not None and self._states.shape[1] + new.shape[1] == T:
+                self._states = torch.cat([self._states, new.to(self._states.device)], dim=1)
+            else:
+                self._states = None
+        elif self._states is not None and self._states.shape[1] != T:
+            self._states = None
+        if self._states is None:
+            self._states = self._recompute_inputs(ctx)
+        return self._states
+
+    def _recompute_inputs(self, ctx: StepContext) -> torch.Tensor:
+        seen: list[torch.Tensor] = []
+        block = self.model.get_submodule(self.sites.blocks_path)[self.first]
+
+        def grab(module: nn.Module, args: Any, kwargs: Any) -> None:
+            seen.append(args[0] if args else kwargs["hidden_states"])
+
+        handle = block.register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                self.base(
+                    input_ids=ctx.input_ids,
+                    attention_mask=ctx.attention_mask,
+                    position_ids=ctx.position_ids,
+                    use_cache=False,
+                )
+        finally:
+            handle.remove()
+        return seen[0].detach()
+
+    # ---- the probe ---------------------------------------------------------------------------
 
     def zero_deltas(self, batch: int) -> list[torch.Tensor]:
-        """Zero offsets that require grad, (batch, width) per hook point, in the model's dtype."""
-        dtype = self.embed.dtype
+        """Zero float32 offsets that require grad, (batch, width) on each hook point's device."""
         return [
-            torch.zeros((batch, p.width), dtype=dtype, device=self.embed.device, requires_grad=True)
-            for p in self.sites.points
+            torch.zeros(
+                (batch, p.width),
+                dtype=torch.float32,
+                device=module_device(p.module, self.lm.device),
+                requires_grad=True,
+            )
+            for p in self.tuned_sites.points
         ]
 
-    def probe(self, ctx: StepContext) -> Probe:
-        """Forward θ (through zero offsets) for the losses; must run with autograd enabled."""
-        deltas = self.zero_deltas(ctx.input_ids.shape[0])
-        mask = ctx.attention_mask
-        with bias_offsets(self.model, self.sites, deltas) as state:
-            if self.scope == "context":
-                logits, cache, context_sum = self._full_forward(ctx, state)
-            else:
-                logits, cache, context_sum = self._last_forward(ctx, state)
-            self._horizon_forward(ctx, logits, cache)
-            horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        missing = [p.name for p in self.sites.points if p.name not in state.fired]
-        if missing:
-            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
-        count = mask.sum(-1, keepdim=True).float() + 1.0  # real positions + the horizon
-        return Probe(deltas, logits, (context_sum + horizon) / count)
+    @contextmanager
+    def _tuned(self, deltas: Sequence[torch.Tensor] | None) -> Iterator[HookState]:
+        """Hooks adding `deltas`, on the float32 copies where the model is in half precision."""
+        with ExitStack() as stack:
+            if self.f32 is not None:
+                stack.enter_context(self.f32.swapped())
+            yield stack.enter_context(bias_offsets(self.model, self.tuned_sites, deltas))
 
-    def _full_forward(
-        self, ctx: StepContext, state: HookState
-    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        with self._keep_lower_output(ctx):
-            out = self.model(
-                input_ids=ctx.input_ids,
+    def _top(
+        self,
+        ctx: StepContext,
+        positions: slice,
+        states: torch.Tensor,
+        cache: Any,
+    ) -> Any:
+        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute)."""
+        skip = skip_blocks(self.lower, self._block_output(states)) if self.lower else None
+        with ExitStack() as stack:
+            if skip is not None:
+                stack.enter_context(skip)
+            return self.base(
+                input_ids=ctx.input_ids[:, positions],
                 attention_mask=ctx.attention_mask,
-                position_ids=ctx.position_ids,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        hidden = state.final_hidden[-1].float()  # (B, T, D)
-        context_sum = (hidden * ctx.attention_mask.unsqueeze(-1).to(hidden.dtype)).sum(1)
-        return out.logits[:, -1].float(), out.past_key_values, context_sum
-
-    def _last_forward(
-        self, ctx: StepContext, state: HookState
-    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        T = ctx.input_ids.shape[1]
-        before = self._context_sum(ctx)  # (B, D), constants
-        cache = cropped_cache(ctx.past_key_values, T - 1)
-        with self._keep_lower_output(ctx):
-            out = self.model(
-                input_ids=ctx.input_ids[:, -1:],
-                attention_mask=ctx.attention_mask,
-                position_ids=ctx.position_ids[:, -1:],
+                position_ids=ctx.position_ids[:, positions],
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,
             )
-        last = state.final_hidden[-1][:, -1].float() * ctx.attention_mask[:, -1:].float()
-        # Next step's context = this step's context + this last position (θ: δ is zero here).
-        self._ctx_sum, self._ctx_len = before + last.detach(), T
-        return out.logits[:, -1].float(), cache, before + last
 
-    @contextmanager
-    def _keep_lower_output(self, ctx: StepContext) -> Iterator[None]:
-        """Keep the top θ-only block's last-position output of this forward for `tuned_logits`."""
-        seen: list[Any] = []
-        top = self.lower[-1] if self.lower else None
-        handle = top.register_forward_hook(lambda m, a, o: seen.append(o)) if top else None
-        try:
-            yield
-        finally:
-            if handle is not None:
-                handle.remove()
-        self._lower_out = last_position(seen[0]) if seen else None
-        self._lower_key = (ctx.step, ctx.input_ids.shape[1])
+    def probe(self, ctx: StepContext) -> Probe:
+        """θ's step through zero offsets, for the losses; must run with autograd enabled."""
+        B, T = ctx.input_ids.shape
+        states = self._block_inputs(ctx)
+        deltas = self.zero_deltas(B)
+        mask = ctx.attention_mask
+        with self._tuned(deltas) as state:
+            if self.scope == "context":
+                from transformers.cache_utils import DynamicCache
+
+                out = self._top(ctx, slice(0, T), states, DynamicCache())
+                final = state.final_hidden[-1].float()  # (B, T, D)
+                context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
+            else:
+                before = self._context_sum(ctx)
+                out = self._top(
+                    ctx, slice(T - 1, T), states[:, -1:], cropped_cache(ctx.past_key_values, T - 1)
+                )
+                final = state.final_hidden[-1].float()
+                last = final[:, -1] * mask[:, -1:].to(final.device).float()
+                # Next step's context = this step's + this last position (θ: δ is zero here).
+                self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
+                context_sum = before.to(last.device) + last
+            hidden = out.last_hidden_state[:, -1]  # (B, D)
+            if self.f32 is None:  # θ's logits from the loop, exact at δ = 0
+                logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
+            else:  # the loop's half-precision logits would round p_θ: recompute in float32
+                logits = self._head_product(hidden).to(ctx.logits.device)
+            cache = self._merged_cache(ctx, out.past_key_values)
+            self._horizon_forward(ctx, logits, cache)
+            horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
+        missing = [p.name for p in self.tuned_sites.points if p.name not in state.fired]
+        if missing:
+            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
+        count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
+        return Probe(deltas, logits, (context_sum.to(horizon.device) + horizon) / count)
+
+    def _merged_cache(self, ctx: StepContext, top: Any) -> Any:
+        """θ's cache (views) for the lower blocks, the probe's for the tuned ones: T positions."""
+        merged = cropped_cache(ctx.past_key_values, ctx.input_ids.shape[1])
+        merged.layers[self.first :] = top.layers[self.first :]
+        return merged
 
     def _context_sum(self, ctx: StepContext) -> torch.Tensor:
         """Σ of θ's final hidden states over the real positions before the last one."""
         T = ctx.input_ids.shape[1]
-        if self._ctx_sum is not None and self._ctx_len == T - 1:
+        if self._ctx_sum is not None and self._ctx_len == T:
             return self._ctx_sum
-        B, D = ctx.input_ids.shape[0], self.embed.shape[1]
         if T == 1:
-            return torch.zeros((B, D), device=self.embed.device)
-        with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
-            self.base(
-                input_ids=ctx.input_ids[:, :-1],
-                attention_mask=ctx.attention_mask[:, :-1],
-                position_ids=ctx.position_ids[:, :-1],
-                use_cache=False,
-            )
-        hidden = state.final_hidden[-1].float()
-        return (hidden * ctx.attention_mask[:, :-1].unsqueeze(-1).float()).sum(1)
+            return torch.zeros((ctx.input_ids.shape[0], self.embed.shape[1]), device=self.lm.device)
+        mask = ctx.attention_mask[:, :-1].unsqueeze(-1).float()
+        hidden = ctx.hidden_states
+        if self._hidden_is_norm and hidden is not None and hidden[-1].shape[1] == T:
+            final = hidden[-1][:, :-1].float()  # the loop's prefill: every position
+        else:
+            states = self._block_inputs(ctx)
+            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
+                from transformers.cache_utils import DynamicCache
+
+                self._top(ctx, slice(0, T - 1), states[:, :-1], DynamicCache())
+            final = state.final_hidden[-1].float()
+        return (final * mask.to(final.device)).sum(1)
 
     def _horizon_forward(self, ctx: StepContext, logits: torch.Tensor, cache: Any) -> None:
         """One more position whose input embedding is Eᵀ p_θ(·) (kept differentiable in p)."""
         probs = torch.softmax(logits, dim=-1)
-        embeds = (probs.to(self.embed.dtype) @ self.embed).unsqueeze(1)  # (B, 1, D)
+        embeds = (probs.to(self.embed.device, self.embed.dtype) @ self.embed).unsqueeze(1)
         ones = torch.ones_like(ctx.attention_mask[:, :1])
         self.base(
             inputs_embeds=embeds,
@@ -181,6 +342,8 @@ class BiasTuner:
             past_key_values=cache,
             use_cache=True,
         )
+
+    # ---- the step and the tuned distribution -------------------------------------------------
 
     def step(
         self, probe: Probe, losses: torch.Tensor, ok: torch.Tensor, lr: float
@@ -191,26 +354,36 @@ class BiasTuner:
         """
         total = torch.where(ok, losses, torch.zeros_like(losses)).sum()
         grads = torch.autograd.grad(total, probe.deltas, allow_unused=True)
-        keep = ok.unsqueeze(-1)
         out = []
         for g, d in zip(grads, probe.deltas):
             g = torch.zeros_like(d) if g is None else g
+            keep = ok.to(g.device).unsqueeze(-1)
             out.append(torch.where(keep, g, torch.zeros_like(g)))  # NaN rows cannot leak into δ
         return adam_first_step(out, lr)
 
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
         T = ctx.input_ids.shape[1]
-        reuse = self.replay and self._lower_out is not None and self._lower_key == (ctx.step, T)
-        skip = skip_blocks(self.lower, self._lower_out) if reuse else nullcontext()
-        offsets = bias_offsets(self.model, self.sites, [d.detach() for d in deltas])
-        with torch.no_grad(), offsets, skip:
-            out = self.model(
-                input_ids=ctx.input_ids[:, -1:],
-                attention_mask=ctx.attention_mask,
-                position_ids=ctx.position_ids[:, -1:],
-                past_key_values=cropped_cache(ctx.past_key_values, T - 1),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out.logits[:, -1].float()
+        cache = cropped_cache(ctx.past_key_values, T - 1)
+        with torch.no_grad(), self._tuned([d.detach() for d in deltas]):
+            if self.replay:
+                states = self._block_inputs(ctx)[:, -1:]
+                out = self._top(ctx, slice(T - 1, T), states, cache)
+            else:
+                out = self.base(
+                    input_ids=ctx.input_ids[:, -1:],
+                    attention_mask=ctx.attention_mask,
+                    position_ids=ctx.position_ids[:, -1:],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            logits = self._head_product(out.last_hidden_state[:, -1])
+        return logits.to(ctx.logits.device)
+
+    def _head_product(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, V) float32 logits of (B, D) final hidden states (float32 output matrix if half)."""
+        weight = self.head_weight
+        logits = hidden.to(weight.device, weight.dtype) @ weight.T
+        if self.head_bias is not None:
+            logits = logits + self.head_bias.to(logits.device)
+        return logits.float()

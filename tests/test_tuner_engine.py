@@ -1,0 +1,196 @@
+"""Bias-tuning engine: work not recomputed, half precision, models split across devices."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
+from tests.helpers import step0_context
+from workers.decoding import decode_batch
+from workers.methods.registry import load_method, resolve_params
+from workers.methods.tuner import BiasTuner
+from workers.models import LoadedLM, load_lm
+
+FAMILIES = ("gpt2", "opt", "falcon", "llama")
+PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"]
+
+
+def jobs_for(lm: LoadedLM, method: str, params: dict[str, Any], tokens: int) -> list[JobSpec]:
+    gen = GenerationParams(max_new_tokens=tokens)
+    resolved = canonical_json(resolve_params(method, params, lm.ref.id))
+    return [
+        JobSpec(f"p{i}", p, "female", None, 3, method, lm.ref, "sentiment", gen, resolved)
+        for i, p in enumerate(PROMPTS)
+    ]
+
+
+def generate(
+    lm: LoadedLM, method: str, params: dict[str, Any], tokens: int
+) -> list[dict[str, Any]]:
+    jobs = jobs_for(lm, method, params, tokens)
+    built = load_method(method)(lm, jobs[0].params(), "sentiment")
+    return decode_batch(lm, built, jobs)
+
+
+# ---- what θ fixes is computed once -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("scope", ["context", "last"])
+def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> None:
+    """Block 0 (below the 2 tuned blocks of 4) runs the prompt once, then per step only the
+    loop's new position and the horizon position: never the context again."""
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
+    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
+    calls: list[int] = []  # positions per forward of block 0, summed over rows
+    steps: list[int] = []  # calls to block 0 so far, at the start of each step
+    # counted inside the block: a replayed block is called but computes nothing
+    inner = lm.model.transformer.h[0].ln_1
+    handle = inner.register_forward_pre_hook(
+        lambda m, args: calls.append(args[0].shape[:2].numel())
+    )
+    original = method.next_logprobs
+    method.next_logprobs = lambda ctx: (steps.append(len(calls)), original(ctx))[1]  # type: ignore[method-assign]
+    try:
+        rows = decode_batch(lm, method, jobs)
+    finally:
+        handle.remove()
+    assert all(r["status"] == "ok" for r in rows)
+    B, S = len(jobs), len(steps)
+    prefill = calls[0]
+    assert prefill == B * max(len(lm.tokenizer(p)["input_ids"]) + 1 for p in PROMPTS)  # + BOS
+    # between two steps: the horizon of the step (B) and the loop's next token (B)
+    per_step = [sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)])]
+    assert S == 6 and per_step == [2 * B] * (S - 1) + [B]
+
+
+# ---- half precision ---------------------------------------------------------------------------
+
+
+def _step(
+    lm: LoadedLM, scope: str, head: nn.Module, scores: torch.Tensor, lr: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flat δ, tuned log-probs, θ log-probs) of step 0 with a stand-in loss of both shapes."""
+    jobs = [
+        JobSpec(f"p{i}", p, "female", None, 0, "lidao-min", lm.ref, "sentiment")
+        for i, p in enumerate(PROMPTS)
+    ]
+    ctx = step0_context(lm, PROMPTS, jobs, hidden=True)
+    tuner = BiasTuner(lm, 3, scope)
+    probe = tuner.probe(ctx)
+    labels = torch.zeros(len(PROMPTS), dtype=torch.long)
+    loss = F.cross_entropy(head(probe.pooled), labels, reduction="none")
+    loss = loss + (probe.logits.softmax(-1) * scores).sum(-1)
+    deltas = tuner.step(probe, loss, torch.ones(len(PROMPTS), dtype=torch.bool), lr)
+    tuned = tuner.tuned_logits(ctx, deltas).log_softmax(-1)
+    return torch.cat([d.flatten() for d in deltas]), tuned, ctx.logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_offsets_follow_the_float32_computation(family: str) -> None:
+    """The tuned path in bf16 (float32 tuned blocks) against the same weights run in float32.
+
+    Tolerances (see docs/design.md, precision policy): δ signs agree on ≥ 99.9% (GPT-2) /
+    ≥ 99.7% (others) of the elements whose float32 step is at least lr/2 (|g| ≥ eps; the rest
+    have an exact gradient of 0, e.g. key biases in `context` scope, and carry rounding noise);
+    the tuned distribution is within 10% of float32's move away from θ (total variation).
+    """
+    lm16 = load_lm(ModelRef(f"tiny-random/{family}", dtype="bfloat16"), device="cpu")
+    model32 = copy.deepcopy(lm16.model).float()
+    lm32 = LoadedLM(lm16.ref, model32, lm16.tokenizer, lm16.device, lm16.family, lm16.words)
+    torch.manual_seed(0)
+    head, scores = nn.Linear(64, 2), torch.rand(len(lm16.tokenizer))
+    lr = 0.01
+    for scope in ("context", "last"):
+        d32, tuned32, theta32 = _step(lm32, scope, head, scores, lr)
+        d16, tuned16, _ = _step(lm16, scope, head, scores, lr)
+        assert d16.dtype == torch.float32
+        sized = d32.abs() >= lr / 2
+        agree = (torch.sign(d16) == torch.sign(d32))[sized].float().mean().item()
+        assert agree >= (0.999 if family == "gpt2" else 0.997), (scope, agree)
+        move = 0.5 * (tuned32.exp() - theta32.exp()).abs().sum(-1)  # (B,) TV(θ_t, θ)
+        error = 0.5 * (tuned16.exp() - tuned32.exp()).abs().sum(-1)
+        assert bool((move > 1e-3).all()) and bool((error <= 0.1 * move).all()), (scope, error, move)
+
+
+def test_half_precision_leaves_the_model_in_its_dtype() -> None:
+    lm = load_lm(ModelRef("tiny-random/llama", dtype="bfloat16"), device="cpu")
+    names = {n: type(m) for n, m in lm.model.named_modules()}
+    rows = generate(lm, "lidao-min", {"blocks": 2}, 3)
+    assert all(r["status"] == "ok" and r["num_tokens"] > 0 for r in rows)
+    assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    assert {n: type(m) for n, m in lm.model.named_modules()} == names
+
+
+# ---- models split across devices -----------------------------------------------------------
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_moved(v, device) for v in value)
+    return value
+
+
+def _device_forward(module: nn.Module, device: torch.device) -> Callable[..., Any]:
+    plain = type(module).forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        moved = {k: _moved(v, device) for k, v in kwargs.items()}
+        return plain(module, *_moved(args, device), **moved)
+
+    return forward
+
+
+def split(model: nn.Module, device_map: dict[str, str]) -> None:
+    """Place each named module on its device, with an instance `forward` that moves its inputs
+    there first: what accelerate's `dispatch_model` does for a `device_map`."""
+    for name, device in device_map.items():
+        module = model.get_submodule(name)
+        module.to(device)
+        vars(module)["forward"] = _device_forward(module, torch.device(device))
+
+
+def _split_lm(device: str) -> tuple[LoadedLM, LoadedLM, list[nn.Module]]:
+    plain = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    model = copy.deepcopy(plain.model)
+    blocks = {f"transformer.h.{i}": ("cpu" if i < 2 else device) for i in range(4)}
+    split(model, {**blocks, "transformer.ln_f": device, "lm_head": "cpu"})
+    lm = LoadedLM(plain.ref, model, plain.tokenizer, plain.device, plain.family, plain.words)
+    return plain, lm, [model.get_submodule(n) for n in blocks]
+
+
+def _check_split(device: str, exact: bool) -> None:
+    plain, lm, blocks = _split_lm(device)
+    wrappers = [vars(b)["forward"] for b in blocks]
+    for method, scope in (("lidao-min", "context"), ("elidao-prod", "last")):
+        params = {"scope": scope, "blocks": 2}
+        want = generate(plain, method, params, 5)
+        got = generate(lm, method, params, 5)
+        assert all(r["status"] == "ok" for r in got)
+        for a, b in zip(got, want):
+            if exact:
+                assert a["token_ids"] == b["token_ids"]
+            torch.testing.assert_close(a["loss_g"][:1], b["loss_g"][:1], rtol=1e-4, atol=1e-5)
+    # replaying the lower blocks keeps the device wrappers in place
+    assert [vars(b)["forward"] for b in blocks] == wrappers
+
+
+def test_split_model_path_on_cpu_devices() -> None:
+    """The device-map code path with every entry on the CPU: runs in CI, exact tokens."""
+    _check_split("cpu", exact=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_split_model_between_cuda_and_cpu() -> None:
+    """The top blocks and the final norm on cuda:0, the rest on the CPU."""
+    _check_split("cuda:0", exact=False)
