@@ -148,3 +148,34 @@ def test_geometry_cache_is_keyed_by_the_word_list_contents(lm: LoadedLM) -> None
         is second
     )  # same contents
     assert gender_geometry(lm) is first
+
+
+@pytest.mark.slow
+def test_uddia_with_redo_and_a_prior_runs_through_the_cli(she_prior: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from results.store import RunStore
+
+    repo = Path(__file__).resolve().parents[1]
+    files = {g: str(repo / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
+    cfg = {
+        "name": "uddia-ref",
+        "dataset": {"kind": "paired-jsonl", "files": files, "limit": 1},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": [
+            {"name": "uddia", "params": {"redo": True, "prior": str(she_prior), "blocks": 4}}
+        ],
+        "tasks": ["sentiment"],
+        "generation": {"max_new_tokens": 3},
+        "scorers": ["gender"],
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert cli_main(["run", str(path), "--out", str(out), "--no-ray", "--no-progress"]) == 0
+    gens = RunStore(str(out)).read_generations()
+    assert gens.height == 2 and (gens["status"] == "ok").all()
+    for row in gens.iter_rows(named=True):
+        eff = json.loads(row["effective_params"])
+        assert eff["prior"] == str(she_prior) and eff["redo"] is True
+        assert 1 <= eff["redo_tries"] <= 6 and len(eff["redo_ppl"]) == eff["redo_tries"]
