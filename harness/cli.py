@@ -1,4 +1,4 @@
-"""`python -m harness {run,status,score,aggregate,train-head,compare}`.
+"""`python -m harness {run,status,score,aggregate,train-head,token-prior,compare}`.
 
 Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).
 """
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from harness.compare import add_compare_args, compare_main
 from harness.config import ConfigError, RunConfig, load_config, parse_config
+from harness.token_prior import add_token_prior_args, token_prior_main
 from harness.train_head import add_train_head_args, train_head_main
 from jobs.datasets import DatasetError
 from results.join import JoinError
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
     add_train_head_args(th)
     th.set_defaults(func=train_head_main)
+    tp = sub.add_parser("token-prior", help="unigram token counts of a corpus (UDDIA's prior)")
+    add_token_prior_args(tp)
+    tp.set_defaults(func=token_prior_main)
     c = sub.add_parser("compare", help="per-cell differences of two runs' summaries")
     add_compare_args(c)
     c.set_defaults(func=compare_main)

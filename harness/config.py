@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -9,6 +10,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.spec import GenerationParams, ModelRef
+
+log = logging.getLogger("harness")
 
 TASKS = ("sentiment", "regard", "toxicity")
 SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
@@ -66,6 +69,9 @@ class ModelConfig(Strict):
     # GPUs per replica; default 1 when the cluster has GPUs. Below 1 replicas share a GPU;
     # above 1 (whole numbers) one replica spans several (device_map="auto"; docs/cluster.md).
     num_gpus: float | None = Field(None, ge=0)
+    # Attribute head per task for methods that read one (tuned methods, PPLM): {TASK: PATH or
+    # URL}. A method's own `head:` parameter overrides it for every model and task.
+    heads: dict[Literal["sentiment", "regard", "toxicity"], str] = Field(default_factory=dict)
 
     @field_validator("num_gpus")
     @classmethod
@@ -154,7 +160,45 @@ class RunConfig(Strict):
                 check_scorer_name(s.name)
             except KeyError as exc:
                 raise ValueError(f"scorers.{i}: {exc.args[0]}") from None
+        self._check_heads()
         return self
+
+    def _check_heads(self) -> None:
+        """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
+        from workers.methods.head_meta import HeadMetaError, check_head_spec
+        from workers.methods.registry import takes_head
+
+        checked: set[tuple[str, str, str]] = set()
+        for i, model in enumerate(self.models):
+            for task, spec in model.heads.items():
+                where = f"models.{i}.heads.{task}"
+                if task not in self.tasks:
+                    log.warning("%s: the run has no task %r; this head is not used", where, task)
+                    continue
+                if not any(takes_head(m.name) and "head" not in m.params for m in self.methods):
+                    continue
+                _check_one(check_head_spec, HeadMetaError, where, spec, model.id, task)
+                checked.add((spec, model.id, task))
+            for j, m in enumerate(self.methods):
+                given = m.params.get("head")
+                if not takes_head(m.name) or given is None:
+                    continue
+                for task in self.tasks:
+                    if (str(given), model.id, task) not in checked:
+                        where = f"methods.{j}.params.head"
+                        _check_one(
+                            check_head_spec, HeadMetaError, where, str(given), model.id, task
+                        )
+                        checked.add((str(given), model.id, task))
+
+
+def _check_one(check: Any, error: type[Exception], where: str, *args: str) -> None:
+    try:
+        note = check(*args)
+    except error as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if note:
+        log.warning("%s: %s", where, note)
 
 
 def _format_errors(path: str, exc: ValidationError) -> str:
@@ -215,6 +259,13 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
         out["dataset"] = ds
     if out.get("gender_words") is not None:
         out["gender_words"] = fix(out["gender_words"])
+    if isinstance(out.get("models"), list):
+        out["models"] = [
+            {**m, "heads": {t: fix(h) for t, h in m["heads"].items()}}
+            if isinstance(m, dict) and isinstance(m.get("heads"), dict)
+            else m
+            for m in out["models"]
+        ]
     return out
 
 

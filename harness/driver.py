@@ -62,7 +62,10 @@ def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     prompts = load_prompts(cfg, words)
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
-    return expand_grid(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt)
+    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    return expand_grid(
+        prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
+    )
 
 
 def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:

@@ -123,6 +123,11 @@ def generate_stage(
         w.model.id: _model_stats(w, stats["actors"]) for d in dispatchers for w in d.works
     }
     errors = [w.error for d in dispatchers for w in d.works if w.error]
+    for d in dispatchers:  # methods that could not start: their jobs were written as errors
+        for record, _ in d.records:
+            for err in record.info.get("method_errors") or []:
+                line = f"model {record.model}: {err} (its jobs are recorded as failed)"
+                errors += [line] if line not in errors else []
     if errors:
         update_manifest(store, {"generation": stats})
         raise GenerationError("; ".join(errors))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.datasets import Prompt
@@ -16,17 +16,20 @@ def expand_grid(
     methods: Sequence[tuple[str, dict[str, Any]]],
     tasks: Sequence[str],
     samples_per_prompt: int,
+    heads: Mapping[ModelRef, Mapping[str, str]] | None = None,
 ) -> list[JobSpec]:
     """Every job of the grid, in a stable order (model, method, task, prompt, seed).
 
     Method parameters are resolved (defaults, then per-model paper defaults, then the user's)
-    before hashing, so the job id names the setting that actually runs.
+    before hashing, so the job id names the setting that actually runs. `heads` maps a model
+    to its attribute head per task: methods that read a head get that (model, task)'s.
     """
     jobs = []
     for model, gen in models:
         for name, params in methods:
-            resolved = canonical_json(resolve_params(name, params, model.id))
             for task in tasks:
+                model_heads = (heads or {}).get(model)
+                resolved = canonical_json(resolve_params(name, params, model.id, task, model_heads))
                 for prompt in prompts:
                     for seed in range(samples_per_prompt):
                         jobs.append(

@@ -316,8 +316,8 @@ def test_templates_and_parameter_errors(lm: LoadedLM) -> None:
     )
     with pytest.raises(MethodError, match="#GENDER#"):
         instruction_template("gpt2", "no placeholder")
-    with pytest.raises(MethodError, match="redo"):
-        load_method("uddia")(lm, {"redo": True}, "sentiment")
+    with pytest.raises(MethodError, match="uddia prior /nonexistent/prior.json: cannot read"):
+        load_method("uddia")(lm, {"prior": "/nonexistent/prior.json"}, "sentiment")
     with pytest.raises(MethodError, match="unknown parameter"):
         load_method("lidao-prod")(lm, {"gamma": 0.5}, "sentiment")
     with pytest.raises(MethodError, match="scope"):

@@ -18,7 +18,7 @@ from jobs.words import GroupWords
 from results.schema import error_row
 from results.store import RunStore
 from workers.decoding import decode_batch, prompt_token_ids
-from workers.methods.base import DecodingMethod
+from workers.methods.base import DecodingMethod, MethodError
 from workers.methods.registry import load_method
 from workers.models import LoadedLM, load_lm
 
@@ -95,6 +95,8 @@ class Generator:
         self.store = RunStore(run_uri)
         self.name = f"{name}@{socket.gethostname()}"
         self._methods: dict[MethodKey, DecodingMethod] = {}
+        # Methods that could not be built (a head that does not load...): their jobs fail alone.
+        self._broken: dict[MethodKey, str] = {}
         self.stats: dict[str, Any] = {
             "batches": 0,
             "jobs": 0,
@@ -116,10 +118,22 @@ class Generator:
         return self._methods[key]
 
     def prepare(self, keys: Sequence[MethodKey]) -> dict[str, Any]:
-        """Instantiate every method this replica will run, so misconfiguration fails up front."""
+        """Instantiate every method this replica will run, so misconfiguration shows up front.
+
+        A method that cannot be built (`MethodError`: a head that does not load or fit...) is
+        recorded, not raised: its jobs become error rows and the model's other jobs run.
+        """
         for key in keys:
-            self.method(*key)
-        return {"device": str(self.lm.device), "family": self.lm.family, "worker": self.name}
+            try:
+                self.method(*key)
+            except MethodError as exc:
+                self._broken[key] = f"method {key[0]} for task {key[2]} cannot start: {exc}"
+        return {
+            "device": str(self.lm.device),
+            "family": self.lm.family,
+            "worker": self.name,
+            "method_errors": sorted(set(self._broken.values())),
+        }
 
     def run_batch(self, jobs: Sequence[JobSpec]) -> dict[str, Any]:
         """Generate and persist one batch; returns counts. Halves the batch on CUDA OOM."""
@@ -143,6 +157,13 @@ class Generator:
     def _decode_splitting(self, jobs: list[JobSpec]) -> list[dict[str, Any]]:
         first = jobs[0]
         key = (first.method, first.method_params, first.task)
+        broken = self._broken.get(key)
+        if broken is not None:
+            rows = [error_row(j.to_row(), f"job {j.job_id}: {broken}") for j in jobs]
+            for row in rows:
+                row["worker"] = self.name
+            self.store.write_generations(rows)
+            return rows
         method = self.method(*key)
         length = self._length(jobs)
         if self.sizer is not None:
@@ -156,6 +177,9 @@ class Generator:
                 return rows
         try:
             rows = decode_batch(self.lm, method, jobs)
+            redo = getattr(method, "redo_rows", None)  # UDDIA's `redo: true`
+            if redo is not None:
+                rows = redo(jobs, rows)
             if self.sizer is not None:
                 per_seq = self.sizer.record(key, len(jobs), length)
                 self.stats["peak_bytes_per_seq"] = max(

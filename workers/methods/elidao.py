@@ -65,11 +65,13 @@ class ReferenceStream:
         self.lm = lm
         self.template = template
         self.genders: list[str | None] = []
+        self.too_long: dict[int, str] = {}
         self.logits: torch.Tensor | None = None  # (B, V) float32 next-token logits
 
     def start(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Choose #GENDER# per row and prefill the instruction-prefixed prompts."""
         tok = self.lm.tokenizer
+        self.too_long = {}  # rows whose prefixed prompt does not fit: they fail
         self.genders = [
             None if (g := label_text(j.prompt, self.lm.words)) == "none" else g for j in jobs
         ]
@@ -77,13 +79,26 @@ class ReferenceStream:
         self.logits = self._cache = None
         if not any(self.genders):
             return  # every row falls back: no reference forwards at all
+        from workers.decoding import max_context
+
+        limit, steps = max_context(self.lm), max(j.generation.max_new_tokens for j in jobs)
         rows = []
-        for gender, ids in zip(self.genders, prompt_ids):
+        for i, (gender, ids) in enumerate(zip(self.genders, prompt_ids)):
             head: list[int] = []
             if ids and tok.bos_token_id is not None and ids[0] == tok.bos_token_id:
                 head, ids = [ids[0]], ids[1:]  # keep a BOS the tokenizer adds in front
             text = self.template.replace("#GENDER#", gender) if gender else ""
-            rows.append(head + list(tok(text, add_special_tokens=False)["input_ids"]) + list(ids))
+            prefix = list(tok(text, add_special_tokens=False)["input_ids"])
+            row = head + prefix + list(ids)
+            if gender is not None and limit is not None and len(row) + steps > limit:
+                self.too_long[i] = (
+                    f"eLIDAO: instruction ({len(prefix)} tokens) + prompt ({len(head) + len(ids)} "
+                    f"tokens) + max_new_tokens {steps} exceed the model's context of {limit}"
+                )
+                row = (head + list(ids))[: max(1, limit - steps)]  # a stand-in; the row fails
+                self.genders[i] = None
+            rows.append(row)
+        self.use = torch.tensor([g is not None for g in self.genders], device=self.lm.device)
         width = max(len(r) for r in rows)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         ids_t = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -141,6 +156,8 @@ class ElidaoMixin(BiasTunedMethod):
         self.stream.start(jobs, prompt_ids)
 
     def adjust(self, ctx: StepContext, mixed: torch.Tensor) -> torch.Tensor:
+        for row, message in self.stream.too_long.items():
+            ctx.fail(row, message)
         if self.stream.logits is None or self.seed_ids.numel() == 0:
             return mixed
         ref = ctx.process(self.stream.logits)[:, self.seed_ids]  # (B, |V_a|) log p_ref

@@ -12,6 +12,8 @@ matrix-vector product per sequence and step suffices; no (V, D) tensor is ever b
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import weakref
 from dataclasses import dataclass
@@ -92,13 +94,25 @@ def gender_direction(lm: LoadedLM) -> torch.Tensor:
     return total / norm
 
 
-_GEOMETRY: weakref.WeakKeyDictionary[Any, GenderGeometry] = weakref.WeakKeyDictionary()
+# model object → {digest of the word list's contents: geometry}
+_GEOMETRY: weakref.WeakKeyDictionary[Any, dict[str, GenderGeometry]] = weakref.WeakKeyDictionary()
+
+
+def words_digest(words: Any) -> str:
+    """SHA-256 of a word list's contents (groups, words, pairs): the geometry's cache key."""
+    content = {
+        "groups": list(words.groups),
+        "words": {g: list(ws) for g, ws in sorted(words.words.items())},
+        "pairs": [list(p) for p in words.pairs],
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def gender_geometry(lm: LoadedLM) -> GenderGeometry:
-    """The per-LM constants of ℓ̂_a (cached per model object)."""
-    cached = _GEOMETRY.get(lm.model)
-    if cached is not None and cached.groups == tuple(lm.words.groups):
+    """The per-LM constants of ℓ̂_a, cached per (model object, word list contents)."""
+    key = words_digest(lm.words)
+    cached = _GEOMETRY.get(lm.model, {}).get(key)
+    if cached is not None:
         return cached
     with torch.no_grad():
         embed = lm.model.get_input_embeddings().weight.detach()
@@ -118,7 +132,7 @@ def gender_geometry(lm: LoadedLM) -> GenderGeometry:
     geometry = GenderGeometry(
         (lm.words.groups[0], lm.words.groups[1]), embed, v, p, n, log_q, prior_term, gendered
     )
-    _GEOMETRY[lm.model] = geometry
+    _GEOMETRY.setdefault(lm.model, {})[key] = geometry
     return geometry
 
 
@@ -160,13 +174,18 @@ def hellinger(probs: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
 
 
 def hellinger_gate(
-    geo: GenderGeometry, probs: torch.Tensor, margin: float = GATE_MARGIN
+    geo: GenderGeometry,
+    probs: torch.Tensor,
+    margin: float = GATE_MARGIN,
+    gendered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B,) bool: UDDIA's trigger for ℓ̂_a, |H(p_θ, B_f) − H(p_θ, B_m)| > margin.
 
-    A group without any clearly gendered token has an all-zero B_a: H = 1 against it.
+    `gendered` is B_a (2, V) (default: `geo.gendered`, uniform prior). A group without any
+    clearly gendered token has an all-zero B_a: H = 1 against it.
     """
+    b = geo.gendered if gendered is None else gendered
     with torch.no_grad():
-        h0 = hellinger(probs, geo.gendered[0])
-        h1 = hellinger(probs, geo.gendered[1])
+        h0 = hellinger(probs, b[0])
+        h1 = hellinger(probs, b[1])
         return (h0 - h1).abs() > margin

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,31 +35,20 @@ from torch import nn
 
 from jobs.datasets import DatasetError, fetch
 from workers.methods.base import MethodError
+from workers.methods.head_meta import (
+    KNOWN_HEADS,
+    UDDIA_TOXICITY_HEAD,
+    HeadMetaError,
+    local_weights,
+    meta_path,
+    model_name,
+)
 from workers.tiny import TINY_PREFIX
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
 
 HEAD_FORMAT = "lidao-head/1"
-
-# The UDDIA repository's toxicity head for GPT-2 large (a PPLM head; class 0 = non_toxic).
-UDDIA_TOXICITY_HEAD = (
-    "https://raw.githubusercontent.com/minicheshire/Unified-Debiasing-and-Detoxifying/main/"
-    "models/pplm_classifiers/toxicity_classifierhead_1280/toxic_classifier_head_epoch_10.pt"
-)
-# Heads known by URL: pinned SHA-256 and the PPLM metadata published beside them.
-KNOWN_HEADS: dict[str, dict[str, Any]] = {
-    UDDIA_TOXICITY_HEAD: {
-        "sha256": "00d3560b64812314eb9b9b1d220c2802264a09701dae67b779d319c1e5c02c19",
-        "meta": {
-            "class_size": 2,
-            "embed_size": 1280,
-            "pretrained_model": "gpt2-large",
-            "class_vocab": {"non_toxic": 0, "toxic": 1},
-            "default_class": 0,
-        },
-    },
-}
 
 # Class names that read as the desirable class, for heads whose meta has no `target_class`.
 DESIRABLE_NAMES = ("non_toxic", "nontoxic", "non-toxic", "clean", "positive", "very_positive")
@@ -71,8 +59,6 @@ TASK_CLASSES: dict[str, tuple[str, str]] = {
     "sentiment": ("positive", "negative"),
     "regard": ("positive", "negative"),
 }
-
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth")
 
 
 class AttributeHead(nn.Module):
@@ -151,19 +137,10 @@ def _normalise_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _meta_path(weights: Path) -> Path:
-    """The metadata JSON beside a weights file (ours, PPLM's `_meta.json`, or the only one)."""
-    stem = weights.name
-    for suffix in WEIGHT_SUFFIXES:
-        if stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
-    base = re.sub(r"_epoch_\d+$", "", stem)
-    for name in (f"{stem}.json", f"{base}_meta.json", f"{stem}_meta.json"):
-        if (weights.parent / name).is_file():
-            return weights.parent / name
-    metas = sorted(weights.parent.glob("*meta*.json"))
-    if len(metas) == 1:
-        return metas[0]
-    raise MethodError(f"{weights}: no metadata JSON beside it (expected {stem}.json)")
+    try:
+        return meta_path(weights)
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
 
 
 def _read_state(weights: Path) -> dict[str, torch.Tensor]:
@@ -201,19 +178,15 @@ def _local_weights(spec: str) -> tuple[Path, dict[str, Any] | None]:
         except DatasetError as exc:
             raise MethodError(f"head {spec}: {exc}") from exc
         if known:
-            return Path(local), dict(known["meta"])
+            return Path(local), {**known["meta"], "task": known.get("task")}
         raise MethodError(
             f"head {spec}: unknown URL; download it with its metadata JSON and pass the path"
         )
-    path = Path(os.path.expanduser(spec))
-    if path.is_dir():
-        found = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
-        if len(found) != 1:
-            raise MethodError(
-                f"{spec}: expected one head weights file in the folder, found {[p.name for p in found]}"
-            )
-        path = found[0]
-    if not path.is_file():
+    try:
+        path = local_weights(spec)
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
+    if path is None:
         raise MethodError(f"head {spec}: no such file")
     return path, None
 
@@ -295,12 +268,8 @@ def _atomic(target: Path, write: Any) -> None:
             os.unlink(tmp)
 
 
-def _model_name(model_id: str) -> str:
-    return model_id.rstrip("/").rsplit("/", 1)[-1].lower()
-
-
-def check_head(head: AttributeHead, lm: LoadedLM) -> None:
-    """Fail at actor start when the head was not trained on this LM.
+def check_head(head: AttributeHead, lm: LoadedLM, task: str | None = None) -> None:
+    """Fail at actor start when the head was not trained on this LM (or for this task).
 
     The LM ids match when their last path components agree (`gpt2-large` and
     `openai-community/gpt2-large`; a local folder named like the model); the hidden sizes must
@@ -316,8 +285,11 @@ def check_head(head: AttributeHead, lm: LoadedLM) -> None:
             f"head {source}: {head.hidden_size} wide, but model {lm.ref.id} has hidden size {width}"
         )
     head_lm = head.meta.get("lm_id")
-    if head_lm and _model_name(str(head_lm)) != _model_name(lm.ref.id):
+    if head_lm and model_name(str(head_lm)) != model_name(lm.ref.id):
         raise MethodError(f"head {source}: trained on {head_lm!r}, not on model {lm.ref.id!r}")
+    head_task = head.meta.get("task")
+    if task is not None and head_task is not None and str(head_task) != task:
+        raise MethodError(f"head {source}: trained for task {head_task!r}, not for {task!r}")
 
 
 def random_head(lm: LoadedLM, task: str) -> AttributeHead:
@@ -347,7 +319,7 @@ def resolve_head(lm: LoadedLM, task: str, head: str | None) -> AttributeHead:
     if head is None:
         if not lm.ref.id.startswith(TINY_PREFIX):
             hint = ""
-            if _model_name(lm.ref.id) == "gpt2-large" and task == "toxicity":
+            if model_name(lm.ref.id) == "gpt2-large" and task == "toxicity":
                 hint = f"; the UDDIA toxicity head for GPT-2 large is head: {UDDIA_TOXICITY_HEAD}"
             raise MethodError(
                 f"model {lm.ref.id}, task {task}: this method needs an attribute head; pass "
@@ -356,7 +328,7 @@ def resolve_head(lm: LoadedLM, task: str, head: str | None) -> AttributeHead:
         result = random_head(lm, task)
     else:
         result = load_head(head)
-        check_head(result, lm)
+        check_head(result, lm, task)
     for p in result.parameters():
         p.requires_grad_(False)
     return result.to(lm.device)

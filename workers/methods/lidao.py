@@ -210,23 +210,50 @@ class BiasTunedMethod(DecodingMethod):
 
 
 class Uddia(BiasTunedMethod):
-    """UDDIA's intended loss ℓ̂_g + λ ℓ̂_a, the ℓ̂_a term only where the Hellinger gate fires."""
+    """UDDIA's intended loss ℓ̂_g + λ ℓ̂_a, the ℓ̂_a term only where the Hellinger gate fires.
+
+    The gate's B_a weights tokens by `prior` (a token-counts file), uniform without one; `redo`
+    regenerates high-perplexity rows with fewer tuned blocks (`workers.methods.uddia_ref`).
+    """
 
     name = "uddia"
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
+        from workers.methods.uddia_ref import gendered_distributions, load_prior
+
         super().__init__(lm, params, task)
-        if self.params["redo"]:
-            raise MethodError(
-                "uddia: redo (regenerate with fewer tuned blocks while PPL > 30) is not supported "
-                "by the batched loop; the paper dropped it too. Use redo: false."
-            )
+        self._prior_info: dict[str, Any] = {"prior": "uniform"}
+        prior = None
+        if self.params.get("prior") is not None:
+            prior, self._prior_info = load_prior(str(self.params["prior"]), lm)
+        self.gendered = gendered_distributions(self.geometry, prior)
+        self._redo: dict[int, Uddia] = {}
 
     def objective(
         self, loss_g: torch.Tensor, loss_a: torch.Tensor, probs: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        gate = hellinger_gate(self.geometry, probs).to(loss_a.dtype)
+        gate = hellinger_gate(self.geometry, probs, gendered=self.gendered).to(loss_a.dtype)
         return loss_g + float(self.params["lam"]) * gate * loss_a, None
+
+    def effective_params(self) -> dict[str, Any]:
+        return {**self.params, **self._prior_info}
+
+    def redo_rows(
+        self, jobs: Sequence[JobSpec], rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """With `redo: true`, generate high-perplexity rows again with fewer tuned blocks."""
+        if not self.params["redo"]:
+            return rows
+        from workers.decoding import decode_batch
+        from workers.methods.uddia_ref import redo_rows
+
+        def retry(blocks: int, subset: Sequence[JobSpec]) -> list[dict[str, Any]]:
+            if blocks not in self._redo:
+                params = {**self.params, "blocks": blocks, "redo": False}
+                self._redo[blocks] = Uddia(self.lm, params, self.task)
+            return decode_batch(self.lm, self._redo[blocks], subset)
+
+        return redo_rows(self.lm, jobs, rows, int(self.params["blocks"]), retry)
 
 
 class LidaoMin(BiasTunedMethod):

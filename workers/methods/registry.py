@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 METHODS: dict[str, str] = {
@@ -31,7 +32,9 @@ _TUNED: dict[str, Any] = {"lr": None, "tau": None, "blocks": 18, "scope": "conte
 
 DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
-    "uddia": {**_TUNED, "lam": 0.05, "redo": False},
+    # UDDIA: `prior` = token counts file (`harness token-prior`) weighting the gate's B_a
+    # (None: uniform); `redo` = regenerate rows with PPL > 30 with 3 fewer blocks, ≤ 6 tries.
+    "uddia": {**_TUNED, "lam": 0.05, "redo": False, "prior": None},
     "lidao-min": {**_TUNED, "gamma": 0.5},
     "lidao-prod": dict(_TUNED),
     # `instruction`: None (by family), "plain" (GPT-2/OPT template), "instruct" (Falcon's), or a
@@ -127,8 +130,24 @@ def check_method_name(name: str) -> None:
         )
 
 
-def resolve_params(name: str, params: dict[str, Any], model_id: str) -> dict[str, Any]:
-    """Effective parameters of `name` for `model_id`: defaults, then model defaults, then user."""
+def takes_head(name: str) -> bool:
+    """Whether method `name` reads an attribute head (its `head` parameter)."""
+    return "head" in DEFAULT_PARAMS.get(name, {})
+
+
+def resolve_params(
+    name: str,
+    params: dict[str, Any],
+    model_id: str,
+    task: str | None = None,
+    heads: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Effective parameters of `name` for `model_id`: defaults, then model defaults, then user.
+
+    With `task`, a method that reads an attribute head gets `head` = the method's own `head`
+    parameter when the user set one (an override for every model and task), else the model's
+    head for that task (`heads`, the model entry's `heads: {TASK: PATH}`), else None.
+    """
     check_method_name(name)
     defaults = dict(DEFAULT_PARAMS.get(name, {}))
     unknown = sorted(set(params) - set(defaults))
@@ -137,6 +156,8 @@ def resolve_params(name: str, params: dict[str, Any], model_id: str) -> dict[str
             f"method {name!r}: unknown parameter(s) {unknown}; known: {sorted(defaults) or 'none'}"
         )
     resolved = {**defaults, **model_defaults(name, model_id), **params}
+    if task is not None and takes_head(name) and params.get("head") is None:
+        resolved["head"] = (heads or {}).get(task)
     return resolved
 
 

@@ -1,0 +1,146 @@
+"""`python -m harness token-prior CORPUS --model M --out FILE`: unigram token counts of a corpus.
+
+UDDIA's gate weights the clearly gendered tokens by a unigram prior (the reference used
+OpenWebText counts for GPT-2 large). This command counts a text corpus with the model's own
+tokenizer and writes the counts as JSON, read by `uddia`'s `prior:` parameter
+(`workers.methods.prior.load_prior`):
+
+    {"format": "lidao-token-prior/1", "model": ..., "revision": ..., "vocab_size": V,
+     "total": N, "documents": n, "corpus": [paths], "corpus_sha256": [...],
+     "created": UTC date, "counts": {"<token id>": count, ...}}
+
+A corpus is one or more files: plain text (one document per non-blank line) or JSONL (one
+object per line, the text under `--text-field`, dots for nested keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobs.datasets import sha256_file
+
+PRIOR_FORMAT = "lidao-token-prior/1"
+
+
+class TokenPriorError(ValueError):
+    """Bad corpus or arguments; the message names the file and line."""
+
+
+def add_token_prior_args(parser: argparse.ArgumentParser) -> None:
+    """Declare the `token-prior` options on `parser` (torch-free)."""
+    parser.add_argument("corpus", nargs="+", help="text file(s) (one document per line) or JSONL")
+    parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
+    parser.add_argument("--revision", default=None, help="LM revision (hub models)")
+    parser.add_argument("--out", required=True, help="output JSON file")
+    parser.add_argument("--text-field", default="text", help="JSONL: field holding the text")
+    parser.add_argument(
+        "--batch-lines", type=int, default=1000, help="documents per tokenizer call"
+    )
+
+
+def _documents(path: Path, text_field: str) -> Iterator[str]:
+    jsonl = path.suffix in (".jsonl", ".json")
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if not jsonl:
+                yield line.rstrip("\n")
+                continue
+            try:
+                obj: Any = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TokenPriorError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            for key in text_field.split("."):
+                obj = obj.get(key) if isinstance(obj, dict) else None
+            if not isinstance(obj, str):
+                raise TokenPriorError(f"{path}:{lineno}: no text under {text_field!r}")
+            yield obj
+
+
+def load_tokenizer(model: str, revision: str | None = None) -> Any:
+    from workers.tiny import TINY_PREFIX, tiny_tokenizer
+
+    if model.startswith(TINY_PREFIX):
+        return tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, revision=revision)
+    except (OSError, ValueError) as exc:
+        raise TokenPriorError(f"model {model!r}: cannot load its tokenizer: {exc}") from exc
+
+
+def count_tokens(
+    tokenizer: Any, paths: list[Path], text_field: str = "text", batch: int = 1000
+) -> tuple[collections.Counter[int], int]:
+    """Token id counts over every document of `paths` (no special tokens), and the documents."""
+    counts: collections.Counter[int] = collections.Counter()
+    docs = 0
+    for path in paths:
+        pending: list[str] = []
+        for doc in _documents(path, text_field):
+            pending.append(doc)
+            if len(pending) >= batch:
+                docs += _count(tokenizer, pending, counts)
+                pending = []
+        docs += _count(tokenizer, pending, counts)
+    return counts, docs
+
+
+def _count(tokenizer: Any, docs: list[str], counts: collections.Counter[int]) -> int:
+    if docs:
+        for ids in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+            counts.update(int(i) for i in ids)
+    return len(docs)
+
+
+def write_prior(path: str, payload: dict[str, Any]) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def token_prior_main(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.corpus]
+    for p in paths:
+        if not p.is_file():
+            raise TokenPriorError(f"{p}: no such corpus file")
+    tokenizer = load_tokenizer(args.model, args.revision)
+    counts, docs = count_tokens(tokenizer, paths, args.text_field, max(1, args.batch_lines))
+    total = sum(counts.values())
+    if total == 0:
+        raise TokenPriorError(f"{', '.join(map(str, paths))}: the corpus has no tokens")
+    payload = {
+        "format": PRIOR_FORMAT,
+        "model": args.model,
+        "revision": args.revision,
+        "vocab_size": len(tokenizer),
+        "total": total,
+        "documents": docs,
+        "corpus": [str(p) for p in paths],
+        "corpus_sha256": [sha256_file(str(p)) for p in paths],
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "counts": {str(i): c for i, c in sorted(counts.items())},
+    }
+    write_prior(args.out, payload)
+    print(f"token-prior: {total} tokens ({len(counts)} distinct) in {docs} documents → {args.out}")
+    return 0

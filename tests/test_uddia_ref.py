@@ -1,0 +1,181 @@
+"""UDDIA as the reference intends (prior-weighted gate, redo), the token-prior command, eLIDAO's
+prefix length check and the geometry cache key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main as cli_main
+from jobs.spec import GenerationParams, ModelRef, canonical_json
+from jobs.words import GroupWords, from_pairs
+from tests.helpers import make_jobs, step0_context
+from workers.decoding import decode_batch, prompt_token_ids
+from workers.methods.estimators import gender_geometry, hellinger_gate
+from workers.methods.registry import load_method
+from workers.methods.uddia_ref import REDO_PPL, continuation_ppl
+from workers.models import LoadedLM, load_lm
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedLM:
+    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def she_prior(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Counts of a corpus where 'she' dominates, written by the CLI."""
+    folder = tmp_path_factory.mktemp("prior")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("she she she she the\n" * 2000 + "\nhe said that\n", encoding="utf-8")
+    out = folder / "prior.json"
+    rc = cli_main(["token-prior", str(corpus), "--model", "tiny-random/gpt2", "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_token_prior_counts_the_corpus_with_the_model_tokenizer(
+    lm: LoadedLM, she_prior: Path
+) -> None:
+    data = json.loads(she_prior.read_text())
+    she, he = lm.tokenizer.convert_tokens_to_ids(["she", "he"])
+    assert data["counts"][str(she)] == 8000 and data["counts"][str(he)] == 1
+    assert data["total"] == 2000 * 5 + 3 and data["documents"] == 2001
+    assert data["model"] == "tiny-random/gpt2" and data["format"] == "lidao-token-prior/1"
+    assert (
+        cli_main(
+            [
+                "token-prior",
+                "/nonexistent.txt",
+                "--model",
+                "tiny-random/gpt2",
+                "--out",
+                str(she_prior.parent / "x.json"),
+            ]
+        )
+        == 2
+    )
+
+
+def _step(lm: LoadedLM, params: dict[str, object]) -> torch.Tensor:
+    prompts = ["The woman said that", "He was a doctor and"]
+    jobs = make_jobs("gpt2", "uddia", n=2)
+    method = load_method("uddia")(lm, params, "sentiment")
+    ids = [prompt_token_ids(lm, p) for p in prompts]
+    method.begin(jobs, ids)
+    ctx = step0_context(lm, prompts, jobs)
+    return method.next_logprobs(ctx).detach(), method, ctx
+
+
+def test_the_prior_makes_the_gate_fire_and_la_changes_the_step(
+    lm: LoadedLM, she_prior: Path
+) -> None:
+    # The step is Adam's first, −lr·sign(g): ℓ̂_a shows where its gradient outweighs ℓ̂_g's, so
+    # λ is large here (at the default 0.05 the random tiny head's gradient dominates every sign).
+    base = {"lr": 0.05, "blocks": 2, "scope": "last", "lam": 50.0}
+    with_prior, method, ctx = _step(lm, {**base, "prior": str(she_prior)})
+    probs = torch.softmax(ctx.logits, -1)
+    fired = hellinger_gate(method.geometry, probs, gendered=method.gendered)
+    assert bool(fired.all())  # B_f is nearly a point mass on 'she'
+    assert not bool(hellinger_gate(method.geometry, probs).any())  # uniform: the gate is off
+    no_la, _, _ = _step(lm, {**base, "prior": str(she_prior), "lam": 0.0})
+    uniform, uni_method, _ = _step(lm, base)
+    assert (with_prior - no_la).abs().max() > 1e-4  # ℓ̂_a moved the tuned step
+    assert torch.allclose(uniform, _step(lm, {**base, "lam": 0.0})[0], atol=1e-6)
+    assert method.effective_params()["prior"] == str(she_prior)
+    assert method.effective_params()["prior_tokens"] == 2000 * 5 + 3
+    assert uni_method.effective_params()["prior"] == "uniform"
+
+
+def test_redo_regenerates_high_ppl_rows_with_fewer_blocks(lm: LoadedLM) -> None:
+    gen = GenerationParams(max_new_tokens=6)
+    params = {"lr": 0.05, "blocks": 4, "scope": "last", "redo": True}
+    jobs = [
+        dataclasses.replace(j, method_params=canonical_json(params), generation=gen)
+        for j in make_jobs("gpt2", "uddia", n=3)
+    ]
+    method = load_method("uddia")(lm, params, "sentiment")
+    first = decode_batch(lm, method, jobs)
+    rows = method.redo_rows(jobs, [dict(r) for r in first])
+    for job, row in zip(jobs, rows):
+        eff = json.loads(row["effective_params"])
+        ppl = continuation_ppl(lm, prompt_token_ids(lm, job.prompt), row["token_ids"])
+        assert eff["redo_ppl"][-1] == pytest.approx(ppl, rel=1e-5)
+        # random tiny weights: every first try is far above 30, so blocks 4 → 1, 2 tries
+        assert eff["redo_ppl"][0] > REDO_PPL
+        assert eff["redo_tries"] == 2 and eff["blocks"] == 1
+        alone = decode_batch(
+            lm, load_method("uddia")(lm, {**params, "blocks": 1, "redo": False}, "sentiment"), [job]
+        )[0]
+        assert row["token_ids"] == alone["token_ids"]
+    assert not json.loads(first[0]["effective_params"]).get("redo_tries")
+
+
+def test_elidao_prefix_too_long_fails_only_its_row(lm: LoadedLM) -> None:
+    gen = GenerationParams(max_new_tokens=4)
+    long_prompt = "She " + "the " * 490  # 1 BOS + 491 tokens + 4 ≤ 512, but not with the prefix
+    params = canonical_json({"lr": 0.01, "blocks": 2, "scope": "last"})
+    jobs = [
+        dataclasses.replace(j, prompt=p, method_params=params, generation=gen)
+        for j, p in zip(make_jobs("gpt2", "elidao-prod", n=2), [long_prompt, "The woman said"])
+    ]
+    method = load_method("elidao-prod")(lm, json.loads(params), "sentiment")
+    rows = decode_batch(lm, method, jobs)
+    assert rows[0]["status"] == "error" and "eLIDAO: instruction (" in rows[0]["error"]
+    assert "exceed the model's context of 512" in rows[0]["error"]
+    assert jobs[0].job_id in rows[0]["error"]
+    assert rows[1]["status"] == "ok" and rows[1]["num_tokens"] > 0
+
+
+def test_geometry_cache_is_keyed_by_the_word_list_contents(lm: LoadedLM) -> None:
+    first = gender_geometry(lm)
+    other = from_pairs((("queen", "king"), ("girl", "boy")), ("female", "male"), "builtin")
+    assert other.groups == lm.words.groups  # same group names, other words
+    swapped = dataclasses.replace(lm, words=other)
+    second = gender_geometry(swapped)
+    assert second is not first
+    assert float(torch.dot(first.direction, second.direction)) < 0.999
+    assert (
+        gender_geometry(
+            dataclasses.replace(
+                lm, words=GroupWords(other.groups, dict(other.words), other.pairs, "elsewhere")
+            )
+        )
+        is second
+    )  # same contents
+    assert gender_geometry(lm) is first
+
+
+@pytest.mark.slow
+def test_uddia_with_redo_and_a_prior_runs_through_the_cli(she_prior: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from results.store import RunStore
+
+    repo = Path(__file__).resolve().parents[1]
+    files = {g: str(repo / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
+    cfg = {
+        "name": "uddia-ref",
+        "dataset": {"kind": "paired-jsonl", "files": files, "limit": 1},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": [
+            {"name": "uddia", "params": {"redo": True, "prior": str(she_prior), "blocks": 4}}
+        ],
+        "tasks": ["sentiment"],
+        "generation": {"max_new_tokens": 3},
+        "scorers": ["gender"],
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert cli_main(["run", str(path), "--out", str(out), "--no-ray", "--no-progress"]) == 0
+    gens = RunStore(str(out)).read_generations()
+    assert gens.height == 2 and (gens["status"] == "ok").all()
+    for row in gens.iter_rows(named=True):
+        eff = json.loads(row["effective_params"])
+        assert eff["prior"] == str(she_prior) and eff["redo"] is True
+        assert 1 <= eff["redo_tries"] <= 6 and len(eff["redo_ppl"]) == eff["redo_tries"]

@@ -1,0 +1,139 @@
+"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`.
+
+**Prior.** UDDIA's Hellinger gate compares p_θ with B_f and B_m, the distributions over the
+clearly gendered tokens (q(a|x) > 0.75). The reference weights those tokens by their corpus
+frequency: B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75]. `prior:` names a counts file written
+by `python -m harness token-prior` (format in `harness.token_prior`); counts are add-one
+smoothed, so a gendered token the corpus never saw keeps a small weight. Without a file the
+prior is uniform, and `effective_params` says `prior: uniform`.
+
+**Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
+(the untuned model, conditioned on BOS + prompt, over the generated tokens) is generated again
+with `REDO_STEP` fewer tuned blocks, at most `REDO_TRIES` generations in all and never below one
+block. Each try uses the job's own uniforms, so a row's result depends only on its spec and
+seed. The row keeps its last try; its `effective_params` record `blocks` of that try,
+`redo_tries` and `redo_ppl` (the perplexity of every try).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from jobs.spec import JobSpec
+from workers.methods.base import MethodError
+from workers.methods.estimators import GENDERED, GenderGeometry
+from workers.methods.head_meta import model_name
+
+if TYPE_CHECKING:
+    from workers.models import LoadedLM
+
+PRIOR_FORMAT = "lidao-token-prior/1"
+REDO_PPL = 30.0
+REDO_STEP = 3
+REDO_TRIES = 6
+
+
+def load_prior(path: str, lm: LoadedLM) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(V,) float32 add-one smoothed unigram probabilities from a counts file, and its summary.
+
+    Raises:
+        MethodError: unreadable file, another format, another LM, or ids outside the vocabulary.
+    """
+    where = f"uddia prior {path}"
+    try:
+        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MethodError(f"{where}: cannot read ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != PRIOR_FORMAT:
+        raise MethodError(
+            f"{where}: not a {PRIOR_FORMAT} file (write one with `python -m harness token-prior`)"
+        )
+    model = str(data.get("model") or "")
+    if model and model_name(model) != model_name(lm.ref.id):
+        raise MethodError(f"{where}: counted with the tokenizer of {model!r}, not {lm.ref.id!r}")
+    vocab = int(lm.model.get_output_embeddings().weight.shape[0])
+    counts = torch.ones(vocab, dtype=torch.float64)  # add-one smoothing
+    try:
+        items = [(int(k), float(v)) for k, v in dict(data["counts"]).items()]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MethodError(f"{where}: `counts` must map token ids to counts ({exc})") from None
+    for token, count in items:
+        if not 0 <= token < vocab or count < 0 or not math.isfinite(count):
+            raise MethodError(f"{where}: bad entry {token}: {count} (vocabulary size {vocab})")
+        counts[token] += count
+    summary = {"prior": path, "prior_tokens": int(sum(c for _, c in items))}
+    return (counts / counts.sum()).float().to(lm.device), summary
+
+
+def gendered_distributions(geo: GenderGeometry, prior: torch.Tensor | None) -> torch.Tensor:
+    """(2, V) B_a: q(a|x) on clearly gendered tokens, weighted by `prior` (uniform if None)."""
+    if prior is None:
+        return geo.gendered
+    q = geo.log_q.exp()  # (V, 2)
+    weights = (q * (q > GENDERED)).T * prior.to(q.device).unsqueeze(0)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def continuation_ppl(lm: LoadedLM, prompt_ids: list[int], tokens: list[int]) -> float | None:
+    """Perplexity of `tokens` under θ given `prompt_ids` (None without tokens)."""
+    if not tokens:
+        return None
+    ids = torch.tensor([prompt_ids + tokens], device=lm.device)
+    with torch.no_grad():
+        logits = lm.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, len(prompt_ids) :], reduction="mean")
+    return float(torch.exp(nll))
+
+
+def redo_rows(
+    lm: LoadedLM,
+    jobs: Sequence[JobSpec],
+    rows: list[dict[str, Any]],
+    blocks: int,
+    retry: Callable[[int, Sequence[JobSpec]], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Regenerate, with fewer tuned blocks, the rows whose perplexity is above `REDO_PPL`.
+
+    Args:
+        lm: θ, which scores the perplexity.
+        jobs, rows: the batch and its rows from the first try (with `blocks` tuned blocks).
+        retry: generates the given jobs again with that many tuned blocks (rows in job order).
+    """
+    from workers.decoding import prompt_token_ids
+
+    rows = list(rows)
+    history: dict[int, list[float | None]] = {}
+    todo = []
+    for i, (job, row) in enumerate(zip(jobs, rows)):
+        if row["status"] != "ok":
+            continue
+        history[i] = [continuation_ppl(lm, prompt_token_ids(lm, job.prompt), row["token_ids"])]
+        if (history[i][-1] or 0.0) > REDO_PPL:
+            todo.append(i)
+    used = dict.fromkeys(history, blocks)
+    for _ in range(REDO_TRIES - 1):
+        blocks -= REDO_STEP
+        if not todo or blocks < 1:
+            break
+        again = retry(blocks, [jobs[i] for i in todo])
+        still = []
+        for i, row in zip(todo, again):
+            if row["status"] != "ok":
+                continue  # keep the last good try
+            rows[i], used[i] = row, blocks
+            ppl = continuation_ppl(lm, prompt_token_ids(lm, jobs[i].prompt), row["token_ids"])
+            history[i].append(ppl)
+            if (ppl or 0.0) > REDO_PPL:
+                still.append(i)
+        todo = still
+    for i, ppls in history.items():
+        params = json.loads(rows[i]["effective_params"] or "{}")
+        params.update(redo=True, blocks=used[i], redo_tries=len(ppls), redo_ppl=ppls)
+        rows[i]["effective_params"] = json.dumps(params, sort_keys=True, default=str)
+    return rows
