@@ -76,6 +76,10 @@ class RunStore:
         info = self.fs.get_file_info(self.path(*parts))
         return info.type != pafs.FileType.NotFound
 
+    def delete(self, path: str) -> None:
+        """Remove one file (a full path, as `list_shards` gives)."""
+        self.fs.delete_file(path)
+
     def makedirs(self, *parts: str) -> None:
         self.fs.create_dir(self.path(*parts), recursive=True)
 
@@ -214,7 +218,7 @@ class RunStore:
             i.path
             for i in self.reader.listing(("generations",))
             if not i.base_name.startswith("part-c-")
-            or (i.size or 0) < _COMPACT_SMALL_BYTES * target_rows // COMPACT_TARGET_ROWS
+            or (i.size or 0) < _COMPACT_SMALL_BYTES
         ]
         if len(small) < 2:
             return 0
@@ -231,7 +235,7 @@ class RunStore:
             written.add(self.write_table("generations/" + name, part))
         for path in small:
             if path not in written:
-                self.fs.delete_file(path)
+                self.delete(path)
         self.reader.forget(("generations",))
         log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
         return len(small)

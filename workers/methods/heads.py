@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from jobs.datasets import DatasetError, fetch
+from results.shards import file_mode
 from workers.methods.base import MethodError
 from workers.tiny import TINY_PREFIX
 
@@ -285,6 +286,7 @@ def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
 def _atomic(target: Path, write: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, file_mode())  # mkstemp makes 0600: give the head the umask's mode, like any file
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
