@@ -151,10 +151,12 @@ class RunStore:
             raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
         return _frame(self.reader.read_file(self.path("plan.parquet"), columns))
 
-    def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """plan.parquet a row group at a time (what a streaming reader of the plan holds)."""
+    def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk."""
         with self.fs.open_input_file(self.path("plan.parquet")) as fh:
-            yield from pq.ParquetFile(fh).iter_batches(columns=columns)
+            plan = pq.ParquetFile(fh)
+            for i in range(plan.num_row_groups):
+                yield plan.read_row_group(i, columns=columns)
 
     # ---- generations ---------------------------------------------------------------------
     def write_generations(self, rows: Sequence[dict[str, Any]], kind: str = "") -> str:
