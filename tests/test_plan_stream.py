@@ -63,7 +63,7 @@ def test_the_streamed_plan_file_holds_each_job_as_its_row(tmp_path: Path) -> Non
     grid = expand_grid(PROMPTS, MODELS, METHODS, ["sentiment"], 2)
     assert store.read_plan().to_dicts() == [j.to_row() for j in grid]
     batches = list(store.iter_plan(columns=["job_id"]))
-    assert len(batches) == 4 and sum(b.num_rows for b in batches) == len(grid)  # a group a chunk
+    assert len(batches) == 2 * 4 and sum(b.num_rows for b in batches) == len(grid)  # 6+6+6+2
 
 
 def test_pending_chunks_against_compact_done_ids_equal_the_set_difference() -> None:
