@@ -9,18 +9,7 @@ from workers.scorers.registry import SCORER_METRICS
 
 
 def run_status(store: RunStore) -> str:
-    plan = store.read_plan(columns=["job_id", "model", "method", "task"])
-    gens = store.read_generations(columns=["job_id", "status"])
-    keyed = plan.select("job_id", "model", "method", "task").join(gens, on="job_id", how="left")
-    table = (
-        keyed.group_by("model", "method", "task", maintain_order=True)
-        .agg(
-            pl.len().alias("planned"),
-            (pl.col("status") == "ok").sum().alias("done"),
-            (pl.col("status") == "error").sum().alias("failed"),
-        )
-        .with_columns((pl.col("planned") - pl.col("done") - pl.col("failed")).alias("pending"))
-    )
+    table = store.generation_counts()  # streams the plan; one scan of job_id/status
     lines = [f"run {store.uri}", "generation:"]
     for row in table.iter_rows(named=True):
         lines.append(
@@ -33,8 +22,9 @@ def run_status(store: RunStore) -> str:
         from harness.generation import actor_lines
 
         lines.extend(actor_lines(store.read_json("manifest.json")))
-    ok_ids = gens.filter(pl.col("status") == "ok")["job_id"]
     scorers = store.scorers()
+    gens = store.read_generations(columns=["job_id", "status"]) if scorers else None
+    ok_ids = gens.filter(pl.col("status") == "ok")["job_id"] if gens is not None else pl.Series()
     lines.append("scoring:" if scorers else "scoring: nothing scored yet")
     for name in scorers:
         metric = SCORER_METRICS.get(name)

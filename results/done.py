@@ -27,14 +27,9 @@ class DoneIds:
         arr = arr.drop_null()
         if len(arr) == 0:
             return cls(np.array([], dtype="S1"))
-        lengths = pc.binary_length(arr)
-        low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
-        if low == high and arr.type == pa.string() and arr.offset == 0:
-            # equal widths: the data buffer *is* a fixed-width array, no Python objects needed
-            offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1)
-            data = arr.buffers()[2]
-            raw = np.frombuffer(data, dtype=f"S{high}", count=len(arr), offset=int(offsets[0]))
-        else:
+        raw = _fixed_width(arr)
+        if raw is None:
+            high = pc.max(pc.binary_length(arr)).as_py()
             raw = np.array(arr.to_pylist(), dtype=f"S{max(high, 1)}")
         return cls(np.unique(raw))
 
@@ -49,11 +44,17 @@ class DoneIds:
     def nbytes(self) -> int:
         return int(self.ids.nbytes)
 
-    def contains(self, ids: Sequence[str]) -> np.ndarray:
-        """Boolean mask: which of `ids` are done."""
+    def contains(self, ids: Sequence[str] | pa.Array) -> np.ndarray:
+        """Boolean mask: which of `ids` (strings, or an Arrow string array) are done."""
         if not len(self.ids) or not len(ids):
             return np.zeros(len(ids), dtype=bool)
         width = self.ids.dtype.itemsize
+        if isinstance(ids, pa.Array):
+            fixed = _fixed_width(ids)
+            if fixed is not None and fixed.dtype.itemsize == width:
+                pos = np.searchsorted(self.ids, fixed).clip(0, len(self.ids) - 1)
+                return np.asarray(self.ids[pos] == fixed)
+            ids = [str(x) for x in ids.to_pylist()]
         probe = np.array([s.encode() for s in ids], dtype=object)
         fits = np.fromiter((len(b) <= width for b in probe), dtype=bool, count=len(probe))
         keys = probe.astype(f"S{width}")  # longer ids are truncated here, then masked out
@@ -65,3 +66,20 @@ class DoneIds:
 
     def to_list(self) -> list[str]:
         return [b.decode() for b in self.ids.tolist()]
+
+
+def _fixed_width(arr: pa.Array) -> np.ndarray | None:
+    """A view of a string array whose values all have one length as NumPy `S<width>`, or None.
+
+    The values of such an array lie back to back in its data buffer: no Python object per id.
+    """
+    if arr.type != pa.string() or arr.null_count or len(arr) == 0:
+        return None
+    lengths = pc.binary_length(arr)
+    low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+    if low != high or high == 0:
+        return None
+    offsets = np.frombuffer(
+        arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4
+    )
+    return np.frombuffer(arr.buffers()[2], dtype=f"S{high}", count=len(arr), offset=int(offsets[0]))

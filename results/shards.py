@@ -149,7 +149,8 @@ class ShardReader:
         key = tuple(parts)
         infos = self.listing(parts)
         if only is not None:
-            infos = [i for i in infos if i.path in set(only)]
+            wanted = set(only)
+            infos = [i for i in infos if i.path in wanted]
         signature = tuple((i.path, i.size, i.mtime_ns) for i in infos)
         cached = self._cache.get(key)
         if only is None and cached is not None and cached[0] == signature:
@@ -178,6 +179,25 @@ class ShardReader:
             for path, error in bad.items():
                 self._quarantine(path, error)
             return self._scan_paths([p for p in paths if p not in bad], schema, cols)
+
+    def iter_batches(
+        self, parts: Sequence[str], schema: pa.Schema, columns: list[str], batch_rows: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Record batches of every shard in RUN/<parts>, in shard order, read ahead in parallel."""
+        paths = [i.path for i in self.listing(parts)]
+        if not paths:
+            return
+        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
+        self._check_versions(dataset)
+        try:
+            for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
+                if batch.num_rows:
+                    yield batch
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(
+                f"{self.uri}: a shard became unreadable while streaming: {exc}; read again "
+                "to quarantine it"
+            ) from exc
 
     def _check_versions(self, dataset: ds.FileSystemDataset) -> None:
         for fragment in dataset.get_fragments():

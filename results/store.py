@@ -192,10 +192,23 @@ class RunStore:
     def iter_generations(
         self, columns: list[str] | None = None, batch_rows: int = 10_000
     ) -> Iterator[pl.DataFrame]:
-        """`read_generations` in frames of at most `batch_rows` (a streaming scorer's input)."""
-        frame = self.read_generations(columns)
-        for start in range(0, frame.height, batch_rows):
-            yield frame.slice(start, batch_rows)
+        """`read_generations` in frames of at most `batch_rows` rows (a streaming scorer's input).
+
+        Memory: one batch, plus the (cached) job_id/status scan that tells whether any job has
+        two rows; only then (a retried failure, a compaction killed half-way) is the whole
+        table read and deduplicated first.
+        """
+        keys = self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
+        if pc.count_distinct(keys["job_id"]).as_py() != keys.num_rows:
+            frame = self.read_generations(columns)
+            for start in range(0, frame.height, batch_rows):
+                yield frame.slice(start, batch_rows)
+            return
+        want = list(columns or GENERATION_SCHEMA.names)
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, want, batch_rows
+        ):
+            yield _frame(pa.Table.from_batches([batch]))
 
     def done_ids(self, include_errors: bool = True) -> DoneIds:
         """Ids of jobs with a row (only ok rows unless `include_errors`), compact and sorted."""
@@ -207,10 +220,48 @@ class RunStore:
     def done_job_ids(self, include_errors: bool = True) -> set[str]:
         return set(self.done_ids(include_errors).to_list())
 
+    def generation_counts(self) -> pl.DataFrame:
+        """Per (model, method, task) of the plan: planned, done (ok), failed, pending.
+
+        Streams the plan a row group at a time against the done ids (`status`'s table).
+        """
+        if not self.exists("plan.parquet"):
+            raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
+        keys = _dedupe_generations(
+            self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
+        )
+        is_ok = pc.fill_null(pc.equal(keys["status"], "ok"), False)
+        ok = DoneIds.from_arrow(keys["job_id"].filter(is_ok))
+        failed = DoneIds.from_arrow(keys["job_id"].filter(pc.invert(is_ok)))
+        del keys, is_ok
+        parts = []
+        slice_cols = ["model", "method", "task"]
+        for chunk in self.iter_plan(columns=["job_id", *slice_cols]):
+            ids = chunk["job_id"].combine_chunks()
+            frame = _frame(chunk.select(slice_cols)).with_columns(
+                pl.Series("done", ok.contains(ids)), pl.Series("failed", failed.contains(ids))
+            )
+            parts.append(
+                frame.group_by(slice_cols, maintain_order=True).agg(
+                    pl.len().alias("planned"), pl.col("done").sum(), pl.col("failed").sum()
+                )
+            )
+        empty = pl.DataFrame(
+            schema={c: pl.String for c in slice_cols}
+            | {"planned": pl.UInt32, "done": pl.UInt32, "failed": pl.UInt32}
+        )
+        table = pl.concat(parts) if parts else empty
+        return (
+            table.group_by(slice_cols, maintain_order=True)
+            .agg(pl.col("planned", "done", "failed").sum())
+            .with_columns((pl.col("planned") - pl.col("done") - pl.col("failed")).alias("pending"))
+        )
+
     def compact_generations(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
         """Merge small generation shards into `part-c-` shards of about `target_rows` rows.
 
-        Inputs: every batch shard, and compacted shards under a quarter of the target. Output:
+        Inputs: every shard not already compacted (so at most one short `part-c-` shard per
+        compaction stays short). Output:
         one row per job (ok wins), sorted by (model, method, task, job id) so that a slice lives
         in few row groups. New shards are written first, then the inputs deleted: a kill in
         between leaves rows twice on disk, which every read deduplicates, and the next
@@ -220,7 +271,6 @@ class RunStore:
             i.path
             for i in self.reader.listing(("generations",))
             if not i.base_name.startswith("part-c-")
-            or (i.size or 0) < _COMPACT_SMALL_BYTES
         ]
         if len(small) < 2:
             return 0

@@ -253,3 +253,20 @@ def test_done_ids_answer_membership_like_a_set() -> None:
     mixed = DoneIds.from_ids(["a", "bbb"])
     assert list(mixed.contains(["a", "bb", "bbb", "bbbb"])) == [True, False, True, False]
     assert not DoneIds.from_ids([]).contains(["a"]).any()
+
+
+def test_status_counts_each_job_once_and_lists_quarantined_shards(tmp_path: Path) -> None:
+    from harness.status import run_status
+
+    store = RunStore(str(tmp_path))
+    jobs = make_jobs(n=6)
+    store.write_plan_jobs([jobs[:4], jobs[4:]])
+    store.write_generations([ok_row(j) for j in jobs[:2]])
+    store.write_generations([failed_row(jobs[2], "boom")], kind="failed")
+    store.write_generations([ok_row(jobs[0])], kind="retry")  # the same job twice: counted once
+    torn = store.write_generations([ok_row(j) for j in jobs[3:5]])
+    with open(torn, "r+b") as fh:
+        fh.truncate(10)
+    text = run_status(RunStore(str(tmp_path)))
+    assert "planned 6, done 2, failed 1, pending 3" in text
+    assert os.path.basename(torn) in text and "quarantined" in text
