@@ -120,7 +120,7 @@ def phase_fakegen(uri: str, shard_rows: int) -> int:
     return n
 
 
-def _write_fake(store: RunStore, plan: pa.Table) -> int:
+def _write_fake(store: RunStore, plan: pa.Table, prefix: str = "part-c-fake") -> int:
     n = plan.num_rows
     extra = {
         "continuation": pa.array([" and then they went home."] * n),
@@ -136,7 +136,7 @@ def _write_fake(store: RunStore, plan: pa.Table) -> int:
         [cols.get(f.name, pa.nulls(n, f.type)) for f in GENERATION_SCHEMA],
         schema=GENERATION_SCHEMA,
     )
-    store.write_table(f"generations/part-c-fake{plan['job_id'][0].as_py()}.parquet", table)
+    store.write_table(f"generations/{prefix}{plan['job_id'][0].as_py()}.parquet", table)
     return n
 
 
@@ -163,7 +163,7 @@ def phase_compact(uri: str, batches: int) -> dict[str, Any]:
     plan = next(store.iter_plan()).slice(0, batches * 8)
     start = time.perf_counter()
     for i in range(0, plan.num_rows, 8):
-        _write_fake(store, plan.slice(i, 8))
+        _write_fake(store, plan.slice(i, 8), prefix="part-")  # one shard per batch of 8
     written = time.perf_counter() - start
     merged = store.compact_generations()
     return {"write_s": round(written, 2), "merged": merged}

@@ -34,6 +34,36 @@ class DoneIds:
         return cls(np.unique(raw))
 
     @classmethod
+    def from_arrays(cls, arrays: Sequence[pa.Array]) -> DoneIds:
+        """From several Arrow string arrays (a streamed scan), without one big Arrow column."""
+        parts = []
+        for arr in arrays:
+            arr = arr.drop_null()
+            if len(arr):
+                raw = _fixed_width(arr)
+                if raw is None:
+                    high = pc.max(pc.binary_length(arr)).as_py()
+                    raw = np.array(arr.to_pylist(), dtype=f"S{max(high, 1)}")
+                parts.append(raw)
+        if not parts:
+            return cls(np.array([], dtype="S1"))
+        width = max(p.dtype.itemsize for p in parts)
+        return cls(np.unique(np.concatenate([p.astype(f"S{width}", copy=False) for p in parts])))
+
+    def minus(self, other: DoneIds) -> DoneIds:
+        """The ids of `self` that are not in `other`."""
+        if not len(self.ids) or not len(other.ids):
+            return self
+        return DoneIds(self.ids[~other.contains_bytes(self.ids)])
+
+    def contains_bytes(self, keys: np.ndarray) -> np.ndarray:
+        width = self.ids.dtype.itemsize
+        fits = np.char.str_len(keys) <= width
+        keys = keys.astype(f"S{width}")
+        pos = np.searchsorted(self.ids, keys).clip(0, len(self.ids) - 1)
+        return np.asarray((self.ids[pos] == keys) & fits)
+
+    @classmethod
     def from_ids(cls, ids: Sequence[str]) -> DoneIds:
         return cls.from_arrow(pa.array(list(ids), pa.string()))
 

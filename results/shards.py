@@ -42,7 +42,7 @@ class StoreError(RuntimeError):
 def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str:
     """Write `data` to `target` atomically; returns `target`."""
     if not local:  # one put of complete bytes: all-or-nothing on object stores
-        fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        # no create_dir: object stores have no folders, and the marker costs as much as the put
         with fs.open_output_stream(target) as out:
             out.write(data)
         return target
@@ -55,7 +55,8 @@ def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str
 def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any]:
     """A writable stream whose content lands at `target` only if the block ends normally."""
     parent, name = target.rsplit("/", 1)
-    fs.create_dir(parent, recursive=True)
+    if local:
+        fs.create_dir(parent, recursive=True)
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex[:12]}-{name}"
     if local:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode follows the umask
@@ -188,16 +189,29 @@ class ShardReader:
         if not paths:
             return
         dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
-        self._check_versions(dataset)
         try:
             for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
                 if batch.num_rows:
                     yield batch
         except (pa.ArrowException, OSError) as exc:
-            raise StoreError(
-                f"{self.uri}: a shard became unreadable while streaming: {exc}; read again "
-                "to quarantine it"
-            ) from exc
+            raise StoreError(f"{self.uri}: reading {'/'.join(parts)} failed: {exc}") from exc
+        self._check_versions(dataset)  # footers were read by the scan: no extra requests
+
+    def count_rows(self, parts: Sequence[str], schema: pa.Schema) -> int:
+        """Rows on disk in RUN/<parts> (from the footers; duplicates counted)."""
+        paths = [i.path for i in self.listing(parts)]
+        if not paths:
+            return 0
+        return int(
+            ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs).count_rows()
+        )
+
+    def quarantine_unreadable(self, parts: Sequence[str]) -> int:
+        """Move every unreadable shard of RUN/<parts> aside; returns how many."""
+        bad = self._unreadable([i.path for i in self.listing(parts)])
+        for path, error in bad.items():
+            self._quarantine(path, error)
+        return len(bad)
 
     def _check_versions(self, dataset: ds.FileSystemDataset) -> None:
         for fragment in dataset.get_fragments():

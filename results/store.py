@@ -29,6 +29,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -198,8 +199,9 @@ class RunStore:
         two rows; only then (a retried failure, a compaction killed half-way) is the whole
         table read and deduplicated first.
         """
-        keys = self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
-        if pc.count_distinct(keys["job_id"]).as_py() != keys.num_rows:
+        ok, failed = self.finished_ids()
+        rows = self.reader.count_rows(("generations",), GENERATION_SCHEMA)
+        if rows != len(ok) + len(failed):  # some job has two rows
             frame = self.read_generations(columns)
             for start in range(0, frame.height, batch_rows):
                 yield frame.slice(start, batch_rows)
@@ -212,10 +214,29 @@ class RunStore:
 
     def done_ids(self, include_errors: bool = True) -> DoneIds:
         """Ids of jobs with a row (only ok rows unless `include_errors`), compact and sorted."""
-        table = self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
+        ok, failed = self.finished_ids()
         if not include_errors:
-            table = table.filter(pc.equal(table["status"], "ok"))
-        return DoneIds.from_arrow(table["job_id"])
+            return ok
+        return DoneIds(np.union1d(ok.ids, failed.ids)) if len(failed) else ok
+
+    def finished_ids(self) -> tuple[DoneIds, DoneIds]:
+        """(ids with an ok row, ids with only error rows): one streamed scan of job_id/status,
+        holding ~23 bytes a finished job and one record batch."""
+        for attempt in (0, 1):
+            ok_parts, bad_parts = [], []
+            try:
+                for batch in self.reader.iter_batches(
+                    ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536
+                ):
+                    is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+                    ok_parts.append(batch.column("job_id").filter(is_ok))
+                    bad_parts.append(batch.column("job_id").filter(pc.invert(is_ok)))
+                break
+            except StoreError:
+                if attempt or not self.reader.quarantine_unreadable(("generations",)):
+                    raise
+        ok = DoneIds.from_arrays(ok_parts)
+        return ok, DoneIds.from_arrays(bad_parts).minus(ok)
 
     def done_job_ids(self, include_errors: bool = True) -> set[str]:
         return set(self.done_ids(include_errors).to_list())
@@ -227,13 +248,7 @@ class RunStore:
         """
         if not self.exists("plan.parquet"):
             raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
-        keys = _dedupe_generations(
-            self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
-        )
-        is_ok = pc.fill_null(pc.equal(keys["status"], "ok"), False)
-        ok = DoneIds.from_arrow(keys["job_id"].filter(is_ok))
-        failed = DoneIds.from_arrow(keys["job_id"].filter(pc.invert(is_ok)))
-        del keys, is_ok
+        ok, failed = self.finished_ids()
         parts = []
         slice_cols = ["model", "method", "task"]
         for chunk in self.iter_plan(columns=["job_id", *slice_cols]):

@@ -7,6 +7,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -219,11 +220,33 @@ def test_reads_are_cached_until_the_folder_changes(
 
     monkeypatch.setattr(store.reader, "_scan_paths", counting)
     store.read_generations()
-    assert len(store.done_ids()) == 4 and store.read_generations(["job_id"]).height == 4
+    assert store.read_generations(["job_id", "status"]).height == 4
+    assert store.read_generations(["job_id"]).height == 4
     assert len(scans) == 1  # one scan serves the later, narrower reads
     store.write_generations([ok_row(j) for j in jobs[4:]])
-    assert len(store.done_ids()) == 6 and len(scans) == 2
-    assert scans[1] == ["job_id", "status"]  # a resume check reads two columns only
+    assert store.read_generations(["job_id", "status"]).height == 6 and len(scans) == 2
+    assert scans[1] == ["job_id", "status"]  # only the columns asked for
+
+
+def test_the_resume_check_streams_two_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RunStore(str(tmp_path))
+    jobs = make_jobs(n=6)
+    shards_of_two(store, jobs)
+    store.write_generations([failed_row(jobs[0], "boom")], kind="failed")
+    store.write_generations([failed_row(jobs[5], "boom")], kind="failed")
+    read: list[list[str]] = []
+    real = store.reader.iter_batches
+
+    def recording(parts: Any, schema: pa.Schema, columns: list[str], rows: int) -> Any:
+        read.append(columns)
+        return real(parts, schema, columns, rows)
+
+    monkeypatch.setattr(store.reader, "iter_batches", recording)
+    ok, failed = store.finished_ids()
+    assert len(ok) == 6 and len(failed) == 0  # an ok row wins over an error row
+    assert read == [["job_id", "status"]]
 
 
 def test_files_follow_the_umask(tmp_path: Path) -> None:
