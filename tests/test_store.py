@@ -293,3 +293,14 @@ def test_status_counts_each_job_once_and_lists_quarantined_shards(tmp_path: Path
     text = run_status(RunStore(str(tmp_path)))
     assert "planned 6, done 2, failed 1, pending 3" in text
     assert os.path.basename(torn) in text and "quarantined" in text
+
+
+def test_heads_are_written_with_the_umasks_mode_not_mkstemps(tmp_path: Path) -> None:
+    from workers.methods.heads import AttributeHead, save_head
+
+    old = os.umask(0o022)
+    try:
+        paths = save_head(AttributeHead(8, ["neg", "pos"], 1, {}), str(tmp_path / "head"))
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in paths] == [0o644, 0o644]

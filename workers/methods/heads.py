@@ -286,9 +286,9 @@ def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
 def _atomic(target: Path, write: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
-    os.chmod(tmp, file_mode())  # mkstemp makes 0600: give the head the umask's mode, like any file
     try:
         write(tmp)
+        os.chmod(tmp, file_mode())  # mkstemp made it 0600: give it the umask's mode instead
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, target)
