@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -226,6 +227,7 @@ def main() -> None:
         import boto3
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
         env.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
         os.environ.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)

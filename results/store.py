@@ -27,6 +27,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -300,9 +301,8 @@ class RunStore:
             part = table.slice(start, target_rows)
             name = "part-c-" + shard_name(part["job_id"].to_pylist())[len("part-") :]
             written.add(self.write_table("generations/" + name, part))
-        for path in small:
-            if path not in written:
-                self.delete(path)
+        with ThreadPoolExecutor(8) as pool:  # one request each on object stores
+            list(pool.map(self.delete, [p for p in small if p not in written]))
         self.reader.forget(("generations",))
         log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
         return len(small)
