@@ -196,9 +196,9 @@ class RunStore:
     ) -> Iterator[pl.DataFrame]:
         """`read_generations` in frames of at most `batch_rows` rows (a streaming scorer's input).
 
-        Memory: one batch, plus the (cached) job_id/status scan that tells whether any job has
-        two rows; only then (a retried failure, a compaction killed half-way) is the whole
-        table read and deduplicated first.
+        Memory: one batch, plus the finished ids (`finished_ids`) that tell whether any job has
+        two rows on disk; only then (a retried failure, a compaction killed half-way) is the
+        whole table read and deduplicated first.
         """
         ok, failed = self.finished_ids()
         rows = self.reader.count_rows(("generations",), GENERATION_SCHEMA)
