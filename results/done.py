@@ -45,10 +45,22 @@ class DoneIds:
                     high = pc.max(pc.binary_length(arr)).as_py()
                     raw = np.array(arr.to_pylist(), dtype=f"S{max(high, 1)}")
                 parts.append(raw)
+        return cls.merge(parts)
+
+    @classmethod
+    def merge(cls, parts: list[np.ndarray]) -> DoneIds:
+        """From NumPy `S<width>` arrays (widths may differ); `parts` is emptied on the way."""
+        parts[:] = [p for p in parts if len(p)]
         if not parts:
             return cls(np.array([], dtype="S1"))
         width = max(p.dtype.itemsize for p in parts)
-        return cls(np.unique(np.concatenate([p.astype(f"S{width}", copy=False) for p in parts])))
+        ids = np.concatenate([p.astype(f"S{width}", copy=False) for p in parts])
+        parts.clear()
+        ids.sort()  # in place: np.unique would sort a second copy
+        keep = np.empty(len(ids), dtype=bool)
+        keep[0] = True
+        np.not_equal(ids[1:], ids[:-1], out=keep[1:])
+        return cls(ids if keep.all() else ids[keep])
 
     def minus(self, other: DoneIds) -> DoneIds:
         """The ids of `self` that are not in `other`."""

@@ -230,14 +230,16 @@ class RunStore:
                     ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536
                 ):
                     is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
-                    ok_parts.append(batch.column("job_id").filter(is_ok))
-                    bad_parts.append(batch.column("job_id").filter(pc.invert(is_ok)))
+                    # as fixed-width NumPy right away: the Arrow batch is freed at once
+                    ok_parts.append(DoneIds.from_arrays([batch.column("job_id").filter(is_ok)]).ids)
+                    bad = batch.column("job_id").filter(pc.invert(is_ok))
+                    bad_parts.append(DoneIds.from_arrays([bad]).ids)
                 break
             except StoreError:
                 if attempt or not self.reader.quarantine_unreadable(("generations",)):
                     raise
-        ok = DoneIds.from_arrays(ok_parts)
-        return ok, DoneIds.from_arrays(bad_parts).minus(ok)
+        ok = DoneIds.merge(ok_parts)
+        return ok, DoneIds.merge(bad_parts).minus(ok)
 
     def done_job_ids(self, include_errors: bool = True) -> set[str]:
         return set(self.done_ids(include_errors).to_list())
