@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from harness.config import GenerationConfig, ModelConfig, RunConfig, dump_config
@@ -14,7 +15,7 @@ from harness.generation import generate_stage
 from harness.manifest import update_manifest
 from harness.scoring import score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
-from jobs.grid import expand_grid
+from jobs.grid import CHUNK_SIZE, PlanChunk, expand_grid, iter_plan
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, load_group_words
 from results.store import RunStore
@@ -71,7 +72,18 @@ def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
 def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
     store.makedirs()
     store.write_bytes("config.yaml", dump_config(cfg).encode())
-    store.write_plan([j.to_row() for j in jobs])
+    store.write_plan_jobs(jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
+
+
+def plan_chunks(cfg: RunConfig, words: GroupWords) -> Iterator[PlanChunk]:
+    """`plan` as a stream of per-slice chunks (memory: one chunk of `JobSpec`s at a time)."""
+    prompts = load_prompts(cfg, words)
+    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
+    methods = [(m.name, dict(m.params)) for m in cfg.methods]
+    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    return iter_plan(
+        prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
+    )
 
 
 def score_stage(
@@ -132,6 +144,7 @@ def run(
     gen_stats = generate_stage(
         store, cfg, jobs, words, use_ray=use_ray, progress=progress, retry_failed=retry_failed
     )
+    store.compact_generations()  # one shard per batch → shards of ~50k rows
     timings["generate_s"] = time.perf_counter() - t0
     update_manifest(store, {"generation": gen_stats, "timings": timings})
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from jobs.queue import make_batches, pending
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
 from results.schema import error_row
-from results.store import RunStore, shard_name
+from results.store import RunStore
 
 log = logging.getLogger("harness")
 
@@ -69,7 +69,7 @@ def generate_stage(
     Raises `GenerationError` (after the other models are done and the manifest is written)
     when a model could not run at all.
     """
-    todo = pending(jobs, store.done_job_ids(include_errors=not retry_failed))
+    todo = pending(jobs, store.done_ids(include_errors=not retry_failed))
     stats: dict[str, Any] = {
         "planned": len(jobs),
         "pending_at_start": len(todo),
@@ -177,11 +177,8 @@ def _local_backend(store: RunStore, words: GroupWords) -> LocalBackend:
 
 def _fail_batch(store: RunStore) -> Any:
     def fail(batch: Batch, error: str) -> int:
-        """Error rows for `batch`, unless an attempt that reported failure wrote it after all."""
-        if store.exists("generations", shard_name(j.job_id for j in batch)):
-            return 0
-        store.write_generations([failed_row(j, error) for j in batch])
-        return len(batch)
+        """Error rows for the jobs of `batch` that no attempt wrote an ok row for."""
+        return store.write_failed([failed_row(j, error) for j in batch])
 
     return fail
 

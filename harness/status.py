@@ -9,40 +9,32 @@ from workers.scorers.registry import SCORER_METRICS
 
 
 def run_status(store: RunStore) -> str:
-    plan = store.read_plan()
-    gens = store.read_generations().select("job_id", "status")
-    keyed = plan.select("job_id", "model", "method", "task").join(gens, on="job_id", how="left")
-    table = (
-        keyed.group_by("model", "method", "task", maintain_order=True)
-        .agg(
-            pl.len().alias("planned"),
-            (pl.col("status") == "ok").sum().alias("done"),
-            (pl.col("status") == "error").sum().alias("failed"),
-        )
-        .with_columns((pl.col("planned") - pl.col("done") - pl.col("failed")).alias("pending"))
-    )
+    table = store.generation_counts()  # streams the plan; one scan of job_id/status
     lines = [f"run {store.uri}", "generation:"]
     for row in table.iter_rows(named=True):
         lines.append(
             f"  {row['model']} / {row['method']} / {row['task']}: planned {row['planned']}, "
             f"done {row['done']}, failed {row['failed']}, pending {row['pending']}"
         )
+    for path in store.quarantine_files():
+        lines.append(f"  quarantined (unreadable, its jobs pending): {path}")
     if store.exists("manifest.json"):  # actors and throughput of the last generation run
         from harness.generation import actor_lines
 
         lines.extend(actor_lines(store.read_json("manifest.json")))
-    ok_ids = set(gens.filter(pl.col("status") == "ok")["job_id"].to_list())
     scorers = store.scorers()
+    gens = store.read_generations(columns=["job_id", "status"]) if scorers else None
+    ok_ids = gens.filter(pl.col("status") == "ok")["job_id"] if gens is not None else pl.Series()
     lines.append("scoring:" if scorers else "scoring: nothing scored yet")
     for name in scorers:
         metric = SCORER_METRICS.get(name)
         if metric is None:
             lines.append(f"  {name}: unknown scorer (written by another version?)")
             continue
-        scores = store.read_scores(name, metric)
-        scored = scores.filter(pl.col("job_id").is_in(list(ok_ids)))
+        scores = store.read_scores(name, metric, columns=["job_id", "status"])
+        scored = scores.filter(pl.col("job_id").is_in(ok_ids.implode()))
         counts = dict(scored.group_by("status").len().iter_rows())
-        missing = len(ok_ids - set(scored["job_id"].to_list()))
+        missing = int((~ok_ids.is_in(scored["job_id"].implode())).sum())
         detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         lines.append(f"  {name}: {detail or 'none'}; missing {missing}")
     for extra in ("summary.parquet", "report/tables.md"):

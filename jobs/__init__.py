@@ -1,8 +1,8 @@
 """Planning work: job specs and their ids, prompt datasets, seed words, the grid, batching."""
 
 from jobs.datasets import DatasetError, Prompt, fetch, load_paired_jsonl, load_prompt_list
-from jobs.grid import expand_grid
-from jobs.queue import make_batches, pending
+from jobs.grid import PlanChunk, SliceKey, expand_grid, iter_plan
+from jobs.queue import make_batches, pending, pending_chunks
 from jobs.spec import JOB_ID_VERSION, GenerationParams, JobSpec, ModelRef
 from jobs.words import GroupWords, label_text, load_group_words
 
@@ -13,13 +13,17 @@ __all__ = [
     "GroupWords",
     "JobSpec",
     "ModelRef",
+    "PlanChunk",
     "Prompt",
+    "SliceKey",
     "expand_grid",
     "fetch",
+    "iter_plan",
     "label_text",
     "load_group_words",
     "load_paired_jsonl",
     "load_prompt_list",
     "make_batches",
     "pending",
+    "pending_chunks",
 ]

@@ -1,13 +1,115 @@
-"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs."""
+"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs.
+
+`iter_plan` streams the grid as `PlanChunk`s: the jobs of one (model, method, task) slice, at
+most `chunk_size` at a time, so a planner, a resume check or a plan writer holds one chunk of
+`JobSpec`s, never the whole grid. `expand_grid` is the same order as one list (small runs,
+tests). Duplicate jobs are caught up front from the inputs (a prompt id listed twice, a slice
+listed twice), which is what makes two job ids equal.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from jobs.datasets import Prompt
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
 from workers.methods.registry import resolve_params
+
+CHUNK_SIZE = 20_000  # jobs per PlanChunk: ~10 MB of JobSpecs
+
+
+class SliceKey(NamedTuple):
+    """One (model, method, task) slice of the grid; `params` is the resolved canonical JSON."""
+
+    model: ModelRef
+    generation: GenerationParams
+    method: str
+    params: str
+    task: str
+
+
+class PlanChunk(NamedTuple):
+    """Consecutive jobs of one slice, in grid order (prompt, then seed)."""
+
+    slice: SliceKey
+    jobs: list[JobSpec]
+
+
+def iter_plan(
+    prompts: Sequence[Prompt],
+    models: Sequence[tuple[ModelRef, GenerationParams]],
+    methods: Sequence[tuple[str, dict[str, Any]]],
+    tasks: Sequence[str],
+    samples_per_prompt: int,
+    chunk_size: int = CHUNK_SIZE,
+    heads: Mapping[ModelRef, Mapping[str, str]] | None = None,
+) -> Iterator[PlanChunk]:
+    """Every job of the grid in a stable order (model, method, task, prompt, seed), in chunks.
+
+    Method parameters are resolved (defaults, then per-model paper defaults, then the user's)
+    before hashing, so the job id names the setting that actually runs. `heads` maps a model
+    to its attribute head per task: methods that read a head get that (model, task)'s.
+
+    Raises:
+        ValueError: a prompt id listed twice, or two entries that resolve to the same slice.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    _check_prompt_ids(prompts)
+    seen: set[SliceKey] = set()
+    for model, gen in models:
+        model_heads = (heads or {}).get(model)
+        for name, params in methods:
+            for task in tasks:
+                resolved = canonical_json(
+                    resolve_params(name, params, model.id, task, model_heads)
+                )
+                key = SliceKey(model, gen, name, resolved, task)
+                if key in seen:
+                    raise ValueError(
+                        f"the grid has duplicate jobs: model {model.id}, method {name} with "
+                        f"{resolved}, task {task} is listed twice"
+                    )
+                seen.add(key)
+                yield from _slice_chunks(key, prompts, samples_per_prompt, chunk_size)
+
+
+def _slice_chunks(
+    key: SliceKey, prompts: Sequence[Prompt], samples: int, chunk_size: int
+) -> Iterator[PlanChunk]:
+    jobs: list[JobSpec] = []
+    for prompt in prompts:
+        for seed in range(samples):
+            jobs.append(
+                JobSpec(
+                    prompt_id=prompt.prompt_id,
+                    prompt=prompt.text,
+                    prompt_group=prompt.group,
+                    pair_id=prompt.pair_id,
+                    seed=seed,
+                    method=key.method,
+                    model=key.model,
+                    task=key.task,
+                    generation=key.generation,
+                    method_params=key.params,
+                )
+            )
+            if len(jobs) == chunk_size:
+                yield PlanChunk(key, jobs)
+                jobs = []
+    if jobs:
+        yield PlanChunk(key, jobs)
+
+
+def _check_prompt_ids(prompts: Sequence[Prompt]) -> None:
+    seen: set[str] = set()
+    for prompt in prompts:
+        if prompt.prompt_id in seen:
+            raise ValueError(
+                f"the grid has duplicate jobs: prompt id {prompt.prompt_id!r} is listed twice"
+            )
+        seen.add(prompt.prompt_id)
 
 
 def expand_grid(
@@ -18,35 +120,6 @@ def expand_grid(
     samples_per_prompt: int,
     heads: Mapping[ModelRef, Mapping[str, str]] | None = None,
 ) -> list[JobSpec]:
-    """Every job of the grid, in a stable order (model, method, task, prompt, seed).
-
-    Method parameters are resolved (defaults, then per-model paper defaults, then the user's)
-    before hashing, so the job id names the setting that actually runs. `heads` maps a model
-    to its attribute head per task: methods that read a head get that (model, task)'s.
-    """
-    jobs = []
-    for model, gen in models:
-        for name, params in methods:
-            for task in tasks:
-                model_heads = (heads or {}).get(model)
-                resolved = canonical_json(resolve_params(name, params, model.id, task, model_heads))
-                for prompt in prompts:
-                    for seed in range(samples_per_prompt):
-                        jobs.append(
-                            JobSpec(
-                                prompt_id=prompt.prompt_id,
-                                prompt=prompt.text,
-                                prompt_group=prompt.group,
-                                pair_id=prompt.pair_id,
-                                seed=seed,
-                                method=name,
-                                model=model,
-                                task=task,
-                                generation=gen,
-                                method_params=resolved,
-                            )
-                        )
-    ids = [j.job_id for j in jobs]
-    if len(set(ids)) != len(ids):
-        raise ValueError("the grid has duplicate jobs (the same prompt id listed twice?)")
-    return jobs
+    """Every job of the grid as one list, in `iter_plan` order."""
+    chunks = iter_plan(prompts, models, methods, tasks, samples_per_prompt, heads=heads)
+    return [job for chunk in chunks for job in chunk.jobs]

@@ -1,9 +1,16 @@
-"""Work left to do, cut into batches: resume = planned − done."""
+"""Work left to do, cut into batches: resume = planned − done.
+
+`pending` filters a list; `pending_chunks` filters a stream of `PlanChunk`s against the done
+ids (a set, or a `results.DoneIds` held as a compact array), so a resume check over millions of
+planned jobs holds one chunk at a time.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import Any
 
+from jobs.grid import PlanChunk
 from jobs.spec import JobSpec
 
 
@@ -12,9 +19,27 @@ def batch_key(job: JobSpec) -> tuple[object, ...]:
     return (job.model, job.method, job.method_params, job.task, job.generation)
 
 
-def pending(planned: Sequence[JobSpec], done: Iterable[str]) -> list[JobSpec]:
-    finished = set(done)
-    return [j for j in planned if j.job_id not in finished]
+def _done_mask(jobs: Sequence[JobSpec], done: Any) -> list[bool]:
+    contains = getattr(done, "contains", None)  # results.DoneIds: one vectorised lookup
+    if contains is not None:
+        return [bool(x) for x in contains([j.job_id for j in jobs])]
+    return [j.job_id in done for j in jobs]
+
+
+def pending(planned: Sequence[JobSpec], done: Iterable[str] | Any) -> list[JobSpec]:
+    """The planned jobs whose id is not in `done` (ids, or a `results.DoneIds`)."""
+    if not hasattr(done, "contains") and not isinstance(done, Collection):
+        done = set(done)
+    mask = _done_mask(planned, done)
+    return [j for j, finished in zip(planned, mask, strict=True) if not finished]
+
+
+def pending_chunks(chunks: Iterable[PlanChunk], done: Any) -> Iterator[PlanChunk]:
+    """Each chunk with its finished jobs removed (chunks left empty are skipped)."""
+    for chunk in chunks:
+        left = pending(chunk.jobs, done)
+        if left:
+            yield PlanChunk(chunk.slice, left)
 
 
 def make_batches(jobs: Sequence[JobSpec], batch_size: int) -> list[list[JobSpec]]:

@@ -6,8 +6,10 @@ fields that change its output; batch size, paths, retries and the run name are n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,8 +79,9 @@ class JobSpec:
             "generation": asdict(self.generation),
         }
 
-    @property
+    @functools.cached_property
     def job_id(self) -> str:
+        """Computed once per spec (frozen, so it cannot go stale) and kept in its `__dict__`."""
         digest = hashlib.sha256(canonical_json(self.identity()).encode("utf-8")).hexdigest()
         return f"j{JOB_ID_VERSION}-{digest[:20]}"
 
@@ -136,3 +139,46 @@ class JobSpec:
             ),
             method_params=row["method_params"],
         )
+
+
+PLAN_COLUMNS = (
+    "job_id",
+    "prompt_id",
+    "pair_id",
+    "prompt_group",
+    "prompt",
+    "seed",
+    "method",
+    "method_params",
+    "model",
+    "model_revision",
+    "model_dtype",
+    "task",
+    "max_new_tokens",
+    "top_p",
+    "temperature",
+    "repetition_penalty",
+)
+
+
+def plan_columns(jobs: Sequence[JobSpec]) -> dict[str, list[Any]]:
+    """The plan table of `jobs` as columns (`results.schema.PLAN_SCHEMA` order): what
+    `JobSpec.to_row` gives row by row, built without a dict per job."""
+    return {
+        "job_id": [j.job_id for j in jobs],
+        "prompt_id": [j.prompt_id for j in jobs],
+        "pair_id": [j.pair_id for j in jobs],
+        "prompt_group": [j.prompt_group for j in jobs],
+        "prompt": [j.prompt for j in jobs],
+        "seed": [j.seed for j in jobs],
+        "method": [j.method for j in jobs],
+        "method_params": [j.method_params for j in jobs],
+        "model": [j.model.id for j in jobs],
+        "model_revision": [j.model.revision for j in jobs],
+        "model_dtype": [j.model.dtype for j in jobs],
+        "task": [j.task for j in jobs],
+        "max_new_tokens": [j.generation.max_new_tokens for j in jobs],
+        "top_p": [j.generation.top_p for j in jobs],
+        "temperature": [j.generation.temperature for j in jobs],
+        "repetition_penalty": [j.generation.repetition_penalty for j in jobs],
+    }

@@ -3,13 +3,20 @@
 Layout (see docs/design.md)::
 
     RUN/config.yaml  manifest.json  plan.parquet
-    RUN/generations/part-<hash>.parquet
+    RUN/generations/part-<hash>.parquet          one finished batch (written by its actor)
+    RUN/generations/part-<hash>-failed.parquet   error rows the driver wrote for a failed batch
+    RUN/generations/part-c-<hash>.parquet        compacted: many batches, sorted by slice
     RUN/scores/<scorer>/part-<hash>.parquet
+    RUN/quarantine/<stage>/...                   unreadable shards, moved aside (jobs pending)
     RUN/summary.parquet  summary.csv  report/
 
-A shard is complete or absent: local files are written to a temp file in the same folder,
-fsynced and renamed (`os.replace`); object stores (s3://, gs://) put whole objects. Shard names
-are hashes of the job ids they hold, so a retried batch rewrites the same file.
+A shard is complete or absent: local files go to a temp file in the same folder, are fsynced and
+renamed (`os.replace`); object stores (s3://, gs://) get one put of bytes built in memory, and a
+streamed object (the plan) goes to a temp key that is copied into place only once it is whole.
+Shard names hash the job ids they hold, so a retried batch rewrites the same file; the driver's
+error shards carry `-failed`, so a late write of the batch by a zombie actor never collides with
+them. Reads go through `pyarrow.dataset` (parallel, only the columns asked for) and deduplicate by
+job id, so a row present in two shards (a compaction killed half-way) counts once.
 """
 
 from __future__ import annotations
@@ -17,26 +24,37 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from jobs.spec import JobSpec, plan_columns
+from results.done import DoneIds
 from results.schema import GENERATION_SCHEMA, PLAN_SCHEMA, SCHEMA_VERSION, score_schema
+from results.shards import ShardReader, StoreError, atomic_output, put_bytes
+
+__all__ = ["DoneIds", "RunStore", "StoreError", "shard_name"]
+
+log = logging.getLogger("harness")
+COMPACT_TARGET_ROWS = 50_000  # rows per compacted shard (~5-20 MB of generations)
+_COMPACT_SMALL_BYTES = (
+    1 << 20
+)  # a compacted shard under this (at the default target) is merged again
 
 
-class StoreError(RuntimeError):
-    """A run directory that cannot be read or written as asked."""
-
-
-def shard_name(job_ids: Iterable[str]) -> str:
+def shard_name(job_ids: Iterable[str], kind: str = "") -> str:
+    """`part-<hash of the sorted ids>[-kind].parquet`."""
     digest = hashlib.sha256("\n".join(sorted(job_ids)).encode()).hexdigest()[:24]
-    return f"part-{digest}.parquet"
+    return f"part-{digest}{'-' + kind if kind else ''}.parquet"
 
 
 class RunStore:
@@ -50,6 +68,7 @@ class RunStore:
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
             self.local = True
+        self.reader = ShardReader(self.fs, self.root, self.uri)
 
     # ---- paths ---------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -59,53 +78,38 @@ class RunStore:
         info = self.fs.get_file_info(self.path(*parts))
         return info.type != pafs.FileType.NotFound
 
+    def delete(self, path: str) -> None:
+        """Remove one file (a full path, as `list_shards` gives)."""
+        self.fs.delete_file(path)
+
     def makedirs(self, *parts: str) -> None:
         self.fs.create_dir(self.path(*parts), recursive=True)
 
     def list_shards(self, *parts: str) -> list[str]:
-        sel = pafs.FileSelector(self.path(*parts), allow_not_found=True)
-        infos = self.fs.get_file_info(sel)
-        return sorted(
-            i.path
-            for i in infos
-            if i.type == pafs.FileType.File
-            and i.base_name.startswith("part-")
-            and i.base_name.endswith(".parquet")
-        )
+        return [i.path for i in self.reader.listing(parts)]
+
+    @property
+    def quarantined(self) -> list[str]:
+        """Shards this store moved aside as unreadable (full paths under RUN/quarantine/)."""
+        return list(self.reader.quarantined)
+
+    def quarantine_files(self) -> list[str]:
+        """Every file under RUN/quarantine/ (also those moved by earlier runs)."""
+        sel = pafs.FileSelector(self.path("quarantine"), allow_not_found=True, recursive=True)
+        return sorted(i.path for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File)
 
     # ---- atomic writes -------------------------------------------------------------------
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Write `data` to RUN/rel atomically; returns the full path."""
-        target = self.path(rel)
-        parent = target.rsplit("/", 1)[0]
-        self.fs.create_dir(parent, recursive=True)
-        if self.local:
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".tmp-", suffix=".part")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, target)
-                dir_fd = os.open(parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        else:  # object stores: a put is all-or-nothing
-            with self.fs.open_output_stream(target) as out:
-                out.write(data)
-        return target
+        return put_bytes(self.fs, self.path(rel), data, self.local)
+
+    def open_atomic(self, rel: str) -> Any:
+        """Context manager: a stream that lands at RUN/rel only if the block ends normally."""
+        return atomic_output(self.fs, self.path(rel), self.local)
 
     def write_table(self, rel: str, table: pa.Table) -> str:
         buf = io.BytesIO()
-        meta = dict(table.schema.metadata or {})
-        meta[b"lidao_schema_version"] = str(SCHEMA_VERSION).encode()
-        pq.write_table(table.replace_schema_metadata(meta), buf, compression="zstd")
+        pq.write_table(_stamped(table), buf, compression="zstd")
         return self.write_bytes(rel, buf.getvalue())
 
     def write_json(self, rel: str, obj: Any) -> str:
@@ -120,38 +124,192 @@ class RunStore:
         with self.fs.open_input_stream(self.path(rel)) as fh:
             return str(fh.read().decode())
 
-    # ---- tables --------------------------------------------------------------------------
+    # ---- the plan ------------------------------------------------------------------------
     def write_plan(self, rows: Sequence[dict[str, Any]]) -> str:
         return self.write_table("plan.parquet", pa.Table.from_pylist(list(rows), PLAN_SCHEMA))
 
-    def read_plan(self) -> pl.DataFrame:
-        if not self.exists("plan.parquet"):
-            raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
-        return self._read_one(self.path("plan.parquet"))
+    def write_plan_tables(self, tables: Iterable[pa.Table]) -> int:
+        """Stream tables of PLAN_SCHEMA into plan.parquet (one row group each); returns rows.
 
-    def write_generations(self, rows: Sequence[dict[str, Any]]) -> str:
-        """One atomic shard of generation rows (a finished batch)."""
-        table = pa.Table.from_pylist(list(rows), GENERATION_SCHEMA)
-        return self.write_table("generations/" + shard_name(r["job_id"] for r in rows), table)
+        Memory stays at one table; the file appears only once every table is written.
+        """
+        rows = 0
+        schema = _stamped(PLAN_SCHEMA.empty_table()).schema
+        with self.open_atomic("plan.parquet") as out:
+            with pq.ParquetWriter(out, schema, compression="zstd") as writer:
+                for table in tables:
+                    writer.write_table(table.cast(schema))
+                    rows += table.num_rows
+        return rows
 
-    def read_generations(self) -> pl.DataFrame:
-        """Every generation row, one per job id (an ok row wins over an error row)."""
-        frame = self._read_dir(("generations",), GENERATION_SCHEMA)
-        if frame.is_empty():
-            return frame
-        return (
-            frame.with_columns((pl.col("status") == "ok").alias("_ok"))
-            .sort(["job_id", "_ok"], descending=[False, True])
-            .unique("job_id", keep="first", maintain_order=True)
-            .drop("_ok")
+    def write_plan_jobs(self, chunks: Iterable[Sequence[JobSpec]]) -> int:
+        """Stream chunks of `JobSpec`s (e.g. `jobs.iter_plan` chunks' jobs) into plan.parquet."""
+        return self.write_plan_tables(
+            pa.table(plan_columns(jobs), schema=PLAN_SCHEMA) for jobs in chunks
         )
 
-    def done_job_ids(self, include_errors: bool = True) -> set[str]:
-        frame = self._read_dir(("generations",), GENERATION_SCHEMA, columns=["job_id", "status"])
-        if not include_errors:
-            frame = frame.filter(pl.col("status") == "ok")
-        return set(frame["job_id"].to_list())
+    def read_plan(self, columns: list[str] | None = None) -> pl.DataFrame:
+        if not self.exists("plan.parquet"):
+            raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
+        return _frame(self.reader.read_file(self.path("plan.parquet"), columns))
 
+    def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk."""
+        with self.fs.open_input_file(self.path("plan.parquet")) as fh:
+            plan = pq.ParquetFile(fh)
+            for i in range(plan.num_row_groups):
+                yield plan.read_row_group(i, columns=columns)
+
+    # ---- generations ---------------------------------------------------------------------
+    def write_generations(self, rows: Sequence[dict[str, Any]], kind: str = "") -> str:
+        """One atomic shard of generation rows (a finished batch)."""
+        table = pa.Table.from_pylist(list(rows), GENERATION_SCHEMA)
+        return self.write_table(
+            "generations/" + shard_name((r["job_id"] for r in rows), kind), table
+        )
+
+    def write_failed(self, rows: Sequence[dict[str, Any]]) -> int:
+        """Error rows of a batch that failed every retry, except for jobs that already have an
+        ok row (an attempt wrote them before failing, e.g. halves of an out-of-memory split).
+
+        Written as `part-<hash>-failed.parquet`: never the name of the batch's own ok shard.
+        Returns how many rows were written.
+        """
+        ok = self.reader.ids_with_status(
+            ("generations",), GENERATION_SCHEMA, [r["job_id"] for r in rows], "ok"
+        )
+        left = [r for r in rows if r["job_id"] not in ok]
+        if left:
+            self.write_generations(left, kind="failed")
+        return len(left)
+
+    def read_generations(self, columns: list[str] | None = None) -> pl.DataFrame:
+        """Every generation row, one per job id (an ok row wins over an error row)."""
+        want = list(columns or GENERATION_SCHEMA.names)
+        cols = want + [c for c in ("job_id", "status") if c not in want]
+        table = self.reader.scan(("generations",), GENERATION_SCHEMA, cols)
+        frame = _frame(_dedupe_generations(table)).select(want)
+        return frame
+
+    def iter_generations(
+        self, columns: list[str] | None = None, batch_rows: int = 10_000
+    ) -> Iterator[pl.DataFrame]:
+        """`read_generations` in frames of at most `batch_rows` rows (a streaming scorer's input).
+
+        Memory: one batch, plus the finished ids (`finished_ids`) that tell whether any job has
+        two rows on disk; only then (a retried failure, a compaction killed half-way) is the
+        whole table read and deduplicated first.
+        """
+        ok, failed = self.finished_ids()
+        rows = self.reader.count_rows(("generations",), GENERATION_SCHEMA)
+        if rows != len(ok) + len(failed):  # some job has two rows
+            frame = self.read_generations(columns)
+            for start in range(0, frame.height, batch_rows):
+                yield frame.slice(start, batch_rows)
+            return
+        want = list(columns or GENERATION_SCHEMA.names)
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, want, batch_rows
+        ):
+            yield _frame(pa.Table.from_batches([batch]))
+
+    def done_ids(self, include_errors: bool = True) -> DoneIds:
+        """Ids of jobs with a row (only ok rows unless `include_errors`), compact and sorted."""
+        ok, failed = self.finished_ids()
+        if not include_errors:
+            return ok
+        return DoneIds(np.union1d(ok.ids, failed.ids)) if len(failed) else ok
+
+    def finished_ids(self) -> tuple[DoneIds, DoneIds]:
+        """(ids with an ok row, ids with only error rows): one streamed scan of job_id/status,
+        holding ~23 bytes a finished job and one record batch."""
+        for attempt in (0, 1):
+            ok_parts, bad_parts = [], []
+            try:
+                for batch in self.reader.iter_batches(
+                    ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536
+                ):
+                    is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+                    # as fixed-width NumPy right away: the Arrow batch is freed at once
+                    ok_parts.append(DoneIds.from_arrays([batch.column("job_id").filter(is_ok)]).ids)
+                    bad = batch.column("job_id").filter(pc.invert(is_ok))
+                    bad_parts.append(DoneIds.from_arrays([bad]).ids)
+                break
+            except StoreError:
+                if attempt or not self.reader.quarantine_unreadable(("generations",)):
+                    raise
+        ok = DoneIds.merge(ok_parts)
+        return ok, DoneIds.merge(bad_parts).minus(ok)
+
+    def done_job_ids(self, include_errors: bool = True) -> set[str]:
+        return set(self.done_ids(include_errors).to_list())
+
+    def generation_counts(self) -> pl.DataFrame:
+        """Per (model, method, task) of the plan: planned, done (ok), failed, pending.
+
+        Streams the plan a row group at a time against the done ids (`status`'s table).
+        """
+        if not self.exists("plan.parquet"):
+            raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
+        ok, failed = self.finished_ids()
+        parts = []
+        slice_cols = ["model", "method", "task"]
+        for chunk in self.iter_plan(columns=["job_id", *slice_cols]):
+            ids = chunk["job_id"].combine_chunks()
+            frame = _frame(chunk.select(slice_cols)).with_columns(
+                pl.Series("done", ok.contains(ids)), pl.Series("failed", failed.contains(ids))
+            )
+            parts.append(
+                frame.group_by(slice_cols, maintain_order=True).agg(
+                    pl.len().alias("planned"), pl.col("done").sum(), pl.col("failed").sum()
+                )
+            )
+        empty = pl.DataFrame(
+            schema={c: pl.String for c in slice_cols}
+            | {"planned": pl.UInt32, "done": pl.UInt32, "failed": pl.UInt32}
+        )
+        table = pl.concat(parts) if parts else empty
+        return (
+            table.group_by(slice_cols, maintain_order=True)
+            .agg(pl.col("planned", "done", "failed").sum())
+            .with_columns((pl.col("planned") - pl.col("done") - pl.col("failed")).alias("pending"))
+        )
+
+    def compact_generations(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
+        """Merge small generation shards into `part-c-` shards of about `target_rows` rows.
+
+        Inputs: every shard not already compacted (so at most one short `part-c-` shard per
+        compaction stays short). Output:
+        one row per job (ok wins), sorted by (model, method, task, job id) so that a slice lives
+        in few row groups. New shards are written first, then the inputs deleted: a kill in
+        between leaves rows twice on disk, which every read deduplicates, and the next
+        compaction merges them again. Returns how many shards were merged.
+        """
+        small = [
+            i.path
+            for i in self.reader.listing(("generations",))
+            if not i.base_name.startswith("part-c-")
+        ]
+        if len(small) < 2:
+            return 0
+        table = self.reader.scan(("generations",), GENERATION_SCHEMA, None, only=small)
+        existing = {i.path for i in self.reader.listing(("generations",))}
+        small = [p for p in small if p in existing]  # not those just quarantined
+        table = _dedupe_generations(table).sort_by(
+            [(c, "ascending") for c in ("model", "method", "task", "job_id")]
+        )
+        written = set()
+        for start in range(0, table.num_rows, target_rows):
+            part = table.slice(start, target_rows)
+            name = "part-c-" + shard_name(part["job_id"].to_pylist())[len("part-") :]
+            written.add(self.write_table("generations/" + name, part))
+        with ThreadPoolExecutor(8) as pool:  # one request each on object stores
+            list(pool.map(self.delete, [p for p in small if p not in written]))
+        self.reader.forget(("generations",))
+        log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
+        return len(small)
+
+    # ---- scores --------------------------------------------------------------------------
     def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:
         """One atomic shard of score rows; its name hashes job ids *and* scorer versions, so a
         retried chunk rewrites its own file while a rescoring at a new version never
@@ -166,40 +324,47 @@ class RunStore:
             i.base_name for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.Directory
         )
 
-    def read_scores(self, scorer: str, metric: str) -> pl.DataFrame:
-        """Score rows of one scorer, one per (job id, scorer version), newest shard wins."""
-        frame = self._read_dir(("scores", scorer), score_schema(metric))
-        if frame.is_empty():
-            return frame
-        return frame.unique(["job_id", "scorer_version"], keep="last", maintain_order=True)
-
-    # ---- reading -------------------------------------------------------------------------
-    def _read_one(self, path: str, columns: list[str] | None = None) -> pl.DataFrame:
-        with self.fs.open_input_file(path) as fh:
-            table = pq.read_table(fh, columns=columns)
-        version = int((table.schema.metadata or {}).get(b"lidao_schema_version", b"1"))
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{path}: written with schema version {version}, this code reads up to "
-                f"{SCHEMA_VERSION}; upgrade lidao-harness"
-            )
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
-        return frame
-
-    def _read_dir(
-        self, parts: tuple[str, ...], schema: pa.Schema, columns: list[str] | None = None
+    def read_scores(
+        self, scorer: str, metric: str, columns: list[str] | None = None
     ) -> pl.DataFrame:
-        """Concatenate shards in name order; columns a shard lacks (older schema) are null."""
-        want = columns or schema.names
-        empty = pl.from_arrow(schema.empty_table().select(want))
-        assert isinstance(empty, pl.DataFrame)
-        frames = []
-        for path in self.list_shards(*parts):
-            frame = self._read_one(path)
-            missing = [c for c in want if c not in frame.columns]
-            frame = frame.with_columns([pl.lit(None).alias(c) for c in missing]).select(want)
-            frames.append(frame.cast(empty.schema))  # type: ignore[arg-type]
-        if not frames:
-            return empty
-        return pl.concat(frames, how="vertical")
+        """Score rows of one scorer, one per (job id, scorer version), newest shard wins."""
+        want = list(columns or score_schema(metric).names)
+        cols = want + [c for c in ("job_id", "scorer_version") if c not in want]
+        frame = _frame(self.reader.scan(("scores", scorer), score_schema(metric), cols))
+        if frame.is_empty():
+            return frame.select(want)
+        return frame.unique(["job_id", "scorer_version"], keep="last", maintain_order=True).select(
+            want
+        )
+
+
+def _stamped(table: pa.Table) -> pa.Table:
+    meta = dict(table.schema.metadata or {})
+    meta[b"lidao_schema_version"] = str(SCHEMA_VERSION).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def _dedupe_generations(table: pa.Table) -> pa.Table:
+    """One row per job id: an ok row before an error row, else the first in shard order."""
+    if table.num_rows == 0 or pc.count_distinct(table["job_id"]).as_py() == table.num_rows:
+        return table
+    keyed = pa.table(
+        {
+            "job_id": table["job_id"],
+            "bad": pc.fill_null(pc.not_equal(table["status"], "ok"), True),
+            "i": pa.array(range(table.num_rows), pa.int64()),
+        }
+    )
+    first = (
+        _frame(keyed)
+        .sort(["job_id", "bad", "i"])
+        .unique("job_id", keep="first", maintain_order=True)
+        .sort("i")
+    )
+    return table.take(first["i"].to_arrow())
+
+
+def _frame(table: pa.Table) -> pl.DataFrame:
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame

@@ -314,3 +314,48 @@ def test_cuda_out_of_memory_halves_the_batch_until_it_fits(
     assert result["jobs"] == result["ok"] == 8
     assert RunStore(str(tmp_path / "run")).read_generations().height == 8
     assert len(list((tmp_path / "run" / "generations").glob("part-*.parquet"))) == 4
+
+
+def test_an_out_of_memory_split_that_then_fails_records_errors_only_for_unwritten_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workers.generator as generator
+
+    real = generator.decode_batch
+    calls: list[int] = []
+
+    def oom_then_crash(lm: Any, method: Any, jobs: Sequence[JobSpec]) -> list[dict[str, Any]]:
+        calls.append(len(jobs))
+        if len(jobs) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        if len(calls) > 4:  # the third quarter: the actor breaks down
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator, "decode_batch", oom_then_crash)
+    run = str(tmp_path / "run")
+    gen = generator.Generator(ModelRef("tiny-random/gpt2"), run, device="cpu")
+    batch = make_jobs(n=8)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        gen.run_batch(batch)
+    store = RunStore(run)
+    assert len(store.done_job_ids()) == 4  # two quarters were written before the crash
+    assert _fail_batch(store)(batch, "failed 3 times") == 4  # errors for the other four only
+    rows = store.read_generations()
+    assert sorted(rows["job_id"]) == sorted(j.job_id for j in batch)  # each job once
+    assert dict(rows.group_by("status").len().iter_rows()) == {"ok": 4, "error": 4}
+    assert _fail_batch(store)(batch, "again") == 4  # the same -failed shard, rewritten
+    assert store.read_generations().height == 8
+
+
+def test_a_zombie_actors_late_shard_and_the_drivers_error_shard_never_share_a_name(
+    tmp_path: Path,
+) -> None:
+    store = RunStore(str(tmp_path / "run"))
+    batch = make_jobs(n=3)
+    assert _fail_batch(store)(batch, "actor x died") == 3  # the driver gave up on the batch
+    late = store.write_generations([dict(failed_row(j, "x"), status="ok") for j in batch])
+    shards = store.list_shards("generations")
+    assert len(shards) == 2 and late in shards  # both files survive, neither overwrote the other
+    rows = store.read_generations()
+    assert rows.height == 3 and (rows["status"] == "ok").all()

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from jobs.datasets import DatasetError, fetch
+from results.shards import file_mode
 from workers.methods.base import MethodError
 from workers.methods.head_meta import (
     KNOWN_HEADS,
@@ -260,6 +261,7 @@ def _atomic(target: Path, write: Any) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, file_mode())  # mkstemp made it 0600: give it the umask's mode instead
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, target)

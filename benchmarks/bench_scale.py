@@ -1,0 +1,248 @@
+"""Driver time and memory of the storage path against the number of jobs, locally and on S3.
+
+    python benchmarks/bench_scale.py                          # 10k, 100k, 1M jobs, local disk
+    python benchmarks/bench_scale.py --s3                     # also on a local moto S3 server
+    python benchmarks/bench_scale.py --sizes 10000 100000 --s3
+
+For each size, a fresh process (so that its peak memory is its own) runs, on a synthetic grid
+of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
+
+* plan      `jobs.iter_plan` → `RunStore.write_plan_jobs` (streamed plan.parquet)
+* fakegen   not a driver phase: writes the generation rows of every planned job straight into
+            shards of `--shard-rows` rows (what compaction leaves; no model runs)
+* resume    a new `RunStore`: `done_ids()` + the plan again + `pending_chunks` (must be 0)
+* status    `harness.status.run_status`
+* score-read `RunStore.iter_generations` over the columns a scorer reads, batch by batch
+
+Each phase prints its wall and CPU time (the machine may be shared: CPU time is the steadier
+one), wall µs per job, and the process's peak resident memory during the
+phase (VmHWM, reset before each phase through /proc/self/clear_refs) minus the resident memory
+before it. A last line per size compacts one-shard-per-batch output (`--compact-batches`
+batches of 8) to show the cost of compaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa  # noqa: E402
+
+from jobs.datasets import Prompt  # noqa: E402
+from jobs.grid import iter_plan  # noqa: E402
+from jobs.queue import pending_chunks  # noqa: E402
+from jobs.spec import GenerationParams, ModelRef  # noqa: E402
+from results.schema import GENERATION_SCHEMA  # noqa: E402
+from results.store import RunStore  # noqa: E402
+
+MODELS = [
+    (ModelRef("tiny-random/gpt2"), GenerationParams()),
+    (ModelRef("tiny-random/opt"), GenerationParams()),
+]
+METHODS: list[tuple[str, dict[str, Any]]] = [("vanilla", {}), ("uddia", {})]
+TASKS = ["sentiment", "regard"]
+SAMPLES = 25
+PER_PROMPT = len(MODELS) * len(METHODS) * len(TASKS) * SAMPLES  # 200 jobs per prompt
+SCORER_COLUMNS = ["job_id", "prompt", "continuation", "status"]
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
+
+
+def prompts(n_jobs: int) -> list[Prompt]:
+    n = max(1, n_jobs // PER_PROMPT)
+    return [
+        Prompt(f"{g}:{i:06d}", f"{i:06d}", g, f"The {g} person number {i} said that")
+        for i in range(n // 2 + n % 2)
+        for g in ("female", "male")
+    ][:n]
+
+
+def grid(n_jobs: int) -> Any:
+    return iter_plan(prompts(n_jobs), MODELS, METHODS, TASKS, SAMPLES)
+
+
+# ---- memory ----------------------------------------------------------------------------------
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def measured(name: str, n_jobs: int, body: Callable[[], Any]) -> dict[str, Any]:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+        fh.write("5")  # reset the peak (VmHWM) to the current resident set
+    before = _status_kb("VmRSS")
+    start, cpu = time.perf_counter(), time.process_time()
+    result = body()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    peak = _status_kb("VmHWM")
+    return {
+        "phase": name,
+        "jobs": n_jobs,
+        "s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "us_per_job": round(wall / n_jobs * 1e6, 2),
+        "peak_mb": round((peak - before) / 1024, 1),
+        "rss_mb": round(peak / 1024, 1),
+        "result": result,
+    }
+
+
+# ---- phases ----------------------------------------------------------------------------------
+def phase_plan(uri: str, n_jobs: int) -> int:
+    store = RunStore(uri)
+    return store.write_plan_jobs(chunk.jobs for chunk in grid(n_jobs))
+
+
+def phase_fakegen(uri: str, shard_rows: int) -> int:
+    """Generation rows of every planned job, written as shards of `shard_rows` rows."""
+    store = RunStore(uri)
+    n, buffered, rows = 0, [], 0
+    for plan in store.iter_plan():
+        buffered.append(plan)
+        rows += plan.num_rows
+        if rows >= shard_rows:
+            n += _write_fake(store, pa.concat_tables(buffered))
+            buffered, rows = [], 0
+    if buffered:
+        n += _write_fake(store, pa.concat_tables(buffered))
+    return n
+
+
+def _write_fake(store: RunStore, plan: pa.Table, prefix: str = "part-c-fake") -> int:
+    n = plan.num_rows
+    extra = {
+        "continuation": pa.array([" and then they went home."] * n),
+        "num_tokens": pa.array([7] * n, pa.int32()),
+        "token_ids": pa.array([[290, 788, 484, 1816, 1363, 13, 50256]] * n, pa.list_(pa.int32())),
+        "finish_reason": pa.array(["length"] * n),
+        "status": pa.array(["ok"] * n),
+        "worker": pa.array(["bench"] * n),
+    }
+    cols = {name: plan[name] for name in plan.column_names}
+    cols.update(extra)
+    table = pa.table(
+        [cols.get(f.name, pa.nulls(n, f.type)) for f in GENERATION_SCHEMA],
+        schema=GENERATION_SCHEMA,
+    )
+    store.write_table(f"generations/{prefix}{plan['job_id'][0].as_py()}.parquet", table)
+    return n
+
+
+def phase_resume(uri: str, n_jobs: int) -> dict[str, int]:
+    store = RunStore(uri)
+    done = store.done_ids()
+    left = sum(len(c.jobs) for c in pending_chunks(grid(n_jobs), done))
+    return {"done": len(done), "pending": left, "done_ids_mb": done.nbytes // 2**20}
+
+
+def phase_status(uri: str) -> int:
+    from harness.status import run_status
+
+    return len(run_status(RunStore(uri)).splitlines())
+
+
+def phase_score_read(uri: str) -> int:
+    return sum(f.height for f in RunStore(uri).iter_generations(SCORER_COLUMNS, 10_000))
+
+
+def phase_compact(uri: str, batches: int) -> dict[str, Any]:
+    """`batches` one-batch shards of 8 rows, then one compaction of them."""
+    store = RunStore(uri)
+    plan = next(store.iter_plan()).slice(0, batches * 8)
+    start = time.perf_counter()
+    for i in range(0, plan.num_rows, 8):
+        _write_fake(store, plan.slice(i, 8), prefix="part-")  # one shard per batch of 8
+    written = time.perf_counter() - start
+    merged = store.compact_generations()
+    return {"write_s": round(written, 2), "merged": merged}
+
+
+def child(args: argparse.Namespace) -> None:
+    uri, n = args.uri, args.n
+    out = [measured("plan", n, lambda: phase_plan(uri, n))]
+    out.append(measured("fakegen", n, lambda: phase_fakegen(uri, args.shard_rows)))
+    out.append(measured("resume", n, lambda: phase_resume(uri, n)))
+    out.append(measured("status", n, lambda: phase_status(uri)))
+    out.append(measured("score-read", n, lambda: phase_score_read(uri)))
+    if args.compact_batches:
+        out.append(measured("compact", n, lambda: phase_compact(uri, args.compact_batches)))
+    print(json.dumps(out))
+
+
+# ---- the parent: sizes × backends ------------------------------------------------------------
+def run_size(n: int, uri: str, args: argparse.Namespace, env: dict[str, str]) -> list[Any]:
+    cmd = [sys.executable, __file__, "--child", "--n", str(n), "--uri", uri]
+    cmd += ["--shard-rows", str(args.shard_rows), "--compact-batches", str(args.compact_batches)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"size {n} on {uri} failed:\n{res.stderr[-3000:]}")
+    return list(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def report(backend: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n== {backend}")
+    head = f"{'phase':<11}{'jobs':>9}{'wall s':>9}{'CPU s':>8}{'µs/job':>9}{'peak ΔRSS MB':>14}"
+    print(head + "  result")
+    for r in rows:
+        result = json.dumps(r["result"]) if not isinstance(r["result"], int) else r["result"]
+        print(
+            f"{r['phase']:<11}{r['jobs']:>9}{r['s']:>9.2f}{r['cpu_s']:>8.2f}{r['us_per_job']:>9.1f}"
+            f"{r['peak_mb']:>14.1f}  {result}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--s3", action="store_true", help="also on a moto S3 server (127.0.0.1)")
+    parser.add_argument("--s3-only", action="store_true")
+    parser.add_argument("--shard-rows", type=int, default=50_000)
+    parser.add_argument("--compact-batches", type=int, default=250)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--uri", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    env = dict(os.environ)
+    if not args.s3_only:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+            rows = [r for n in args.sizes for r in run_size(n, f"{tmp}/run-{n}", args, env)]
+        report("local disk", rows)
+    if args.s3 or args.s3_only:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
+        env.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
+        os.environ.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="bench")
+            query = f"?endpoint_override={host}:{port}&scheme=http"
+            rows = [
+                r for n in args.sizes for r in run_size(n, f"s3://bench/run-{n}{query}", args, env)
+            ]
+        finally:
+            server.stop()
+        report("moto S3 on 127.0.0.1", rows)
+
+
+if __name__ == "__main__":
+    main()

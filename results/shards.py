@@ -1,0 +1,284 @@
+"""Low-level shard I/O of a run directory: atomic writes, parallel scans, quarantine.
+
+`results.store.RunStore` is the face; this module holds the mechanics:
+
+* `put_bytes` / `atomic_output`: a file appears whole or not at all. Local files are created
+  with mode 0666 minus the umask (0644 by default), like any file a user's program writes.
+  On object stores a streamed object is written to a temp key and copied into place only once
+  the block ends normally; an exception deletes the temp key (pyarrow's Python streams have no
+  abort, and closing one publishes what was written so far).
+* `ShardReader.scan`: one `pyarrow.dataset` scan of a folder of shards (parallel, only the
+  columns asked for), cached until the folder's listing changes. A shard that cannot be read
+  is moved to RUN/quarantine/ with a warning naming it, and the scan goes on without it: its
+  jobs are pending again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from results.schema import SCHEMA_VERSION
+
+log = logging.getLogger("harness")
+
+
+class StoreError(RuntimeError):
+    """A run directory that cannot be read or written as asked."""
+
+
+# ---- writes ----------------------------------------------------------------------------------
+def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str:
+    """Write `data` to `target` atomically; returns `target`."""
+    if not local:  # one put of complete bytes: all-or-nothing on object stores
+        # no create_dir: object stores have no folders, and the marker costs as much as the put
+        with fs.open_output_stream(target) as out:
+            out.write(data)
+        return target
+    with atomic_output(fs, target, local=True) as out:
+        out.write(data)
+    return target
+
+
+@contextlib.contextmanager
+def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any]:
+    """A writable stream whose content lands at `target` only if the block ends normally."""
+    parent, name = target.rsplit("/", 1)
+    if local:
+        fs.create_dir(parent, recursive=True)
+    tmp = f"{parent}/.tmp-{uuid.uuid4().hex[:12]}-{name}"
+    if local:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode follows the umask
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return
+    out = fs.open_output_stream(tmp)
+    try:
+        yield out
+    except BaseException:
+        with contextlib.suppress(Exception):
+            out.close()  # publishes the temp key: delete it
+        with contextlib.suppress(Exception):
+            fs.delete_file(tmp)
+        raise
+    out.close()
+    try:
+        fs.copy_file(tmp, target)
+    finally:
+        with contextlib.suppress(Exception):
+            fs.delete_file(tmp)
+
+
+def file_mode() -> int:
+    """0666 minus the process umask (0644 by default): the mode of a newly created file."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _fsync_dir(path: str) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# ---- reads -----------------------------------------------------------------------------------
+class ShardReader:
+    """Scans folders of `part-*.parquet` shards under `root`, with a cache and a quarantine."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str, threads: int = 8) -> None:
+        self.fs, self.root, self.uri, self.threads = fs, root.rstrip("/"), uri, threads
+        self.quarantined: list[str] = []
+        self._cache: dict[tuple[str, ...], tuple[Any, list[str] | None, pa.Table]] = {}
+        self._checked: set[str] = set()  # paths whose schema version was checked
+
+    def listing(self, parts: Sequence[str]) -> list[pafs.FileInfo]:
+        sel = pafs.FileSelector("/".join([self.root, *parts]), allow_not_found=True)
+        infos = self.fs.get_file_info(sel)
+        return sorted(
+            (
+                i
+                for i in infos
+                if i.type == pafs.FileType.File
+                and i.base_name.startswith("part-")
+                and i.base_name.endswith(".parquet")
+            ),
+            key=lambda i: i.path,
+        )
+
+    def forget(self, parts: Sequence[str]) -> None:
+        self._cache.pop(tuple(parts), None)
+
+    def scan(
+        self,
+        parts: Sequence[str],
+        schema: pa.Schema,
+        columns: list[str] | None,
+        only: list[str] | None = None,
+    ) -> pa.Table:
+        """Rows of every shard in RUN/<parts> (or of the paths `only`), cast to `schema`;
+        columns a shard lacks (older schema) are null."""
+        key = tuple(parts)
+        infos = self.listing(parts)
+        if only is not None:
+            wanted = set(only)
+            infos = [i for i in infos if i.path in wanted]
+        signature = tuple((i.path, i.size, i.mtime_ns) for i in infos)
+        cached = self._cache.get(key)
+        if only is None and cached is not None and cached[0] == signature:
+            have = cached[1]
+            if have is None or (columns is not None and set(columns) <= set(have)):
+                return cached[2] if columns is None else cached[2].select(columns)
+        table = self._scan_paths([i.path for i in infos], schema, columns)
+        if only is None:
+            # quarantine changed the listing: the next call lists again and rescans
+            self._cache[key] = (signature, columns, table)
+        return table
+
+    def _scan_paths(self, paths: list[str], schema: pa.Schema, cols: list[str] | None) -> pa.Table:
+        want = cols or schema.names
+        if not paths:
+            return schema.empty_table().select(want)
+        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
+        try:
+            table = dataset.to_table(columns=want, use_threads=True)
+            self._check_versions(dataset)
+            return table
+        except (pa.ArrowException, OSError) as exc:
+            bad = self._unreadable(paths)
+            if not bad:
+                raise StoreError(f"{self.uri}: reading {len(paths)} shards failed: {exc}") from exc
+            for path, error in bad.items():
+                self._quarantine(path, error)
+            return self._scan_paths([p for p in paths if p not in bad], schema, cols)
+
+    def iter_batches(
+        self, parts: Sequence[str], schema: pa.Schema, columns: list[str], batch_rows: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Record batches of every shard in RUN/<parts>, in shard order, read ahead in parallel."""
+        paths = [i.path for i in self.listing(parts)]
+        if not paths:
+            return
+        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
+        try:
+            for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
+                if batch.num_rows:
+                    yield batch
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"{self.uri}: reading {'/'.join(parts)} failed: {exc}") from exc
+        self._check_versions(dataset)  # footers were read by the scan: no extra requests
+
+    def count_rows(self, parts: Sequence[str], schema: pa.Schema) -> int:
+        """Rows on disk in RUN/<parts> (from the footers; duplicates counted)."""
+        paths = [i.path for i in self.listing(parts)]
+        if not paths:
+            return 0
+        return int(
+            ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs).count_rows()
+        )
+
+    def quarantine_unreadable(self, parts: Sequence[str]) -> int:
+        """Move every unreadable shard of RUN/<parts> aside; returns how many."""
+        bad = self._unreadable([i.path for i in self.listing(parts)])
+        for path, error in bad.items():
+            self._quarantine(path, error)
+        return len(bad)
+
+    def _check_versions(self, dataset: ds.FileSystemDataset) -> None:
+        for fragment in dataset.get_fragments():
+            if fragment.path in self._checked:
+                continue
+            meta = fragment.physical_schema.metadata or {}
+            version = int(meta.get(b"lidao_schema_version", b"1"))
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{fragment.path}: written with schema version {version}, this code reads "
+                    f"up to {SCHEMA_VERSION}; upgrade lidao-harness"
+                )
+            self._checked.add(fragment.path)
+
+    def _unreadable(self, paths: list[str]) -> dict[str, str]:
+        """path → error of each shard that cannot be read whole (in parallel)."""
+
+        def probe(path: str) -> str | None:
+            try:
+                with self.fs.open_input_file(path) as fh:
+                    pq.read_table(fh)
+            except (pa.ArrowException, OSError) as exc:
+                return str(exc).replace("'<Buffer>'", f"'{path}'")
+            return None
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            errors = list(pool.map(probe, paths))
+        return {p: e for p, e in zip(paths, errors, strict=True) if e is not None}
+
+    def _quarantine(self, path: str, error: str) -> None:
+        rel = path[len(self.root) + 1 :] if path.startswith(self.root + "/") else path
+        dest = f"{self.root}/quarantine/{rel}"
+        self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+        self.fs.move(path, dest)
+        self.quarantined.append(dest)
+        log.warning(
+            "%s/%s: unreadable shard (%s); moved to %s/quarantine/%s, its jobs are pending again",
+            self.uri,
+            rel,
+            error,
+            self.uri,
+            rel,
+        )
+
+    def read_file(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        """One Parquet file (e.g. the plan); an unreadable one is an error naming it."""
+        try:
+            with self.fs.open_input_file(path) as fh:
+                table = pq.read_table(fh, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            msg = str(exc).replace("'<Buffer>'", f"'{path}'")
+            raise StoreError(f"{path}: unreadable Parquet file: {msg}") from exc
+        version = int((table.schema.metadata or {}).get(b"lidao_schema_version", b"1"))
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path}: written with schema version {version}, this code reads up to "
+                f"{SCHEMA_VERSION}; upgrade lidao-harness"
+            )
+        return table
+
+    def ids_with_status(
+        self, parts: Sequence[str], schema: pa.Schema, ids: Sequence[str], status: str
+    ) -> set[str]:
+        """Which of `ids` have a row with `status` in RUN/<parts>."""
+        table = self.scan(parts, schema, ["job_id", "status"])
+        hit = pc.and_(
+            pc.is_in(table["job_id"], value_set=pa.array(list(ids), pa.string())),
+            pc.equal(table["status"], status),
+        )
+        return set(table["job_id"].filter(pc.fill_null(hit, False)).to_pylist())
