@@ -75,8 +75,13 @@ def plan_placements(cfg: RunConfig, models: Sequence[ModelRef]) -> dict[ModelRef
     for them; with fewer GPUs than one replica needs, `GenerationError`, never CPU. Only
     `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs.
     """
-    from harness.ray_runtime import NoGpuError, cluster_gpus, cluster_mode, request_gpus
-    from harness.ray_runtime import wait_for_gpus
+    from harness.ray_runtime import (
+        NoGpuError,
+        cluster_gpus,
+        cluster_mode,
+        request_gpus,
+        wait_for_gpus,
+    )
 
     rt = cfg.runtime
     configs = {m: _model_config(cfg, m) for m in models}
@@ -84,8 +89,11 @@ def plan_placements(cfg: RunConfig, models: Sequence[ModelRef]) -> dict[ModelRef
     shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
     gpu_models = [m for m in models if shares[m] > 0]
     if not cluster_mode() or not gpu_models:
-        if have == 0 and gpu_models and rt.device is None and not any(
-            configs[m].num_gpus for m in gpu_models
+        if (
+            have == 0
+            and gpu_models
+            and rt.device is None
+            and not any(configs[m].num_gpus for m in gpu_models)
         ):
             log.warning("this local Ray has no GPU: generation runs on CPU (runtime.device)")
         budget = min(float(rt.gpus), have) if rt.gpus and have else have

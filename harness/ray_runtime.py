@@ -189,7 +189,9 @@ def wait_for_gpus(
     start = last_log = clock()
     have = float(gpus())
     if have < want:
-        log.info("%s: waiting up to %gs for %g GPU(s); the cluster has %g", what, timeout_s, want, have)
+        log.info(
+            "%s: waiting up to %gs for %g GPU(s); the cluster has %g", what, timeout_s, want, have
+        )
     while have < want and clock() - start < timeout_s:
         sleep(max(0.0, min(poll_s, timeout_s - (clock() - start))))
         have = float(gpus())

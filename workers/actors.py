@@ -86,15 +86,41 @@ class GenerationActor:
 
 @ray.remote
 class ScorerActor:
-    """One scorer (a classifier on a GPU, Perspective on a CPU...)."""
+    """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
+
+    A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
+    context names a `cache_dir` (`harness.scoring.scorer_context`).
+    """
 
     def __init__(
-        self, name: str, params: dict[str, Any], context: Any, threads: int | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        context: Any,
+        threads: int | None = None,
+        run_uri: str | None = None,
     ) -> None:
         from workers.scorers.registry import load_scorer
 
         set_threads(threads)
+        self.mirror: Any = None
+        if run_uri is not None:
+            from harness.scoring import scorer_context
+
+            context, self.mirror = scorer_context(name, params, context, run_uri)
         self.scorer = load_scorer(name)(params, context)
+
+    def info(self) -> dict[str, Any]:
+        """The scorer's version and where this replica runs."""
+        runtime = ray.get_runtime_context()
+        return {
+            "version": str(self.scorer.version),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node_id": runtime.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "threads": torch_threads(),
+        }
 
     def version(self) -> str:
         return str(self.scorer.version)
@@ -103,7 +129,14 @@ class ScorerActor:
         self.scorer.begin(total)
 
     def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return list(self.scorer.score(rows))
+        out = list(self.scorer.score(rows))
+        if self.mirror is not None:
+            self.mirror.maybe_put()
+        return out
 
     def close(self) -> dict[str, Any]:
-        return dict(self.scorer.close())
+        stats = dict(self.scorer.close())
+        if self.mirror is not None:
+            self.mirror.maybe_put(force=True)
+            stats["cache_in_run"] = self.mirror.uri
+        return stats
