@@ -95,9 +95,7 @@ def test_without_gpus_the_paper_config_fails_after_the_wait(cluster: Any, tmp_pa
     assert store.done_job_ids() == set()  # nothing ran on a CPU instead
 
 
-def test_without_gpus_a_gpu_scorer_fails_and_the_others_score(
-    cluster: Any, tmp_path: Path
-) -> None:
+def test_without_gpus_a_gpu_scorer_fails_and_the_others_score(cluster: Any, tmp_path: Path) -> None:
     assert cluster_gpus() == 0
     store = fake_generations(tmp_path / "run", 8)
     scorers = [("perplexity", {"model": "tiny-random/gpt2"}), ("gender", {})]
