@@ -175,7 +175,8 @@ def _plan_with_gpus(
     request_gpus([p.num_gpus for p in gpu_plans.values() for _ in range(p.replicas)])
     what = "scorer(s) " + ", ".join(gpu_plans)
     try:
-        have = wait_for_gpus(budget, 1.0, settings.gpu_wait_s, what)
+        need = max(p.num_gpus for p in gpu_plans.values())
+        have = wait_for_gpus(budget, need, settings.gpu_wait_s, what)
     except NoGpuError as exc:
         for name in gpu_plans:
             failures[name] = f"cannot start: {exc}"
@@ -354,11 +355,16 @@ class _Loop:
         pool.ended.append(new)
 
     def _stop_pool(self, pool: Pool, error: str) -> None:
+        """The scorer cannot go on: drop its calls and kill its actors (a hung one too)."""
+        import ray
+
         pool.error = pool.error or error
         for ref in [r for r, (p, _, _, _) in self.calls.items() if p is pool]:
             del self.calls[ref]
         for actor in pool.actors:
-            actor.calls = []
+            actor.calls, actor.end = [], "stopped: scorer failed"
+            ray.kill(actor.handle, no_restart=True)
+        pool.actors = []
 
 
 def _close_pool(pool: Pool) -> None:
