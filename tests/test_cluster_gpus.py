@@ -189,3 +189,26 @@ def test_a_gpu_scorer_pool_uses_every_gpu_node(cluster: Any, tmp_path: Path) -> 
     assert sum(a["rows"] for a in actors) == 16 == stats["perplexity"]["scored"]
     scores = store.read_scores("perplexity", "perplexity")
     assert scores.height == 16 and (scores["status"] == "ok").all()
+
+
+def test_a_call_past_its_timeout_replaces_the_actor_and_the_stage_ends(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A hung scorer must not stall the stage: every call here outlives a 1 ms timeout."""
+    store = fake_generations(tmp_path / "run", 16)
+    pools = PoolSettings(
+        call_timeout_s=0.001, chunk_retries=0, shares={"perplexity": Share(1, 0.0)}
+    )
+    with pytest.raises(ScoringError, match=r"no actor left \(last: call timed out\)") as err:
+        score_run(
+            store,
+            [("perplexity", {"model": "tiny-random/gpt2"})],
+            ScorerContext(device="cpu"),
+            use_ray=True,
+            batch_size=4,
+            progress=False,
+            pools=pools,
+        )
+    stats = err.value.stats["perplexity"]
+    assert [a["end"] for a in stats["actors"]] == ["call timed out"] * 3  # 2 replacements
+    assert stats["failed_chunks"] == 3 and "perplexity" not in store.scorers()
