@@ -1,7 +1,7 @@
 """GPU placement on a cluster whose GPU nodes join late (`ray.cluster_utils.Cluster`, 127.0.0.1).
 
-The head has no GPU; in the middle of the module three nodes with logical GPUs (1, 1 and 2)
-join while the paper config waits for them. Models and scorers run on CPU (`device: cpu`) with
+The head has no GPU; in the middle of the module three nodes with one logical GPU each join
+while the paper config waits for them. Models and scorers run on CPU (`device: cpu`) with
 an explicit `num_gpus`, so the GPU resources are Ray's logical ones.
 """
 
@@ -30,7 +30,7 @@ from workers.scorers.base import ScorerContext
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-NODE_GPUS = (1, 1, 2)
+NODE_GPUS = (1, 1, 1)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,10 @@ def test_the_paper_config_waits_for_gpu_nodes_and_places_one_replica_per_gpu(
     cluster: Any, tmp_path: Path
 ) -> None:
     assert cluster_gpus() == 0
-    cfg = paper_config({"id": "tiny-random/gpt2", "num_gpus": 1}, device="cpu", gpu_wait_s=120)
-    assert cfg.runtime.gpus == sum(NODE_GPUS)  # the paper config's budget: 4 GPUs
+    # The paper config's budget is 4 GPUs; this cluster will have 3 (fewer actors to start).
+    cfg = paper_config(
+        {"id": "tiny-random/gpt2", "num_gpus": 1}, device="cpu", gpu_wait_s=120, gpus=3
+    )
     store, jobs, words = planned(cfg, tmp_path / "run")
     ready: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
@@ -141,8 +143,8 @@ def test_the_paper_config_waits_for_gpu_nodes_and_places_one_replica_per_gpu(
     if "error" in result:
         raise result["error"]
     stats = result["stats"]
-    assert stats["models"]["tiny-random/gpt2"]["replicas"] == 4
-    assert len(stats["actors"]) == 4 and all(a["num_gpus"] == 1 for a in stats["actors"])
+    assert stats["models"]["tiny-random/gpt2"]["replicas"] == 3
+    assert len(stats["actors"]) == 3 and all(a["num_gpus"] == 1 for a in stats["actors"])
     placed = [(d["node_id"], tuple(d["gpu_ids"])) for d in ready]
     assert placed and all(len(ids) == 1 for _, ids in placed) and len(set(placed)) == len(placed)
     gens = store.read_generations()
@@ -183,7 +185,7 @@ def test_a_gpu_scorer_pool_uses_every_gpu_node(cluster: Any, tmp_path: Path) -> 
         pools=pools,
     )
     actors = stats["perplexity"]["actors"]
-    assert len(actors) == 4 and all(a["num_gpus"] == 1 for a in actors)
+    assert len(actors) == 3 and all(a["num_gpus"] == 1 for a in actors)
     worked = {a["node_id"] for a in actors if a["chunks"]}
     assert worked == {n["NodeID"] for n in nodes}
     assert sum(a["rows"] for a in actors) == 16 == stats["perplexity"]["scored"]
