@@ -100,6 +100,11 @@ class Backend(Protocol):
     def kill(self, actor: Any) -> None: ...
 
 
+def cpu_threads(num_cpus: float) -> int:
+    """torch threads of an actor holding `num_cpus` Ray CPUs (at least one)."""
+    return max(1, int(num_cpus))
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's text (Ray's texts run to a screenful)."""
     text = str(exc).strip().splitlines()
@@ -200,7 +205,7 @@ class RayBackend:
         # max_restarts=0: the dispatcher replaces dead actors itself (see harness.dispatch).
         return GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0
-        ).remote(spec.model, self.run_uri, self.words, p.device, spec.name)
+        ).remote(spec.model, self.run_uri, self.words, p.device, spec.name, cpu_threads(p.num_cpus))
 
     def prepare(self, actor: Any, keys: Sequence[MethodKey]) -> Any:
         return actor.prepare.remote(list(keys))

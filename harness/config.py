@@ -72,6 +72,8 @@ class ModelConfig(Strict):
     # Attribute head per task for methods that read one (tuned methods, PPLM): {TASK: PATH or
     # URL}. A method's own `head:` parameter overrides it for every model and task.
     heads: dict[Literal["sentiment", "regard", "toxicity"], str] = Field(default_factory=dict)
+    # CPUs per replica (Ray's num_cpus); a CPU replica runs torch with this many threads.
+    num_cpus: float | None = Field(None, gt=0)
 
     @field_validator("num_gpus")
     @classmethod
@@ -89,6 +91,13 @@ class NamedConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class ScorerConfig(NamedConfig):
+    """A scorer entry; `replicas` / `num_gpus` size its actor pool (harness/scoring.py)."""
+
+    replicas: int | None = Field(None, ge=1)  # default: one per GPU of the budget (1 on CPU)
+    num_gpus: float | None = Field(None, ge=0, le=1)  # default: 1 / number of GPU scorers
+
+
 class RuntimeConfig(Strict):
     batch_size: int = Field(8, ge=1)
     score_batch_size: int = Field(64, ge=1)
@@ -100,6 +109,12 @@ class RuntimeConfig(Strict):
     actor_start_timeout_s: float = Field(600.0, gt=0)
     progress_log_s: float = Field(30.0, gt=0)  # per-model progress lines on the driver's log
     cache_dir: str | None = None  # downloads and persistent score caches
+    # GPU budget of the run on a cluster: asked of the autoscaler, and the replica count of
+    # models and GPU scorers that do not set `replicas` (docs/cluster.md, Placement).
+    gpus: int | None = Field(None, ge=1)
+    gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
+    score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
+    score_chunk_retries: int = Field(2, ge=0)  # then its rows stay unscored (re-run `score`)
 
 
 class AggregationConfig(Strict):
@@ -120,7 +135,7 @@ class RunConfig(Strict):
     tasks: list[Literal["sentiment", "regard", "toxicity"]] = Field(min_length=1)
     samples_per_prompt: int = Field(1, ge=1)
     generation: GenerationConfig = GenerationConfig()
-    scorers: list[NamedConfig] = Field(default_factory=list)
+    scorers: list[ScorerConfig] = Field(default_factory=list)
     gender_words: str | None = (
         None  # path or URL of seed words (pairs file or JSON); None: built-in
     )

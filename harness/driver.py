@@ -13,7 +13,7 @@ from typing import Any
 from harness.config import GenerationConfig, ModelConfig, RunConfig, dump_config
 from harness.generation import generate_stage
 from harness.manifest import update_manifest
-from harness.scoring import score_run
+from harness.scoring import pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, expand_grid, iter_plan
 from jobs.spec import JobSpec
@@ -97,7 +97,16 @@ def score_stage(
     scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
     batch = cfg.runtime.score_batch_size
-    stats = score_run(store, scorers, context, use_ray, batch_size=batch, progress=progress)
+    stats = score_run(
+        store,
+        scorers,
+        context,
+        use_ray,
+        batch_size=batch,
+        progress=progress,
+        start_timeout_s=cfg.runtime.actor_start_timeout_s,
+        pools=pool_settings(cfg),
+    )
     update_manifest(store, {"scoring": stats})
     return stats
 

@@ -37,21 +37,87 @@ def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
     return sorted({(j.method, j.method_params, j.task) for j in jobs})
 
 
-def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
-    """Replicas and resources of one model: by default one replica per GPU of the cluster.
+def gpu_share(mc: ModelConfig, device: str | None) -> float:
+    """GPUs per replica: the model's `num_gpus`, else 1 (0 with `runtime.device: cpu`)."""
+    if mc.num_gpus is not None:
+        return mc.num_gpus
+    return 0.0 if device == "cpu" else 1.0
 
-    `num_gpus` below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs,
-    loaded with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs: one CPU
-    replica (torch already uses every core of a node). `replicas` overrides the count, e.g. on
-    an autoscaling cluster whose GPU nodes are not up yet.
+
+def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
+    """Replicas and resources of one model: by default one replica per GPU of `cluster_gpus`.
+
+    `cluster_gpus` is the GPU budget (`runtime.gpus`) or the GPUs the cluster has. `num_gpus`
+    below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs, loaded
+    with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs (and without
+    `num_gpus`): CPU replicas of `num_cpus` CPUs each, torch running that many threads.
+    `replicas` overrides the count. Callers in cluster mode never pass 0 GPUs for a model that
+    wants some: they wait for GPUs first (`plan_placements`).
     """
+    cpus = mc.num_cpus or 1.0
     per_replica = mc.num_gpus if mc.num_gpus is not None else (1.0 if cluster_gpus >= 1 else 0.0)
+    if device == "cpu" and mc.num_gpus is None:
+        per_replica = 0.0
     if per_replica > 0:
         replicas = mc.replicas or max(1, int(cluster_gpus // per_replica))
         return Placement(
-            replicas, per_replica, 1.0, device or ("auto" if per_replica > 1 else "cuda")
+            replicas, per_replica, cpus, device or ("auto" if per_replica > 1 else "cuda")
         )
-    return Placement(mc.replicas or 1, 0.0, 1.0, device or "cpu")
+    return Placement(mc.replicas or 1, 0.0, cpus, device or "cpu")
+
+
+def plan_placements(cfg: RunConfig, models: Sequence[ModelRef]) -> dict[ModelRef, Placement]:
+    """The placement of each model; in cluster mode asks for the GPUs and waits for them.
+
+    Local Ray (started by this process): the GPUs it has are all there is; none means CPU
+    replicas, said in a warning. Cluster mode: GPU models ask the autoscaler for their replicas
+    (`replicas`, else the budget `runtime.gpus`, else one) and wait up to `runtime.gpu_wait_s`
+    for them; with fewer GPUs than one replica needs, `GenerationError`, never CPU. Only
+    `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs.
+    """
+    from harness.ray_runtime import (
+        NoGpuError,
+        cluster_gpus,
+        cluster_mode,
+        request_gpus,
+        wait_for_gpus,
+    )
+
+    rt = cfg.runtime
+    configs = {m: _model_config(cfg, m) for m in models}
+    have = cluster_gpus()
+    shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
+    gpu_models = [m for m in models if shares[m] > 0]
+    if not cluster_mode() or not gpu_models:
+        if (
+            have == 0
+            and gpu_models
+            and rt.device is None
+            and not any(configs[m].num_gpus for m in gpu_models)
+        ):
+            log.warning("this local Ray has no GPU: generation runs on CPU (runtime.device)")
+        budget = min(float(rt.gpus), have) if rt.gpus and have else have
+        return {m: placement(mc, budget, rt.device) for m, mc in configs.items()}
+    bundles: list[float] = []
+    for m in gpu_models:
+        mc = configs[m]
+        count = mc.replicas or (int(rt.gpus // shares[m]) if rt.gpus else 0)
+        if not count:  # no share given: the GPUs there now, at least one replica
+            count = max(1, int(have // shares[m]))
+        bundles += [shares[m]] * max(1, count)
+    want = float(rt.gpus) if rt.gpus else sum(bundles)
+    request_gpus(bundles)
+    what = "generation of " + ", ".join(m.id for m in gpu_models)
+    try:
+        have = wait_for_gpus(want, max(shares.values()), rt.gpu_wait_s, what)
+    except NoGpuError as exc:
+        raise GenerationError(str(exc)) from None
+    budget = float(rt.gpus) if rt.gpus else have
+    return {m: placement(mc, budget, rt.device) for m, mc in configs.items()}
+
+
+def _model_config(cfg: RunConfig, model: ModelRef) -> ModelConfig:
+    return next(m for m in cfg.models if m.ref() == model)
 
 
 def generate_stage(
@@ -90,7 +156,14 @@ def generate_stage(
     dispatchers: list[Dispatcher] = []
     try:
         if use_ray:
-            works = _works(cfg, by_model, _cluster_gpus(store), in_process=False)
+            _warn_local_run_dir(store)
+            try:
+                where = plan_placements(cfg, list(by_model))
+            except GenerationError as exc:
+                stats["error"] = str(exc)
+                update_manifest(store, {"generation": stats})
+                raise
+            works = _works(cfg, by_model, where)
             dispatchers.append(
                 Dispatcher(
                     works,
@@ -103,7 +176,7 @@ def generate_stage(
             )
             dispatchers[-1].run()
         else:  # one model at a time: every model in memory at once would not fit
-            for work in _works(cfg, by_model, 0.0, in_process=True):
+            for work in _works(cfg, by_model, None):
                 dispatchers.append(
                     Dispatcher(
                         [work],
@@ -117,6 +190,8 @@ def generate_stage(
                 dispatchers[-1].run()
     finally:
         bar.close()
+        if use_ray:
+            _withdraw_gpu_request()
     stats["wall_s"] = round(time.perf_counter() - start, 3)
     stats["actors"] = [a for d in dispatchers for a in d.actor_stats()]
     stats["models"] = {
@@ -135,23 +210,23 @@ def generate_stage(
 
 
 def _works(
-    cfg: RunConfig, by_model: dict[ModelRef, list[JobSpec]], gpus: float, in_process: bool
+    cfg: RunConfig,
+    by_model: dict[ModelRef, list[JobSpec]],
+    where: dict[ModelRef, Placement] | None,
 ) -> list[ModelWork]:
+    """One queue per model; `where` None: in this process (no Ray resources)."""
     works = []
     for model, jobs in by_model.items():
-        mc = next(m for m in cfg.models if m.ref() == model)
-        if in_process:
-            where = Placement(1, 0.0, 0.0, cfg.runtime.device or "")
+        if where is None:
+            here = Placement(1, 0.0, 0.0, cfg.runtime.device or "")
         else:
-            where = placement(mc, gpus, cfg.runtime.device)
+            here = where[model]
         batches = collections.deque((b, 0) for b in make_batches(jobs, cfg.runtime.batch_size))
-        works.append(ModelWork(model, method_keys(jobs), where, batches, total=len(jobs)))
+        works.append(ModelWork(model, method_keys(jobs), here, batches, total=len(jobs)))
     return works
 
 
-def _cluster_gpus(store: RunStore) -> float:
-    import ray
-
+def _warn_local_run_dir(store: RunStore) -> None:
     from harness.ray_runtime import alive_nodes
 
     if store.local and alive_nodes() > 1:
@@ -162,7 +237,13 @@ def _cluster_gpus(store: RunStore) -> float:
             store.uri,
             alive_nodes(),
         )
-    return float(ray.cluster_resources().get("GPU", 0))
+
+
+def _withdraw_gpu_request() -> None:
+    from harness.ray_runtime import cluster_mode, request_gpus
+
+    if cluster_mode():
+        request_gpus([])  # idle GPU nodes may go after idle_timeout_minutes
 
 
 def _local_backend(store: RunStore, words: GroupWords) -> LocalBackend:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +128,90 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def cluster_mode() -> bool:
+    """True when attached to a cluster this process did not start (nodes may join later).
+
+    A local Ray started by `init_ray` (or a test's plain `ray.init()`) holds its head node in
+    this process: its GPUs are all there will ever be.
+    """
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)  # noqa: SLF001 - no public API
+    return node is None or not bool(getattr(node, "head", False))
+
+
+def cluster_gpus() -> float:
+    """GPUs of the live nodes of the attached cluster (logical GPUs count)."""
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
+
+
+def request_gpus(bundles: list[float]) -> None:
+    """Ask the autoscaler for room for these GPU bundles at once ([] withdraws the request).
+
+    A hint the autoscaler acts on immediately (it would otherwise scale only on pending actors,
+    at `upscaling_speed`); without an autoscaler it does nothing.
+    """
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=[{"GPU": g} for g in bundles if g > 0])
+    except Exception as exc:  # noqa: BLE001 - a hint only; the wait below still applies
+        log.warning("could not ask the autoscaler for GPUs: %s", exc)
+
+
+class NoGpuError(RuntimeError):
+    """The GPUs a stage needs did not join the cluster in time."""
+
+
+def wait_for_gpus(
+    want: float,
+    minimum: float,
+    timeout_s: float,
+    what: str,
+    poll_s: float = 1.0,
+    gpus: Callable[[], float] = cluster_gpus,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait until the cluster has `want` GPUs, at most `timeout_s`; returns how many it has.
+
+    With fewer than `want` but at least `minimum` at the timeout, goes on with what there is
+    (a warning says so; actors that do not fit wait for nodes that may still join).
+
+    Raises:
+        NoGpuError: fewer than `minimum` GPUs after `timeout_s`; the message says what the
+            cluster has and how to go on.
+    """
+    start = last_log = clock()
+    have = float(gpus())
+    if have < want:
+        log.info(
+            "%s: waiting up to %gs for %g GPU(s); the cluster has %g", what, timeout_s, want, have
+        )
+    while have < want and clock() - start < timeout_s:
+        sleep(max(0.0, min(poll_s, timeout_s - (clock() - start))))
+        have = float(gpus())
+        if clock() - last_log >= 30:
+            log.info("%s: waiting for %g GPU(s); the cluster has %g", what, want, have)
+            last_log = clock()
+    if have < minimum:
+        raise NoGpuError(
+            f"{what} needs {minimum:g} GPU(s) but the cluster has {have:g} after waiting "
+            f"{timeout_s:g}s (runtime.gpu_wait_s). Check `ray status` (GPU node types, their "
+            "max_workers, your cloud's GPU quota), or set `runtime: {device: cpu}` to run on "
+            "CPUs."
+        )
+    if have < want:
+        log.warning(
+            "%s: %g of %g GPU(s) after %gs; going on with those (actors that do not fit wait "
+            "for nodes that may still join)",
+            what,
+            have,
+            want,
+            timeout_s,
+        )
+    return have

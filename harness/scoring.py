@@ -2,31 +2,47 @@
 
 For each scorer, the rows to score are the ok generation rows with no score row at the
 scorer's *current* version (so a new model revision or API version rescores everything, and
-a re-run with nothing new does no work). Rows go to the scorer in chunks; each chunk is
-written as an atomic shard as soon as it is scored, so an interrupted stage resumes where it
-stopped. Scoring never generates: a run without generations is an error.
+a re-run with nothing new does no work). The rows stream from the generation shards
+(`harness.score_feed.OkRows`: one shard at a time, only the columns scorers read) in chunks;
+each chunk is written as an atomic shard as soon as it is scored, so an interrupted stage
+resumes where it stopped. Scoring never generates: a run without generations is an error.
 
-With Ray each scorer lives in its own actor (`workers.actors.ScorerActor`), all scorers run
-at once, and the driver writes the shards (shard names hash job ids and scorer version, so
-a retried chunk rewrites the same file and a new version never overwrites an old one). GPU scorers share the cluster's GPUs (`num_gpus = min(1, GPUs /
-GPU scorers)`) and get none on a CPU cluster. Without Ray the same plain classes run here,
+A chunk that fails (the scorer raised, its actor died, the call outlived
+`runtime.score_call_timeout_s`) is retried up to `runtime.score_chunk_retries` times; after
+that its rows stay unscored (a later `score` tries them again), the scorer goes on with the
+other chunks, and the stage ends with a `ScoringError` that counts them.
+
+With Ray each scorer runs on a pool of actors (`harness.score_pool`), all scorers at once;
+GPU scorers get one actor per GPU of the budget. Without Ray the same plain classes run here,
 one scorer after the other. The driver imports no torch: scorer modules import it lazily.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from results.store import RunStore, StoreError
-from workers.scorers.base import ScorerContext
+import pyarrow.compute as pc
+
+from harness.score_feed import (
+    SYNCED_CACHES,
+    CacheMirror,
+    OkRows,
+    check_has_generations,
+    input_columns,
+    read_shard_columns,
+    scored_ids,
+)
+from results.store import RunStore
+from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.registry import SCORER_METRICS, check_scorer_name, load_scorer
 
-PIPELINE = 2  # chunks queued per scorer actor: the next one waits while one runs
+Row = dict[str, Any]
+GIVE_UP_IN_A_ROW = 5  # chunks given up one after the other: the scorer stops
 
 
 class ScoringError(RuntimeError):
@@ -40,52 +56,64 @@ class ScoringError(RuntimeError):
         self.stats = stats or {}
 
 
-def generation_rows(store: RunStore) -> list[dict[str, Any]]:
-    """The ok generation rows of the run.
+@dataclass(frozen=True)
+class Share:
+    """A scorer's actor pool from its config entry: `replicas`, GPUs per actor."""
 
-    Raises:
-        StoreError: the run has no generation rows (scoring never generates), or a shard was
-            written by a newer schema than this code reads.
-    """
-    gens = store.read_generations()
-    if gens.is_empty():
-        raise StoreError(f"no generations in {store.uri}; run `python -m harness run` first")
-    return gens.filter(gens["status"] == "ok").to_dicts()
+    replicas: int | None = None
+    num_gpus: float | None = None
 
 
-def missing_rows(
-    store: RunStore, name: str, version: str, rows: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """`rows` that have no score of scorer `name` at `version` yet."""
-    done = store.read_scores(name, SCORER_METRICS[name])
-    have = set(done.filter(done["scorer_version"] == version)["job_id"].to_list())
-    return [r for r in rows if r["job_id"] not in have]
+@dataclass(frozen=True)
+class PoolSettings:
+    """How the scoring stage places and supervises its actors (from `runtime` and `scorers`)."""
+
+    gpus: int | None = None  # GPU budget; None: the GPUs the cluster has
+    gpu_wait_s: float = 900.0
+    call_timeout_s: float = 600.0
+    chunk_retries: int = 2
+    shares: Mapping[str, Share] = field(default_factory=dict)
+
+
+def pool_settings(cfg: Any) -> PoolSettings:
+    """`PoolSettings` of a `harness.config.RunConfig`."""
+    rt = cfg.runtime
+    return PoolSettings(
+        gpus=rt.gpus,
+        gpu_wait_s=rt.gpu_wait_s,
+        call_timeout_s=rt.score_call_timeout_s,
+        chunk_retries=rt.score_chunk_retries,
+        shares={s.name: Share(s.replicas, s.num_gpus) for s in cfg.scorers},
+    )
 
 
 @dataclass
-class _Work:
-    """One scorer's share of the stage: what to score, what came back."""
+class Work:
+    """One scorer's share of the stage: where its rows come from, what came back."""
 
     name: str
     version: str
-    todo: list[dict[str, Any]]
-    batch_size: int
+    feed: OkRows
+    total: int  # rows to score (for progress)
+    skipped: int  # ok rows scored before this stage
+    retries: int
     progress: Any = None
-    next_chunk: int = 0
+    retry: list[tuple[list[Row], int]] = field(default_factory=list)  # (chunk, attempts)
+    failed_chunks: int = 0
+    failed_rows: int = 0
+    given_up_in_a_row: int = 0
+    first_error: str | None = None
     statuses: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.perf_counter)
 
-    def chunks_left(self) -> bool:
-        return self.next_chunk < len(self.todo)
+    def next_chunk(self) -> tuple[list[Row], int] | None:
+        """A chunk to send (retries first) and its attempts so far; None when none is left."""
+        if self.retry:
+            return self.retry.pop(0)
+        chunk = self.feed.next_chunk()
+        return None if chunk is None else (chunk, 0)
 
-    def take(self) -> list[dict[str, Any]]:
-        chunk = self.todo[self.next_chunk : self.next_chunk + self.batch_size]
-        self.next_chunk += len(chunk)
-        return chunk
-
-    def write(
-        self, store: RunStore, chunk: list[dict[str, Any]], out: list[dict[str, Any]]
-    ) -> None:
+    def write(self, store: RunStore, chunk: list[Row], out: list[Row]) -> None:
         """Check that every input row came back exactly once, then write the shard."""
         want = sorted(r["job_id"] for r in chunk)
         got = sorted(r["job_id"] for r in out)
@@ -96,38 +124,83 @@ class _Work:
                 f"(one per row expected; e.g. missing {lost})"
             )
         store.write_scores(self.name, SCORER_METRICS[self.name], out)
+        self.given_up_in_a_row = 0
         self.statuses.update(r["status"] for r in out)
         if self.progress is not None:  # empty rows are not failures
             self.progress.update(len(out), ok=sum(r["status"] != "error" for r in out))
 
-    def stats(self, skipped: int, scorer_stats: dict[str, Any]) -> dict[str, Any]:
+    def chunk_failed(self, chunk: list[Row], attempts: int, error: str) -> None:
+        """Retry the chunk, or give it up: its rows stay unscored, the scorer goes on.
+
+        Raises `ScoringError` when `GIVE_UP_IN_A_ROW` chunks in a row were given up: the
+        failure is the scorer's, not the chunks'.
+        """
+        if attempts < self.retries:
+            self.retry.append((chunk, attempts + 1))
+            return
+        self.failed_chunks += 1
+        self.failed_rows += len(chunk)
+        self.first_error = self.first_error or error
+        self.given_up_in_a_row += 1
+        if self.given_up_in_a_row >= GIVE_UP_IN_A_ROW:
+            raise ScoringError(f"{self.given_up_in_a_row} chunks in a row failed: {error}")
+
+    def failure(self) -> str | None:
+        problems = []
+        if self.failed_chunks:
+            problems.append(
+                f"{self.failed_chunks} chunk(s) ({self.failed_rows} rows) failed "
+                f"{self.retries + 1} times (first error: {self.first_error}); they stay "
+                "unscored: run `score` again"
+            )
+        if self.feed.unreadable:
+            problems.append(
+                f"{len(self.feed.unreadable)} generation shard(s) unreadable "
+                f"(e.g. {self.feed.unreadable[0]}); their rows stay unscored"
+            )
+        return "; ".join(problems) or None
+
+    def stats(self, scorer_stats: Any) -> dict[str, Any]:
         if self.progress is not None:
             self.progress.close()
         return {
             "version": self.version,
             "scored": sum(self.statuses.values()),
-            "skipped": skipped,
+            "skipped": self.skipped,
             "status": dict(self.statuses),
+            "failed_chunks": self.failed_chunks,
             "elapsed_s": round(time.perf_counter() - self.started, 3),
             "scorer": scorer_stats,
         }
 
 
-def _new_work(
+def new_work(
     store: RunStore,
     name: str,
     version: str,
-    rows: list[dict[str, Any]],
     batch_size: int,
     progress: bool,
-) -> tuple[_Work, int]:
-    todo = missing_rows(store, name, version, rows)
+    retries: int,
+) -> Work:
+    """A scorer's `Work`: counts what is left (reading only job_id and status), opens the feed."""
+    metric = SCORER_METRICS[name]
+    skip = scored_ids(store, name, metric, version)
+    total = skipped = 0
+    for path in store.list_shards("generations"):
+        table = read_shard_columns(store, path, ["job_id", "status"])
+        ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
+        done = pc.is_in(table["job_id"], value_set=skip)
+        ok_done = pc.and_(ok, done)
+        total += int(pc.sum(ok).as_py() or 0)
+        skipped += int(pc.sum(ok_done).as_py() or 0)
+    total -= skipped
     bar = None
-    if progress and todo:
+    if progress and total:
         from harness.progress import Progress
 
-        bar = Progress(f"score {name}", total=len(todo))
-    return _Work(name, version, todo, max(1, batch_size), bar), len(rows) - len(todo)
+        bar = Progress(f"score {name}", total=total)
+    feed = OkRows(store, input_columns(load_scorer(name)), skip, batch_size)
+    return Work(name, version, feed, total, skipped, retries, bar)
 
 
 def score_run(
@@ -139,29 +212,35 @@ def score_run(
     *,
     progress: bool = True,
     start_timeout_s: float = 600.0,
+    pools: PoolSettings | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every scorer over the ok generation rows it has not scored at its version yet.
 
     Args:
         store: the run directory.
         scorers: (registry name, parameters) pairs.
-        context: seed words, cache directory, device for the scorers.
-        use_ray: one actor per scorer (all at once) on the connected Ray; else in process.
+        context: seed words, cache directory, device for the scorers. Without a `cache_dir`,
+            persistent caches (Perspective's) live in the run's storage (RUN/cache/).
+        use_ray: a pool of actors per scorer (all at once) on the connected Ray; else in
+            process.
         batch_size: rows per chunk (and per written shard).
         progress: progress bars per scorer.
-        start_timeout_s: Ray only: how long an actor may take to start (model download,
-            waiting for a GPU) before the stage gives up on it.
+        start_timeout_s: Ray only: how long an actor may take to start (model download)
+            before the stage gives up on it.
+        pools: GPU budget, waits, timeouts, retries and per-scorer pool sizes (defaults:
+            `PoolSettings()`).
 
     Returns:
         Stats per scorer: version, scored (rows scored now), skipped (already scored),
-        status counts, elapsed_s, and the scorer's own `close()` stats.
+        status counts, failed_chunks, elapsed_s, and the scorer's own `close()` stats (Ray:
+        one per actor, with where it ran and what it did).
 
     Raises:
-        StoreError: no generations (see `generation_rows`).
+        StoreError: no generations, or a shard written by a newer schema than this code reads.
         KeyError / ValueError: an unknown scorer name or parameter, a scorer listed twice
             (before any work).
-        ScoringError: a scorer that could not start or failed mid-way (the others still
-            finish, and what was scored is on disk).
+        ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
+            every retry (the others still finish, and what was scored is on disk).
     """
     names = [name for name, _ in scorers]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -172,162 +251,83 @@ def score_run(
     for name, params in scorers:
         check_scorer_name(name)
         load_scorer(name).check_params(params)  # imports the module only: no torch here
-    rows = generation_rows(store)
+    check_has_generations(store)
+    settings = pools or PoolSettings()
     if use_ray:
-        stats, failures = _score_on_ray(
-            store, scorers, context, rows, batch_size, progress, start_timeout_s
+        from harness.score_pool import score_on_ray
+
+        stats, failures = score_on_ray(
+            store, scorers, context, batch_size, progress, start_timeout_s, settings
         )
     else:
-        stats, failures = _score_in_process(store, scorers, context, rows, batch_size, progress)
+        stats, failures = _score_in_process(store, scorers, context, batch_size, progress, settings)
     if failures:
         lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
         raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)
     return stats
 
 
+def scorer_context(
+    name: str, params: dict[str, Any], context: ScorerContext, run_uri: str
+) -> tuple[ScorerContext, CacheMirror | None]:
+    """The context a scorer gets: its persistent cache in the run's storage unless
+    `cache_dir` (or the scorer's own `cache_file`) names a shared place."""
+    if name not in SYNCED_CACHES or context.cache_dir or params.get("cache_file"):
+        return context, None
+    mirror = CacheMirror(run_uri, SYNCED_CACHES[name])
+    return dataclasses.replace(context, cache_dir=mirror.dir), mirror
+
+
 def _score_in_process(
     store: RunStore,
     scorers: Sequence[tuple[str, dict[str, Any]]],
     context: ScorerContext,
-    rows: list[dict[str, Any]],
     batch_size: int,
     progress: bool,
+    settings: PoolSettings,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """One scorer after the other in this process; a failing scorer does not stop the next."""
     stats: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     for name, params in scorers:
+        mirror = None
         try:
-            scorer = load_scorer(name)(params, context)
+            ctx, mirror = scorer_context(name, params, context, store.uri)
+            scorer = load_scorer(name)(params, ctx)
         except Exception as exc:  # noqa: BLE001 - reported with the others below
             failures[name] = f"cannot start: {type(exc).__name__}: {exc}"
             continue
-        work, skipped = _new_work(store, name, scorer.version, rows, batch_size, progress)
+        work = new_work(store, name, scorer.version, batch_size, progress, settings.chunk_retries)
         try:
-            _drive_plain(store, work, scorer.begin, scorer.score)
+            _drive_plain(store, work, scorer.begin, scorer.score, mirror)
         except Exception as exc:  # noqa: BLE001
             failures[name] = f"{type(exc).__name__}: {exc}"
         finally:
-            stats[name] = work.stats(skipped, scorer.close())
+            stats[name] = work.stats(scorer.close())
+            if mirror is not None:
+                mirror.maybe_put(force=True)
+        problem = work.failure()
+        if problem and name not in failures:
+            failures[name] = problem
     return stats, failures
 
 
 def _drive_plain(
     store: RunStore,
-    work: _Work,
+    work: Work,
     begin: Callable[[int], None],
-    score: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+    score: Callable[[list[Row]], list[Row]],
+    mirror: CacheMirror | None,
 ) -> None:
-    begin(len(work.todo))
-    while work.chunks_left():
-        chunk = work.take()
-        work.write(store, chunk, score(chunk))
-
-
-def _score_on_ray(
-    store: RunStore,
-    scorers: Sequence[tuple[str, dict[str, Any]]],
-    context: ScorerContext,
-    rows: list[dict[str, Any]],
-    batch_size: int,
-    progress: bool,
-    start_timeout_s: float,
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every scorer in its own actor, all at once; chunks are written as they come back."""
-    import ray
-
-    actors, failures = _start_actors(scorers, context, start_timeout_s)
-    works: dict[str, _Work] = {}
-    skipped: dict[str, int] = {}
-    for name, (actor, version) in actors.items():
-        works[name], skipped[name] = _new_work(store, name, version, rows, batch_size, progress)
-        actor.begin.remote(len(works[name].todo))
-    inflight: dict[Any, tuple[str, list[dict[str, Any]]]] = {}
-
-    def submit(name: str) -> None:
-        work = works[name]
-        while work.chunks_left() and sum(n == name for n, _ in inflight.values()) < PIPELINE:
-            chunk = work.take()
-            inflight[actors[name][0].score.remote(chunk)] = (name, chunk)
-
-    for name in works:
-        submit(name)
-    while inflight:
-        done, _ = ray.wait(list(inflight), num_returns=1)
-        name, chunk = inflight.pop(done[0])
-        if name in failures:
-            continue  # a chunk queued before its scorer failed
+    begin(work.total)
+    while (item := work.next_chunk()) is not None:
+        chunk, attempts = item
         try:
-            works[name].write(store, chunk, ray.get(done[0]))
-            submit(name)
-        except Exception as exc:  # noqa: BLE001 - the scorer stops; the others go on
-            failures[name] = _ray_error(exc)
-    stats = {}
-    for name, (actor, _) in actors.items():
-        stats[name] = works[name].stats(skipped[name], _close_actor(actor))
-    return stats, failures
-
-
-def _start_actors(
-    scorers: Sequence[tuple[str, dict[str, Any]]], context: ScorerContext, timeout_s: float
-) -> tuple[dict[str, tuple[Any, str]], dict[str, str]]:
-    """{name: (actor, version)} of the scorers that started; {name: why} of the others."""
-    import ray
-
-    from workers.actors import ScorerActor
-
-    classes = {name: load_scorer(name) for name, _ in scorers}
-    gpus = float(ray.cluster_resources().get("GPU", 0))
-    gpu_scorers = sum(1 for cls in classes.values() if cls.wants_gpu)
-    share = min(1.0, gpus / gpu_scorers) if gpus and gpu_scorers else 0.0
-    pending: dict[Any, tuple[str, Any]] = {}
-    for name, params in scorers:
-        cls = classes[name]
-        options = {"num_cpus": cls.num_cpus, "num_gpus": share if cls.wants_gpu else 0.0}
-        # A restarted actor re-runs __init__; a retried chunk rewrites the same shard.
-        actor = ScorerActor.options(max_restarts=1, max_task_retries=1, **options).remote(  # type: ignore[attr-defined]
-            name, params, context
-        )
-        pending[actor.version.remote()] = (name, actor)
-    ready, not_ready = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
-    started: dict[str, tuple[Any, str]] = {}
-    failures: dict[str, str] = {}
-    for ref in ready:
-        name, actor = pending[ref]
-        try:
-            started[name] = (actor, str(ray.get(ref)))
-        except Exception as exc:  # noqa: BLE001 - __init__ raised (bad label map, no key...)
-            failures[name] = f"cannot start: {_ray_error(exc)}"
-            ray.kill(actor)
-    for ref in not_ready:
-        name, actor = pending[ref]
-        failures[name] = (
-            f"actor not ready after {timeout_s:.0f}s: the cluster may lack the resources it asks "
-            "for, or the model download is slow"
-        )
-        ray.kill(actor)
-    return started, failures
-
-
-def _close_actor(actor: Any) -> dict[str, Any]:
-    import ray
-
-    try:
-        return dict(ray.get(actor.close.remote(), timeout=120))
-    except Exception as exc:  # noqa: BLE001 - a dead actor has no stats; say so
-        return {"close_error": _ray_error(exc)}
-    finally:
-        ray.kill(actor)
-
-
-def _ray_error(exc: BaseException) -> str:
-    """The scorer's own exception when Ray carries one, not Ray's whole traceback."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException) and cause is not exc:
-        return f"{type(cause).__name__}: {cause}"
-    # An actor whose __init__ raised: Ray's text ends with "module.path.ErrorType: message".
-    last = (str(exc).strip().splitlines() or [""])[-1]
-    found = re.match(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.*)$", last)
-    if found:
-        return f"{found.group(1)}: {found.group(2)}"
-    return f"{type(exc).__name__}: {last}"
+            out = score(chunk)
+            work.write(store, chunk, out)
+        except ScorerError:
+            raise  # the scorer cannot work (a refused API key...): no retry helps
+        except Exception as exc:  # noqa: BLE001 - this chunk only; the scorer goes on
+            work.chunk_failed(chunk, attempts, f"{type(exc).__name__}: {exc}")
+        if mirror is not None:
+            mirror.maybe_put()

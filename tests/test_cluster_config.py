@@ -1,5 +1,6 @@
-"""The cluster launcher configs pass the launcher's own validation (what `ray up` runs, no cloud
-credentials needed), keep actors off the head, install the pinned project, and bind the
+"""Every shipped cluster launcher config passes the launcher's own validation (what `ray up`
+runs, no cloud credentials needed), keeps actors off the head, installs the pinned project in
+the pinned Ray image, gives every node that writes runs cloud credentials, and binds the
 dashboard to 127.0.0.1; the job upload leaves out what must not travel."""
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import yaml
 from harness.ray_runtime import PACKAGES, code_runtime_env
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = [REPO / "ray_cluster.yaml", REPO / "examples" / "ray_cluster_onprem.yaml"]
+CONFIGS = sorted([*REPO.glob("ray_cluster*.yaml"), *(REPO / "examples").glob("ray_cluster*.yaml")])
+CLOUD = [p for p in CONFIGS if yaml.safe_load(p.read_text())["provider"]["type"] != "local"]
+AWS, GCP, ONPREM = (
+    REPO / "ray_cluster.yaml",
+    REPO / "ray_cluster_gcp.yaml",
+    REPO / "examples" / "ray_cluster_onprem.yaml",
+)
 
 
 def validated(config: dict[str, Any]) -> dict[str, Any]:
@@ -46,14 +53,34 @@ def test_the_launcher_accepts_the_config(path: Path) -> None:
 def test_the_launcher_rejects_a_misspelt_key() -> None:
     from jsonschema import ValidationError
 
-    config = yaml.safe_load(CONFIGS[0].read_text())
+    config = yaml.safe_load(AWS.read_text())
     config["available_node_types"]["gpu_1x"]["min_worker"] = 1  # min_workers
     with pytest.raises(ValidationError, match="min_worker"):
         validated(config)
 
 
-def test_the_cloud_head_holds_no_actors_and_gpu_workers_autoscale() -> None:
-    config = prepared(CONFIGS[0])
+def test_every_shipped_launcher_file_is_covered() -> None:
+    assert {AWS, GCP, ONPREM} <= set(CONFIGS) and {AWS, GCP} <= set(CLOUD)
+
+
+@pytest.mark.parametrize("path", CLOUD, ids=lambda p: p.name)
+def test_cloud_nodes_run_the_pinned_ray_gpu_image_with_a_shared_hf_cache(path: Path) -> None:
+    import ray
+
+    config = prepared(path)
+    image = config["docker"]["image"]
+    pin = re.search(r"ray\[[\w,]+\]==([\d.]+)", (REPO / "pyproject.toml").read_text())
+    assert pin and pin.group(1) == ray.__version__
+    assert re.fullmatch(rf"rayproject/ray:{re.escape(pin.group(1))}-py3\d+-gpu", image), image
+    run = " ".join(config["docker"]["run_options"])
+    assert "HF_HOME=/home/ray/hf-cache" in run and ":/home/ray/hf-cache" in run
+    text = path.read_text()
+    assert "latest_dlami" not in text  # Ray 2.60 maps it to an Ubuntu 18.04 / CUDA 11.2 AMI
+
+
+@pytest.mark.parametrize("path", CLOUD, ids=lambda p: p.name)
+def test_the_cloud_head_holds_no_actors_and_gpu_workers_autoscale(path: Path) -> None:
+    config = prepared(path)
     types = config["available_node_types"]
     assert types[config["head_node_type"]]["resources"] == {"CPU": 0}
     workers = {k: v for k, v in types.items() if k != config["head_node_type"]}
@@ -61,8 +88,32 @@ def test_the_cloud_head_holds_no_actors_and_gpu_workers_autoscale() -> None:
     assert sum(v["max_workers"] for v in workers.values()) >= config["max_workers"]
 
 
+def test_every_aws_node_has_an_instance_profile() -> None:
+    """Workers write s3:// shards: Ray gives its default profile to the head only."""
+    types = prepared(AWS)["available_node_types"]
+    for name, node in types.items():
+        arn = node["node_config"]["IamInstanceProfile"]["Arn"]
+        assert re.fullmatch(r"arn:aws:iam::\d{12}:instance-profile/[\w+=,.@-]+", arn), name
+
+
+def test_every_gcp_worker_has_a_service_account() -> None:
+    config = prepared(GCP)
+    for name, node in config["available_node_types"].items():
+        if name == config["head_node_type"]:
+            continue  # Ray gives the head its own account (ray-autoscaler-sa-v1)
+        (account,) = node["node_config"]["serviceAccounts"]
+        assert account["email"].endswith(".iam.gserviceaccount.com"), name
+        assert node["node_config"]["scheduling"] == [{"onHostMaintenance": "TERMINATE"}]
+
+
+def test_the_docs_name_no_fake_launcher_key() -> None:
+    docs = (REPO / "docs" / "cluster.md").read_text()
+    assert "iam_instance_profile" not in docs and "IamInstanceProfile" in docs
+    assert "rayproject/ray:2.60.0-py311-gpu" in docs
+
+
 def test_the_onprem_head_holds_no_actors() -> None:
-    head = " ".join(prepared(CONFIGS[1])["head_start_ray_commands"])
+    head = " ".join(prepared(ONPREM)["head_start_ray_commands"])
     assert "--num-cpus=0" in head
 
 

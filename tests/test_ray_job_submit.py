@@ -153,7 +153,9 @@ def test_a_driver_stopped_mid_run_resumes_with_the_same_command(head: Head, tmp_
     cfg["dataset"]["files"] = {
         g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
     }
-    cfg.update(samples_per_prompt=12, scorers=["gender"], runtime={"batch_size": 2})
+    cfg.update(
+        samples_per_prompt=12, scorers=["gender"], runtime={"batch_size": 2, "device": "cpu"}
+    )
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"

@@ -12,6 +12,21 @@ from typing import Any
 import ray
 
 
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads = the actor's CPUs (Ray sets OMP_NUM_THREADS=1 for 1 CPU, and a
+    node's every core for none: neither is what the actor was given)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 @ray.remote
 class GenerationActor:
     """One LM replica on its GPU(s) or a CPU slot; persists each batch itself.
@@ -21,15 +36,25 @@ class GenerationActor:
     driver can tell a bad config (the call raised) from a lost actor (the process died).
     """
 
-    def __init__(self, model: Any, run_uri: str, words: Any, device: str | None, name: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        run_uri: str,
+        words: Any,
+        device: str | None,
+        name: str,
+        threads: int | None = None,
+    ) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._args = (model, run_uri, words, device, name)
+        self.threads = threads
         self.gen: Any = None
 
     def _generator(self) -> Any:
         if self.gen is None:
             from workers.generator import Generator
 
+            set_threads(self.threads)
             model, run_uri, words, device, name = self._args
             self.gen = Generator(model, run_uri, words=words, device=device, name=name)
         return self.gen
@@ -40,6 +65,7 @@ class GenerationActor:
         info = dict(gen.prepare(keys))
         context = ray.get_runtime_context()
         info.update(
+            threads=torch_threads(),
             pid=os.getpid(),
             host=socket.gethostname(),
             node_id=context.get_node_id(),
@@ -60,12 +86,41 @@ class GenerationActor:
 
 @ray.remote
 class ScorerActor:
-    """One scorer (a classifier on a GPU, Perspective on a CPU...)."""
+    """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
-    def __init__(self, name: str, params: dict[str, Any], context: Any) -> None:
+    A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
+    context names a `cache_dir` (`harness.scoring.scorer_context`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        context: Any,
+        threads: int | None = None,
+        run_uri: str | None = None,
+    ) -> None:
         from workers.scorers.registry import load_scorer
 
+        set_threads(threads)
+        self.mirror: Any = None
+        if run_uri is not None:
+            from harness.scoring import scorer_context
+
+            context, self.mirror = scorer_context(name, params, context, run_uri)
         self.scorer = load_scorer(name)(params, context)
+
+    def info(self) -> dict[str, Any]:
+        """The scorer's version and where this replica runs."""
+        runtime = ray.get_runtime_context()
+        return {
+            "version": str(self.scorer.version),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node_id": runtime.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "threads": torch_threads(),
+        }
 
     def version(self) -> str:
         return str(self.scorer.version)
@@ -74,7 +129,14 @@ class ScorerActor:
         self.scorer.begin(total)
 
     def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return list(self.scorer.score(rows))
+        out = list(self.scorer.score(rows))
+        if self.mirror is not None:
+            self.mirror.maybe_put()
+        return out
 
     def close(self) -> dict[str, Any]:
-        return dict(self.scorer.close())
+        stats = dict(self.scorer.close())
+        if self.mirror is not None:
+            self.mirror.maybe_put(force=True)
+            stats["cache_in_run"] = self.mirror.uri
+        return stats

@@ -1,0 +1,216 @@
+"""GPU placement on a cluster whose GPU nodes join late (`ray.cluster_utils.Cluster`, 127.0.0.1).
+
+The head has no GPU; in the middle of the module three nodes with one logical GPU each join
+while the paper config waits for them. Models and scorers run on CPU (`device: cpu`) with
+an explicit `num_gpus`, so the GPU resources are Ray's logical ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import yaml
+from fake_run import generation_row
+
+from harness import driver
+from harness.config import RunConfig, parse_config
+from harness.generation import GenerationError, generate_stage
+from harness.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
+from harness.scoring import PoolSettings, ScoringError, Share, score_run
+from results.store import RunStore
+from workers.scorers.base import ScorerContext
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+NODE_GPUS = (1, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    local_ray_env()
+    if ray.is_initialized():  # a session-wide local Ray from another module
+        ray.shutdown()
+    tmp = tempfile.mkdtemp(prefix="rg", dir="/tmp")
+    head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args=head)
+        ray.init(address=c.address)
+        yield c
+    finally:
+        ray.shutdown()
+        if c is not None:
+            c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def paper_config(model: dict[str, Any], **runtime: Any) -> RunConfig:
+    """examples/paper-gpt2-large.yaml with the tiny model, local prompts, no downloads."""
+    data = yaml.safe_load((REPO / "examples" / "paper-gpt2-large.yaml").read_text())
+    files = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
+    data["dataset"] = {"kind": "paired-jsonl", "files": files, "limit": 1}
+    data.pop("gender_words")
+    data["methods"] = ["vanilla"]  # the others need the UDDIA head (a download)
+    data["models"] = [model]
+    data["generation"]["max_new_tokens"] = 8
+    data["runtime"].update(batch_size=2, actor_start_timeout_s=120, progress_log_s=5, **runtime)
+    return parse_config(data, "paper-gpt2-large.yaml (test)")
+
+
+def planned(cfg: RunConfig, out: Path) -> tuple[RunStore, list[Any], Any]:
+    store = RunStore(str(out))
+    words = driver.load_words(cfg)
+    jobs = driver.plan(cfg, words)
+    driver.write_plan(store, cfg, jobs)
+    return store, jobs, words
+
+
+def fake_generations(root: Path, n: int) -> RunStore:
+    store = RunStore(str(root))
+    rows = [generation_row(f"j{i:03d}", continuation=f" was number {i} and kind") for i in range(n)]
+    for start in range(0, n, 8):
+        store.write_generations(rows[start : start + 8])
+    return store
+
+
+def test_without_gpus_the_paper_config_fails_after_the_wait(cluster: Any, tmp_path: Path) -> None:
+    assert cluster_mode() and cluster_gpus() == 0
+    cfg = paper_config({"id": "tiny-random/gpt2"}, gpu_wait_s=2)
+    store, jobs, words = planned(cfg, tmp_path / "run")
+    with pytest.raises(GenerationError) as err:
+        generate_stage(store, cfg, jobs, words, use_ray=True, progress=False)
+    message = str(err.value)
+    assert "needs 1 GPU(s) but the cluster has 0 after waiting 2s" in message
+    assert "runtime: {device: cpu}" in message and "ray status" in message
+    assert store.done_job_ids() == set()  # nothing ran on a CPU instead
+
+
+def test_without_gpus_a_gpu_scorer_fails_and_the_others_score(cluster: Any, tmp_path: Path) -> None:
+    assert cluster_gpus() == 0
+    store = fake_generations(tmp_path / "run", 8)
+    scorers = [("perplexity", {"model": "tiny-random/gpt2"}), ("gender", {})]
+    with pytest.raises(ScoringError, match=r"perplexity: cannot start: .*needs 1 GPU") as err:
+        score_run(
+            store, scorers, ScorerContext(), use_ray=True, progress=False,
+            pools=PoolSettings(gpu_wait_s=1),
+        )  # fmt: skip
+    assert err.value.stats["gender"]["scored"] == 8 and "perplexity" not in store.scorers()
+
+
+def test_the_paper_config_waits_for_gpu_nodes_and_places_one_replica_per_gpu(
+    cluster: Any, tmp_path: Path
+) -> None:
+    assert cluster_gpus() == 0
+    # The paper config's budget is 4 GPUs; this cluster will have 3 (fewer actors to start).
+    cfg = paper_config(
+        {"id": "tiny-random/gpt2", "num_gpus": 1}, device="cpu", gpu_wait_s=120, gpus=3
+    )
+    store, jobs, words = planned(cfg, tmp_path / "run")
+    ready: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+
+    def stage() -> None:  # in a thread: nodes can only be added from the main thread
+        try:
+            result["stats"] = generate_stage(
+                store,
+                cfg,
+                jobs,
+                words,
+                use_ray=True,
+                progress=False,
+                observer=lambda e, d: ready.append(d) if e == "actor_ready" else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            result["error"] = exc
+
+    runner = threading.Thread(target=stage)
+    runner.start()
+    time.sleep(1.5)
+    assert runner.is_alive() and cluster_gpus() == 0  # waiting, not running on CPUs
+    for gpus in NODE_GPUS:
+        cluster.add_node(num_cpus=2, num_gpus=gpus)
+    runner.join(timeout=300)
+    if "error" in result:
+        raise result["error"]
+    stats = result["stats"]
+    assert stats["models"]["tiny-random/gpt2"]["replicas"] == 3
+    assert len(stats["actors"]) == 3 and all(a["num_gpus"] == 1 for a in stats["actors"])
+    placed = [(d["node_id"], tuple(d["gpu_ids"])) for d in ready]
+    assert placed and all(len(ids) == 1 for _, ids in placed) and len(set(placed)) == len(placed)
+    gens = store.read_generations()
+    assert sorted(gens["job_id"]) == sorted(j.job_id for j in jobs)
+    assert (gens["status"] == "ok").all()
+
+
+def test_a_cpu_replica_runs_torch_with_its_cpus(cluster: Any, tmp_path: Path) -> None:
+    cfg = paper_config({"id": "tiny-random/gpt2", "num_cpus": 2}, device="cpu")
+    store, jobs, words = planned(cfg, tmp_path / "run")
+    ready: list[dict[str, Any]] = []
+    stats = generate_stage(
+        store,
+        cfg,
+        jobs[:4],
+        words,
+        use_ray=True,
+        progress=False,
+        observer=lambda e, d: ready.append(d) if e == "actor_ready" else None,
+    )
+    (actor,) = stats["actors"]
+    assert actor["num_gpus"] == 0 and actor["num_cpus"] == 2 and actor["device"] == "cpu"
+    assert [d["threads"] for d in ready] == [2]
+
+
+def test_a_gpu_scorer_pool_uses_every_gpu_node(cluster: Any, tmp_path: Path) -> None:
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    assert len(nodes) == 3
+    store = fake_generations(tmp_path / "run", 16)
+    pools = PoolSettings(shares={"perplexity": Share(num_gpus=1)})
+    stats = score_run(
+        store,
+        [("perplexity", {"model": "tiny-random/gpt2"})],
+        ScorerContext(device="cpu"),
+        use_ray=True,
+        batch_size=4,
+        progress=False,
+        pools=pools,
+    )
+    actors = stats["perplexity"]["actors"]
+    assert len(actors) == 3 and all(a["num_gpus"] == 1 for a in actors)
+    worked = {a["node_id"] for a in actors if a["chunks"]}
+    assert worked == {n["NodeID"] for n in nodes}
+    assert sum(a["rows"] for a in actors) == 16 == stats["perplexity"]["scored"]
+    scores = store.read_scores("perplexity", "perplexity")
+    assert scores.height == 16 and (scores["status"] == "ok").all()
+
+
+def test_a_call_past_its_timeout_replaces_the_actor_and_the_stage_ends(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A hung scorer must not stall the stage: every call here outlives a 1 ms timeout."""
+    store = fake_generations(tmp_path / "run", 16)
+    pools = PoolSettings(
+        call_timeout_s=0.001, chunk_retries=0, shares={"perplexity": Share(1, 0.0)}
+    )
+    with pytest.raises(ScoringError, match=r"no actor left \(last: call timed out\)") as err:
+        score_run(
+            store,
+            [("perplexity", {"model": "tiny-random/gpt2"})],
+            ScorerContext(device="cpu"),
+            use_ray=True,
+            batch_size=4,
+            progress=False,
+            pools=pools,
+        )
+    stats = err.value.stats["perplexity"]
+    assert [a["end"] for a in stats["actors"]] == ["call timed out"] * 3  # 2 replacements
+    assert stats["failed_chunks"] == 3 and "perplexity" not in store.scorers()

@@ -1,0 +1,238 @@
+"""Ray-free rules of cluster placement and pooled scoring: the GPU wait, pool sizes, chunk
+retries, the streamed feed of rows, and the Perspective cache kept with the run."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pytest
+from fake_run import generation_row
+
+import harness.scoring as scoring
+from harness.config import ModelConfig
+from harness.generation import placement
+from harness.ray_runtime import NoGpuError, wait_for_gpus
+from harness.score_feed import SCORE_INPUT_COLUMNS, CacheMirror, OkRows
+from harness.score_pool import pool_plans
+from harness.scoring import PoolSettings, ScoringError, Share, score_run
+from results.store import RunStore
+from workers.scorers.base import Scorer, ScorerContext, ScorerError
+
+CTX = ScorerContext(device="cpu")
+
+
+def fake_run(root: Path, n: int, per_shard: int = 8) -> RunStore:
+    store = RunStore(str(root))
+    rows = [
+        generation_row(f"j{i:03d}", continuation=f" said {i}", token_ids=list(range(50)))
+        for i in range(n)
+    ]
+    for start in range(0, n, per_shard):
+        store.write_generations(rows[start : start + per_shard])
+    return store
+
+
+# ---- waiting for GPUs ----------------------------------------------------------------------
+
+
+class FakeCluster:
+    """GPUs that join at given (fake) times; the clock advances when the waiter sleeps."""
+
+    def __init__(self, joins: dict[float, float]) -> None:
+        self.now, self.joins = 0.0, joins
+
+    def gpus(self) -> float:
+        return sum(n for t, n in self.joins.items() if t <= self.now)
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def wait(cluster: FakeCluster, want: float, minimum: float, timeout: float) -> float:
+    return wait_for_gpus(
+        want, minimum, timeout, "test", gpus=cluster.gpus, clock=lambda: cluster.now,
+        sleep=cluster.sleep,
+    )  # fmt: skip
+
+
+def test_the_wait_ends_when_the_budget_has_joined() -> None:
+    cluster = FakeCluster({0.0: 0, 30.0: 1, 95.0: 3})
+    assert wait(cluster, 4, 1, 900) == 4 and 95 <= cluster.now < 97
+
+
+def test_part_of_the_budget_at_the_timeout_goes_on_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = FakeCluster({10.0: 2})
+    with caplog.at_level(logging.WARNING, logger="harness"):
+        assert wait(cluster, 4, 1, 60) == 2
+    assert cluster.now == pytest.approx(60) and "2 of 4 GPU(s) after 60s" in caplog.text
+
+
+def test_no_gpu_at_the_timeout_is_an_error_that_says_what_to_do() -> None:
+    cluster = FakeCluster({})
+    with pytest.raises(NoGpuError, match=r"needs 1 GPU\(s\) but the cluster has 0 after .* 5s"):
+        wait(cluster, 1, 1, 5)
+    assert cluster.now == pytest.approx(5)
+
+
+@pytest.mark.parametrize(
+    ("entry", "gpus", "device", "expected"),
+    [
+        ({}, 0.0, "cpu", (1, 0.0, 1.0, "cpu")),
+        ({"num_cpus": 8}, 4.0, "cpu", (1, 0.0, 8.0, "cpu")),  # device cpu: no GPU share
+        ({"num_gpus": 1}, 3.0, "cpu", (3, 1.0, 1.0, "cpu")),  # explicit share kept (tests)
+        ({"num_cpus": 4}, 2.0, None, (2, 1.0, 4.0, "cuda")),
+    ],
+)
+def test_placement_takes_cpus_and_the_device_from_the_config(
+    entry: dict[str, Any], gpus: float, device: str | None, expected: tuple[Any, ...]
+) -> None:
+    p = placement(ModelConfig(id="m", **entry), gpus, device)
+    assert (p.replicas, p.num_gpus, p.num_cpus, p.device) == expected
+
+
+# ---- pool sizes ----------------------------------------------------------------------------
+
+SCORERS = [("perplexity", {}), ("toxicity-hf", {}), ("gender", {}), ("perspective", {})]
+
+
+def test_gpu_scorers_get_one_actor_per_gpu_sharing_each_gpu() -> None:
+    plans = pool_plans(SCORERS, ScorerContext(), PoolSettings(), gpus=3)
+    assert (plans["perplexity"].replicas, plans["perplexity"].num_gpus) == (3, 0.5)
+    assert (plans["toxicity-hf"].replicas, plans["toxicity-hf"].num_gpus) == (3, 0.5)
+    assert (plans["gender"].replicas, plans["gender"].num_gpus) == (1, 0.0)
+    assert (plans["perspective"].replicas, plans["perspective"].num_gpus) == (1, 0.0)
+
+
+def test_pool_shares_from_the_config_and_device_cpu() -> None:
+    settings = PoolSettings(shares={"perplexity": Share(replicas=2, num_gpus=1.0)})
+    plans = pool_plans(SCORERS, ScorerContext(device="cpu"), settings, gpus=8)
+    assert (plans["perplexity"].replicas, plans["perplexity"].num_gpus) == (2, 1.0)
+    assert plans["toxicity-hf"].num_gpus == 0.0 and plans["toxicity-hf"].replicas == 1
+
+
+# ---- chunks: retries and streaming ---------------------------------------------------------
+
+
+class FlakyScorer(Scorer):
+    """sentiment 0.5 for every row; fails on chosen job ids (once, or always)."""
+
+    name = "sentiment-vader"
+    metric = "sentiment"
+    fail_once: ClassVar[set[str]] = set()
+    always: ClassVar[set[str]] = set()
+    fatal: ClassVar[bool] = False
+    calls: ClassVar[int] = 0
+
+    @property
+    def version(self) -> str:
+        return "flaky/1"
+
+    def score(self, rows: Any) -> list[dict[str, Any]]:
+        FlakyScorer.calls += 1
+        ids = {r["job_id"] for r in rows}
+        if self.fatal:
+            raise ScorerError("the API refused the request")
+        if ids & self.always:
+            raise RuntimeError("this chunk always fails")
+        if ids & self.fail_once:
+            FlakyScorer.fail_once -= ids
+            raise RuntimeError("a passing failure")
+        return [dict(self.key(r), sentiment=0.5) for r in rows]
+
+
+@pytest.fixture
+def flaky(monkeypatch: pytest.MonkeyPatch) -> type[FlakyScorer]:
+    monkeypatch.setattr(scoring, "load_scorer", lambda name: FlakyScorer)
+    FlakyScorer.fail_once, FlakyScorer.always, FlakyScorer.fatal = set(), set(), False
+    FlakyScorer.calls = 0
+    return FlakyScorer
+
+
+def test_a_failed_chunk_is_retried_and_one_that_keeps_failing_stays_unscored(
+    tmp_path: Path, flaky: type[FlakyScorer]
+) -> None:
+    store = fake_run(tmp_path / "run", 12)
+    flaky.fail_once, flaky.always = {"j001"}, {"j010"}
+    with pytest.raises(ScoringError, match=r"1 chunk\(s\) \(4 rows\) failed 3 times") as err:
+        score_run(store, [("sentiment-vader", {})], CTX, use_ray=False, batch_size=4,
+                  progress=False)  # fmt: skip
+    stats = err.value.stats["sentiment-vader"]
+    assert stats["scored"] == 8 and stats["failed_chunks"] == 1
+    scored = set(store.read_scores("sentiment-vader", "sentiment")["job_id"])
+    assert len(scored) == 8 and "j001" in scored and "j010" not in scored
+    flaky.always = set()  # fixed: the next `score` does only what is left
+    again = score_run(store, [("sentiment-vader", {})], CTX, use_ray=False, progress=False)
+    assert again["sentiment-vader"]["scored"] == 4 and again["sentiment-vader"]["skipped"] == 8
+
+
+def test_a_scorer_error_stops_the_scorer_without_retries(
+    tmp_path: Path, flaky: type[FlakyScorer]
+) -> None:
+    store = fake_run(tmp_path / "run", 12)
+    flaky.fatal = True
+    with pytest.raises(ScoringError, match="ScorerError: the API refused"):
+        score_run(store, [("sentiment-vader", {})], CTX, use_ray=False, batch_size=4,
+                  progress=False)  # fmt: skip
+    assert flaky.calls == 1
+
+
+def test_the_feed_streams_only_the_needed_columns_of_unscored_ok_rows(tmp_path: Path) -> None:
+    store = fake_run(tmp_path / "run", 20, per_shard=5)
+    store.write_generations([generation_row("j003", continuation=" again")])  # a 2nd copy
+    store.write_generations([generation_row("x000", status="error", continuation=None)])
+    feed = OkRows(store, list(SCORE_INPUT_COLUMNS), pa.array(["j000", "j001"]), chunk_size=4)
+    first = feed.next_chunk()
+    assert first is not None and len(first) == 4 and feed.rows == 4  # nothing read ahead
+    assert set(first[0]) == set(SCORE_INPUT_COLUMNS)  # no token_ids, tokens, losses...
+    ids = [r["job_id"] for r in first]
+    while (chunk := feed.next_chunk()) is not None:
+        ids += [r["job_id"] for r in chunk]
+    assert sorted(ids) == [f"j{i:03d}" for i in range(2, 20)]  # once each, ok only
+
+
+# ---- the Perspective cache lives with the run ----------------------------------------------
+
+
+def test_a_local_run_holds_the_cache_itself(tmp_path: Path) -> None:
+    mirror = CacheMirror(str(tmp_path / "run"), "perspective-scores.sqlite")
+    assert mirror.dir == str(tmp_path / "run" / "cache")
+    ctx, _ = scoring.scorer_context("perspective", {}, ScorerContext(), str(tmp_path / "run"))
+    assert ctx.cache_dir == mirror.dir
+    shared = ScorerContext(cache_dir="/shared/cache")
+    assert scoring.scorer_context("perspective", {}, shared, "s3://b/r")[0] is shared
+    assert scoring.scorer_context("gender", {}, ScorerContext(), "s3://b/r")[1] is None
+
+
+def test_an_object_store_run_gets_the_cache_back_on_another_node(tmp_path: Path) -> None:
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    env = {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        try:
+            host, port = server.get_host_and_port()
+            boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="runs")
+            uri = f"s3://runs/r1?endpoint_override={host}:{port}&scheme=http"
+            first = CacheMirror(uri, "c.sqlite")
+            Path(first.dir, "c.sqlite").write_bytes(b"answers")
+            first.maybe_put()  # too soon: nothing sent yet
+            assert not RunStore(uri).exists("cache/c.sqlite")
+            first.maybe_put(force=True)
+            second = CacheMirror(uri, "c.sqlite")  # another node, later
+            assert second.dir != first.dir
+            assert Path(second.dir, "c.sqlite").read_bytes() == b"answers"
+        finally:
+            server.stop()
