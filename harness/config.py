@@ -286,10 +286,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, line)
+                duplicate = key in seen
             except TypeError:
                 continue  # an unhashable key: SafeLoader reports it
-            if first != line:
+            if not duplicate:
+                seen[key] = line
+            else:
+                first = seen[key]
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
