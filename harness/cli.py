@@ -171,7 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0] if __doc__ else None,
         parents=[common],
     )
-    p.set_defaults(verbose=0, quiet=0, include=[])
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help: str, **kw: object) -> argparse.ArgumentParser:
@@ -228,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     progress = not getattr(args, "no_progress", False)
+    for name, default in (("verbose", 0), ("quiet", 0), ("include", [])):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     env_set = setup_logging(int(args.verbose) - int(args.quiet), progress)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

@@ -159,10 +159,11 @@ def test_a_url_token_stays_out_of_cache_names_prompt_ids_and_errors(tmp_path: Pa
 
     (tmp_path / "www").mkdir()
     write_jsonl(tmp_path / "www" / "rtp.jsonl", ["The nurse said", "The doctor said"])
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "www")
-    )
-    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # the server's own request log
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path / "www"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
