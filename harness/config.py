@@ -153,17 +153,15 @@ class RunConfig(Strict):
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that the path `loc` (below RunConfig) points into."""
-    cls: Any = RunConfig
+    cls: type[BaseModel] | None = RunConfig
     for part in loc:
         if isinstance(part, int):
             continue
-        field = cls.model_fields.get(part) if isinstance(cls, type) else None
+        field = cls.model_fields.get(str(part)) if cls is not None else None
         if field is None:
             return None
         cls = _model_in(field.annotation)
-        if cls is None:
-            return None
-    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+    return cls
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -270,7 +268,9 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
         except ConfigError as exc:
             errors.append("  " + str(exc).split(": ", 1)[1])
     if errors:
-        raise ConfigError("\n".join([f"{source}: invalid config ({len(errors)} error(s))", *errors]))
+        raise ConfigError(
+            "\n".join([f"{source}: invalid config ({len(errors)} error(s))", *errors])
+        )
     assert cfg is not None
     return cfg
 
@@ -375,9 +375,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             have = [m for m in _as_list(out.get("models")) if isinstance(m, dict)]
             out["models"] = [_pick(have, v, ("id", "name"), "id") for v in value]
         elif key == "methods":
-            have = [
-                {"name": m} if isinstance(m, str) else m for m in _as_list(out.get("methods"))
-            ]
+            have = [{"name": m} if isinstance(m, str) else m for m in _as_list(out.get("methods"))]
             out["methods"] = [_pick(have, v, ("name",), "name") for v in value]
         else:
             raise ConfigError(f"unknown override {key!r}")

@@ -9,7 +9,13 @@ import logging
 import time
 from typing import Any
 
-from harness.config import GenerationConfig, ModelConfig, RunConfig, dump_config
+from harness.config import (
+    GenerationConfig,
+    ModelConfig,
+    RunConfig,
+    check_grid_size,
+    dump_config,
+)
 from harness.generation import generate_stage
 from harness.manifest import update_manifest
 from harness.scoring import score_run
@@ -60,6 +66,7 @@ def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
 def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     """Every job of the config's grid (validated input; nothing runs yet)."""
     prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     return expand_grid(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt)

@@ -11,8 +11,20 @@ import re
 
 SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
 # Query parameters that carry credentials although their names do not end in a secret key.
-SECRET_QUERY = ("sig", "signature", "auth", "access_token", "x-amz-signature", "x-amz-credential",
-                "x-goog-signature", "x-goog-credential", "code", "apikey", "pass", "pwd")
+SECRET_QUERY = (
+    "sig",
+    "signature",
+    "auth",
+    "access_token",
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-goog-signature",
+    "x-goog-credential",
+    "code",
+    "apikey",
+    "pass",
+    "pwd",
+)
 REDACTED = "<redacted>"
 
 _QUERY = re.compile(r"([?&;])([^=&;#\s\"']+)=([^&;#\s\"']*)")

@@ -25,7 +25,12 @@ PAIRS = REPO / "examples" / "data"
 def python(code: str, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=full
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full,
     )
 
 
@@ -34,7 +39,10 @@ def config(tmp_path: Path, **changes: object) -> Path:
         "name": "t",
         "dataset": {
             "kind": "paired-jsonl",
-            "files": {"female": str(PAIRS / "pairs-female.jsonl"), "male": str(PAIRS / "pairs-male.jsonl")},
+            "files": {
+                "female": str(PAIRS / "pairs-female.jsonl"),
+                "male": str(PAIRS / "pairs-male.jsonl"),
+            },
             "limit": 2,
         },
         "models": [{"id": "tiny-random/gpt2"}],
@@ -70,11 +78,16 @@ def test_list_and_validate_import_neither_torch_nor_ray(tmp_path: Path) -> None:
     # parameters with their declared kinds and defaults; counts per model × method × task
     assert "    scope: str = context, one of context, last" in res.stdout
     assert "sentiment-vader  (metric sentiment;" in res.stdout
-    assert "    lidao-min × sentiment: " in res.stdout and "0 problem(s); nothing was started" in res.stdout
+    assert (
+        "    lidao-min × sentiment: " in res.stdout
+        and "0 problem(s); nothing was started" in res.stdout
+    )
 
 
 def test_a_bad_parameter_value_fails_before_ray_starts(tmp_path: Path) -> None:
-    cfg = config(tmp_path, methods=[{"name": "lidao-min", "params": {"gamma": "high", "scope": "bogus"}}])
+    cfg = config(
+        tmp_path, methods=[{"name": "lidao-min", "params": {"gamma": "high", "scope": "bogus"}}]
+    )
     out = tmp_path / "run"
     code = f"import sys; from harness.cli import main; rc = main(['run', {str(cfg)!r}, '--out', {str(out)!r}]); print('rc', rc, 'ray' in sys.modules)"
     res = python(code)
@@ -84,7 +97,9 @@ def test_a_bad_parameter_value_fails_before_ray_starts(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_validate_counts_the_plan_and_reports_missing_heads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_counts_the_plan_and_reports_missing_heads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "lm").mkdir()
     (tmp_path / "lm" / "config.json").write_text("{}")
     cfg = config(
@@ -108,22 +123,26 @@ def test_verbosity_and_include_after_the_subcommand() -> None:
     assert p.parse_args(["list", "methods", "-v"]).verbose == 1
     assert p.parse_args(["-v", "list", "methods"]).verbose == 1
     assert p.parse_args(["status", "r", "-q"]).quiet == 1
-    args = p.parse_args(["validate", "c.yaml", "--include", "a", "--models", "x,y", "--models", "z"])
+    args = p.parse_args(
+        ["validate", "c.yaml", "--include", "a", "--models", "x,y", "--models", "z"]
+    )
     assert args.include == ["a"] and args.models == ["x,y", "z"] and "verbose" not in args
     assert overrides(args)["models"] == ["x", "y", "z"]
 
 
-INCLUDED = '''
+INCLUDED = """
 from workers.methods.registry import register_method
 from workers.scorers.registry import register_scorer
 register_method("plain-copy", "workers.methods.base:Vanilla", params={"depth": 2})
 register_scorer("vader-copy", "workers.scorers.vader:VaderSentiment", "sentiment")
-'''
+"""
 
 
 def test_include_registers_methods_and_scorers(tmp_path: Path) -> None:
     (tmp_path / "my_methods.py").write_text(INCLUDED)
-    cfg = config(tmp_path, methods=[{"name": "plain-copy", "params": {"depth": 3}}], scorers=["vader-copy"])
+    cfg = config(
+        tmp_path, methods=[{"name": "plain-copy", "params": {"depth": 3}}], scorers=["vader-copy"]
+    )
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     code = f"from harness.cli import main; print('rc', main(['validate', {str(cfg)!r}, '--include', 'my_methods']))"
     res = python(code, env=env)
@@ -135,7 +154,9 @@ def test_include_registers_methods_and_scorers(tmp_path: Path) -> None:
     assert "rc 2" in res.stdout and "parameter depth = 'deep': must be a whole number" in res.stderr
 
 
-def test_progress_off_a_terminal_writes_plain_lines(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_off_a_terminal_writes_plain_lines(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     from harness.progress import Progress
 
     caplog.set_level(logging.INFO, logger="harness")
@@ -153,7 +174,9 @@ def test_log_lines_are_redacted_and_go_above_the_bars(capsys: pytest.CaptureFixt
 
     added = setup_logging(0, progress=False)
     try:
-        assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        assert (
+            os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        )
         logging.getLogger("harness").info("fetching %s", "https://h/x?token=sekrit-42&a=1")
     finally:
         for key in added:
@@ -190,7 +213,22 @@ def test_a_url_token_never_reaches_a_file_or_a_log(
         runtime={"cache_dir": str(tmp_path / "cache")},
     )
     out = tmp_path / "run"
-    assert main(["run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "--samples", "1", "-v"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(cfg),
+                "--out",
+                str(out),
+                "--no-ray",
+                "--no-progress",
+                "--samples",
+                "1",
+                "-v",
+            ]
+        )
+        == 0
+    )
     logged = capfd.readouterr()
     assert secret not in logged.out + logged.err
     written = [p for p in (tmp_path / "run").rglob("*")] + list((tmp_path / "cache").rglob("*"))

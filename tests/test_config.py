@@ -123,7 +123,10 @@ def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("samples_per_prompt: true", r"samples_per_prompt: Input should be a valid integer, got True"),
+        (
+            "samples_per_prompt: true",
+            r"samples_per_prompt: Input should be a valid integer, got True",
+        ),
         ("samples_per_prompt: '3'", r"samples_per_prompt: Input should be a valid integer"),
         ("generation: {temperature: .inf}", r"generation.temperature: Input should be a finite"),
         ("generation: {top_p: .nan}", r"generation.top_p: Input should be a finite"),
@@ -211,7 +214,9 @@ def test_model_paths_resolve_against_the_configs_folder(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     cfg = load_config(write_cfg(tmp_path, text))
     first, hub, org = cfg.models
-    assert first.id == str(tmp_path / "models" / "mine") and first.tokenizer == str(tmp_path / "tok")
+    assert first.id == str(tmp_path / "models" / "mine") and first.tokenizer == str(
+        tmp_path / "tok"
+    )
     assert (hub.id, org.id) == ("gpt2", "facebook/opt-6.7b")
 
 
@@ -258,12 +263,19 @@ def test_overrides_apply_before_validation(tmp_path: Path) -> None:
     from harness.config import apply_overrides
 
     path = write_cfg(
-        tmp_path, QUICK.replace("methods: [vanilla]", "methods: [{name: uddia, params: {lam: 0.1}}]")
+        tmp_path,
+        QUICK.replace("methods: [vanilla]", "methods: [{name: uddia, params: {lam: 0.1}}]"),
     )
     cfg = load_config(
         path,
-        {"limit": 2, "samples": 4, "batch_size": 3, "device": "cpu", "methods": ["uddia", "vanilla"],
-         "models": ["tiny-random/opt"]},
+        {
+            "limit": 2,
+            "samples": 4,
+            "batch_size": 3,
+            "device": "cpu",
+            "methods": ["uddia", "vanilla"],
+            "models": ["tiny-random/opt"],
+        },
     )
     assert (cfg.dataset.limit, cfg.samples_per_prompt, cfg.runtime.batch_size) == (2, 4, 3)
     assert cfg.runtime.device == "cpu" and [m.id for m in cfg.models] == ["tiny-random/opt"]

@@ -159,6 +159,7 @@ def test_a_url_token_stays_out_of_cache_names_prompt_ids_and_errors(tmp_path: Pa
 
     (tmp_path / "www").mkdir()
     write_jsonl(tmp_path / "www" / "rtp.jsonl", ["The nurse said", "The doctor said"])
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args: object) -> None:  # the server's own request log
             pass

@@ -59,7 +59,9 @@ def register_scorer(
     from results.schema import METRIC_FIELDS
 
     if metric not in METRIC_FIELDS:
-        raise ValueError(f"scorer {name!r}: unknown metric {metric!r}; known: {sorted(METRIC_FIELDS)}")
+        raise ValueError(
+            f"scorer {name!r}: unknown metric {metric!r}; known: {sorted(METRIC_FIELDS)}"
+        )
     if name in SCORERS and SCORERS[name] != target:
         raise ValueError(f"scorer {name!r} is already registered as {SCORERS[name]}")
     SCORERS[name] = target
