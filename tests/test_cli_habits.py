@@ -239,3 +239,16 @@ def test_a_url_token_never_reaches_a_file_or_a_log(
             assert secret.encode() not in p.read_bytes(), p
     snapshot = (out / "config.yaml").read_text()
     assert "token=<redacted>" in snapshot and "samples_per_prompt: 1" in snapshot
+
+
+def test_the_readme_names_every_command_and_train_head_shows_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    readme = (REPO / "README.md").read_text()
+    sub = next(a for a in build_parser()._actions if isinstance(a.choices, dict))
+    for name in sub.choices:  # type: ignore[union-attr]
+        assert f"python -m harness {name}" in readme, name
+    assert "lidao-harness" in readme
+    with pytest.raises(SystemExit):
+        main(["train-head", "--help"])
+    assert "(default: 0.0001)" in capsys.readouterr().out  # --lr
