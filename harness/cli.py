@@ -134,6 +134,16 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it is None / False or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def _common() -> argparse.ArgumentParser:
     """Options accepted before and after the subcommand (SUPPRESS: the subcommand's copy sets
     them only when given, so `harness -v run ...` and `harness run ... -v` both work)."""
@@ -214,9 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     th = add(
         "train-head",
         "train a linear attribute head on a frozen LM",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsFormatter,
     )
     add_train_head_args(th)
+    for action in th._actions:  # options without help text would show no default
+        if action.help is None and action.option_strings and action.default is not None:
+            action.help = "default: %(default)s"
     th.set_defaults(func=train_head_main)
     c = add("compare", "per-cell differences of two runs' summaries")
     add_compare_args(c)

@@ -251,4 +251,5 @@ def test_the_readme_names_every_command_and_train_head_shows_defaults(
     assert "lidao-harness" in readme
     with pytest.raises(SystemExit):
         main(["train-head", "--help"])
-    assert "(default: 0.0001)" in capsys.readouterr().out  # --lr
+    shown = capsys.readouterr().out
+    assert "default: 0.0001" in shown and "(default: train)" in shown and "None" not in shown
