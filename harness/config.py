@@ -146,6 +146,14 @@ class RunConfig(Strict):
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
 
+    @model_validator(mode="after")
+    def _unique_labels(self) -> RunConfig:
+        labels = [m.label for m in self.models]
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise ValueError(f"models: two entries are called {', '.join(twice)} (set `name`)")
+        return self
+
     def model_labels(self) -> dict[str, str]:
         """Model id → display label (`name`, else the id), for tables and logs."""
         return {m.id: m.label for m in self.models}

@@ -39,6 +39,15 @@ def test_the_quickstart_is_valid() -> None:
         ),
         (with_(tasks=["fairness"]), r"tasks.0"),
         (
+            with_(
+                models=[
+                    {"id": "tiny-random/gpt2"},
+                    {"id": "tiny-random/opt", "name": "tiny-random/gpt2"},
+                ]
+            ),
+            r"Value error, models: two entries are called tiny-random/gpt2 \(set `name`\)",
+        ),
+        (
             with_(methods=[{"name": "vanilla", "params": {"lr": 1}}]),
             r"unknown parameter\(s\) \['lr'\]",
         ),
@@ -241,7 +250,7 @@ def test_model_entry_fields_and_job_ids() -> None:
                     "attn_implementation": "eager",
                     "device_map": "auto",
                 },
-                {"id": "tiny-random/gpt2", "tokenizer": "gpt2"},
+                {"id": "tiny-random/gpt2", "tokenizer": "gpt2", "name": "tok"},
             ]
         )
     ).models
