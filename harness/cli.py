@@ -1,6 +1,8 @@
-"""`python -m harness {run,status,score,aggregate,train-head,token-prior,compare}`.
+"""`python -m harness {run,status,score,aggregate,validate,list,train-head,token-prior,compare}`
+(also installed as the `lidao-harness` command).
 
 Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).
+`-v` / `-q` / `--include MODULE` go before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from harness.compare import add_compare_args, compare_main
-from harness.config import ConfigError, RunConfig, load_config, parse_config
+from harness.config import ConfigError, RunConfig, load_config, load_yaml, parse_config
+from harness.progress import setup_logging
 from harness.token_prior import add_token_prior_args, token_prior_main
 from harness.train_head import add_train_head_args, train_head_main
 from jobs.datasets import DatasetError
+from jobs.redact import redact_text
 from results.join import JoinError
 from results.store import RunStore, StoreError
 
@@ -29,15 +33,32 @@ def _config_for(run_dir: str, path: str | None) -> RunConfig:
     store = RunStore(run_dir)
     if not store.exists("config.yaml"):
         raise ConfigError(f"{run_dir}: no config.yaml in the run directory; pass --config FILE")
-    import yaml
+    source = f"{run_dir}/config.yaml"
+    return parse_config(load_yaml(store.read_text("config.yaml"), source), source)
 
-    return parse_config(yaml.safe_load(store.read_text("config.yaml")), f"{run_dir}/config.yaml")
+
+def overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The common-field overrides given on the command line (None: not given)."""
+
+    def names(values: list[str] | None) -> list[str] | None:
+        if not values:
+            return None
+        return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+    return {
+        "limit": args.limit,
+        "samples": args.samples,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "models": names(args.models),
+        "methods": names(args.methods),
+    }
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import driver
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, overrides(args))
     use_ray = not args.no_ray
     if use_ray:
         from harness.ray_runtime import init_ray
@@ -90,6 +111,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from harness.validate import validate
+
+    cfg = load_config(args.config, overrides(args))
+    lines, problems = validate(cfg, args.config)
+    print("\n".join(lines))
+    return 2 if problems else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from harness.catalog import catalog
+
+    print("\n".join(catalog(args.what)))
+    return 0
+
+
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness import driver
 
@@ -103,31 +140,85 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="harness", description=__doc__.splitlines()[0] if __doc__ else None
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it is None / False or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options accepted before and after the subcommand (SUPPRESS: the subcommand's copy sets
+    them only when given, so `harness -v run ...` and `harness run ... -v` both work)."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="debug logging"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    c.add_argument(
+        "-q", "--quiet", action="count", default=argparse.SUPPRESS, help="warnings and errors only"
+    )
+    c.add_argument(
+        "--include",
+        action="append",
+        metavar="MODULE",
+        default=argparse.SUPPRESS,
+        help="import MODULE first: it may register methods / scorers (repeatable)",
+    )
+    return c
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("overrides of the config (recorded in the run's config.yaml)")
+    g.add_argument("--limit", type=int, metavar="N", help="dataset.limit: first N prompts/pairs")
+    g.add_argument("--models", action="append", metavar="ID,...", help="only these models")
+    g.add_argument("--methods", action="append", metavar="NAME,...", help="only these methods")
+    g.add_argument("--samples", type=int, metavar="N", help="samples_per_prompt")
+    g.add_argument("--device", help="runtime.device: cpu, cuda, cuda:1 ...")
+    g.add_argument("--batch-size", type=int, metavar="N", help="runtime.batch_size")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    p = argparse.ArgumentParser(
+        prog="harness",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        parents=[common],
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="plan, generate, score and aggregate a config")
+
+    def add(name: str, help: str, **kw: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common], **kw)  # type: ignore[arg-type]
+
+    r = add("run", "plan, generate, score and aggregate a config")
     r.add_argument("config", help="YAML config file")
     r.add_argument("--out", required=True, help="run directory (local path or s3:// / gs:// URI)")
     r.add_argument("--no-ray", action="store_true", help="run in this process, without Ray")
-    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars (Ray's too)")
     r.add_argument(
         "--retry-failed", action="store_true", help="generate again the jobs that failed"
     )
+    _add_overrides(r)
     r.set_defaults(func=cmd_run)
-    s = sub.add_parser("status", help="planned / done / failed per stage")
+    v = add("validate", "check a config completely and print its plan; starts nothing")
+    v.add_argument("config", help="YAML config file")
+    _add_overrides(v)
+    v.set_defaults(func=cmd_validate)
+    ls = add("list", "methods, scorers or models with their parameters and defaults")
+    ls.add_argument("what", choices=("methods", "scorers", "models"))
+    ls.set_defaults(func=cmd_list)
+    s = add("status", "planned / done / failed per stage")
     s.add_argument("run")
     s.set_defaults(func=cmd_status)
-    sc = sub.add_parser("score", help="(re)score an existing run: only what is missing")
+    sc = add("score", "(re)score an existing run: only what is missing")
     sc.add_argument("run")
     sc.add_argument("--scorer", action="append", help="only this scorer (repeatable)")
     sc.add_argument("--config", help="config with the scorers (default: the run's config.yaml)")
     sc.add_argument("--no-ray", action="store_true")
     sc.set_defaults(func=cmd_score)
-    a = sub.add_parser("aggregate", help="summary tables from what is scored")
+    a = add("aggregate", "summary tables from what is scored")
     a.add_argument("run")
     a.add_argument(
         "--use-scorer",
@@ -141,13 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--seed", type=int, help="bootstrap / permutation seed")
     a.set_defaults(func=cmd_aggregate)
-    th = sub.add_parser("train-head", help="train a linear attribute head on a frozen LM")
+    th = add(
+        "train-head",
+        "train a linear attribute head on a frozen LM",
+        formatter_class=_DefaultsFormatter,
+    )
     add_train_head_args(th)
+    for action in th._actions:  # options without help text would show no default
+        if action.help is None and action.option_strings and action.default is not None:
+            action.help = "default: %(default)s"
     th.set_defaults(func=train_head_main)
-    tp = sub.add_parser("token-prior", help="unigram token counts of a corpus (UDDIA's prior)")
+    tp = add("token-prior", "unigram token counts of a corpus (UDDIA's prior)")
     add_token_prior_args(tp)
     tp.set_defaults(func=token_prior_main)
-    c = sub.add_parser("compare", help="per-cell differences of two runs' summaries")
+    c = add("compare", "per-cell differences of two runs' summaries")
     add_compare_args(c)
     c.set_defaults(func=compare_main)
     return p
@@ -155,22 +253,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    progress = not getattr(args, "no_progress", False)
+    for name, default in (("verbose", 0), ("quiet", 0), ("include", [])):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    env_set = setup_logging(int(args.verbose) - int(args.quiet), progress)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        if args.include:
+            from workers.plugins import include
+
+            include(args.include)
         return int(args.func(args))
     except (ConfigError, DatasetError, StoreError, JoinError, KeyError, ValueError) as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        print(f"error: {redact_text(_message(exc))}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact_text(str(exc))}", file=sys.stderr)
         return 1
     finally:
         if "harness.ray_runtime" in sys.modules:
             from harness.ray_runtime import shutdown_ray
 
             shutdown_ray()
+        for key in env_set:
+            os.environ.pop(key, None)
+
+
+def _message(exc: Exception) -> str:
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)

@@ -1,26 +1,29 @@
-"""The run config: a YAML file checked by pydantic (unknown keys are errors)."""
+"""The run config: a YAML file checked by pydantic, strictly and completely, before anything runs.
+
+Strict: unknown keys, duplicate YAML keys, a bool where a number belongs, non-finite floats,
+unknown method / scorer names and method parameter values of the wrong type are errors. Complete:
+every error of a file is reported at once, each naming its field (and line, for YAML errors),
+with "did you mean" for misspelt keys and names.
+"""
 
 from __future__ import annotations
 
+import difflib
 import logging
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from jobs.redact import REDACTED, SECRET_KEYS, is_secret_key, redact_text
 from jobs.spec import GenerationParams, ModelRef
 
 log = logging.getLogger("harness")
 
 TASKS = ("sentiment", "regard", "toxicity")
-SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
-
-
-def is_secret_key(name: str) -> bool:
-    """`api_key`, `token`, `aws_secret`... (exact names or `_`-suffixes; not `max_new_tokens`)."""
-    low = name.lower()
-    return any(low == s or low.endswith("_" + s) for s in SECRET_KEYS)
+__all__ = ["SECRET_KEYS", "ConfigError", "RunConfig", "is_secret_key", "load_config"]
 
 
 class ConfigError(ValueError):
@@ -28,7 +31,8 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no "3" for 3, no true for a count; allow_inf_nan: `.inf` / `.nan` are errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class GenerationConfig(Strict):
@@ -55,13 +59,24 @@ class DatasetConfig(Strict):
             raise ValueError("paired-jsonl needs `files: {group: path, ...}`")
         if self.kind == "prompt-list" and not self.path:
             raise ValueError("prompt-list needs `path`")
+        seen: dict[str, str] = {}
+        for group, spec in (self.files or {}).items():
+            if spec in seen:
+                raise ValueError(f"groups {seen[spec]!r} and {group!r} name the same file {spec}")
+            seen[spec] = group
         return self
 
 
 class ModelConfig(Strict):
-    id: str
+    id: str  # hub id, local folder (relative to the config's folder) or tiny-random/<family>
+    name: str | None = None  # display label in tables and logs (default: the id)
     revision: str | None = None
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    tokenizer: str | None = None  # hub id or folder of another tokenizer (part of the job id)
+    # Loading options passed to from_pretrained; they do not change the job id.
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None  # e.g. "sdpa", "eager", "flash_attention_2"
+    device_map: str | None = None  # e.g. "auto" (one replica over its GPUs)
     # Overrides the run's generation parameters whole. Without it, a model the paper ran gets
     # the paper's sampling parameters as defaults under what the run's `generation` sets.
     generation: GenerationConfig | None = None
@@ -82,8 +97,19 @@ class ModelConfig(Strict):
             raise ValueError(f"num_gpus above 1 must be a whole number, got {value}")
         return value
 
+    @property
+    def label(self) -> str:
+        """What tables and logs call this model: `name`, else the id."""
+        return self.name or self.id
+
     def ref(self) -> ModelRef:
-        return ModelRef(self.id, self.revision, self.dtype)
+        load = {
+            "trust_remote_code": self.trust_remote_code or None,
+            "attn_implementation": self.attn_implementation,
+            "device_map": self.device_map,
+        }
+        options = tuple(sorted((k, v) for k, v in load.items() if v is not None))
+        return ModelRef(self.id, self.revision, self.dtype, self.tokenizer, options)
 
 
 class NamedConfig(Strict):
@@ -125,6 +151,8 @@ class AggregationConfig(Strict):
     n_perm: int = Field(200, ge=0)  # permutations of each gap's test; 0: no p-values
     seed: int = 0  # seeds resamples and permutations, per (model, task)
     level: float = Field(0.95, gt=0, lt=1)  # confidence level of the percentile intervals
+    # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
+    max_jobs: int = Field(10_000_000, ge=1)
 
 
 class RunConfig(Strict):
@@ -151,30 +179,19 @@ class RunConfig(Strict):
         return value
 
     @model_validator(mode="after")
-    def _registered(self) -> RunConfig:
-        from workers.methods.registry import check_method_name, resolve_params
-        from workers.scorers.registry import check_scorer_name
+    def _unique_labels(self) -> RunConfig:
+        labels = [m.label for m in self.models]
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise ValueError(f"models: two entries are called {', '.join(twice)} (set `name`)")
+        return self
 
-        for i, m in enumerate(self.methods):
-            try:
-                check_method_name(m.name)
-                for model in self.models:
-                    resolve_params(m.name, m.params, model.id)
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"methods.{i}: {exc}") from None
-        from workers.tiny import TINY_FAMILIES, TINY_PREFIX
+    def model_labels(self) -> dict[str, str]:
+        """Model id → display label (`name`, else the id), for tables and logs."""
+        return {m.id: m.label for m in self.models}
 
-        for i, model in enumerate(self.models):
-            tiny = model.id.startswith(TINY_PREFIX)
-            family = model.id[len(TINY_PREFIX) :]
-            if tiny and (family not in TINY_FAMILIES or family == "bert"):
-                known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
-                raise ValueError(f"models.{i}.id: unknown tiny model {model.id!r}; known: {known}")
-        for i, s in enumerate(self.scorers):
-            try:
-                check_scorer_name(s.name)
-            except KeyError as exc:
-                raise ValueError(f"scorers.{i}: {exc.args[0]}") from None
+    @model_validator(mode="after")
+    def _heads_match(self) -> RunConfig:
         self._check_heads()
         return self
 
@@ -216,44 +233,250 @@ def _check_one(check: Any, error: type[Exception], where: str, *args: str) -> No
         log.warning("%s: %s", where, note)
 
 
-def _format_errors(path: str, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid config ({exc.error_count()} error(s))"]
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that the path `loc` (below RunConfig) points into."""
+    cls: type[BaseModel] | None = RunConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(str(part)) if cls is not None else None
+        if field is None:
+            return None
+        cls = _model_in(field.annotation)
+    return cls
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _pydantic_errors(exc: ValidationError) -> list[str]:
+    lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+            owner = _model_at(loc[:-1])
+            known = list(owner.model_fields) if owner is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            msg = "unknown key" + (f"; did you mean {close[0]}?" if close else "")
+        elif err["type"] in ("int_type", "float_type", "bool_type") and isinstance(
+            err.get("input"), bool | str
+        ):
+            msg = f"{msg}, got {err['input']!r}"
+        lines.append(f"  {where}: {msg}")
+    return lines
+
+
+def _name_errors(data: dict[str, Any]) -> list[str]:
+    """Unknown method / scorer / tiny model names and bad method parameters, from the raw data."""
+    from workers.methods.registry import check_method_name, resolve_params
+    from workers.scorers.registry import check_scorer_name
+    from workers.tiny import TINY_FAMILIES, TINY_PREFIX
+
+    errors = []
+    models = [m for m in _as_list(data.get("models")) if isinstance(m, dict)]
+    model_ids = [m["id"] for m in models if isinstance(m.get("id"), str)] or ["(any)"]
+    for i, m in enumerate(_as_list(data.get("methods"))):
+        name, params = (m, {}) if isinstance(m, str) else (m.get("name"), m.get("params", {}))
+        if not isinstance(name, str) or not isinstance(params, dict):
+            continue  # the type errors are pydantic's
+        try:
+            check_method_name(name)
+            for mid in dict.fromkeys(model_ids):
+                resolve_params(name, params, mid)
+        except (KeyError, ValueError) as exc:
+            errors.append(f"  methods.{i}: {exc.args[0] if isinstance(exc, KeyError) else exc}")
+    for i, model in enumerate(models):
+        mid = model.get("id")
+        if isinstance(mid, str) and mid.startswith(TINY_PREFIX):
+            family = mid[len(TINY_PREFIX) :]
+            if family not in TINY_FAMILIES or family == "bert":
+                known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
+                errors.append(f"  models.{i}.id: unknown tiny model {mid!r}; known: {known}")
+    for i, sc in enumerate(_as_list(data.get("scorers"))):
+        name = sc if isinstance(sc, str) else sc.get("name") if isinstance(sc, dict) else None
+        if isinstance(name, str):
+            try:
+                check_scorer_name(name)
+            except KeyError as exc:
+                errors.append(f"  scorers.{i}: {exc.args[0]}")
+    return errors
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def grid_factor(cfg: RunConfig) -> int:
+    """Jobs per prompt: models × methods × tasks × samples."""
+    return len(cfg.models) * len(cfg.methods) * len(cfg.tasks) * cfg.samples_per_prompt
+
+
+def check_grid_size(cfg: RunConfig, n_prompts: int, source: str = "<config>") -> int:
+    """The grid's size, computed without building it; refused above `runtime.max_jobs`."""
+    size = n_prompts * grid_factor(cfg)
+    if size > cfg.runtime.max_jobs:
+        raise ConfigError(
+            f"{source}: the grid has {size:,} jobs ({n_prompts:,} prompts × {len(cfg.models)} "
+            f"models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
+            f"{cfg.samples_per_prompt:,} samples), more than runtime.max_jobs = "
+            f"{cfg.runtime.max_jobs:,}; lower it or raise max_jobs"
+        )
+    return size
 
 
 def parse_config(data: Any, source: str = "<config>") -> RunConfig:
+    """Validate `data`; every error found is reported at once in one ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
+    errors = []
+    cfg = None
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(source, exc)) from None
+        errors += _pydantic_errors(exc)
+    errors += _name_errors(data)
+    if cfg is not None and not errors:
+        try:
+            check_grid_size(cfg, 1, source)  # refuse an absurd grid before reading prompts
+        except ConfigError as exc:
+            errors.append("  " + str(exc).split(": ", 1)[1])
+    if errors:
+        raise ConfigError(
+            "\n".join([f"{source}: invalid config ({len(errors)} error(s))", *errors])
+        )
+    assert cfg is not None
+    return cfg
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a YAML config; relative dataset paths resolve against its folder."""
-    p = Path(path)
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (naming it and both lines)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it
+            if not duplicate:
+                seen[key] = line
+            else:
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first})",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML text strictly (duplicate keys refused); errors name `source` and the line."""
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
         raise ConfigError(
-            f"{path}:{where} not valid YAML ({getattr(exc, 'problem', exc)})"
+            f"{source}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})"
         ) from None
+
+
+def read_text(path: str | Path, what: str = "config") -> str:
+    """A UTF-8 text file; unreadable or binary input names the file (and line of a bad byte)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+            f"is this a {what} file?"
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"{path}: line {line}: a NUL byte; is this a {what} file?")
+    return text
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read and validate a YAML config; relative dataset and model paths resolve against its
+    folder. `overrides` (command-line options, see `apply_overrides`) apply before validation,
+    so the snapshot written beside the outputs records them."""
+    p = Path(path)
+    data = load_yaml(read_text(p), str(path))
     if isinstance(data, dict):
         data = _resolve_paths(data, p.resolve().parent)
+        if overrides:
+            data = apply_overrides(data, overrides)
     return parse_config(data, str(path))
+
+
+# Command-line override → where it goes in the config.
+OVERRIDES = {
+    "limit": ("dataset", "limit"),
+    "samples": ("samples_per_prompt",),
+    "batch_size": ("runtime", "batch_size"),
+    "device": ("runtime", "device"),
+}
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`data` with command-line overrides: `limit`, `samples`, `batch_size`, `device` set their
+    fields; `models` / `methods` (lists of names) keep the config's entries of those names
+    (a model by id or `name`) and add plain entries for the others, in the order given."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in OVERRIDES:
+            *parents, leaf = OVERRIDES[key]
+            node = out
+            for part in parents:
+                node[part] = dict(node.get(part) or {})
+                node = node[part]
+            node[leaf] = value
+        elif key == "models":
+            have = [m for m in _as_list(out.get("models")) if isinstance(m, dict)]
+            out["models"] = [_pick(have, v, ("id", "name"), "id") for v in value]
+        elif key == "methods":
+            have = [{"name": m} if isinstance(m, str) else m for m in _as_list(out.get("methods"))]
+            out["methods"] = [_pick(have, v, ("name",), "name") for v in value]
+        else:
+            raise ConfigError(f"unknown override {key!r}")
+    return out
+
+
+def _pick(entries: list[Any], wanted: str, keys: tuple[str, ...], new_key: str) -> Any:
+    for entry in entries:
+        if isinstance(entry, dict) and any(entry.get(k) == wanted for k in keys):
+            return entry
+    if new_key == "id" and _looks_local(wanted, Path.cwd()):
+        wanted = str(Path(wanted).expanduser().resolve())
+    return {new_key: wanted}
+
+
+def _looks_local(value: str, base: Path) -> bool:
+    """A model or tokenizer given as a path: explicit (./, ../, /, ~) or an existing folder."""
+    return value.startswith((".", "/", "~")) or (base / value).is_dir()
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -261,7 +484,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
         if not isinstance(value, str) or "://" in value or value == "builtin":
             return value
         candidate = Path(value).expanduser()
-        return str(candidate if candidate.is_absolute() else (base / candidate))
+        return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
 
     out = dict(data)
     ds = out.get("dataset")
@@ -275,28 +498,35 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     if out.get("gender_words") is not None:
         out["gender_words"] = fix(out["gender_words"])
     if isinstance(out.get("models"), list):
-        out["models"] = [
-            {**m, "heads": {t: fix(h) for t, h in m["heads"].items()}}
-            if isinstance(m, dict) and isinstance(m.get("heads"), dict)
-            else m
-            for m in out["models"]
-        ]
+        models = []
+        for m in out["models"]:
+            if isinstance(m, dict):
+                m = dict(m)
+                for key in ("id", "tokenizer"):
+                    value = m.get(key)
+                    if isinstance(value, str) and _looks_local(value, base):
+                        m[key] = fix(value)
+                if isinstance(m.get("heads"), dict):
+                    m["heads"] = {t: fix(h) for t, h in m["heads"].items()}
+            models.append(m)
+        out["models"] = models
     return out
 
 
+def redact(obj: Any) -> Any:
+    """`obj` (plain data) with secret-looking keys' values and URL credentials replaced."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_key(str(k)) and v else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj
+
+
 def redacted(config: RunConfig) -> dict[str, Any]:
-    """The config as a plain dict with every secret-looking parameter replaced."""
-
-    def scrub(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {
-                k: ("<redacted>" if is_secret_key(k) and v else scrub(v)) for k, v in obj.items()
-            }
-        if isinstance(obj, list):
-            return [scrub(v) for v in obj]
-        return obj
-
-    return scrub(config.model_dump(mode="json"))  # type: ignore[no-any-return]
+    """The config as a plain dict with every secret-looking parameter and URL token replaced."""
+    return redact(config.model_dump(mode="json"))  # type: ignore[no-any-return]
 
 
 def dump_config(config: RunConfig) -> str:

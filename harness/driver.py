@@ -10,7 +10,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from harness.config import GenerationConfig, ModelConfig, RunConfig, dump_config
+from harness.config import (
+    GenerationConfig,
+    ModelConfig,
+    RunConfig,
+    check_grid_size,
+    dump_config,
+)
 from harness.generation import generate_stage
 from harness.manifest import update_manifest
 from harness.scoring import pool_settings, score_run
@@ -61,6 +67,7 @@ def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
 def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     """Every job of the config's grid (validated input; nothing runs yet)."""
     prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}

@@ -1,33 +1,107 @@
-"""Progress bars per stage (jobs done / planned, rate, ETA) that also read well in `ray job logs`."""
+"""Progress bars per stage, and logging that cooperates with them.
+
+On a terminal: tqdm bars on stderr, and log lines written through `tqdm.write` so that they
+print above the bars instead of breaking them. Not on a terminal (a file, a pipe, `ray job
+logs`): no bars and no escape codes; a plain line per stage at most every `plain_every_s`
+seconds and one when the stage ends.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import time
 
 from tqdm import tqdm
 
+from jobs.redact import redact_text
+
+log = logging.getLogger("harness")
+
+# Environment for child processes (local Ray workers inherit it) when bars are off:
+# tqdm's own switch (tqdm >= 4.66 reads TQDM_* defaults), the Hugging Face download bars,
+# Ray Data's bars.
+QUIET_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def is_terminal() -> bool:
+    return sys.stderr.isatty()
+
 
 class Progress:
+    plain_every_s = 30.0
+
     def __init__(self, stage: str, total: int, done: int = 0, enabled: bool = True) -> None:
-        tty = sys.stderr.isatty()
+        self.stage, self.total, self.done = stage, total, done
         self.failed = 0
+        self.plain = enabled and not is_terminal()
+        self._last = time.monotonic()
         self.bar = tqdm(
             total=total,
             initial=done,
             desc=stage,
             unit="job",
-            disable=not enabled,
-            mininterval=0.5 if tty else 10.0,
+            disable=not enabled or self.plain,
+            mininterval=0.5,
             dynamic_ncols=True,
             file=sys.stderr,
         )
 
     def update(self, n: int, ok: int | None = None) -> None:
+        self.done += n
         if ok is not None:
             self.failed += n - ok
             if self.failed:
                 self.bar.set_postfix(failed=self.failed, refresh=False)
         self.bar.update(n)
+        if self.plain and time.monotonic() - self._last >= self.plain_every_s:
+            self._line()
+
+    def _line(self) -> None:
+        self._last = time.monotonic()
+        failed = f", {self.failed} failed" if self.failed else ""
+        log.info("%s: %d/%d jobs%s", self.stage, self.done, self.total, failed)
 
     def close(self) -> None:
         self.bar.close()
+        if self.plain:
+            self._line()
+
+
+class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes records with `tqdm.write` (above any bar); URL credentials redacted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(redact_text(self.format(record)), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
+    """Root logging for the CLI: -v (debug), default (info), -q (warnings only).
+
+    Without progress bars the child processes' bars are switched off too (QUIET_ENV).
+    Returns the environment variables it set (the caller may restore them).
+    """
+    level = logging.DEBUG if verbosity > 0 else logging.WARNING if verbosity < 0 else logging.INFO
+    handler = TqdmHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if isinstance(old, TqdmHandler):
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    env = {} if is_terminal() else {"RAY_COLOR_PREFIX": "0"}  # Ray's coloured "(pid=..)"
+    if not progress:
+        env.update(QUIET_ENV)
+    added = [key for key in env if key not in os.environ]
+    for key in added:
+        os.environ[key] = env[key]
+    return added

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
+import unicodedata
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from jobs.redact import redact_text
 
 # SHA-256 of the paper's public files (UDDIA repository), pinned so a changed source is caught.
 UDDIA_BASE = "https://raw.githubusercontent.com/minicheshire/Unified-Debiasing-and-Detoxifying/main"
@@ -30,7 +35,22 @@ PINNED_SHA256: dict[str, str] = {
 
 
 class DatasetError(ValueError):
-    """Malformed or unreadable prompt input; the message names the file and line."""
+    """Malformed or unreadable prompt input; the message names the file and line.
+
+    URL credentials in the message (`?token=...`) are redacted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_text(message))
+
+
+def is_blank(text: str) -> bool:
+    """Only whitespace, invisible format characters (zero-width space, BOM...) or controls."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc", "Zs") for ch in text)
+
+
+def url_basename(spec: str) -> str:
+    """The file name of a path or URL, without query string or fragment."""
+    return urllib.parse.urlsplit(spec).path.rsplit("/", 1)[-1] if "://" in spec else Path(spec).name
 
 
 @dataclass(frozen=True)
@@ -59,7 +79,8 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
     if spec.startswith(("http://", "https://")):
         cache = Path(cache_dir or default_cache_dir()) / "downloads"
         cache.mkdir(parents=True, exist_ok=True)
-        name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + spec.rsplit("/", 1)[-1]
+        # The name hashes the whole URL but shows only its file name: no query token in it.
+        name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
         path = cache / name
         if not path.exists():
             tmp = path.with_suffix(path.suffix + ".tmp")
@@ -87,14 +108,27 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
 
 def iter_jsonl(path: str, spec: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of each non-blank line; bad JSON names `spec` and the line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = _decode(raw, spec, lineno)
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
+
+
+def _decode(raw: bytes, spec: str, first_line: int = 1) -> str:
+    """UTF-8 text of `raw`; a bad byte names `spec` and its line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = first_line + raw[: exc.start].count(b"\n")
+        raise DatasetError(
+            f"{spec}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def _read_jsonl_prompts(path: str, spec: str) -> list[tuple[int, str, dict[str, Any]]]:
@@ -105,8 +139,8 @@ def _read_jsonl_prompts(path: str, spec: str) -> list[tuple[int, str, dict[str, 
         text = prompt.get("text") if isinstance(prompt, dict) else None
         if not isinstance(text, str):
             raise DatasetError(f"{spec}: line {lineno}: missing prompt.text")
-        if not text.strip():
-            raise DatasetError(f"{spec}: line {lineno}: empty prompt")
+        if is_blank(text):
+            raise DatasetError(f"{spec}: line {lineno}: empty prompt (only blank characters)")
         out.append((lineno, text, rec))
     return out
 
@@ -154,7 +188,7 @@ def load_prompt_list(
 
     words = words or builtin_gender_words()
     path = fetch(spec, sha256=sha256, cache_dir=cache_dir)
-    stem = Path(spec).stem
+    stem = Path(url_basename(spec)).stem
     texts: list[tuple[int, str]] = []
     if path.endswith((".jsonl", ".json")):
         if text_field == "prompt.text":
@@ -162,7 +196,9 @@ def load_prompt_list(
         else:
             texts = [(ln, _field(rec, text_field, spec, ln)) for ln, rec in iter_jsonl(path, spec)]
     elif path.endswith(".csv"):
-        with open(path, encoding="utf-8", newline="") as fh:
+        with open(path, "rb") as raw:
+            data = _decode(raw.read(), spec)
+        with io.StringIO(data, newline="") as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames is None or text_field not in reader.fieldnames:
                 raise DatasetError(
@@ -180,8 +216,8 @@ def load_prompt_list(
     else:
         raise DatasetError(f"{spec}: unknown prompt file type (use .jsonl, .csv or .parquet)")
     for lineno, text in texts:
-        if not text.strip():
-            raise DatasetError(f"{spec}: line {lineno}: empty prompt")
+        if is_blank(text):
+            raise DatasetError(f"{spec}: line {lineno}: empty prompt (only blank characters)")
     if not texts:
         raise DatasetError(f"{spec}: no prompts")
     texts = texts[:limit] if limit is not None else texts

@@ -40,6 +40,17 @@ class ModelRef:
     id: str
     revision: str | None = None
     dtype: str = "float32"
+    tokenizer: str | None = None  # another tokenizer than the model's (hashed only when set)
+    # Loading options that do not change what is sampled (trust_remote_code,
+    # attn_implementation, device_map), as sorted (key, value) pairs; never hashed.
+    load: tuple[tuple[str, object], ...] = ()
+
+    def identity(self) -> dict[str, Any]:
+        """The hashed fields: those of JOB_ID_VERSION 1, plus `tokenizer` only when set."""
+        out: dict[str, Any] = {"id": self.id, "revision": self.revision, "dtype": self.dtype}
+        if self.tokenizer is not None:
+            out["tokenizer"] = self.tokenizer
+        return out
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ class JobSpec:
             "seed": self.seed,
             "method": self.method,
             "method_params": json.loads(self.method_params),
-            "model": asdict(self.model),
+            "model": self.model.identity(),
             "task": self.task,
             "generation": asdict(self.generation),
         }

@@ -283,8 +283,10 @@ def test_pplm_persists_the_perturbed_history(lm: LoadedLM) -> None:
 
 
 def test_pplm_rejects_bad_parameters_and_falls_back_to_family_steps(lm: LoadedLM) -> None:
-    with pytest.raises(MethodError, match="horizon_length >= 1"):
-        build(lm, "pplm", {"horizon_length": 0})
+    with pytest.raises(ValueError, match="horizon_length = 0: must be in"):  # config validation
+        resolve_params("pplm", {"horizon_length": 0}, lm.ref.id)
+    with pytest.raises(MethodError, match="horizon_length >= 1"):  # the method's own check
+        load_method("pplm")(lm, {**resolve_params("pplm", {}, lm.ref.id), "horizon_length": 0}, "x")
     assert build(lm, "pplm", {}).effective_params()["steps"] == 10
     falcon = load_lm(ModelRef("tiny-random/falcon"), device="cpu")
     assert build(falcon, "pplm", {}).effective_params()["steps"] == 3

@@ -82,8 +82,10 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path: Path) -> None:
     assert res.returncode == 2 and "methods.0: unknown method 'lidao-mni'" in res.stderr
     bad = tmp_path / "f.jsonl"
     bad.write_text('{"prompt": {"text": "ok"}}\n{oops\n')
+    good = tmp_path / "m.jsonl"  # two groups may not name one file
+    good.write_text('{"prompt": {"text": "ok"}}\n{"prompt": {"text": "fine"}}\n')
     cfg = write_config(
-        tmp_path, dataset={"kind": "paired-jsonl", "files": {"female": str(bad), "male": str(bad)}}
+        tmp_path, dataset={"kind": "paired-jsonl", "files": {"female": str(bad), "male": str(good)}}
     )
     res = harness("run", str(cfg), "--out", str(tmp_path / "r"), "--no-ray")
     assert res.returncode == 2 and "f.jsonl: line 2: bad JSON" in res.stderr

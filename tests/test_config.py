@@ -39,6 +39,15 @@ def test_the_quickstart_is_valid() -> None:
         ),
         (with_(tasks=["fairness"]), r"tasks.0"),
         (
+            with_(
+                models=[
+                    {"id": "tiny-random/gpt2"},
+                    {"id": "tiny-random/opt", "name": "tiny-random/gpt2"},
+                ]
+            ),
+            r"Value error, models: two entries are called tiny-random/gpt2 \(set `name`\)",
+        ),
+        (
             with_(methods=[{"name": "vanilla", "params": {"lr": 1}}]),
             r"unknown parameter\(s\) \['lr'\]",
         ),
@@ -92,3 +101,195 @@ def test_a_paper_model_defaults_to_the_papers_sampling_parameters() -> None:
     assert (chosen.temperature, chosen.repetition_penalty) == (0.5, 1.2)
     cfg = parse_config(with_(models=[{**opt, "generation": {"max_new_tokens": 5}}]))
     assert generation_for(cfg, cfg.models[0]).temperature == 1.0
+
+
+# ---- strict and complete validation (issue 14) ----------------------------------------------
+
+
+def write_cfg(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+QUICK = """\
+name: t
+dataset: {kind: paired-jsonl, files: {female: f.jsonl, male: m.jsonl}}
+models: [{id: tiny-random/gpt2}]
+methods: [vanilla]
+tasks: [sentiment]
+"""
+
+
+def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"c.yaml: line 6:.*duplicate key 'tasks'.*line 5"):
+        load_config(write_cfg(tmp_path, QUICK + "tasks: [regard]\n"))
+    nested = QUICK.replace("{id: tiny-random/gpt2}", "{id: tiny-random/gpt2, id: x}")
+    with pytest.raises(ConfigError, match=r"line 3:.*duplicate key 'id'"):
+        load_config(write_cfg(tmp_path, nested))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "samples_per_prompt: true",
+            r"samples_per_prompt: Input should be a valid integer, got True",
+        ),
+        ("samples_per_prompt: '3'", r"samples_per_prompt: Input should be a valid integer"),
+        ("generation: {temperature: .inf}", r"generation.temperature: Input should be a finite"),
+        ("generation: {top_p: .nan}", r"generation.top_p: Input should be a finite"),
+        ("runtime: {batch_size: 2.0}", r"runtime.batch_size: Input should be a valid integer"),
+        ("generation: {temperature: true}", r"generation.temperature: .*valid number"),
+    ],
+)
+def test_strict_types(tmp_path: Path, extra: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write_cfg(tmp_path, QUICK + extra + "\n"))
+
+
+def test_every_error_is_reported_at_once_with_did_you_mean() -> None:
+    data = with_(
+        sampels_per_prompt=3,
+        generation={"temprature": 0.5},
+        methods=["lidao-mni", {"name": "lidao-min", "params": {"gamma": "high", "scope": "bogus"}}],
+        scorers=["sentimnet-vader"],
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "cfg.yaml")
+    text = str(err.value)
+    assert "cfg.yaml: invalid config (5 error(s))" in text, text
+    for part in (
+        "sampels_per_prompt: unknown key; did you mean samples_per_prompt?",
+        "generation.temprature: unknown key; did you mean temperature?",
+        "methods.0: unknown method 'lidao-mni'; did you mean lidao-min",
+        "methods.1: method 'lidao-min': parameter gamma = 'high': must be a number; "
+        "parameter scope = 'bogus': must be one of context, last",
+        "scorers.0: unknown scorer 'sentimnet-vader'",
+    ):
+        assert part in text, (part, text)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"blocks": True}, r"blocks = True: must be a whole number"),
+        ({"tau": 1.5}, r"tau = 1.5: must be in \[0.0, 1.0\]"),
+        ({"lr": float("inf")}, r"lr = inf: must be finite"),
+        ({"redo": "yes"}, r"redo = 'yes': must be true or false"),
+        ({"blocks": None}, r"blocks = None: must not be null"),
+    ],
+)
+def test_method_parameter_values_are_checked(params: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(with_(methods=[{"name": "uddia", "params": params}]))
+    ok = parse_config(with_(methods=[{"name": "uddia", "params": {"tau": 1, "head": None}}]))
+    assert ok.methods[0].params == {"tau": 1, "head": None}
+
+
+def test_a_huge_grid_is_refused_with_its_size_before_any_prompt_is_read() -> None:
+    with pytest.raises(ConfigError, match=r"1,000,000,000 jobs .* more than runtime.max_jobs"):
+        parse_config(with_(samples_per_prompt=10**9), "cfg.yaml")
+    from harness.config import check_grid_size
+
+    cfg = parse_config(with_(samples_per_prompt=10, runtime={"max_jobs": 100}))
+    assert check_grid_size(cfg, 10) == 100
+    with pytest.raises(ConfigError, match=r"the grid has 110 jobs \(11 prompts"):
+        check_grid_size(cfg, 11)
+
+
+def test_the_same_file_for_two_groups_is_refused(tmp_path: Path) -> None:
+    same = QUICK.replace("male: m.jsonl", "male: ./f.jsonl")
+    with pytest.raises(ConfigError, match=r"groups 'female' and 'male' name the same file"):
+        load_config(write_cfg(tmp_path, same))
+
+
+def test_binary_and_non_utf8_configs_name_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"name: t\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 2: not UTF-8 text \(byte 0xe9\)"):
+        load_config(path)
+    path.write_bytes(b"name: t\nx: 1\x00\x01\x02")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 2: a NUL byte"):
+        load_config(path)
+
+
+def test_model_paths_resolve_against_the_configs_folder(tmp_path: Path) -> None:
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    text = QUICK.replace(
+        "models: [{id: tiny-random/gpt2}]",
+        "models: [{id: models/mine, tokenizer: ./tok}, {id: gpt2}, {id: facebook/opt-6.7b}]",
+    )
+    (tmp_path / "sub").mkdir()
+    cfg = load_config(write_cfg(tmp_path, text))
+    first, hub, org = cfg.models
+    assert first.id == str(tmp_path / "models" / "mine") and first.tokenizer == str(
+        tmp_path / "tok"
+    )
+    assert (hub.id, org.id) == ("gpt2", "facebook/opt-6.7b")
+
+
+def test_url_tokens_are_redacted_in_the_snapshot() -> None:
+    url = "https://example.org/p.jsonl?token=sekrit-url-123&v=2"
+    cfg = parse_config(with_(dataset={"kind": "prompt-list", "path": url}))
+    text = dump_config(cfg)
+    assert "sekrit-url-123" not in text and "p.jsonl?token=<redacted>&v=2" in text
+
+
+def test_model_entry_fields_and_job_ids() -> None:
+    from jobs.spec import JobSpec
+
+    plain, rich, tok = parse_config(
+        with_(
+            models=[
+                {"id": "tiny-random/gpt2"},
+                {
+                    "id": "tiny-random/gpt2",
+                    "name": "tiny",
+                    "trust_remote_code": True,
+                    "attn_implementation": "eager",
+                    "device_map": "auto",
+                },
+                {"id": "tiny-random/gpt2", "tokenizer": "gpt2", "name": "tok"},
+            ]
+        )
+    ).models
+    assert rich.label == "tiny" and plain.label == "tiny-random/gpt2"
+    assert dict(rich.ref().load) == {
+        "trust_remote_code": True,
+        "attn_implementation": "eager",
+        "device_map": "auto",
+    }
+
+    def job_id(model: object) -> str:
+        return JobSpec("p:0", "Hi", "f", None, 0, "vanilla", model, "sentiment").job_id  # type: ignore[arg-type]
+
+    # loading options do not change a job's id; a tokenizer does, and only when set
+    assert job_id(plain.ref()) == job_id(rich.ref()) != job_id(tok.ref())
+
+
+def test_overrides_apply_before_validation(tmp_path: Path) -> None:
+    from harness.config import apply_overrides
+
+    path = write_cfg(
+        tmp_path,
+        QUICK.replace("methods: [vanilla]", "methods: [{name: uddia, params: {lam: 0.1}}]"),
+    )
+    cfg = load_config(
+        path,
+        {
+            "limit": 2,
+            "samples": 4,
+            "batch_size": 3,
+            "device": "cpu",
+            "methods": ["uddia", "vanilla"],
+            "models": ["tiny-random/opt"],
+        },
+    )
+    assert (cfg.dataset.limit, cfg.samples_per_prompt, cfg.runtime.batch_size) == (2, 4, 3)
+    assert cfg.runtime.device == "cpu" and [m.id for m in cfg.models] == ["tiny-random/opt"]
+    assert [(m.name, m.params) for m in cfg.methods] == [("uddia", {"lam": 0.1}), ("vanilla", {})]
+    assert "samples_per_prompt: 4" in dump_config(cfg)
+    with pytest.raises(ConfigError, match=r"samples_per_prompt: Input should be greater"):
+        load_config(path, {"samples": 0})
+    assert apply_overrides({"x": 1}, {"limit": None}) == {"x": 1}

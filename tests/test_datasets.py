@@ -127,3 +127,54 @@ def test_urls_are_downloaded_once_into_the_cache_and_checked(tmp_path: Path) -> 
             fetch(url.replace("f.jsonl", "missing.jsonl"), cache_dir=cache)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("blank", ["\u200b", " \u200b\u2060 ", "\ufeff", "\t"])
+def test_an_invisible_prompt_is_refused_naming_file_and_line(tmp_path: Path, blank: str) -> None:
+    f = write_jsonl(tmp_path / "f.jsonl", ["She said", blank])
+    m = write_jsonl(tmp_path / "m.jsonl", ["He said", "He went"])
+    with pytest.raises(DatasetError, match=r"f.jsonl: line 2: empty prompt"):
+        load_paired_jsonl({"female": f, "male": m})
+    csv = tmp_path / "p.csv"
+    csv.write_text(f"text\nhello\n{blank}\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"p.csv: line 3: empty prompt"):
+        load_prompt_list(str(csv), "text")
+
+
+def test_non_utf8_prompt_files_name_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "f.jsonl"
+    f.write_bytes(b'{"prompt": {"text": "ok"}}\n{"prompt": {"text": "caf\xe9"}}\n')
+    with pytest.raises(DatasetError, match=r"f.jsonl: line 2: not UTF-8 text \(byte 0xe9\)"):
+        load_prompt_list(str(f))
+    c = tmp_path / "p.csv"
+    c.write_bytes(b"text\nfine\nalso fine\n\xff\xfe bad\n")
+    with pytest.raises(DatasetError, match=r"p.csv: line 4: not UTF-8 text \(byte 0xff\)"):
+        load_prompt_list(str(c), "text")
+
+
+def test_a_url_token_stays_out_of_cache_names_prompt_ids_and_errors(tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "www").mkdir()
+    write_jsonl(tmp_path / "www" / "rtp.jsonl", ["The nurse said", "The doctor said"])
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # the server's own request log
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path / "www"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/rtp.jsonl?token=sekrit-999&x=1"
+        prompts = load_prompt_list(url, cache_dir=str(tmp_path / "cache"))
+        assert [p.prompt_id for p in prompts] == ["rtp:00001", "rtp:00002"]
+        names = [p.name for p in (tmp_path / "cache").rglob("*")]
+        assert names and not any("sekrit" in n for n in names), names
+        with pytest.raises(DatasetError) as err:
+            fetch(url, sha256="0" * 64, cache_dir=str(tmp_path / "cache"))
+        assert "sekrit" not in str(err.value) and "token=<redacted>" in str(err.value)
+    finally:
+        server.shutdown()

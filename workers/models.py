@@ -51,24 +51,13 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
     dtype = DTYPES[ref.dtype]
     spread = device == "auto"
     dev = pick_device(None if spread else device)
+    options = dict(ref.load)
+    if options.get("device_map") is not None:
+        spread = True  # the model entry's device_map places it; inputs follow the embeddings
     if ref.id.startswith(TINY_PREFIX):
         model, tokenizer = build_tiny_lm(ref.id, dtype)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(ref.id, revision=ref.revision)
-            placed = {"device_map": "auto"} if spread else {}
-            model = AutoModelForCausalLM.from_pretrained(
-                ref.id, revision=ref.revision, dtype=dtype, **placed
-            )
-        except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}"
-            ) from exc
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        model, tokenizer = _load_hf(ref, dtype, options, spread)
     if spread and hasattr(model, "hf_device_map"):
         dev = model.get_input_embeddings().weight.device  # inputs go where the embeddings are
     else:
@@ -78,3 +67,31 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
         p.requires_grad_(False)
     family = FAMILIES.get(getattr(model.config, "model_type", ""), "llama")
     return LoadedLM(ref, model, tokenizer, dev, family, words or builtin_gender_words())
+
+
+def _load_hf(ref: ModelRef, dtype: torch.dtype, options: dict[str, Any], spread: bool) -> Any:
+    """(model, tokenizer) through transformers, with the model entry's loading options."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trust = bool(options.get("trust_remote_code", False))
+    extra: dict[str, Any] = {"trust_remote_code": trust}
+    if options.get("attn_implementation"):
+        extra["attn_implementation"] = options["attn_implementation"]
+    if spread:
+        extra["device_map"] = options.get("device_map") or "auto"
+    tok_id = ref.tokenizer or ref.id
+    tok_rev = ref.revision if ref.tokenizer is None else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_id, revision=tok_rev, trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model {ref.id!r}: cannot load tokenizer {tok_id!r}: {exc}") from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            ref.id, revision=ref.revision, dtype=dtype, **extra
+        )
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model {ref.id!r} (revision {ref.revision}): cannot load: {exc}") from exc
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 from collections.abc import Mapping
 from typing import Any
+
+from workers.plugins import load_plugins
 
 METHODS: dict[str, str] = {
     "vanilla": "workers.methods.base:Vanilla",
@@ -122,6 +125,7 @@ class UnknownMethodError(KeyError):
 
 
 def check_method_name(name: str) -> None:
+    load_plugins()
     if name not in METHODS:
         close = difflib.get_close_matches(name, list(METHODS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -155,6 +159,9 @@ def resolve_params(
         raise ValueError(
             f"method {name!r}: unknown parameter(s) {unknown}; known: {sorted(defaults) or 'none'}"
         )
+    bad = check_param_values(name, params)
+    if bad:
+        raise ValueError(f"method {name!r}: " + "; ".join(bad))
     resolved = {**defaults, **model_defaults(name, model_id), **params}
     if task is not None and takes_head(name) and params.get("head") is None:
         resolved["head"] = (heads or {}).get(task)
@@ -176,3 +183,116 @@ def load_method(name: str) -> type[Any]:
     check_method_name(name)
     module, _, attr = METHODS[name].partition(":")
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+# ---- parameter types (checked when the config is validated, before anything starts) ---------
+
+# Declared type of each built-in parameter, by name (names mean the same in every method):
+# "float", "int", "bool", "str", "any"; a trailing "?" allows null (resolved at load time).
+PARAM_KINDS: dict[str, str] = {
+    "lr": "float?",
+    "tau": "float?",
+    "blocks": "int",
+    "scope": "str",
+    "head": "any",  # a head file, or null for the task's default head
+    "lam": "float",
+    "redo": "bool",
+    "gamma": "float",
+    "instruction": "str?",
+    "steps": "int?",
+    "step_size": "float",
+    "kl_scale": "float",
+    "gm_scale": "float",
+    "horizon_length": "int",
+    "window_length": "int",
+    "decay": "bool",
+    "gedi_model": "str?",
+    "code_desired": "str?",
+    "code_undesired": "str?",
+    "disc_weight": "float",
+    "filter_p": "float",
+    "target_p": "float",
+    "class_bias": "float?",
+    "expert": "str?",
+    "anti_expert": "str?",
+    "alpha": "float?",
+}
+PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scope": ("context", "last")}
+# Closed ranges (low, high), None = unbounded.
+PARAM_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "lr": (0.0, None),
+    "tau": (0.0, 1.0),
+    "blocks": (1, None),
+    "steps": (0, None),
+    "horizon_length": (1, None),
+    "window_length": (0, None),
+    "filter_p": (0.0, 1.0),
+    "target_p": (0.0, 1.0),
+}
+# Kinds declared by plugins (register_method(kinds=...)), per method.
+PLUGIN_KINDS: dict[str, dict[str, str]] = {}
+
+
+def param_kind(method: str, param: str) -> str:
+    """Declared kind of `param` of `method`; for plugins, declared or that of the default."""
+    declared = PLUGIN_KINDS.get(method, {}).get(param)
+    if declared is None and method in PLUGIN_KINDS:
+        default = DEFAULT_PARAMS.get(method, {}).get(param)
+        kinds = {bool: "bool", int: "int", float: "float", str: "str"}
+        declared = kinds.get(type(default), "any") + ("" if default is not None else "?")
+    return declared or PARAM_KINDS.get(param, "any")
+
+
+def _kind_error(kind: str, value: Any) -> str | None:
+    base, nullable = kind.rstrip("?"), kind.endswith("?")
+    if value is None:
+        return None if nullable or base == "any" else "must not be null"
+    if base == "bool" and not isinstance(value, bool):
+        return "must be true or false"
+    if base == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be a whole number"
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if not math.isfinite(value):
+            return "must be finite"
+    if base == "str" and not isinstance(value, str):
+        return "must be a string"
+    return None
+
+
+def check_param_values(name: str, params: dict[str, Any]) -> list[str]:
+    """Errors of the given parameter values of `name` (types, choices, ranges); [] if fine."""
+    errors = []
+    for key, value in params.items():
+        problem = _kind_error(param_kind(name, key), value)
+        if problem is None and value is not None and name not in PLUGIN_KINDS:
+            choices = PARAM_CHOICES.get(key)
+            low, high = PARAM_RANGES.get(key, (None, None))
+            if choices is not None and value not in choices:
+                problem = f"must be one of {', '.join(choices)}"
+            elif (low is not None and value < low) or (high is not None and value > high):
+                problem = f"must be in [{low}, {'inf' if high is None else high}]"
+        if problem is not None:
+            errors.append(f"parameter {key} = {value!r}: {problem}")
+    return errors
+
+
+def register_method(
+    name: str,
+    target: str,
+    params: dict[str, Any] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> None:
+    """Add a method from outside the tree (see workers/plugins.py).
+
+    `target` is `"module:Class"` (a `DecodingMethod`, imported only inside actors), `params`
+    its parameter defaults, `kinds` optional declared kinds (else those of the defaults).
+    """
+    if ":" not in target:
+        raise ValueError(f"method {name!r}: target {target!r} is not 'module:Class'")
+    if name in METHODS and METHODS[name] != target:
+        raise ValueError(f"method {name!r} is already registered as {METHODS[name]}")
+    METHODS[name] = target
+    DEFAULT_PARAMS[name] = dict(params or {})
+    PLUGIN_KINDS[name] = dict(kinds or {})

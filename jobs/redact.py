@@ -1,0 +1,49 @@
+"""Secrets out of everything written or printed: secret-looking keys and URL credentials.
+
+A value is secret when its key looks like one (`api_key`, `token`, `aws_secret`...), and inside
+any text when it is a URL's user:password or the value of a secret-looking query parameter
+(`?token=...`, `&sig=...`, `X-Amz-Signature=...`).
+"""
+
+from __future__ import annotations
+
+import re
+
+SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
+# Query parameters that carry credentials although their names do not end in a secret key.
+SECRET_QUERY = (
+    "sig",
+    "signature",
+    "auth",
+    "access_token",
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-goog-signature",
+    "x-goog-credential",
+    "code",
+    "apikey",
+    "pass",
+    "pwd",
+)
+REDACTED = "<redacted>"
+
+_QUERY = re.compile(r"([?&;])([^=&;#\s\"']+)=([^&;#\s\"']*)")
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s\"']+)@")
+
+
+def is_secret_key(name: str) -> bool:
+    """`api_key`, `token`, `aws_secret`... (exact names or `_`/`-`-suffixes; not `max_new_tokens`)."""
+    low = name.lower().replace("-", "_")
+    return any(low == s or low.endswith("_" + s) for s in SECRET_KEYS) or low in SECRET_QUERY
+
+
+def redact_text(text: str) -> str:
+    """`text` with URL user:password and secret query values replaced by `<redacted>`."""
+    if "=" not in text and "@" not in text:
+        return text
+
+    def query(m: re.Match[str]) -> str:
+        sep, key, value = m.groups()
+        return f"{sep}{key}={REDACTED}" if is_secret_key(key) and value else m.group(0)
+
+    return _QUERY.sub(query, _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text))

@@ -1,0 +1,108 @@
+"""Methods and scorers from outside the tree: Python entry points and `--include` modules.
+
+Two ways to add a method or a scorer, both torch-free on the driver:
+
+* an installed package declares entry points in the groups `lidao_harness.methods` and
+  `lidao_harness.scorers`; each names a plain dict (imported on the driver, so its module must
+  not import torch)::
+
+      [project.entry-points."lidao_harness.methods"]
+      boost = "my_plugin:BOOST"      # BOOST = {"target": "my_plugin.method:Boost",
+                                     #          "params": {"strength": 1.0}}
+      [project.entry-points."lidao_harness.scorers"]
+      shout = "my_plugin:SHOUT"      # SHOUT = {"target": "my_plugin.scorer:Shout",
+                                     #          "metric": "shouting"}
+
+* `harness --include my_module ...` imports `my_module`, which calls
+  `workers.methods.registry.register_method` / `workers.scorers.registry.register_scorer`.
+
+The included module names travel to local Ray workers in the environment variable
+`LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same names. The target
+classes are imported only where they run (inside actors), like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from importlib.metadata import entry_points
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+INCLUDE_ENV = "LIDAO_HARNESS_INCLUDE"
+METHOD_GROUP = "lidao_harness.methods"
+SCORER_GROUP = "lidao_harness.scorers"
+
+_state = {"loaded": False, "loading": False}
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be loaded; the message names the module or entry point."""
+
+
+def include(modules: list[str]) -> None:
+    """Import `modules` now and record them for Ray workers (environment variable)."""
+    have = [m for m in os.environ.get(INCLUDE_ENV, "").split(",") if m]
+    for module in modules:
+        if module not in have:
+            have.append(module)
+    os.environ[INCLUDE_ENV] = ",".join(have)
+    _state["loaded"] = False
+    load_plugins()
+
+
+def load_plugins() -> None:
+    """Register every entry point and included module (once per process; idempotent)."""
+    if _state["loaded"] or _state["loading"]:
+        return
+    _state["loading"] = True
+    try:
+        for group, register in ((METHOD_GROUP, _register_method), (SCORER_GROUP, _register_scorer)):
+            for ep in entry_points(group=group):
+                try:
+                    spec = ep.load()
+                except Exception as exc:
+                    raise PluginError(
+                        f"entry point {ep.name} = {ep.value} ({group}): cannot import ({exc})"
+                    ) from exc
+                register(ep.name, spec, f"entry point {ep.name} = {ep.value}")
+        for module in filter(None, os.environ.get(INCLUDE_ENV, "").split(",")):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise PluginError(f"--include {module}: cannot import ({exc})") from exc
+        _state["loaded"] = True
+    finally:
+        _state["loading"] = False
+
+
+def _spec(spec: Any, where: str) -> dict[str, Any]:
+    if isinstance(spec, str):
+        return {"target": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("target"), str):
+        raise PluginError(f"{where}: expected a dict with a 'target': 'module:Class' string")
+    return spec
+
+
+def _register_method(name: str, spec: Any, where: str) -> None:
+    from workers.methods.registry import register_method
+
+    s = _spec(spec, where)
+    try:
+        register_method(name, s["target"], params=s.get("params"), kinds=s.get("kinds"))
+    except ValueError as exc:
+        raise PluginError(f"{where}: {exc}") from None
+
+
+def _register_scorer(name: str, spec: Any, where: str) -> None:
+    from workers.scorers.registry import register_scorer
+
+    s = _spec(spec, where)
+    if not isinstance(s.get("metric"), str):
+        raise PluginError(f"{where}: a scorer entry needs 'metric' (e.g. 'toxicity')")
+    try:
+        register_scorer(name, s["target"], s["metric"], params=s.get("params"))
+    except ValueError as exc:
+        raise PluginError(f"{where}: {exc}") from None
