@@ -50,6 +50,8 @@ def generation_rows(store: RunStore) -> list[dict[str, Any]]:
     gens = store.read_generations()
     if gens.is_empty():
         raise StoreError(f"no generations in {store.uri}; run `python -m harness run` first")
+    if store.exists("plan.parquet"):  # rows of a replaced plan are never scored
+        gens = gens.filter(gens["job_id"].is_in(store.read_plan()["job_id"]))
     return gens.filter(gens["status"] == "ok").to_dicts()
 
 
@@ -95,7 +97,9 @@ class _Work:
                 f"scorer {self.name!r} returned {len(out)} rows for {len(chunk)} "
                 f"(one per row expected; e.g. missing {lost})"
             )
-        store.write_scores(self.name, SCORER_METRICS[self.name], out)
+        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
+        if kept:
+            store.write_scores(self.name, SCORER_METRICS[self.name], kept)
         self.statuses.update(r["status"] for r in out)
         if self.progress is not None:  # empty rows are not failures
             self.progress.update(len(out), ok=sum(r["status"] != "error" for r in out))
