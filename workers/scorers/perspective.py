@@ -214,6 +214,9 @@ class PerspectiveToxicity(Scorer):
                     out[i] = null_row(self, rows[i], "missing", "not in the Perspective cache")
             self.counts["missing"] += sum(len(need[it.key]) for it in todo)
             self._progress(sum(len(need[it.key]) for it in todo))
+            for key, outcome in outcomes.items():
+                for i in need[key]:
+                    out[i] = self._row(rows[i], outcome)
             return self._finish(out)
 
         def settled(key: CacheKey, answer: Answer) -> None:
