@@ -66,7 +66,9 @@ def run_status(store: RunStore) -> str:
         tail = f"; {outside} row(s) outside the plan, not counted" if outside else ""
         lines.append(f"  {name}: {detail or 'none'}; missing {missing}{tail}")
     lines.append(f"summary.parquet: {_summary_state(store, newest_score)}")
-    lines.append(f"report/tables.md: {'written' if store.exists('report/tables.md') else 'not yet'}")
+    lines.append(
+        f"report/tables.md: {'written' if store.exists('report/tables.md') else 'not yet'}"
+    )
     return "\n".join(lines)
 
 

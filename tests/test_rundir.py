@@ -86,9 +86,7 @@ def test_score_by_name_adds_a_scorer_records_it_and_reruns_do_no_work(base_run: 
     again = harness("score", str(base_run), "--scorer", "sentiment-vader", "--no-ray")
     assert again.returncode == 0 and "sentiment-vader: scored 0 rows" in again.stdout
     assert harness("aggregate", str(base_run)).returncode == 0
-    rerun = harness(
-        "run", str(base_run.parent / "cfg.yaml"), "--out", str(base_run), "--no-ray"
-    )
+    rerun = harness("run", str(base_run.parent / "cfg.yaml"), "--out", str(base_run), "--no-ray")
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     commands = [r["command"] for r in history(base_run)]
     assert commands == ["run", "score", "score", "aggregate", "run"]
@@ -140,7 +138,9 @@ def test_perspective_cache_only_scores_what_the_cache_holds(tmp_path: Path, base
     cache = ScoreCache(str(tmp_path / "p.sqlite"))
     for i, text in enumerate(cached):
         response = {"attributeScores": {"TOXICITY": {"summaryScore": {"value": 0.25 * (i + 1)}}}}
-        cache.put(CacheKey(text_sha256(text), "TOXICITY", "en", API_VERSION), "ok", response=response)
+        cache.put(
+            CacheKey(text_sha256(text), "TOXICITY", "en", API_VERSION), "ok", response=response
+        )
     cache.close()
     env = {k: v for k, v in ENV.items() if k != "PERSPECTIVE_API_KEY"}
     res = harness(
@@ -254,8 +254,10 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
     assert res.returncode == 0, res.stderr[-2000:]
     after = RunStore(str(out)).read_generations().select("job_id", "continuation")
     assert after.height == 30
-    assert before.join(after, on="job_id").filter(
-        pl.col("continuation") != pl.col("continuation_right")
-    ).is_empty()
+    assert (
+        before.join(after, on="job_id")
+        .filter(pl.col("continuation") != pl.col("continuation_right"))
+        .is_empty()
+    )
     records = history(out)
     assert records[0]["outcome"].startswith("interrupted") and records[-1]["outcome"] == "ok"
