@@ -120,9 +120,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
             init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
         t0 = time.perf_counter()
-        stats = driver.score_stage(
-            store, cfg, driver.load_words(cfg), use_ray, scorers=scorers, progress=False
-        )
+        stats = driver.score_stage(store, cfg, driver.load_words(cfg), use_ray, scorers=scorers)
         inv.stage("scoring", stats, time.perf_counter() - t0)
         for name, st in stats.items():
             missing = st["status"].get("missing", 0)

@@ -34,6 +34,8 @@ def plan_ids(store: RunStore) -> set[str]:
             the config rebuilds it.
     """
     if not store.exists("plan.parquet"):
+        if not store.list_shards("generations"):
+            raise StoreError(f"no generations in {store.uri}; run `python -m harness run` first")
         raise StoreError(
             f"{store.uri}: no plan.parquet, so nothing here can be counted as planned; "
             f"`python -m harness run CONFIG --out {store.uri}` writes it again from the config"
