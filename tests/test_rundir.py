@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,6 @@ def test_a_second_driver_is_refused_naming_the_holder(base_run: Path) -> None:
 
 
 def test_a_deleted_plan_is_an_error_for_score_and_aggregate(tmp_path: Path, base_run: Path) -> None:
-    import shutil
-
     copy = tmp_path / "copy"
     shutil.copytree(base_run, copy)
     (copy / "plan.parquet").unlink()
@@ -161,8 +160,6 @@ def test_perspective_cache_only_scores_what_the_cache_holds(tmp_path: Path, base
 def test_changed_config_is_refused_naming_the_field_additions_extend(
     tmp_path: Path, base_run: Path
 ) -> None:
-    import shutil
-
     out = tmp_path / "run"
     shutil.copytree(base_run, out)  # 4 jobs: limit 2, one seed, max_new_tokens 5
     changed = config(tmp_path, "c2.yaml", generation={"max_new_tokens": 7})
@@ -253,6 +250,7 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
     time.sleep(1.0)
     left = process_tree(tags=[str(raytmp)]) | {p for p in tree if Path(f"/proc/{p}").exists()}
     assert not left, f"Ray processes left: {left}"
+    shutil.rmtree(raytmp, ignore_errors=True)
     before = RunStore(str(out)).read_generations().select("job_id", "continuation")
     res = harness(*args, "--no-ray")
     assert res.returncode == 0, res.stderr[-2000:]
