@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from harness.compare import add_compare_args, compare_main
@@ -57,26 +58,57 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import driver
+    from harness.invoke import driven
 
     cfg = load_config(args.config, overrides(args))
     use_ray = not args.no_ray
-    if use_ray:
-        from harness.ray_runtime import init_ray
+    store = RunStore(args.out)
+    with driven(store, "run") as inv:
+        inv.config_hash = _config_hash(cfg)
+        if use_ray:
+            from harness.ray_runtime import init_ray
 
-        init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
-    result = driver.run(
-        cfg,
-        args.out,
-        use_ray=use_ray,
-        progress=not args.no_progress,
-        retry_failed=args.retry_failed,
-    )
+            init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
+        try:
+            result = driver.run(
+                cfg,
+                args.out,
+                use_ray=use_ray,
+                progress=not args.no_progress,
+                retry_failed=args.retry_failed,
+                replan=getattr(args, "replan", False),
+                invocation=inv,
+            )
+        except BaseException as exc:
+            from harness.invoke import Interrupted
+
+            if isinstance(exc, Interrupted):
+                exc.args = (_interrupted_line(store),)
+            raise
     gen = result["generation"]
     print(
         f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
         f"outputs in {args.out}"
     )
-    return _print_status(RunStore(args.out))
+    return _print_status(store)
+
+
+def _config_hash(cfg: RunConfig) -> str:
+    from harness.config import dump_config
+    from harness.history import config_hash
+
+    return config_hash(dump_config(cfg))
+
+
+def _interrupted_line(store: RunStore) -> str:
+    try:
+        from harness.identity import plan_ids
+
+        ids = plan_ids(store)
+        done = len(ids & store.done_job_ids())
+        return f"interrupted after {done} of {len(ids)} jobs; run the same command to resume"
+    except Exception:  # noqa: BLE001 - the line must come out whatever the run dir holds
+        return "interrupted; run the same command to resume"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -92,22 +124,36 @@ def _print_status(store: RunStore) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from harness import driver
+    from harness.identity import plan_ids
+    from harness.invoke import driven
 
+    store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
+    scorers = driver.scorers_to_run(
+        cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
+    )  # validated before Ray starts
+    plan_ids(store)  # a deleted plan is an error, never silently rebuilt
     use_ray = not args.no_ray
-    if use_ray:
-        from harness.ray_runtime import init_ray
+    with driven(store, "score") as inv:
+        inv.extra["scorers"] = [{"name": n, "params": p} for n, p in scorers]
+        driver.record_scorers(store, scorers)
+        if use_ray:
+            from harness.ray_runtime import init_ray
 
-        init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
-    names = [s.name for s in cfg.scorers]
-    for name in args.scorer or []:
-        if name not in names:
-            raise ConfigError(f"--scorer {name}: not among the config's scorers {names}")
-    stats = driver.score_stage(
-        RunStore(args.run), cfg, driver.load_words(cfg), use_ray, only=args.scorer
-    )
-    for name, s in stats.items():
-        print(f"{name}: scored {s['scored']} rows (version {s['version']})")
+            init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
+        t0 = time.perf_counter()
+        stats = driver.score_stage(store, cfg, driver.load_words(cfg), use_ray, scorers=scorers)
+        inv.stage("scoring", stats, time.perf_counter() - t0)
+        for name, st in stats.items():
+            missing = st["status"].get("missing", 0)
+            extra = f"; {missing} not scored (missing)" if missing else ""
+            print(f"{name}: scored {st['scored'] - missing} rows (version {st['version']}){extra}")
+        if not getattr(args, "no_aggregate", False):
+            t0 = time.perf_counter()
+            use = driver.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
+            driver.aggregate_stage(store, use=use)
+            inv.stage("aggregate", {"use": use}, time.perf_counter() - t0)
+            print(f"summary.parquet: re-aggregated ({', '.join(use)})")
     return 0
 
 
@@ -129,15 +175,29 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness import driver
+    from harness.identity import plan_ids
+    from harness.invoke import driven
 
     options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
-    result = driver.aggregate_stage(
-        RunStore(args.run),
-        use=args.use_scorer,
-        **{k: v for k, v in options.items() if v is not None},
-    )
+    store = RunStore(args.run)
+    plan_ids(store)  # a deleted plan is an error, never silently rebuilt
+    with driven(store, "aggregate") as inv:
+        t0 = time.perf_counter()
+        result = driver.aggregate_stage(
+            store,
+            use=args.use_scorer,
+            **{k: v for k, v in options.items() if v is not None},
+        )
+        inv.stage("aggregate", {"use": args.use_scorer}, time.perf_counter() - t0)
     print(result)
     return 0
+
+
+def _os_error(exc: OSError) -> str:
+    """One line naming the path: `PATH: No space left on device`."""
+    if exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc).replace("\n", " ")
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -200,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--retry-failed", action="store_true", help="generate again the jobs that failed"
     )
+    r.add_argument(
+        "--replan",
+        action="store_true",
+        help="replace a run directory's plan with this config's (old rows kept, not counted)",
+    )
     _add_overrides(r)
     r.set_defaults(func=cmd_run)
     v = add("validate", "check a config completely and print its plan; starts nothing")
@@ -214,7 +279,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_status)
     sc = add("score", "(re)score an existing run: only what is missing")
     sc.add_argument("run")
-    sc.add_argument("--scorer", action="append", help="only this scorer (repeatable)")
+    sc.add_argument(
+        "--scorer",
+        action="append",
+        help="this scorer (repeatable): the config's, or any registered one with its defaults",
+    )
+    sc.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a parameter of the --scorer (NAME.KEY=VALUE with several; value read as YAML)",
+    )
+    sc.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="perspective: score from its cache only; the rest is reported missing",
+    )
+    sc.add_argument(
+        "--no-aggregate", action="store_true", help="do not rewrite summary.parquet after"
+    )
     sc.add_argument("--config", help="config with the scorers (default: the run's config.yaml)")
     sc.add_argument("--no-ray", action="store_true")
     sc.set_defaults(func=cmd_score)
@@ -271,6 +354,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {redact_text(str(exc))}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        from harness.invoke import Interrupted
+
+        if isinstance(exc, KeyboardInterrupt):
+            exc = Interrupted(2)
+        if not isinstance(exc, Interrupted):
+            raise
+        line = exc.args[0] if exc.args and " " in str(exc.args[0]) else ""
+        print(
+            line or "interrupted; what was written is kept; run the same command to resume",
+            file=sys.stderr,
+        )
+        return exc.code
     finally:
         if "harness.ray_runtime" in sys.modules:
             from harness.ray_runtime import shutdown_ray

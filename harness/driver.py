@@ -11,15 +11,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from harness.config import (
+    ConfigError,
     GenerationConfig,
     ModelConfig,
+    NamedConfig,
     RunConfig,
     check_grid_size,
     dump_config,
 )
 from harness.generation import generate_stage
+from harness.history import Invocation
+from harness.identity import check_plan
 from harness.manifest import update_manifest
-from harness.scoring import pool_settings, score_run
+from harness.scoring import ScoringError, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, expand_grid, iter_plan
 from jobs.spec import JobSpec
@@ -100,22 +104,118 @@ def score_stage(
     use_ray: bool,
     only: list[str] | None = None,
     progress: bool = True,
+    scorers: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
+    """Score what is missing; `scorers` (name, params) replaces the config's list."""
+    if scorers is None:
+        scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
     batch = cfg.runtime.score_batch_size
-    stats = score_run(
-        store,
-        scorers,
-        context,
-        use_ray,
-        batch_size=batch,
-        progress=progress,
-        start_timeout_s=cfg.runtime.actor_start_timeout_s,
-        pools=pool_settings(cfg),
-    )
+    try:
+        stats = score_run(
+            store,
+            scorers,
+            context,
+            use_ray,
+            batch_size=batch,
+            progress=progress,
+            start_timeout_s=cfg.runtime.actor_start_timeout_s,
+            pools=pool_settings(cfg),
+        )
+    except ScoringError as exc:
+        update_manifest(store, {"scoring": exc.stats})
+        raise
     update_manifest(store, {"scoring": stats})
     return stats
+
+
+def scorers_to_run(
+    cfg: RunConfig,
+    names: list[str] | None,
+    settings: list[str] | None = None,
+    cache_only: bool = False,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(name, params) of the scorers `score` runs, checked (names, parameter names) now.
+
+    No names: the config's scorers. A named scorer the config lists keeps its parameters;
+    any other registered scorer runs with its defaults. `settings` (`KEY=VALUE`, or
+    `NAME.KEY=VALUE` with several names; values read as YAML) override parameters.
+
+    Raises:
+        ConfigError: an unknown scorer or parameter, or a malformed setting.
+    """
+    import yaml
+
+    from workers.scorers.registry import check_scorer_name, load_scorer
+
+    given = {s.name: dict(s.params) for s in cfg.scorers}
+    chosen = list(dict.fromkeys(names)) if names else list(given)
+    if not chosen:
+        raise ConfigError("the run's config names no scorer: pass --scorer NAME")
+    params: dict[str, dict[str, Any]] = {}
+    for name in chosen:
+        try:
+            check_scorer_name(name)
+        except KeyError as exc:
+            raise ConfigError(f"--scorer: {exc.args[0]}") from None
+        params[name] = dict(given.get(name, {}))
+    for item in settings or []:
+        key, eq, raw = item.partition("=")
+        target, dot, field = key.rpartition(".")
+        if not eq or not field or (not dot and len(chosen) != 1):
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE (NAME.KEY=VALUE when several scorers run)"
+            )
+        target = target or chosen[0]
+        if target not in params:
+            raise ConfigError(f"--set {item!r}: {target!r} is not among the scorers {chosen}")
+        try:
+            params[target][field] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
+    if cache_only:
+        if "perspective" not in params:
+            raise ConfigError("--cache-only applies to --scorer perspective only")
+        params["perspective"]["cache_only"] = True
+    for name, p in params.items():
+        try:
+            load_scorer(name).check_params(p)  # imports the module only: no torch here
+        except (KeyError, ValueError) as exc:
+            msg = exc.args[0] if exc.args else exc
+            raise ConfigError(f"--scorer {name}: {msg}") from None
+    return list(params.items())
+
+
+def record_scorers(store: RunStore, scorers: list[tuple[str, dict[str, Any]]]) -> None:
+    """Add scorers run by `score` to the config snapshot (secrets redacted), or update them."""
+    if not store.exists("config.yaml"):
+        return
+    import yaml
+
+    from harness.config import parse_config
+
+    snap = parse_config(yaml.safe_load(store.read_text("config.yaml")), f"{store.uri}/config.yaml")
+    entries = {s.name: s for s in snap.scorers}
+    for name, params in scorers:
+        entries[name] = NamedConfig(name=name, params=params)
+    updated = snap.model_copy(update={"scorers": list(entries.values())})
+    text = dump_config(updated)
+    if text != store.read_text("config.yaml"):
+        store.write_bytes("config.yaml", text.encode())
+
+
+def scorer_preference(
+    cfg: RunConfig, named: list[str], present: list[str] | None = None
+) -> list[str]:
+    """One scorer per metric for aggregation: the ones just run first, then the config's
+    (only those with scores in `present`, when given)."""
+    from workers.scorers.registry import SCORER_METRICS
+
+    chosen: dict[str, str] = {}
+    for name in [*named, *(s.name for s in cfg.scorers)]:
+        if present is None or name in present:
+            chosen.setdefault(SCORER_METRICS[name], name)
+    return list(chosen.values())
 
 
 def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
@@ -143,31 +243,55 @@ def run(
     use_ray: bool = True,
     progress: bool = True,
     retry_failed: bool = False,
+    replan: bool = False,
+    invocation: Invocation | None = None,
 ) -> dict[str, Any]:
     """The whole pipeline on `cfg` into run directory `out`; resumes what is already there.
 
-    Jobs that ended with an error count as done unless `retry_failed`.
+    Jobs that ended with an error count as done unless `retry_failed`. A config that alters
+    or drops planned jobs raises `PlanChangedError` unless `replan` (see `harness.identity`).
+    Stage counts and timings go to `invocation` (the run record) as they finish.
     """
     store = RunStore(out)
-    timings: dict[str, float] = {}
+    inv = invocation or Invocation("run")
     t0 = time.perf_counter()
     words = load_words(cfg)
     jobs = plan(cfg, words)
+    identity = check_plan(store, cfg, jobs, replan=replan)
+    if identity["kind"] == "replan":
+        log.warning(
+            "--replan: %s now holds a new plan of %d jobs; the %d jobs of the old plan stay on "
+            "disk, outside every count (changed: %s)",
+            store.uri,
+            len(jobs),
+            identity["old_jobs"],
+            "; ".join(identity["changed"]) or "-",
+        )
+        inv.extra["replan"] = identity
+    elif identity["kind"] == "extend":
+        log.info("the config adds %d jobs to the plan of %s", identity["added"], store.uri)
     write_plan(store, cfg, jobs)
-    timings["plan_s"] = time.perf_counter() - t0
+    inv.stage("plan", identity, time.perf_counter() - t0)
     log.info("planned %d jobs into %s", len(jobs), store.uri)
     t0 = time.perf_counter()
-    gen_stats = generate_stage(
-        store, cfg, jobs, words, use_ray=use_ray, progress=progress, retry_failed=retry_failed
-    )
-    store.compact_generations()  # one shard per batch → shards of ~50k rows
-    timings["generate_s"] = time.perf_counter() - t0
-    update_manifest(store, {"generation": gen_stats, "timings": timings})
+    try:
+        gen_stats = generate_stage(
+            store, cfg, jobs, words, use_ray=use_ray, progress=progress, retry_failed=retry_failed
+        )
+        store.compact_generations()  # one shard per batch → shards of ~50k rows
+    finally:
+        inv.timings["generate_s"] = round(time.perf_counter() - t0, 3)
+    inv.stage("generation", gen_stats, time.perf_counter() - t0)
+    update_manifest(store, {"generation": gen_stats})
     t0 = time.perf_counter()
     score_stats = score_stage(store, cfg, words, use_ray=use_ray, progress=progress)
-    timings["score_s"] = time.perf_counter() - t0
+    inv.stage("scoring", score_stats, time.perf_counter() - t0)
     t0 = time.perf_counter()
     aggregate_stage(store, use=first_scorer_per_metric(cfg))
-    timings["aggregate_s"] = time.perf_counter() - t0
-    update_manifest(store, {"timings": timings})
-    return {"jobs": len(jobs), "generation": gen_stats, "scoring": score_stats, "timings": timings}
+    inv.stage("aggregate", {"summary": "summary.parquet"}, time.perf_counter() - t0)
+    return {
+        "jobs": len(jobs),
+        "generation": gen_stats,
+        "scoring": score_stats,
+        "timings": inv.timings,
+    }

@@ -78,9 +78,15 @@ class OkRows:
     """
 
     def __init__(
-        self, store: RunStore, columns: list[str], skip: pa.Array, chunk_size: int
+        self,
+        store: RunStore,
+        columns: list[str],
+        skip: pa.Array,
+        chunk_size: int,
+        only: pa.Array | None = None,
     ) -> None:
         self.store, self.columns, self.skip = store, columns, skip
+        self.only = only  # job ids of the current plan (None: every row)
         self.chunk_size = max(1, chunk_size)
         self.seen: set[str] = set()
         self.rows = 0
@@ -100,6 +106,8 @@ class OkRows:
                 pc.equal(table["status"], "ok"),
                 pc.invert(pc.is_in(table["job_id"], value_set=self.skip)),
             )
+            if self.only is not None:
+                keep = pc.and_(keep, pc.is_in(table["job_id"], value_set=self.only))
             table = table.filter(pc.fill_null(keep, False))
             for batch in table.to_batches(max_chunksize=self.chunk_size):
                 for row in batch.to_pylist():

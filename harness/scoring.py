@@ -123,7 +123,9 @@ class Work:
                 f"scorer {self.name!r} returned {len(out)} rows for {len(chunk)} "
                 f"(one per row expected; e.g. missing {lost})"
             )
-        store.write_scores(self.name, SCORER_METRICS[self.name], out)
+        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
+        if kept:
+            store.write_scores(self.name, SCORER_METRICS[self.name], kept)
         self.given_up_in_a_row = 0
         self.statuses.update(r["status"] for r in out)
         if self.progress is not None:  # empty rows are not failures
@@ -185,10 +187,14 @@ def new_work(
     """A scorer's `Work`: counts what is left (reading only job_id and status), opens the feed."""
     metric = SCORER_METRICS[name]
     skip = scored_ids(store, name, metric, version)
+    # Rows of a replaced plan (`run --replan`) stay on disk but are never scored.
+    planned = store.read_plan(["job_id"])["job_id"].to_arrow() if store.exists("plan.parquet") else None
     total = skipped = 0
     for path in store.list_shards("generations"):
         table = read_shard_columns(store, path, ["job_id", "status"])
         ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
+        if planned is not None:
+            ok = pc.and_(ok, pc.is_in(table["job_id"], value_set=planned))
         done = pc.is_in(table["job_id"], value_set=skip)
         ok_done = pc.and_(ok, done)
         total += int(pc.sum(ok).as_py() or 0)
@@ -199,7 +205,7 @@ def new_work(
         from harness.progress import Progress
 
         bar = Progress(f"score {name}", total=total)
-    feed = OkRows(store, input_columns(load_scorer(name)), skip, batch_size)
+    feed = OkRows(store, input_columns(load_scorer(name)), skip, batch_size, only=planned)
     return Work(name, version, feed, total, skipped, retries, bar)
 
 

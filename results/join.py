@@ -159,9 +159,15 @@ def join_run(store: RunStore, scorers: dict[str, str] | None = None) -> JoinedRu
     gens = store.read_generations()
     if gens.is_empty():
         raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
+    foreign = 0
+    if store.exists("plan.parquet"):  # only jobs of the current plan count (see --replan)
+        planned = gens.filter(pl.col("job_id").is_in(store.read_plan()["job_id"]))
+        foreign, gens = gens.height - planned.height, planned
     joined = JoinedRun(
         frame=gens.filter(pl.col("status") == "ok"), failed=gens.filter(pl.col("status") != "ok")
     )
+    if foreign:
+        joined.notes.append(f"{foreign} generation row(s) outside the current plan: not counted")
     for metric, scorer in choose_scorers(store, scorers).items():
         version, older = latest_version(store, scorer)
         source = ScoreSource(metric, scorer, version, older)

@@ -52,6 +52,7 @@ GENERATION_SCHEMA = pa.schema(
         ("effective_params", pa.string()),  # JSON: the parameters the method actually used
         ("worker", pa.string()),  # actor / host that produced the row (provenance only)
         ("elapsed_s", pa.float64()),  # wall time of the row's batch / rows in it
+        ("model_commit", pa.string()),  # hub commit the weights resolved to (None: local/tiny)
     ]
 )
 

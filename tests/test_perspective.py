@@ -259,8 +259,9 @@ def test_key_from_a_file_and_missing_key_errors(
     monkeypatch.delenv("PERSPECTIVE_API_KEY")
     out = make_scorer(fake, tmp_path, api_key_file=str(key_file)).score(rows_for(TEXTS[:1]))
     assert out[0]["status"] == "ok"
-    with pytest.raises(ScorerError, match="set PERSPECTIVE_API_KEY or the api_key_file"):
-        make_scorer(fake, tmp_path)
+    keyless = make_scorer(fake, tmp_path / "other")  # no key: the cache only, nothing sent
+    assert keyless.client is None
+    assert [r["status"] for r in keyless.score(rows_for(TEXTS[:2]))] == ["missing"] * 2
     with pytest.raises(ScorerError, match="cannot read api_key_file"):
         make_scorer(fake, tmp_path, api_key_file=str(tmp_path / "nope"))
 
@@ -282,3 +283,25 @@ def test_a_refused_batch_request_stops_the_run_and_caches_nothing(
     with pytest.raises(ScorerError, match="batch request: HTTP 400 INVALID_ARGUMENT"):
         scorer.score(rows_for(TEXTS[:3]))
     assert len(ScoreCache(scorer.close()["cache_file"])) == 0
+
+
+def test_backoff_on_an_unreachable_endpoint_says_what_it_waits_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    from workers.scorers import perspective_client
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PERSPECTIVE_API_KEY", KEY)
+    monkeypatch.setattr(perspective_client, "LOG_WAIT_S", 0.0)
+    params = {**FAST, "endpoint": f"http://127.0.0.1:{port}", "max_retries": 2}
+    scorer = PerspectiveToxicity(params, ScorerContext(cache_dir=str(tmp_path)))
+    with caplog.at_level(logging.WARNING, logger="workers.scorers.perspective_client"):
+        out = scorer.score(rows_for(TEXTS[:1]))
+    assert out[0]["status"] == "error"
+    waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert len(waits) == 2 and f"127.0.0.1:{port}" in waits[0]
+    assert KEY not in " ".join(waits)

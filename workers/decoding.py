@@ -399,6 +399,7 @@ def _row(
         error=error,
         effective_params=json.dumps(method.effective_params(), sort_keys=True, default=str),
         elapsed_s=elapsed,
+        model_commit=getattr(lm.model.config, "_commit_hash", None),
     )
     row.update(method.row_columns(i))
     return row

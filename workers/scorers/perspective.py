@@ -96,6 +96,9 @@ class PerspectiveToxicity(Scorer):
         "backoff_max_s": 300.0,
         "timeout_s": 60.0,
         "cache_file": None,  # None: <cache_dir>/perspective-scores.sqlite
+        # Score only what the cache holds (no key needed); the rest is reported missing and
+        # stays unscored, so a later run with a key scores it. On when no key is set at all.
+        "cache_only": False,
         "progress": True,
     }
 
@@ -114,23 +117,45 @@ class PerspectiveToxicity(Scorer):
         retry = RetryPolicy(
             int(p["max_retries"]), float(p["backoff_initial_s"]), float(p["backoff_max_s"])
         )
-        key = read_api_key(p["api_key_file"])
-        self.client = PerspectiveClient(
-            key,
-            endpoint,
-            self.attribute,
-            self.languages,
-            limiter,
-            retry,
-            int(p["batch_size"]),
-            float(p["timeout_s"]),
-        )
-        self._redact = _Redact(key)
-        for name in _LOGGERS:
-            logging.getLogger(name).addFilter(self._redact)
         self.cache = ScoreCache(self._cache_path())
-        self.counts = {"rows": 0, "empty": 0, "cached": 0, "answered": 0, "failed": 0}
+        self.client: PerspectiveClient | None = None
+        self._redact: _Redact | None = None
+        if not self._cache_only():
+            key = read_api_key(p["api_key_file"])
+            self.client = PerspectiveClient(
+                key,
+                endpoint,
+                self.attribute,
+                self.languages,
+                limiter,
+                retry,
+                int(p["batch_size"]),
+                float(p["timeout_s"]),
+            )
+            self._redact = _Redact(key)
+            for name in _LOGGERS:
+                logging.getLogger(name).addFilter(self._redact)
+        self.counts = {
+            "rows": 0,
+            "empty": 0,
+            "cached": 0,
+            "answered": 0,
+            "failed": 0,
+            "missing": 0,
+        }
         self._bar: Any = None
+
+    def _cache_only(self) -> bool:
+        if self.params["cache_only"]:
+            return True
+        if self.params["api_key_file"] or os.environ.get("PERSPECTIVE_API_KEY", "").strip():
+            return False
+        log.warning(
+            "perspective: no API key (PERSPECTIVE_API_KEY / api_key_file): scoring from the "
+            "cache %s only; texts it lacks stay missing",
+            self._cache_path(),
+        )
+        return True
 
     def _cache_path(self) -> str:
         if self.params["cache_file"]:
@@ -183,6 +208,16 @@ class PerspectiveToxicity(Scorer):
         self.counts["cached"] += sum(len(need[k]) for k in outcomes)
         self._progress(sum(len(need[k]) for k in outcomes))
         todo = [Pending(k, texts[k]) for k in need if k not in outcomes]
+        if self.client is None:  # cache-only: the rest is missing, not an error row
+            for item in todo:
+                for i in need[item.key]:
+                    out[i] = null_row(self, rows[i], "missing", "not in the Perspective cache")
+            self.counts["missing"] += sum(len(need[it.key]) for it in todo)
+            self._progress(sum(len(need[it.key]) for it in todo))
+            for key, outcome in outcomes.items():
+                for i in need[key]:
+                    out[i] = self._row(rows[i], outcome)
+            return self._finish(out)
 
         def settled(key: CacheKey, answer: Answer) -> None:
             if answer.kind == "ok":
@@ -191,17 +226,26 @@ class PerspectiveToxicity(Scorer):
                 self.cache.put(key, "error", error=answer.reason)
             self._progress(len(need[key]))
 
+        assert self.client is not None
         for key, answer in self.client.fetch(todo, settled).items():
             outcomes[key] = self._outcome(answer)
             self.counts["answered"] += len(need[key])
         for key, idx in need.items():
             for i in idx:
                 out[i] = self._row(rows[i], outcomes[key])
+        return self._finish(out)
+
+    def _finish(self, out: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
         done = [r for r in out if r is not None]
         self.counts["rows"] += len(done)
         self.counts["empty"] += sum(r["status"] == "empty" for r in done)
         self.counts["failed"] += sum(r["status"] == "error" for r in done)
         return done
+
+    def _client_stats(self) -> dict[str, Any]:
+        if self.client is None:
+            return {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
+        return dict(self.client.stats)
 
     def _from_cache(self, cached: CachedScore) -> Outcome:
         if cached.status == "ok":
@@ -211,6 +255,7 @@ class PerspectiveToxicity(Scorer):
     def _outcome(self, answer: Answer) -> Outcome:
         if answer.kind == "ok":
             return summary_value(answer.response, self.attribute)
+        assert self.client is not None
         return Outcome(None, self.client.redact(answer.reason))
 
     def _row(self, row: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
@@ -227,28 +272,30 @@ class PerspectiveToxicity(Scorer):
             if self._bar.n + n > (self._bar.total or 0):
                 self._bar.total = self._bar.n + n
             self._bar.update(n)
-            c = self.client.stats
+            c = self._client_stats()
             self._bar.set_postfix(
                 cached=self.counts["cached"], sent=c["sent"], calls=c["calls"], refresh=False
             )
 
     def close(self) -> dict[str, Any]:
         """Close the bar and the cache; returns the stats and prints a one-line summary."""
-        stats: dict[str, Any] = {**self.counts, **self.client.stats}
-        stats["limiter_wait_s"] = round(self.client.limiter.waited_s, 3)
+        stats: dict[str, Any] = {**self.counts, **self._client_stats()}
+        stats["limiter_wait_s"] = round(self.client.limiter.waited_s, 3) if self.client else 0.0
         stats["backoff_s"] = round(float(stats["backoff_s"]), 3)
         stats["cache_file"] = self.cache.path
         line = (
             f"perspective: {stats['rows']} rows: {stats['cached']} cached, {stats['sent']} texts sent "
             f"({stats['calls']} calls, {stats['retries']} retries, {stats['batches']} batches), "
             f"{stats['empty']} empty, {stats['failed']} failed"
+            + (f", {stats['missing']} not in the cache (cache only)" if self.client is None else "")
         )
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         print(line, file=sys.stderr)
         log.info(line)
-        for name in _LOGGERS:
-            logging.getLogger(name).removeFilter(self._redact)
+        if self._redact is not None:
+            for name in _LOGGERS:
+                logging.getLogger(name).removeFilter(self._redact)
         self.cache.close()
         return stats

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from typing import Any, NamedTuple
 from workers.scorers.base import ScorerError
 from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CacheKey
+
+log = logging.getLogger(__name__)
+LOG_WAIT_S = 5.0  # backoffs at least this long are logged with what they wait for
 
 API_VERSION = "v1alpha1"
 DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/"
@@ -130,6 +134,7 @@ class PerspectiveClient:
         self.limiter, self.retry = limiter, retry
         self.batch_size = max(1, min(batch_size, MAX_BATCH, limiter.limit))
         self.pause_until = 0.0  # after a 429 nobody sends until then: the quota is spent
+        self.last_reason: str | None = None
         self.stats = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
 
     def redact(self, text: str) -> str:
@@ -180,6 +185,14 @@ class PerspectiveClient:
                 if ready:
                     return ready[: self.batch_size]
             wake = max(self.pause_until, min(it.not_before for it in pending.values()))
+            if wake - now >= LOG_WAIT_S:  # never back off silently for minutes
+                log.warning(
+                    "perspective: waiting %.0fs before retrying %d text(s) at %s (last answer: %s)",
+                    wake - now,
+                    len(pending),
+                    self.batch_uri,
+                    self.last_reason or "-",
+                )
             self.stats["backoff_s"] += max(0.0, wake - now)
             time.sleep(max(1e-3, wake - now))
 
@@ -193,6 +206,7 @@ class PerspectiveClient:
         if answer.kind != "transient":
             return answer
         item.attempts += 1
+        self.last_reason = self.redact(answer.reason)
         if item.attempts > self.retry.max_retries:
             reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
             return Answer("final", reason=self.redact(reason), status=answer.status)

@@ -1,0 +1,265 @@
+"""The run directory through `python -m harness`: plan identity, the run record, re-scoring by
+name, Perspective from its cache, one driver at a time, one-line OS errors, interruption."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from results.store import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {
+    **os.environ,
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONPATH": str(REPO),
+}
+DATA = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
+
+
+def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def config(tmp_path: Path, name: str = "cfg.yaml", **changes: object) -> Path:
+    cfg: dict[str, object] = {
+        "name": "rundir",
+        "dataset": {"kind": "paired-jsonl", "files": DATA, "limit": 2},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla"],
+        "tasks": ["sentiment"],
+        "samples_per_prompt": 1,
+        "generation": {"max_new_tokens": 5},
+        "scorers": ["gender"],
+    }
+    cfg.update(changes)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def history(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+def summary_generations(out: Path) -> float:
+    summary = pl.read_parquet(out / "summary.parquet")
+    rows = summary.filter((pl.col("stat") == "generations") & (pl.col("group") == "all"))
+    return float(rows["value"].sum())
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("base")
+    out = tmp / "run"
+    res = harness("run", str(config(tmp)), "--out", str(out), "--no-ray", "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+def test_score_by_name_adds_a_scorer_records_it_and_reruns_do_no_work(base_run: Path) -> None:
+    res = harness("score", str(base_run), "--scorer", "sentiment-vader", "--no-ray")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "sentiment-vader: scored 4 rows" in res.stdout and "re-aggregated" in res.stdout
+    store = RunStore(str(base_run))
+    assert store.read_scores("sentiment-vader", "sentiment").height == 4
+    snapshot = yaml.safe_load((base_run / "config.yaml").read_text())
+    assert [s["name"] for s in snapshot["scorers"]] == ["gender", "sentiment-vader"]
+    again = harness("score", str(base_run), "--scorer", "sentiment-vader", "--no-ray")
+    assert again.returncode == 0 and "sentiment-vader: scored 0 rows" in again.stdout
+    assert harness("aggregate", str(base_run)).returncode == 0
+    rerun = harness("run", str(base_run.parent / "cfg.yaml"), "--out", str(base_run), "--no-ray")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    commands = [r["command"] for r in history(base_run)]
+    assert commands == ["run", "score", "score", "aggregate", "run"]
+    assert all(r["outcome"] == "ok" and r["harness_version"] for r in history(base_run))
+    manifest = json.loads((base_run / "manifest.json").read_text())
+    assert set(manifest["scoring"]) == {"gender", "sentiment-vader"}
+    assert manifest["invocations"]["count"] == 5
+    assert manifest["generation"]["actors"], "a no-work re-run must keep the actors' record"
+
+
+def test_a_truncated_manifest_is_rebuilt(base_run: Path) -> None:
+    text = (base_run / "manifest.json").read_text()
+    (base_run / "manifest.json").write_text(text[: len(text) // 2])
+    res = harness("status", str(base_run))
+    assert res.returncode == 0 and "manifest.json is damaged: rebuilt" in res.stderr
+    manifest = json.loads((base_run / "manifest.json").read_text())
+    assert manifest["counts"]["planned"] == 4 and "gender" in manifest["scoring"]
+
+
+def test_a_second_driver_is_refused_naming_the_holder(base_run: Path) -> None:
+    from harness.lock import RunLock
+
+    with RunLock(RunStore(str(base_run)), "run"):
+        res = harness("aggregate", str(base_run))
+    assert res.returncode == 2
+    assert f"pid {os.getpid()}" in res.stderr and "in use by another driver" in res.stderr
+    assert harness("aggregate", str(base_run)).returncode == 0  # released with its holder
+
+
+def test_a_deleted_plan_is_an_error_for_score_and_aggregate(tmp_path: Path, base_run: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(base_run, copy)
+    (copy / "plan.parquet").unlink()
+    for cmd in (["aggregate", str(copy)], ["score", str(copy), "--no-ray"]):
+        res = harness(*cmd)
+        assert res.returncode == 2 and "no plan.parquet" in res.stderr, res.stderr
+    assert not (copy / "plan.parquet").exists()
+
+
+def test_perspective_cache_only_scores_what_the_cache_holds(tmp_path: Path, base_run: Path) -> None:
+    from workers.scorers.perspective_client import API_VERSION
+    from workers.scorers.score_cache import CacheKey, ScoreCache, text_sha256
+
+    gens = RunStore(str(base_run)).read_generations().sort("job_id")
+    texts = [t for t in gens["continuation"].to_list() if t.strip()]
+    cached = texts[:2]
+    cache = ScoreCache(str(tmp_path / "p.sqlite"))
+    for i, text in enumerate(cached):
+        response = {"attributeScores": {"TOXICITY": {"summaryScore": {"value": 0.25 * (i + 1)}}}}
+        cache.put(
+            CacheKey(text_sha256(text), "TOXICITY", "en", API_VERSION), "ok", response=response
+        )
+    cache.close()
+    env = {k: v for k, v in ENV.items() if k != "PERSPECTIVE_API_KEY"}
+    res = harness(
+        "score", str(base_run), "--scorer", "perspective", "--cache-only", "--no-ray",
+        "--set", f"cache_file={tmp_path / 'p.sqlite'}", "--no-aggregate", env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    scores = RunStore(str(base_run)).read_scores("perspective", "toxicity")
+    ok = scores.filter(pl.col("status") == "ok")
+    assert ok.height == gens.filter(pl.col("continuation").is_in(cached)).height
+    assert scores.filter(pl.col("status") == "error").height == 0  # the rest is missing
+    status = harness("status", str(base_run)).stdout
+    missing = gens.height - scores.height
+    assert f"perspective: ok {ok.height}" in status and f"missing {missing}" in status
+    assert "summary.parquet: STALE" in status  # scored with --no-aggregate
+
+
+def test_changed_config_is_refused_naming_the_field_additions_extend(
+    tmp_path: Path, base_run: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(base_run, out)  # 4 jobs: limit 2, one seed, max_new_tokens 5
+    changed = config(tmp_path, "c2.yaml", generation={"max_new_tokens": 7})
+    res = harness("run", str(changed), "--out", str(out), "--no-ray")
+    assert res.returncode == 2 and "generation.max_new_tokens 5 → 7" in res.stderr
+    assert "--replan" in res.stderr and "--out" in res.stderr
+    assert RunStore(str(out)).read_plan().height == 4  # the refused plan was not written
+    more = config(tmp_path, "c3.yaml", samples_per_prompt=2)
+    res = harness("run", str(more), "--out", str(out), "--no-ray", "--no-progress")
+    assert res.returncode == 0 and "4 generated now" in res.stdout, res.stderr[-2000:]
+    assert summary_generations(out) == 8
+    replanned = config(tmp_path, "c4.yaml", generation={"max_new_tokens": 7}, samples_per_prompt=1)
+    res = harness("run", str(replanned), "--out", str(out), "--no-ray", "--no-progress", "--replan")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert summary_generations(out) == 4  # the 8 old rows stay on disk, never summed
+    assert "8 generation row(s) on disk are outside the current plan" in res.stdout
+    assert "--replan at" in res.stdout
+
+
+def test_out_that_is_a_file_ends_in_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "afile"
+    target.write_text("x")
+    res = harness("run", str(config(tmp_path)), "--out", str(target), "--no-ray")
+    assert res.returncode == 1 and str(target) in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_out_ends_in_one_line(tmp_path: Path) -> None:
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    res = harness("run", str(config(tmp_path)), "--out", str(parent / "run"), "--no-ray")
+    assert res.returncode == 1 and str(parent) in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_full_disk_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness import cli
+
+    def full(self: RunStore, rel: str, data: bytes) -> str:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path(rel))
+
+    monkeypatch.setattr(RunStore, "write_bytes", full)
+    out = tmp_path / "run"
+    code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1] == f"error: {out}/config.yaml: No space left on device"
+    assert not [e for e in err if "Traceback" in e]
+
+
+@pytest.mark.slow
+def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path) -> None:
+    from tests.ray_procs import process_tree
+
+    raytmp = Path(f"/tmp/rs{os.getpid()}")
+    env = {**ENV, "RAY_TMPDIR": str(raytmp)}
+    cfg = config(
+        tmp_path,
+        samples_per_prompt=3,
+        dataset={"kind": "paired-jsonl", "files": DATA, "limit": 5},
+        generation={"max_new_tokens": 20},
+        runtime={"batch_size": 2, "num_cpus": 4},
+    )
+    out = tmp_path / "run"
+    args = ["run", str(cfg), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 180
+    while time.time() < deadline and not list((out / "generations").glob("part-*.parquet")):
+        time.sleep(0.1)
+    tree = process_tree(roots=[proc.pid]) - {proc.pid}
+    assert tree, "Ray should run under the driver"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted after ") and "of 30 jobs; run the same command" in last
+    assert "Traceback" not in stderr
+    time.sleep(1.0)
+    left = process_tree(tags=[str(raytmp)]) | {p for p in tree if Path(f"/proc/{p}").exists()}
+    assert not left, f"Ray processes left: {left}"
+    shutil.rmtree(raytmp, ignore_errors=True)
+    before = RunStore(str(out)).read_generations().select("job_id", "continuation")
+    res = harness(*args, "--no-ray")
+    assert res.returncode == 0, res.stderr[-2000:]
+    after = RunStore(str(out)).read_generations().select("job_id", "continuation")
+    assert after.height == 30
+    assert (
+        before.join(after, on="job_id")
+        .filter(pl.col("continuation") != pl.col("continuation_right"))
+        .is_empty()
+    )
+    records = history(out)
+    assert records[0]["outcome"].startswith("interrupted") and records[-1]["outcome"] == "ok"
