@@ -141,6 +141,8 @@ class RuntimeConfig(Strict):
     gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
     score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
     score_chunk_retries: int = Field(2, ge=0)  # then its rows stay unscored (re-run `score`)
+    # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
+    max_jobs: int = Field(10_000_000, ge=1)
 
 
 class AggregationConfig(Strict):
@@ -151,8 +153,6 @@ class AggregationConfig(Strict):
     n_perm: int = Field(200, ge=0)  # permutations of each gap's test; 0: no p-values
     seed: int = 0  # seeds resamples and permutations, per (model, task)
     level: float = Field(0.95, gt=0, lt=1)  # confidence level of the percentile intervals
-    # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
-    max_jobs: int = Field(10_000_000, ge=1)
 
 
 class RunConfig(Strict):
@@ -231,7 +231,6 @@ def _check_one(check: Any, error: type[Exception], where: str, *args: str) -> No
         raise ValueError(f"{where}: {exc}") from None
     if note:
         log.warning("%s: %s", where, note)
-
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -14,8 +14,8 @@ from harness.config import (
     ConfigError,
     GenerationConfig,
     ModelConfig,
-    NamedConfig,
     RunConfig,
+    ScorerConfig,
     check_grid_size,
     dump_config,
 )
@@ -92,9 +92,7 @@ def plan_chunks(cfg: RunConfig, words: GroupWords) -> Iterator[PlanChunk]:
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
-    return iter_plan(
-        prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
-    )
+    return iter_plan(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads)
 
 
 def score_stage(
@@ -197,7 +195,7 @@ def record_scorers(store: RunStore, scorers: list[tuple[str, dict[str, Any]]]) -
     snap = parse_config(yaml.safe_load(store.read_text("config.yaml")), f"{store.uri}/config.yaml")
     entries = {s.name: s for s in snap.scorers}
     for name, params in scorers:
-        entries[name] = NamedConfig(name=name, params=params)
+        entries[name] = ScorerConfig(name=name, params=params)
     updated = snap.model_copy(update={"scorers": list(entries.values())})
     text = dump_config(updated)
     if text != store.read_text("config.yaml"):

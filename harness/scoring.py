@@ -188,7 +188,9 @@ def new_work(
     metric = SCORER_METRICS[name]
     skip = scored_ids(store, name, metric, version)
     # Rows of a replaced plan (`run --replan`) stay on disk but are never scored.
-    planned = store.read_plan(["job_id"])["job_id"].to_arrow() if store.exists("plan.parquet") else None
+    planned = (
+        store.read_plan(["job_id"])["job_id"].to_arrow() if store.exists("plan.parquet") else None
+    )
     total = skipped = 0
     for path in store.list_shards("generations"):
         table = read_shard_columns(store, path, ["job_id", "status"])

@@ -62,9 +62,7 @@ def iter_plan(
         model_heads = (heads or {}).get(model)
         for name, params in methods:
             for task in tasks:
-                resolved = canonical_json(
-                    resolve_params(name, params, model.id, task, model_heads)
-                )
+                resolved = canonical_json(resolve_params(name, params, model.id, task, model_heads))
                 key = SliceKey(model, gen, name, resolved, task)
                 if key in seen:
                     raise ValueError(
