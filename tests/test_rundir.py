@@ -196,6 +196,24 @@ def test_read_only_out_ends_in_one_line(tmp_path: Path) -> None:
     assert res.returncode == 1 and str(parent) in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_read_only_file_system_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The read-only case as root sees it (a read-only mount): EROFS from the first write."""
+    from harness import cli
+
+    def read_only(self: RunStore, *parts: str) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), self.uri)
+
+    monkeypatch.setattr(RunStore, "makedirs", read_only)
+    out = tmp_path / "run"
+    code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1] == f"error: {out}: Read-only file system"
+    assert not [e for e in err if "Traceback" in e]
+
+
 def test_a_full_disk_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
