@@ -111,6 +111,11 @@ def test_a_nan_planted_in_a_score_shard_changes_only_the_missing_count(
     gens = store.read_generations()
     extra = gens.head(1).with_columns(pl.lit("jNAN").alias("job_id"))
     store.write_generations(extra.to_dicts())
+    # Rows outside the plan are never counted (run identity): the planted job joins the plan.
+    plan = store.read_plan()
+    first = plan.filter(pl.col("job_id") == gens["job_id"][0])
+    plan_path = identical_run / "plan.parquet"
+    pl.concat([plan, first.with_columns(pl.lit("jNAN").alias("job_id"))]).write_parquet(plan_path)
     nan = scores.head(1).with_columns(
         pl.lit("jNAN").alias("job_id"), pl.lit(float("nan")).alias("sentiment")
     )
