@@ -3,10 +3,11 @@
 Three cases, decided by `init_ray`:
 
 * inside `ray job submit` (the job supervisor sets `RAY_ADDRESS` and the job's runtime env,
-  whose `--working-dir` already carries the code to every worker): attach, add nothing;
+  whose `--working-dir` already carries the code to every worker): attach, adding only the
+  variable that names `--include` modules (Ray merges it into the job's env);
 * an address given (config `runtime.ray_address`, or `RAY_ADDRESS` in a shell on a cluster
-  node): attach and ship this project's packages as `py_modules`, so actors on other nodes
-  import the driver's version of the code;
+  node): attach and ship this project's packages and the `--include` modules as `py_modules`,
+  so actors on other nodes import the driver's version of the code;
 * no address: start a local Ray bound to 127.0.0.1, without token auth or usage reporting.
 
 Ray is imported inside the functions: the loopback setting must be in the environment before
@@ -62,11 +63,42 @@ def local_ray_env() -> None:
 
 
 def code_runtime_env() -> dict[str, Any]:
-    """Runtime env that ships this project's packages to every worker of the cluster."""
+    """Runtime env that ships this project's packages to every worker of the cluster, with
+    the `--include` modules (their code and the variable naming them; see `include_env`)."""
     import importlib
 
     modules = [str(Path(importlib.import_module(p).__file__ or "").parent) for p in PACKAGES]
-    return {"py_modules": modules, "excludes": list(UPLOAD_EXCLUDES)}
+    env = include_env()
+    modules += env.pop("py_modules", [])
+    return {"py_modules": modules, "excludes": list(UPLOAD_EXCLUDES), **env}
+
+
+def include_env() -> dict[str, Any]:
+    """The part of a runtime env that makes `--include` modules reach workers on every node.
+
+    Workers of an attached cluster are started by the nodes' raylets, not by this process, so
+    they inherit neither `LIDAO_HARNESS_INCLUDE` nor `PYTHONPATH`: the variable travels in
+    `env_vars`, and the code of each included module not installed in site-packages (a package
+    directory, or a single `.py` file) in `py_modules`. Empty without `--include`.
+    """
+    import importlib.util
+
+    from workers.plugins import INCLUDE_ENV
+
+    names = [m for m in os.environ.get(INCLUDE_ENV, "").split(",") if m]
+    if not names:
+        return {}
+    paths: list[str] = []
+    for name in names:
+        spec = importlib.util.find_spec(name.partition(".")[0])
+        origin = spec.origin if spec is not None else None
+        if not origin or origin in ("built-in", "frozen"):
+            continue
+        path = Path(origin)
+        path = path.parent if path.name == "__init__.py" else path
+        if not {"site-packages", "dist-packages"} & set(path.parts) and str(path) not in paths:
+            paths.append(str(path))
+    return {"env_vars": {INCLUDE_ENV: ",".join(names)}, "py_modules": paths}
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
@@ -83,7 +115,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     if target is not None and in_ray_job():
-        ray.init(address=target, log_to_driver=True)
+        # the job's runtime env (its working dir) carries the code; Ray merges these env vars
+        env = {k: v for k, v in include_env().items() if k == "env_vars"}
+        ray.init(address=target, log_to_driver=True, runtime_env=env or None)
     elif target is not None:
         ray.init(address=target, log_to_driver=True, runtime_env=code_runtime_env())
     else:

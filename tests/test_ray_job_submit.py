@@ -177,18 +177,53 @@ def test_a_driver_stopped_mid_run_resumes_with_the_same_command(head: Head, tmp_
     assert manifest["generation"]["pending_at_start"] < 120  # the second driver resumed
 
 
+INCLUDED = """
+from workers.scorers.base import Scorer
+from workers.scorers.registry import register_scorer
+
+
+class Length(Scorer):
+    name = "sentiment-length"
+    metric = "sentiment"
+    num_cpus = 0.25
+
+    @property
+    def version(self):
+        return "length-1"
+
+    def score(self, rows):
+        return [{**self.key(r), "sentiment": min(1.0, len(r["continuation"]) / 100)} for r in rows]
+
+
+register_scorer("sentiment-length", "included_scorer:Length", "sentiment")
+"""
+
+
 def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: Path) -> None:
-    """`RAY_ADDRESS=HOST:PORT python -m harness run ...` on a cluster node: attach, ship the code."""
+    """`RAY_ADDRESS=HOST:PORT python -m harness run ...` on a cluster node: attach, ship the code,
+    and the `--include` module too (the cluster's workers see neither the driver's PYTHONPATH
+    nor its environment)."""
     out = tmp_path / "attached"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "included_scorer.py").write_text(INCLUDED)
+    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg["dataset"]["files"] = {
+        k: str(REPO / "examples" / v) for k, v in cfg["dataset"]["files"].items()
+    }
+    cfg["scorers"] = ["gender", "sentiment-length"]
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_ADDRESS=f"127.0.0.1:{head.port}", PYTHONPATH=str(REPO))
+    env.update(RAY_ADDRESS=f"127.0.0.1:{head.port}", PYTHONPATH=f"{REPO}:{plugins}")
     res = subprocess.run(
         [
             sys.executable,
             "-m",
             "harness",
+            "--include",
+            "included_scorer",
             "run",
-            str(REPO / "examples" / "quickstart.yaml"),
+            str(tmp_path / "cfg.yaml"),
             "--out",
             str(out),
             "--no-progress",
@@ -201,4 +236,8 @@ def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: 
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"Ray cluster at 127.0.0.1:{head.port}: 1 node(s)" in res.stderr
-    assert RunStore(str(out)).read_generations().height == 30
+    store = RunStore(str(out))
+    gens = store.read_generations()
+    assert gens.height == 30
+    scores = store.read_scores("sentiment-length", "sentiment")
+    assert scores.height == 30 and scores["sentiment"].is_between(0, 1).all()
