@@ -141,6 +141,9 @@ class RuntimeConfig(Strict):
     gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
     score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
     score_chunk_retries: int = Field(2, ge=0)  # then its rows stay unscored (re-run `score`)
+    # `run` scores generation shards as they appear (harness/score_follow.py): auto = the
+    # scorers whose pool holds no GPU; true = every scorer; false = after generation only.
+    score_during_generation: bool | Literal["auto"] = "auto"
     # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
     max_jobs: int = Field(10_000_000, ge=1)
 

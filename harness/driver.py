@@ -23,6 +23,7 @@ from harness.generation import generate_stage
 from harness.history import Invocation
 from harness.identity import check_plan
 from harness.manifest import update_manifest
+from harness.score_follow import Followed, following
 from harness.scoring import ScoringError, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, expand_grid, iter_plan
@@ -103,8 +104,10 @@ def score_stage(
     only: list[str] | None = None,
     progress: bool = True,
     scorers: list[tuple[str, dict[str, Any]]] | None = None,
+    followed: Followed | None = None,
 ) -> dict[str, Any]:
-    """Score what is missing; `scorers` (name, params) replaces the config's list."""
+    """Score what is missing; `scorers` (name, params) replaces the config's list; `followed`:
+    the scorers that scored during generation (`harness.score_follow`), taken over."""
     if scorers is None:
         scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
@@ -119,6 +122,7 @@ def score_stage(
             progress=progress,
             start_timeout_s=cfg.runtime.actor_start_timeout_s,
             pools=pool_settings(cfg),
+            followed=followed,
         )
     except ScoringError as exc:
         update_manifest(store, {"scoring": exc.stats})
@@ -273,16 +277,27 @@ def run(
     log.info("planned %d jobs into %s", len(jobs), store.uri)
     t0 = time.perf_counter()
     try:
-        gen_stats = generate_stage(
-            store, cfg, jobs, words, use_ray=use_ray, progress=progress, retry_failed=retry_failed
-        )
+        # scorers that need no GPU score shards as they appear (runtime.score_during_generation);
+        # the follower is stopped and joined when the block ends, before compaction
+        with following(store, cfg, words, use_ray=use_ray) as follow:
+            gen_stats = generate_stage(
+                store,
+                cfg,
+                jobs,
+                words,
+                use_ray=use_ray,
+                progress=progress,
+                retry_failed=retry_failed,
+            )
         store.compact_generations()  # one shard per batch → shards of ~50k rows
     finally:
         inv.timings["generate_s"] = round(time.perf_counter() - t0, 3)
     inv.stage("generation", gen_stats, time.perf_counter() - t0)
     update_manifest(store, {"generation": gen_stats})
     t0 = time.perf_counter()
-    score_stats = score_stage(store, cfg, words, use_ray=use_ray, progress=progress)
+    score_stats = score_stage(
+        store, cfg, words, use_ray=use_ray, progress=progress, followed=follow.result
+    )
     inv.stage("scoring", score_stats, time.perf_counter() - t0)
     t0 = time.perf_counter()
     aggregate_stage(store, use=first_scorer_per_metric(cfg))

@@ -9,6 +9,7 @@ it has handed out (to skip a job present in two shards), not the rows.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from results.schema import SCHEMA_VERSION
@@ -102,14 +104,7 @@ class OkRows:
             table = self._read(path)
             if table is None:
                 continue
-            keep = pc.and_(
-                pc.equal(table["status"], "ok"),
-                pc.invert(pc.is_in(table["job_id"], value_set=self.skip)),
-            )
-            if self.only is not None:
-                keep = pc.and_(keep, pc.is_in(table["job_id"], value_set=self.only))
-            table = table.filter(pc.fill_null(keep, False))
-            for batch in table.to_batches(max_chunksize=self.chunk_size):
+            for batch in self._fresh(table).to_batches(max_chunksize=self.chunk_size):
                 for row in batch.to_pylist():
                     if row["job_id"] in self.seen:
                         continue  # the same job in two shards: score it once
@@ -123,6 +118,16 @@ class OkRows:
             self.rows += len(buf)
             yield buf
 
+    def _fresh(self, table: pa.Table) -> pa.Table:
+        """The ok rows of the current plan not scored before (`seen` is checked row by row)."""
+        keep = pc.and_(
+            pc.equal(table["status"], "ok"),
+            pc.invert(pc.is_in(table["job_id"], value_set=self.skip)),
+        )
+        if self.only is not None:
+            keep = pc.and_(keep, pc.is_in(table["job_id"], value_set=self.only))
+        return table.filter(pc.fill_null(keep, False))
+
     def _read(self, path: str) -> pa.Table | None:
         try:
             return read_shard_columns(self.store, path, self.columns)
@@ -132,6 +137,88 @@ class OkRows:
             log.error("cannot read %s (%s): its rows stay unscored", path, exc)
             self.unreadable.append(path)
             return None
+
+
+class FollowRows(OkRows):
+    """`OkRows` of a run whose generation is still going: `next_chunk` returns the unscored ok
+    rows of shards that appeared since the last look, or None when nothing new is there *yet*.
+
+    The generation folder is listed at most every `poll_s` seconds (more seldom when listing
+    itself is slow: never more than a tenth of the time). Exactly once: a shard is read once
+    (by path) and a job handed out once (by id), whatever the polls see. Shards are published
+    atomically (a temp name then a rename, or one put), so a poll never sees one half-written.
+    A shard that disappears between the listing and the read (a compaction moved its rows
+    into a `part-c-` shard) is skipped: the next poll lists the shard that holds them now.
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        columns: list[str],
+        skip: pa.Array,
+        chunk_size: int,
+        only: pa.Array | None = None,
+        poll_s: float = 5.0,
+    ) -> None:
+        super().__init__(store, columns, skip, chunk_size, only)
+        self.poll_s = poll_s
+        self.read_paths: set[str] = set()
+        self.polls = 0
+        self.vanished = 0  # shards gone between a listing and their read
+        self._pending: collections.deque[pa.Table] = collections.deque()
+        self._due = 0.0  # time.monotonic() of the next poll
+
+    def next_chunk(self) -> list[dict[str, Any]] | None:
+        if not self._pending and time.monotonic() >= self._due:
+            self.poll()
+        buf: list[dict[str, Any]] = []
+        while self._pending and len(buf) < self.chunk_size:
+            table = self._pending.popleft()
+            take = table.slice(0, self.chunk_size - len(buf))
+            if take.num_rows < table.num_rows:
+                self._pending.appendleft(table.slice(take.num_rows))
+            for row in take.to_pylist():
+                if row["job_id"] not in self.seen:  # the same job in two shards: once
+                    self.seen.add(row["job_id"])
+                    buf.append(row)
+        if not buf:
+            return None
+        self.rows += len(buf)
+        return buf
+
+    def poll(self) -> int:
+        """Read the shards that appeared since the last poll; returns how many were read."""
+        started = time.monotonic()
+        new = [p for p in self.store.list_shards("generations") if p not in self.read_paths]
+        listing_s = time.monotonic() - started
+        read = 0
+        for path in new:
+            table = self._read_published(path)
+            if table is None:
+                continue
+            read += 1
+            fresh = self._fresh(table)
+            if fresh.num_rows:
+                self._pending.append(fresh)
+        self.polls += 1
+        self._due = time.monotonic() + max(self.poll_s, 10 * listing_s)
+        return read
+
+    def _read_published(self, path: str) -> pa.Table | None:
+        try:
+            table = read_shard_columns(self.store, path, self.columns)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - gone (compacted) or unreadable
+            if self.store.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                self.vanished += 1  # its rows are in a shard the next poll lists
+                return None
+            self.read_paths.add(path)
+            log.error("cannot read %s (%s): its rows stay unscored", path, exc)
+            self.unreadable.append(path)
+            return None
+        self.read_paths.add(path)
+        return table
 
 
 def scored_ids(store: RunStore, scorer: str, metric: str, version: str) -> pa.Array:

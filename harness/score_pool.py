@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,13 +119,23 @@ def score_on_ray(
     progress: bool,
     start_timeout_s: float,
     settings: PoolSettings,
+    live: Mapping[str, Pool] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every scorer on its pool, all at once; chunks are written as they come back."""
+    """Every scorer on its pool, all at once; chunks are written as they come back.
+
+    `live`: pools already running (they followed generation, `harness.score_follow`), taken
+    over as they are: the same actors, the same Perspective rate limiter.
+    """
     failures: dict[str, str] = {}
+    live = live or {}
     plans = _plan_with_gpus(scorers, context, settings, failures)
-    pools = [Pool(name, params, plans[name], context) for name, params in scorers if name in plans]
+    pools = [
+        live[name] if name in live else Pool(name, params, plans[name], context)
+        for name, params in scorers
+        if name in plans or name in live
+    ]
     try:
-        _start_pools(pools, store.uri, start_timeout_s)
+        start_pools([p for p in pools if p.name not in live], store.uri, start_timeout_s)
         for pool in pools:
             if pool.error is None:
                 pool.work = new_work(
@@ -132,12 +143,12 @@ def score_on_ray(
                 )
                 for actor in pool.actors:
                     actor.handle.begin.remote(pool.work.total)
-        _Loop(store, [p for p in pools if p.error is None], settings.call_timeout_s).run()
+        ScoreLoop(store, [p for p in pools if p.error is None], settings.call_timeout_s).run()
     finally:
         _withdraw_gpus()
         stats = {}
         for pool in pools:
-            _close_pool(pool)
+            close_pool(pool)
             if pool.work is not None:
                 closed = pool.closed[0] if len(pool.closed) == 1 else pool.closed
                 stats[pool.name] = pool.work.stats(closed)
@@ -203,8 +214,11 @@ def _new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
     return PoolActor(handle, slot)
 
 
-def _start_pools(pools: list[Pool], run_uri: str, timeout_s: float) -> None:
-    """Start every actor of every pool; keep those ready within `timeout_s`."""
+def start_pools(
+    pools: list[Pool], run_uri: str, timeout_s: float, stop: threading.Event | None = None
+) -> None:
+    """Start every actor of every pool; keep those ready within `timeout_s` (or when `stop`
+    is set: the follower was told to stop)."""
     import ray
 
     pending: dict[Any, tuple[Pool, PoolActor]] = {}
@@ -212,7 +226,17 @@ def _start_pools(pools: list[Pool], run_uri: str, timeout_s: float) -> None:
         for slot in range(pool.plan.replicas):
             actor = _new_actor(pool, slot, run_uri)
             pending[actor.handle.info.remote()] = (pool, actor)
-    ready, not_ready = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+    ready: list[Any] = []
+    not_ready = list(pending)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while not_ready and (stop is None or not stop.is_set()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        done, not_ready = ray.wait(not_ready, num_returns=len(not_ready), timeout=min(1.0, left))
+        ready += done
+    waited = time.monotonic() - started
     errors: dict[str, str] = {}
     for ref in ready:
         pool, actor = pending[ref]
@@ -226,13 +250,13 @@ def _start_pools(pools: list[Pool], run_uri: str, timeout_s: float) -> None:
     for ref in not_ready:
         pool, actor = pending[ref]
         ray.kill(actor.handle)
-        log.warning("scorer %s: actor %d not ready after %.0fs", pool.name, actor.slot, timeout_s)
+        log.warning("scorer %s: actor %d not ready after %.0fs", pool.name, actor.slot, waited)
     for pool in pools:
         if pool.name in errors:
             pool.error = errors[pool.name]
         elif not pool.actors:
             pool.error = (
-                f"no actor ready after {timeout_s:.0f}s: the cluster may lack the resources "
+                f"no actor ready after {waited:.0f}s: the cluster may lack the resources "
                 f"it asks for ({pool.plan.num_gpus:g} GPU, {pool.plan.num_cpus:g} CPU each), "
                 "or the model download is slow"
             )
@@ -244,20 +268,39 @@ def _start_pools(pools: list[Pool], run_uri: str, timeout_s: float) -> None:
             pool.ended = list(pool.actors)
 
 
-class _Loop:
+class ScoreLoop:
     """Feeds the pools' actors and handles what comes back, until no chunk is left."""
 
     def __init__(self, store: RunStore, pools: list[Pool], call_timeout_s: float) -> None:
         self.store, self.pools, self.timeout = store, pools, call_timeout_s
         self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
         self.run_uri = store.uri
+        self.feeding = True  # False: only the calls in flight are waited for
 
-    def run(self) -> None:
+    def run(
+        self,
+        follow: threading.Event | None = None,
+        abort: threading.Event | None = None,
+        idle_s: float = 1.0,
+    ) -> None:
+        """Until no chunk is left. `follow`: the feeds are `FollowRows` of a generation still
+        going: feed what they find (looking again after `idle_s` when nothing is in flight)
+        until `follow` is set, then only wait for the calls in flight (the final pass does the
+        rest); `abort` set: return at once."""
         import ray
 
         for pool in self.pools:
             self._feed(pool)
-        while self.calls:
+        while self.calls or (follow is not None and not follow.is_set()):
+            if abort is not None and abort.is_set():
+                return
+            if follow is not None:
+                self.feeding = not follow.is_set()
+                for pool in self.pools:
+                    self._feed(pool)  # shards that appeared since
+                if not self.calls:
+                    follow.wait(idle_s)
+                    continue
             refs = list(self.calls)
             ready, _ = ray.wait(refs, num_returns=1, timeout=min(1.0, self.timeout))
             if ready:
@@ -270,7 +313,7 @@ class _Loop:
     def _feed(self, pool: Pool) -> None:
         work = pool.work
         assert work is not None
-        while pool.error is None and pool.actors:
+        while self.feeding and pool.error is None and pool.actors:
             actor = min(pool.actors, key=lambda a: len(a.calls))
             if len(actor.calls) >= PIPELINE:
                 return
@@ -367,7 +410,7 @@ class _Loop:
         pool.actors = []
 
 
-def _close_pool(pool: Pool) -> None:
+def close_pool(pool: Pool) -> None:
     import ray
 
     for actor in pool.actors:

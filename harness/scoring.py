@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
@@ -40,6 +40,9 @@ from harness.score_feed import (
 from results.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.registry import SCORER_METRICS, check_scorer_name, load_scorer
+
+if TYPE_CHECKING:
+    from harness.score_follow import Followed
 
 Row = dict[str, Any]
 GIVE_UP_IN_A_ROW = 5  # chunks given up one after the other: the scorer stops
@@ -221,6 +224,7 @@ def score_run(
     progress: bool = True,
     start_timeout_s: float = 600.0,
     pools: PoolSettings | None = None,
+    followed: Followed | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every scorer over the ok generation rows it has not scored at its version yet.
 
@@ -237,6 +241,8 @@ def score_run(
             before the stage gives up on it.
         pools: GPU budget, waits, timeouts, retries and per-scorer pool sizes (defaults:
             `PoolSettings()`).
+        followed: what scored during generation (`harness.score_follow`): its scorers,
+            still running, are taken over, and its counts added to the stats.
 
     Returns:
         Stats per scorer: version, scored (rows scored now), skipped (already scored),
@@ -261,14 +267,23 @@ def score_run(
         load_scorer(name).check_params(params)  # imports the module only: no torch here
     check_has_generations(store)
     settings = pools or PoolSettings()
-    if use_ray:
-        from harness.score_pool import score_on_ray
+    live = followed.take(scorers) if followed is not None else {}
+    try:
+        if use_ray:
+            from harness.score_pool import score_on_ray
 
-        stats, failures = score_on_ray(
-            store, scorers, context, batch_size, progress, start_timeout_s, settings
-        )
-    else:
-        stats, failures = _score_in_process(store, scorers, context, batch_size, progress, settings)
+            stats, failures = score_on_ray(
+                store, scorers, context, batch_size, progress, start_timeout_s, settings, live
+            )
+        else:
+            stats, failures = _score_in_process(
+                store, scorers, context, batch_size, progress, settings, live
+            )
+    finally:
+        if followed is not None:
+            followed.close()  # what no scorer of this pass took over
+    if followed is not None:
+        followed.add_to(stats)
     if failures:
         lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
         raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)
@@ -293,15 +308,21 @@ def _score_in_process(
     batch_size: int,
     progress: bool,
     settings: PoolSettings,
+    live: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """One scorer after the other in this process; a failing scorer does not stop the next."""
+    """One scorer after the other in this process; a failing scorer does not stop the next.
+
+    `live`: name → (scorer, its cache mirror) already built (they followed generation)."""
     stats: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     for name, params in scorers:
         mirror = None
         try:
-            ctx, mirror = scorer_context(name, params, context, store.uri)
-            scorer = load_scorer(name)(params, ctx)
+            if live and name in live:
+                scorer, mirror = live[name]
+            else:
+                ctx, mirror = scorer_context(name, params, context, store.uri)
+                scorer = load_scorer(name)(params, ctx)
         except Exception as exc:  # noqa: BLE001 - reported with the others below
             failures[name] = f"cannot start: {type(exc).__name__}: {exc}"
             continue
