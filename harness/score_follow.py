@@ -180,8 +180,9 @@ class Follower:
             raise self.error
         return self.result
 
-    def abort(self) -> None:
-        """Stop now and close the scorers (the generation stage raised)."""
+    def abort(self, now: bool = True) -> None:
+        """Stop now and close the scorers (the generation stage raised); `now`: kill Ray actors
+        without waiting for their `close` (an interrupt)."""
         self._abort.set()
         self._stop.set()
         if self._thread.ident is not None:
@@ -190,7 +191,7 @@ class Follower:
             log.warning("the scoring follower did not stop within %.0fs", ABORT_JOIN_S)
         if self.error is not None:
             log.error("scoring during generation failed: %s", self.error)
-        self.result.close(now=True)
+        self.result.close(now=now)
 
     # ---- the thread ------------------------------------------------------------------------
     def _main(self) -> None:
@@ -349,7 +350,7 @@ def following(
     follower.start()
     try:
         yield follower
-    except BaseException:
-        follower.abort()
+    except BaseException as exc:
+        follower.abort(now=not isinstance(exc, Exception))  # SIGINT / SIGTERM: no waiting
         raise
     follower.finish()

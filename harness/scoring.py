@@ -15,6 +15,9 @@ other chunks, and the stage ends with a `ScoringError` that counts them.
 With Ray each scorer runs on a pool of actors (`harness.score_pool`), all scorers at once;
 GPU scorers get one actor per GPU of the budget. Without Ray the same plain classes run here,
 one scorer after the other. The driver imports no torch: scorer modules import it lazily.
+
+`run` starts the scorers that hold no GPU while generation is still going
+(`harness.score_follow`); this stage then takes them over (`followed=`) and scores the rest.
 """
 
 from __future__ import annotations
