@@ -124,8 +124,9 @@ class Followed:
         were skipped by the final pass as already scored)."""
         for name, during in self.stats.items():
             final = stats.get(name)
-            if final is None:
-                stats[name] = {"during_generation": during}
+            if final is None:  # the final pass did not run it (it could not start)
+                keep = ("version", "scored", "status", "failed_chunks")
+                stats[name] = {k: during[k] for k in keep} | {"during_generation": during}
                 continue
             final["during_generation"] = during
             final["scored"] = final.get("scored", 0) + during["scored"]
@@ -279,7 +280,9 @@ class Follower:
         from harness.ray_runtime import cluster_gpus
         from harness.score_pool import Pool, ScoreLoop, pool_plans, start_pools
 
-        plans = pool_plans(self.scorers, self.context, self.settings, cluster_gpus())
+        have, budget = cluster_gpus(), self.settings.gpus
+        gpus = min(float(budget), have) if budget and have else have
+        plans = pool_plans(self.scorers, self.context, self.settings, gpus)
         pools = []
         for name, params in self.scorers:
             if plans[name].num_gpus == 0 and pool_wants_gpu(
@@ -300,6 +303,8 @@ class Follower:
             for actor in pool.actors:
                 actor.handle.begin.remote(0)
             running.append(pool)
+        if not running:
+            return
         loop = ScoreLoop(self.store, running, self.settings.call_timeout_s)
         loop.run(follow=self._stop, abort=self._abort, idle_s=min(1.0, self.poll_s))
         for pool in running:
