@@ -105,6 +105,18 @@ def test_auto_follows_only_scorers_whose_pool_holds_no_gpu() -> None:
     assert follow_scorers(scorers, False, None, {}) == []
 
 
+def test_rows_missing_during_generation_are_counted_once() -> None:
+    """A cache-only Perspective leaves rows `missing` (no score row): the final pass hands them
+    out again, so only the final pass counts them."""
+    during = {"version": "v", "scored": 5, "status": {"ok": 3, "missing": 2}}
+    followed = score_follow.Followed(use_ray=False, stats={"perspective": during})
+    stats = {"perspective": {"version": "v", "scored": 2, "skipped": 4, "status": {"missing": 2}}}
+    followed.add_to(stats)
+    merged = stats["perspective"]
+    assert (merged["scored"], merged["skipped"]) == (5, 1)  # 1 was scored by an earlier run
+    assert merged["status"] == {"ok": 3, "missing": 2} and merged["during_generation"] is during
+
+
 def test_the_setting_is_auto_true_or_false() -> None:
     base = {
         "name": "x",
