@@ -165,14 +165,22 @@ class FollowRows(OkRows):
         self.read_paths: set[str] = set()
         self.polls = 0
         self.vanished = 0  # shards gone between a listing and their read
-        self._pending: collections.deque[pa.Table] = collections.deque()
+        self._unread: collections.deque[str] = collections.deque()  # listed, not read yet
+        self._pending: collections.deque[pa.Table] = collections.deque()  # rows to hand out
         self._due = 0.0  # time.monotonic() of the next poll
 
     def next_chunk(self) -> list[dict[str, Any]] | None:
-        if not self._pending and time.monotonic() >= self._due:
-            self.poll()
+        """Up to `chunk_size` rows; shards are read one at a time as rows are needed, and the
+        folder listed again only once every listed shard is read (memory: about one shard)."""
         buf: list[dict[str, Any]] = []
-        while self._pending and len(buf) < self.chunk_size:
+        while len(buf) < self.chunk_size:
+            if not self._pending:
+                if not self._unread and time.monotonic() >= self._due:
+                    self.poll()
+                if not self._unread:
+                    break
+                self._read_next()
+                continue
             table = self._pending.popleft()
             take = table.slice(0, self.chunk_size - len(buf))
             if take.num_rows < table.num_rows:
@@ -187,22 +195,25 @@ class FollowRows(OkRows):
         return buf
 
     def poll(self) -> int:
-        """Read the shards that appeared since the last poll; returns how many were read."""
+        """List the shards that appeared since the last poll; returns how many."""
         started = time.monotonic()
-        new = [p for p in self.store.list_shards("generations") if p not in self.read_paths]
-        listing_s = time.monotonic() - started
-        read = 0
-        for path in new:
-            table = self._read_published(path)
-            if table is None:
-                continue
-            read += 1
+        listed = set(self._unread)
+        new = [
+            p
+            for p in self.store.list_shards("generations")
+            if p not in self.read_paths and p not in listed
+        ]
+        self._unread.extend(new)
+        self.polls += 1
+        self._due = time.monotonic() + max(self.poll_s, 10 * (time.monotonic() - started))
+        return len(new)
+
+    def _read_next(self) -> None:
+        table = self._read_published(self._unread.popleft())
+        if table is not None:
             fresh = self._fresh(table)
             if fresh.num_rows:
                 self._pending.append(fresh)
-        self.polls += 1
-        self._due = time.monotonic() + max(self.poll_s, 10 * listing_s)
-        return read
 
     def _read_published(self, path: str) -> pa.Table | None:
         try:
