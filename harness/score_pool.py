@@ -289,6 +289,7 @@ class ScoreLoop:
         rest); `abort` set: return at once."""
         import ray
 
+        self.feeding = follow is None or not follow.is_set()
         for pool in self.pools:
             self._feed(pool)
         while self.calls or (follow is not None and not follow.is_set()):
