@@ -129,6 +129,8 @@ def score_on_ray(
     failures: dict[str, str] = {}
     live = live or {}
     plans = _plan_with_gpus(scorers, context, settings, failures)
+    for name in live:
+        failures.pop(name, None)  # its actors run already
     pools = [
         live[name] if name in live else Pool(name, params, plans[name], context)
         for name, params in scorers

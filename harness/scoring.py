@@ -259,6 +259,33 @@ def score_run(
         ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
             every retry (the others still finish, and what was scored is on disk).
     """
+    try:
+        stats, failures = _score(
+            store, scorers, context, use_ray, batch_size, progress, start_timeout_s, pools, followed
+        )
+    finally:
+        if followed is not None:
+            followed.close()  # what no scorer of this pass took over (or an error came first)
+    if followed is not None:
+        followed.add_to(stats)
+    if failures:
+        lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
+        raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)
+    return stats
+
+
+def _score(
+    store: RunStore,
+    scorers: Sequence[tuple[str, dict[str, Any]]],
+    context: ScorerContext,
+    use_ray: bool,
+    batch_size: int,
+    progress: bool,
+    start_timeout_s: float,
+    pools: PoolSettings | None,
+    followed: Followed | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """`score_run` without the final report: checks, then the scorers on Ray or here."""
     names = [name for name, _ in scorers]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -271,26 +298,13 @@ def score_run(
     check_has_generations(store)
     settings = pools or PoolSettings()
     live = followed.take(scorers) if followed is not None else {}
-    try:
-        if use_ray:
-            from harness.score_pool import score_on_ray
+    if use_ray:
+        from harness.score_pool import score_on_ray
 
-            stats, failures = score_on_ray(
-                store, scorers, context, batch_size, progress, start_timeout_s, settings, live
-            )
-        else:
-            stats, failures = _score_in_process(
-                store, scorers, context, batch_size, progress, settings, live
-            )
-    finally:
-        if followed is not None:
-            followed.close()  # what no scorer of this pass took over
-    if followed is not None:
-        followed.add_to(stats)
-    if failures:
-        lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
-        raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)
-    return stats
+        return score_on_ray(
+            store, scorers, context, batch_size, progress, start_timeout_s, settings, live
+        )
+    return _score_in_process(store, scorers, context, batch_size, progress, settings, live)
 
 
 def scorer_context(
