@@ -224,7 +224,7 @@ def test_an_error_in_the_follower_is_raised_when_generation_ends(
     assert not follower.result.live  # closed
 
 
-def test_when_generation_raises_the_follower_stops_and_its_error_does_not_hide_it(
+def test_when_generation_raises_the_follower_stops_and_closes_its_scorers(
     tmp_path: Path,
 ) -> None:
     cfg = run_config("auto")
