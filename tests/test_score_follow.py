@@ -241,6 +241,39 @@ def test_when_generation_raises_the_follower_stops_and_closes_its_scorers(
     assert not holder[0].result.live and not holder[0]._thread.is_alive()
 
 
+def test_perspective_keeps_one_scorer_and_asks_each_text_once_across_both_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rate limiter and one cache from the first shard to the last: the scorer that
+    followed generation is the one the final pass closes (its counts cover both passes)."""
+    from fake_perspective import FakePerspective
+
+    key = "AIzaSy-follow-secret-0123456789"
+    monkeypatch.setenv("PERSPECTIVE_API_KEY", key)
+    monkeypatch.delenv("PERSPECTIVE_API_ENDPOINT", raising=False)
+    run = tmp_path / "run"
+    store = RunStore(str(run))
+    store.write_generations(rows(range(0, 4)))
+    ctx = ScorerContext(cache_dir=str(tmp_path / "cache"))
+    with FakePerspective(api_key=key) as fake:
+        params = {"endpoint": fake.endpoint, "qps": 20.0, "quota_window_s": 1.0, "progress": False}
+        follower = Follower(store.uri, [("perspective", params)], ctx, use_ray=False, poll_s=0.01)
+        follower.start()
+        try:
+            wait_for("the first shard scored", lambda: len(scored_on_disk(run, "perspective")) == 4)
+        finally:
+            followed = follower.finish()
+        store.write_generations(rows(range(4, 7)))
+        stats = score_run(
+            store, [("perspective", params)], ctx, use_ray=False, progress=False, followed=followed
+        )["perspective"]
+        answered = dict(fake.answered)
+    assert stats["scorer"]["sent"] == 7 and stats["scored"] == 7  # one scorer, both passes
+    assert stats["during_generation"]["scored"] == 4
+    assert sorted(answered.values()) == [1] * 7
+    assert sorted(scored_on_disk(run, "perspective")) == [f"j{i:03d}" for i in range(7)]
+
+
 # ---- on Ray: the thread drives actors, and the final pass takes them over --------------------
 @pytest.fixture
 def ray_up(ray_local: None) -> None:
