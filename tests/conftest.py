@@ -31,12 +31,9 @@ def shared() -> Path:
     return SHARED
 
 
-@pytest.fixture(scope="session")
-def ray_local() -> Iterator[None]:
-    """One local Ray bound to 127.0.0.1 with a short temp dir, shut down at the end."""
+def _start_local_ray(tmp: str) -> None:
     import ray
 
-    tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
     ray.init(
         num_cpus=4,
         include_dashboard=False,
@@ -44,8 +41,26 @@ def ray_local() -> Iterator[None]:
         _temp_dir=tmp,
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}},
     )
+
+
+@pytest.fixture(scope="session")
+def _ray_session() -> Iterator[str]:
+    """The session's local Ray temp dir; whichever Ray is up at the end is shut down."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
     try:
-        yield
+        yield tmp
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_local(_ray_session: str) -> None:
+    """One local Ray bound to 127.0.0.1 with a short temp dir, shared by the session, started
+    again when a module with its own cluster shut it down (tests/test_cluster_gpus.py does)."""
+    import ray
+
+    if not ray.is_initialized():
+        _start_local_ray(_ray_session)

@@ -275,23 +275,8 @@ def test_perspective_keeps_one_scorer_and_asks_each_text_once_across_both_passes
 
 
 # ---- on Ray: the thread drives actors, and the final pass takes them over --------------------
-@pytest.fixture
-def ray_up(ray_local: None) -> None:
-    """The session's local Ray, started again if a module with its own cluster shut it down
-    (tests/test_cluster_gpus.py does); the session fixture shuts down whichever is up."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=4,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
-        )
-
-
 def test_on_ray_the_final_pass_takes_over_the_actors_that_followed(
-    ray_up: None, tmp_path: Path
+    ray_local: None, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
     store = RunStore(str(run))
