@@ -21,6 +21,7 @@ model's dtype. `docs/design.md` (Bias tuning) gives the measurements behind this
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -91,6 +92,12 @@ class _Float32Top:
         parent = model.get_submodule(parent_name) if parent_name else model
         self.swaps.append((parent, attr, copy.deepcopy(sites.final_norm.module).float()))
         self.swaps[0][2].register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
+        rotary = getattr(
+            model.get_submodule(sites.blocks_path.rpartition(".")[0]), "rotary_emb", None
+        )
+        if isinstance(rotary, nn.Module):  # LLaMA, Falcon: θ's cos/sin come in the model's dtype
+            for _, _, block in self.swaps[:-1]:
+                block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
         with self.swapped():
             self.sites = find_sites(model, sites.k)
 
@@ -113,6 +120,19 @@ def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:
     elif isinstance(kwargs.get("hidden_states"), torch.Tensor):
         kwargs = {**kwargs, "hidden_states": kwargs["hidden_states"].float()}
     return args, kwargs
+
+
+def _float32_rotary(rotary: nn.Module) -> Any:
+    """Pre-hook of a float32 block: rotary cos/sin recomputed in float32 from the positions."""
+
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        given, positions = kwargs.get("position_embeddings"), kwargs.get("position_ids")
+        if isinstance(given, tuple) and given[0].dtype != torch.float32 and positions is not None:
+            probe = given[0].new_empty(0, dtype=torch.float32)  # the rotary reads dtype and device
+            kwargs = {**kwargs, "position_embeddings": rotary(probe, positions)}
+        return args, kwargs
+
+    return hook
 
 
 class BiasTuner:
@@ -160,6 +180,7 @@ class BiasTuner:
         self._states: torch.Tensor | None = None  # (B, T, D) inputs of the first tuned block
         self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
         self._ctx_len = -1  # T the sum is valid for
+        self._kv32: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # half precision only
 
     def _inspect(self) -> tuple[bool, bool]:
         """(blocks return tuples, θ's last hidden state is the final norm's output) of this LM."""
@@ -282,15 +303,18 @@ class BiasTuner:
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
             else:
                 before = self._context_sum(ctx)
-                out = self._top(
-                    ctx, slice(T - 1, T), states[:, -1:], cropped_cache(ctx.past_key_values, T - 1)
-                )
+                out = self._top(ctx, slice(T - 1, T), states[:, -1:], self._theta_cache(ctx, T - 1))
                 final = state.final_hidden[-1].float()
                 last = final[:, -1] * mask[:, -1:].to(final.device).float()
                 # Next step's context = this step's + this last position (θ: δ is zero here).
                 self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
                 context_sum = before.to(last.device) + last
             hidden = out.last_hidden_state[:, -1]  # (B, D)
+            if self.f32 is not None:  # θ's float32 K/V of the tuned blocks, before the horizon's
+                self._kv32 = [
+                    (x.keys.detach(), x.values.detach())
+                    for x in out.past_key_values.layers[self.first :]
+                ]
             if self.f32 is None:  # θ's logits from the loop, exact at δ = 0
                 logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
             else:  # the loop's half-precision logits would round p_θ: recompute in float32
@@ -303,6 +327,30 @@ class BiasTuner:
             raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
         count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
         return Probe(deltas, logits, (context_sum.to(horizon.device) + horizon) / count)
+
+    def _theta_cache(self, ctx: StepContext, length: int) -> Any:
+        """θ's cache over the first `length` positions, as views.
+
+        In a half-precision model the tuned blocks' layers hold float32 K/V of θ (δ = 0) from the
+        float32 copies instead of θ's rounded ones: kept from the last probe, recomputed from
+        the cached block inputs when missing (once per batch in `last` scope).
+        """
+        cache = cropped_cache(ctx.past_key_values, length)
+        if self.f32 is None or length == 0:
+            return cache
+        kv = self._kv32
+        if kv is None or kv[0][0].shape[0] != ctx.input_ids.shape[0] or kv[0][0].shape[-2] < length:
+            from transformers.cache_utils import DynamicCache
+
+            states = self._block_inputs(ctx)[:, :length]
+            head = dataclasses.replace(ctx, attention_mask=ctx.attention_mask[:, :length])
+            with torch.no_grad(), self._tuned(None):
+                out = self._top(head, slice(0, length), states, DynamicCache())
+            kv = self._kv32 = [(x.keys, x.values) for x in out.past_key_values.layers[self.first :]]
+        for layer, (keys, values) in zip(cache.layers[self.first :], kv):
+            layer.keys, layer.values = keys[..., :length, :], values[..., :length, :]
+            layer.dtype = keys.dtype
+        return cache
 
     def _merged_cache(self, ctx: StepContext, top: Any) -> Any:
         """θ's cache (views) for the lower blocks, the probe's for the tuned ones: T positions."""
@@ -364,7 +412,7 @@ class BiasTuner:
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
         T = ctx.input_ids.shape[1]
-        cache = cropped_cache(ctx.past_key_values, T - 1)
+        cache = self._theta_cache(ctx, T - 1)
         with torch.no_grad(), self._tuned([d.detach() for d in deltas]):
             if self.replay:
                 states = self._block_inputs(ctx)[:, -1:]
