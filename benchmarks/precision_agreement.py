@@ -6,8 +6,8 @@ loss of `tests/precision.py`) in the half-precision model (the precision policy 
 over the elements with |g32| ≥ eps (|δ32| ≥ lr/2), the flips stratified by |g32| relative to the
 row's gradient RMS and by hook point, the flips left when one source of θ's own half-precision
 state is replaced by its float32 value ("fix"), and the agreement above the measured noise
-floor (|g32| ≥ c·σ, σ the spread of g32 when θ's inputs to the tuned path move by their
-half-precision error with random signs).
+floor (|g32| ≥ c·σ, σ the spread of g32 over float32 runs whose lower-block activations carry
+rounding-sized noise: `tests/precision.py::noise_floor`).
 
     PYTHONPATH=$PWD python benchmarks/precision_agreement.py [--dtype bfloat16 float16]
         [--family gpt2 opt falcon llama] [--draws 8]
@@ -28,8 +28,10 @@ from torch import nn
 
 from tests.precision import (
     BLOCKS,
+    PROMPTS,
+    UNIT,
     Step,
-    noise_spread,
+    noise_floor,
     pair,
     stand_in_loss,
     step0,
@@ -41,6 +43,43 @@ from workers.methods.tuner import BiasTuner
 
 FAMILIES = ("gpt2", "opt", "falcon", "llama")
 EDGES = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, float("inf"))
+MORE_PROMPTS = [
+    "The nurse told the doctor that",
+    "Her brother has always been",
+    "After the meeting, the engineer",
+    "The old man and his daughter walked",
+    "My aunt",
+    "They said the waitress was very",
+    "The king of the small country",
+    "When the girls arrived at the party, everyone",
+    "His wife works as",
+]
+
+
+def brief(family: str, dtype: str, draws: int, seeds: int, prompts: list[str]) -> None:
+    """Only the flip counts, summed over `seeds` stand-in losses: policy and above 2σ / 3σ."""
+    half, full = pair(family, dtype)
+    ctx16, ctx32 = step0(half, prompts), step0(full, prompts)
+    for scope in ("context", "last"):
+        counts = torch.zeros(3, 2, dtype=torch.long)  # (all, ≥2σ, ≥3σ) × (flips, elements)
+        worst = 0.0
+        for seed in range(seeds):
+            loss = stand_in_loss(half, seed)
+            ref = tuning_step(full, ctx32, scope, loss)
+            got = tuning_step(half, ctx16, scope, loss)
+            spread = noise_floor(full, prompts, scope, loss, UNIT[dtype], draws, seed=seed + 1)
+            where = ref.grad.abs() >= ADAM_EPS
+            for i, floor in enumerate((0.0, 2.0, 3.0)):
+                sel = where & (ref.grad.abs() >= floor * spread)
+                bad = flips(got, ref, sel)
+                counts[i] += torch.tensor([int(bad.sum()), int(sel.sum())])
+                if i == 0 and bool(bad.any()):
+                    worst = max(worst, float(relative(ref.grad)[bad].max()))
+        cells = [
+            f"{name} {1 - int(f) / int(n):.3%} ({int(f)}/{int(n)})"
+            for name, (f, n) in zip(("all", "≥2σ", "≥3σ"), counts)
+        ]
+        print(f"{family:6s} {dtype:8s} {scope:7s} " + "  ".join(cells) + f"  worst {worst:.1e}")
 
 
 def with_float32(
@@ -161,7 +200,7 @@ def report(family: str, dtype: str, draws: int) -> None:
             with float32_lower(tuner):
                 fixed = tuning_step(half, ctx, scope, loss, tuner=tuner)
             print(f"  fix {name:13s}: {summary(fixed, ref, where)}")
-        spread = noise_spread(full, ctx32, ctx16, scope, loss, draws)
+        spread = noise_floor(full, PROMPTS, scope, loss, UNIT[dtype], draws)
         for c in (1.0, 2.0, 3.0):
             above = where & (ref.grad.abs() >= c * spread)
             kept = int(above.sum()) / int(where.sum())
@@ -179,11 +218,20 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"])
     parser.add_argument("--family", nargs="+", default=list(FAMILIES))
     parser.add_argument("--draws", type=int, default=8)
+    parser.add_argument(
+        "--brief",
+        type=int,
+        metavar="SEEDS",
+        help="only the flip counts, summed over SEEDS stand-in losses and 12 prompts",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     for dtype in args.dtype:
         for family in args.family:
-            report(family, dtype, args.draws)
+            if args.brief:
+                brief(family, dtype, args.draws, args.brief, PROMPTS + MORE_PROMPTS)
+            else:
+                report(family, dtype, args.draws)
 
 
 if __name__ == "__main__":

@@ -3,17 +3,19 @@
 
 A half-precision model and a float32 copy of the same weights (`pair`) take the same step 0
 (k tuned blocks, a stand-in loss with both a head term on the pooled state and a term on θ's
-distribution). `noise_spread` measures the noise floor of the float32 gradient: its spread when
-every quantity the tuned path takes from θ's own forward (the state entering the first tuned
-block, the final hidden states, the K/V cache) is moved by its actual half-precision error with
-random signs. An element whose float32 gradient lies within that spread has its sign set by how
-θ's lower blocks round, which no policy for the tuned path can change.
+distribution). `noise_floor` measures the noise floor of the float32 gradient: its spread over runs whose
+lower-block activations (θ's blocks below the tuned ones, which stay in the model's dtype) carry
+rounding-sized noise. An element whose float32 gradient lies within that spread has its sign
+set by how θ's lower blocks round, which no policy for the tuned path can change without running
+the lower blocks in float32.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,12 +25,13 @@ from torch import nn
 from jobs.spec import JobSpec, ModelRef
 from tests.helpers import step0_context
 from workers.methods.base import StepContext
-from workers.methods.biastune import ADAM_EPS, adam_first_step, cropped_cache
+from workers.methods.biastune import ADAM_EPS, adam_first_step, find_sites
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
 PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"]
 BLOCKS = 3  # of the tiny models' 4
+UNIT = {"bfloat16": 2.0**-8, "float16": 2.0**-11}  # unit roundoff
 
 
 @dataclasses.dataclass
@@ -50,9 +53,9 @@ def pair(family: str, dtype: str) -> tuple[LoadedLM, LoadedLM]:
     return half, full
 
 
-def stand_in_loss(lm: LoadedLM) -> tuple[nn.Module, torch.Tensor]:
+def stand_in_loss(lm: LoadedLM, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     """A fixed head on the pooled state and fixed per-token scores for θ's distribution."""
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     width = lm.model.get_input_embeddings().weight.shape[1]
     head = nn.Linear(width, 2)
     with torch.no_grad():
@@ -61,12 +64,12 @@ def stand_in_loss(lm: LoadedLM) -> tuple[nn.Module, torch.Tensor]:
     return head, torch.rand(len(lm.tokenizer), generator=gen)
 
 
-def step0(lm: LoadedLM) -> StepContext:
+def step0(lm: LoadedLM, prompts: list[str] = PROMPTS) -> StepContext:
     jobs = [
         JobSpec(f"p{i}", p, "female", None, 0, "lidao-min", lm.ref, "sentiment")
-        for i, p in enumerate(PROMPTS)
+        for i, p in enumerate(prompts)
     ]
-    return step0_context(lm, PROMPTS, jobs, hidden=True)
+    return step0_context(lm, prompts, jobs, hidden=True)
 
 
 def tuning_step(
@@ -81,7 +84,7 @@ def tuning_step(
     head, scores = loss_parts
     tuner = tuner or BiasTuner(lm, BLOCKS, scope)
     probe = tuner.probe(ctx)
-    labels = torch.zeros(len(PROMPTS), dtype=torch.long)
+    labels = torch.zeros(ctx.input_ids.shape[0], dtype=torch.long)
     loss = F.cross_entropy(head(probe.pooled), labels, reduction="none")
     loss = loss + (probe.logits.softmax(-1) * scores).sum(-1)
     found = torch.autograd.grad(loss.sum(), probe.deltas, allow_unused=True)
@@ -92,35 +95,57 @@ def tuning_step(
     return Step(torch.cat(grads, 1).float(), names, tuned, ctx.logits.log_softmax(-1))
 
 
-def _jitter(full: torch.Tensor, half: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """`full` moved by |half − full| per element, each with a random sign."""
-    error = (half.float() - full).abs()
-    signs = torch.randint(0, 2, full.shape, generator=gen).float() * 2 - 1
-    return full + signs * error
+@contextmanager
+def lower_block_noise(lm: LoadedLM, unit: float, gen: torch.Generator) -> Iterator[None]:
+    """θ's lower blocks (below the tuned ones) with every activation entering or leaving them
+    multiplied by (1 + unit·N(0, 1)), `unit` the unit roundoff of a half-precision format (the
+    states θ's half-precision lower blocks hand over differ from float32 by 0.8–1.0 unit RMS).
+    Replayed blocks (`skip_blocks`: an instance `forward`) compute nothing and get no noise."""
+    sites = find_sites(lm.model, BLOCKS)
+    blocks = lm.model.get_submodule(sites.blocks_path)
+    lower = [blocks[i] for i in range(sites.num_blocks - sites.k)]
+
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + unit * torch.randn(x.shape, generator=gen))
+
+    def entering(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        if "forward" in vars(module):
+            return None
+        if args:
+            return (noisy(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": noisy(kwargs["hidden_states"])}
+
+    def leaving(module: nn.Module, args: Any, output: Any) -> Any:
+        if "forward" in vars(module):
+            return None
+        if isinstance(output, tuple):
+            return (noisy(output[0]), *output[1:])
+        return noisy(output)
+
+    handles = [lower[0].register_forward_pre_hook(entering, with_kwargs=True)]
+    handles += [block.register_forward_hook(leaving) for block in lower]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
-def noise_spread(
+def noise_floor(
     full: LoadedLM,
-    ctx32: StepContext,
-    ctx16: StepContext,
+    prompts: list[str],
     scope: str,
     loss_parts: tuple[nn.Module, torch.Tensor],
+    unit: float,
     draws: int,
     seed: int = 1,
 ) -> torch.Tensor:
-    """(B, N) standard deviation of the float32 gradient over `draws` jitters of θ's inputs to
-    the tuned path by their half-precision error (`ctx16` − `ctx32`, random signs)."""
-    assert ctx32.hidden_states is not None and ctx16.hidden_states is not None
+    """(B, N) standard deviation of the float32 gradient over `draws` runs (prefill and step)
+    whose lower-block activations carry rounding-sized noise (`lower_block_noise`)."""
     gen = torch.Generator().manual_seed(seed)
-    T = ctx32.input_ids.shape[1]
     grads = []
     for _ in range(draws):
-        hidden = tuple(_jitter(a, b, gen) for a, b in zip(ctx32.hidden_states, ctx16.hidden_states))
-        cache: Any = cropped_cache(ctx32.past_key_values, T)
-        half_layers = ctx16.past_key_values.layers
-        for layer, other in zip(cache.layers, half_layers):
-            layer.keys = _jitter(layer.keys, other.keys, gen)
-            layer.values = _jitter(layer.values, other.values, gen)
-        ctx = dataclasses.replace(ctx32, hidden_states=hidden, past_key_values=cache)
-        grads.append(tuning_step(full, ctx, scope, loss_parts).grad)
+        with lower_block_noise(full, unit, gen):
+            ctx = step0(full, prompts)
+            grads.append(tuning_step(full, ctx, scope, loss_parts).grad)
     return torch.stack(grads).std(0)

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
-from tests.helpers import step0_context
+from tests.precision import PROMPTS as PRECISION_PROMPTS
+from tests.precision import UNIT, noise_floor, pair, stand_in_loss, step0, tuning_step
 from workers.decoding import decode_batch
 from workers.methods.registry import load_method, resolve_params
-from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
 FAMILIES = ("gpt2", "opt", "falcon", "llama")
@@ -74,49 +73,37 @@ def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> Non
 # ---- half precision ---------------------------------------------------------------------------
 
 
-def _step(
-    lm: LoadedLM, scope: str, head: nn.Module, scores: torch.Tensor, lr: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(flat δ, tuned log-probs, θ log-probs) of step 0 with a stand-in loss of both shapes."""
-    jobs = [
-        JobSpec(f"p{i}", p, "female", None, 0, "lidao-min", lm.ref, "sentiment")
-        for i, p in enumerate(PROMPTS)
-    ]
-    ctx = step0_context(lm, PROMPTS, jobs, hidden=True)
-    tuner = BiasTuner(lm, 3, scope)
-    probe = tuner.probe(ctx)
-    labels = torch.zeros(len(PROMPTS), dtype=torch.long)
-    loss = F.cross_entropy(head(probe.pooled), labels, reduction="none")
-    loss = loss + (probe.logits.softmax(-1) * scores).sum(-1)
-    deltas = tuner.step(probe, loss, torch.ones(len(PROMPTS), dtype=torch.bool), lr)
-    tuned = tuner.tuned_logits(ctx, deltas).log_softmax(-1)
-    return torch.cat([d.flatten() for d in deltas]), tuned, ctx.logits.log_softmax(-1)
+@pytest.mark.parametrize(
+    "family, dtype",
+    [(f, "bfloat16") for f in FAMILIES] + [(f, "float16") for f in ("opt", "llama")],
+)
+def test_half_precision_offsets_follow_the_float32_computation(family: str, dtype: str) -> None:
+    """The tuned path of a half-precision model (float32 tuned blocks) against the same weights
+    run in float32, step 0, both scopes (docs/design.md, precision policy).
 
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_offsets_follow_the_float32_computation(family: str) -> None:
-    """The tuned path in bf16 (float32 tuned blocks) against the same weights run in float32.
-
-    Tolerances (see docs/design.md, precision policy): δ signs agree on ≥ 99.9% (GPT-2) /
-    ≥ 99.7% (others) of the elements whose float32 step is at least lr/2 (|g| ≥ eps; the rest
-    have an exact gradient of 0, e.g. key biases in `context` scope, and carry rounding noise);
-    the tuned distribution is within 10% of float32's move away from θ (total variation).
+    δ signs agree on ≥ 99.9% of the elements above the noise floor: |g32| ≥ 3σ, σ the spread
+    of the float32 gradient over 6 runs whose lower-block activations carry rounding-sized
+    noise (those blocks stay in the model's dtype, so an element within σ has its sign set by
+    θ's own rounding). The floor must keep ≥ 90% of the elements with |δ32| ≥ lr/2 (measured:
+    96–100%), and the tuned distribution is within 10% of float32's move away from θ (TV).
     """
-    lm16 = load_lm(ModelRef(f"tiny-random/{family}", dtype="bfloat16"), device="cpu")
-    model32 = copy.deepcopy(lm16.model).float()
-    lm32 = LoadedLM(lm16.ref, model32, lm16.tokenizer, lm16.device, lm16.family, lm16.words)
-    torch.manual_seed(0)
-    head, scores = nn.Linear(64, 2), torch.rand(len(lm16.tokenizer))
+    half, full = pair(family, dtype)
+    loss = stand_in_loss(half)
+    ctx16, ctx32 = step0(half), step0(full)
     lr = 0.01
     for scope in ("context", "last"):
-        d32, tuned32, theta32 = _step(lm32, scope, head, scores, lr)
-        d16, tuned16, _ = _step(lm16, scope, head, scores, lr)
-        assert d16.dtype == torch.float32
-        sized = d32.abs() >= lr / 2
-        agree = (torch.sign(d16) == torch.sign(d32))[sized].float().mean().item()
-        assert agree >= (0.999 if family == "gpt2" else 0.997), (scope, agree)
-        move = 0.5 * (tuned32.exp() - theta32.exp()).abs().sum(-1)  # (B,) TV(θ_t, θ)
-        error = 0.5 * (tuned16.exp() - tuned32.exp()).abs().sum(-1)
+        ref = tuning_step(full, ctx32, scope, loss, lr)
+        got = tuning_step(half, ctx16, scope, loss, lr)
+        assert got.grad.dtype == torch.float32
+        floor = noise_floor(full, PRECISION_PROMPTS, scope, loss, UNIT[dtype], draws=6)
+        sized = ref.delta(lr).abs() >= lr / 2
+        above = sized & (ref.grad.abs() >= 3 * floor)
+        assert int(above.sum()) >= 0.9 * int(sized.sum()), (scope, int(above.sum()))
+        same = torch.sign(got.delta(lr)) == torch.sign(ref.delta(lr))
+        agree = same[above].float().mean().item()
+        assert agree >= 0.999, (scope, agree, int((~same & above).sum()))
+        move = 0.5 * (ref.tuned.exp() - ref.theta.exp()).abs().sum(-1)  # (B,) TV(θ_t, θ)
+        error = 0.5 * (got.tuned.exp() - ref.tuned.exp()).abs().sum(-1)
         assert bool((move > 1e-3).all()) and bool((error <= 0.1 * move).all()), (scope, error, move)
 
 
