@@ -10,6 +10,7 @@ and what holds within rounding).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -168,6 +169,25 @@ def prompt_token_ids(lm: LoadedLM, prompt: str) -> list[int]:
     return ids
 
 
+def continuation_text(tokenizer: Any, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after the prompt: prompt + continuation decoded together, minus the
+    decoded prompt.
+
+    Decoding the continuation alone is wrong for SentencePiece-style tokenizers (LLaMA: a
+    `Metaspace` / `Strip` decoder drops the first piece's leading space, so "a" + "▁nurse"
+    would read "anurse") and for word-level ones that join words with spaces. For byte-level
+    BPE (GPT-2) both give the same text. Should the decoded prompt not be a prefix of the whole
+    (a decoder that rewrites across the boundary), the text after their common prefix is taken.
+    """
+    if not ids:
+        return ""
+    head = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+    whole = tokenizer.decode([*prompt_ids, *ids], skip_special_tokens=True)
+    if whole.startswith(head):
+        return str(whole[len(head) :])
+    return str(whole[len(os.path.commonprefix([head, whole])) :])
+
+
 def _prefill_inputs(lm: LoadedLM, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded (B, T) ids and attention mask of the prompts."""
     width = max(len(p) for p in prompt_ids)
@@ -234,7 +254,16 @@ def decode_batch(
         generated, finish = _loop(lm, method, jobs, safe_ids, input_ids, mask, failures, on_step)
     elapsed = time.perf_counter() - start
     return [
-        _row(lm, method, jobs[i], i, generated[i], finish[i], failures.get(i), elapsed / len(jobs))
+        _row(
+            lm,
+            method,
+            jobs[i],
+            i,
+            (prompt_ids[i], generated[i]),
+            finish[i],
+            failures.get(i),
+            elapsed / len(jobs),
+        )
         for i in range(len(jobs))
     ]
 
@@ -381,16 +410,17 @@ def _row(
     method: DecodingMethod,
     job: JobSpec,
     i: int,
-    ids: list[int],
+    prompt_and_ids: tuple[list[int], list[int]],
     finish: str,
     error: str | None,
     elapsed: float,
 ) -> dict[str, Any]:
     tok = lm.tokenizer
+    prompt_ids, ids = prompt_and_ids
     ids = [] if error else ids
     row = generation_row(
         job.to_row(),
-        continuation=tok.decode(ids, skip_special_tokens=True) if ids else "",
+        continuation=continuation_text(tok, prompt_ids, ids),
         num_tokens=len(ids),
         token_ids=ids,
         tokens=[tok.decode([t]) for t in ids],
