@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,33 @@ def test_method_filters_are_row_wise() -> None:
             batch_g[i], gedi_filter(scores[i : i + 1], desired[i : i + 1], 0.8, 0.8)[0]
         )
         assert torch.equal(batch_d[i], nucleus_filter(scores[i : i + 1], 0.9)[0])
+
+
+def test_filter_cuts_break_exact_ties_by_token_id_in_any_batch() -> None:
+    """At a cut through exactly tied tokens, GeDi drops the higher ids first (ranking by
+    desirability, then id, as the sampler ranks) and DExperts keeps the lower ids: the same
+    tokens alone, at any row of any batch, beside rows of any content."""
+    V = 600  # above the sizes where a sort may fall back to a simple (stable) loop
+    scores = torch.zeros(V)  # every token holds 1/V of the mass
+    desired = torch.full((V,), math.log(0.5))
+    desired[::2] = math.log(0.9)  # even ids are desirable (above target_p), odd ids tie below
+    desired[1] = math.log(0.1)  # the least desirable token
+    # filter_p = 0.2495 (cut far from a rounding boundary): the cumulative mass stays below it
+    # for 149 tokens; 1, then the 148 highest odd ids (tied)
+    want = torch.zeros(V, dtype=torch.bool)
+    want[1] = True
+    want[torch.arange(V - 1, 0, -2)[:148]] = True
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 3, 8):
+        for row in range(batch):
+            s = torch.randn(batch, V, generator=gen)
+            d = torch.log_softmax(torch.randn(batch, V, generator=gen), -1)
+            s[row], d[row] = scores, desired
+            dropped = gedi_filter(s, d, 0.2495, 0.8)[row] < -5000
+            assert torch.equal(dropped, want), (batch, row)
+            # DExperts' nucleus: 0.1005 of a flat row keeps the 61 lowest ids
+            kept = torch.isfinite(nucleus_filter(s, 0.1005)[row])
+            assert torch.equal(kept.nonzero().flatten(), torch.arange(61)), (batch, row)
 
 
 @pytest.mark.gpu

@@ -32,7 +32,7 @@ def nucleus_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """(B, V) logits with −inf outside the smallest top set of mass > `top_p` (the reference's rule)."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # ties by id
     cum = torch.cumsum(torch.softmax(sorted_logits, -1), -1)
     drop = cum > top_p
     drop[..., 1:] = drop[..., :-1].clone()  # keep the first token past the threshold too

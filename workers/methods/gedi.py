@@ -123,8 +123,14 @@ def desired_logprob(
 def gedi_filter(
     scores: torch.Tensor, logp_desired: torch.Tensor, filter_p: float, target_p: float
 ) -> torch.Tensor:
-    """Remove (−10000, as the reference) the least desirable tokens holding < filter_p of the mass."""
-    order = torch.argsort(logp_desired, dim=-1)  # ascending: least desirable first
+    """Remove (−10000, as the reference) the least desirable tokens holding < filter_p of the mass.
+
+    Tokens are ranked as the sampler ranks them, by (desirability descending, token id
+    ascending), and dropped from the bottom of that ranking: among exact ties the higher token
+    id goes first, so the cut depends only on the row, never on the batch or the sort kernel.
+    """
+    ranked = torch.sort(logp_desired, dim=-1, descending=True, stable=True).indices
+    order = ranked.flip(-1)  # least desirable first
     probs = torch.softmax(scores, -1).gather(-1, order)
     cum = torch.cumsum(probs, -1)
     drop_sorted = (cum < filter_p) & (logp_desired.gather(-1, order) < math.log(target_p))
