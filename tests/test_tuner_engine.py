@@ -116,6 +116,33 @@ def test_half_precision_leaves_the_model_in_its_dtype() -> None:
     assert {n: type(m) for n, m in lm.model.named_modules()} == names
 
 
+@pytest.mark.parametrize("family", ["opt", "llama"])
+def test_half_precision_keeps_float32_keys_and_values_step_to_step(family: str) -> None:
+    """`last` scope in bf16: the tuned blocks' float32 K/V of θ, recomputed once per batch and
+    then grown by each probe, equal a recomputation at every step (same tokens and losses)."""
+    lm = load_lm(ModelRef(f"tiny-random/{family}", dtype="bfloat16"), device="cpu")
+    params = {"scope": "last", "blocks": 2}
+    jobs = jobs_for(lm, "lidao-min", params, 5)
+    grown = decode_batch(lm, load_method("lidao-min")(lm, jobs[0].params(), "sentiment"), jobs)
+    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
+    original = method.next_logprobs
+    kept: list[int] = []
+
+    def fresh(ctx: Any) -> Any:
+        kv = method.tuner._kv32
+        kept.append(-1 if kv is None else kv[0][0].shape[-2])
+        method.tuner._kv32 = None  # force the recomputation from the cached block inputs
+        return original(ctx)
+
+    method.next_logprobs = fresh  # type: ignore[method-assign]
+    again = decode_batch(lm, method, jobs)
+    assert kept[0] == -1 and kept[1:] == list(range(kept[1], kept[1] + len(kept) - 1))
+    for a, b in zip(grown, again):
+        assert a["status"] == b["status"] == "ok"
+        assert a["token_ids"] == b["token_ids"]
+        torch.testing.assert_close(a["loss_g"], b["loss_g"], rtol=1e-5, atol=1e-6)
+
+
 # ---- models split across devices -----------------------------------------------------------
 
 
