@@ -22,10 +22,9 @@ measurements behind this choice: `docs/design.md` (Bias tuning, precision policy
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -177,7 +176,8 @@ class BiasTuner:
     # ---- per-batch state ---------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Forget per-batch state (cached block inputs, running sum of context hidden states)."""
+        """Forget per-batch state (cached block inputs, running sum of context hidden states,
+        float32 K/V of the tuned blocks): call it before each batch."""
         self._states: torch.Tensor | None = None  # (B, T, D) inputs of the first tuned block
         self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
         self._ctx_len = -1  # T the sum is valid for
@@ -344,7 +344,7 @@ class BiasTuner:
             from transformers.cache_utils import DynamicCache
 
             states = self._block_inputs(ctx)[:, :length]
-            head = dataclasses.replace(ctx, attention_mask=ctx.attention_mask[:, :length])
+            head = replace(ctx, attention_mask=ctx.attention_mask[:, :length])
             with torch.no_grad(), self._tuned(None):
                 out = self._top(head, slice(0, length), states, DynamicCache())
             kv = self._kv32 = [(x.keys, x.values) for x in out.past_key_values.layers[self.first :]]
