@@ -6,7 +6,10 @@ a cluster.
 
 Rules:
 
-* Each model has a queue of batches and `replicas` actor slots. An actor holds at most
+* Each model has a queue of batches and `replicas` actor slots. The queue is fed lazily from
+  the model's `source` (an iterator over its pending batches): a batch is pulled only when an
+  actor can take it, so the queue holds at most the retried batches plus one pulled ahead.
+  A queue is *dry* when its source is exhausted and no batch waits in it. An actor holds at most
   `PIPELINE` batches (the next one waits on the actor while one runs), so a slow actor never
   holds batches the others could run.
 * A batch whose call raises inside a live actor, or whose actor dies while running it, goes back
@@ -22,8 +25,8 @@ Rules:
   the other models are done, so that a re-run after the fix generates them.
 * An actor that does not become ready within `start_timeout_s` of the last progress anywhere
   (the cluster lacks what it asks for, or holds it for another model) is given up.
-* An actor is released as soon as its model's queue is empty, freeing its GPU for actors of
-  other models that are still waiting for one.
+* An actor is released as soon as its model's queue is dry and it holds no batch, freeing its
+  GPU for actors of other models that are still waiting for one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from harness.backends import (
@@ -54,7 +57,9 @@ PIPELINE = 2  # batches held by one actor: one running, one queued on it
 
 @dataclasses.dataclass
 class ModelWork:
-    """One model's share of the stage: its queue of (batch, attempts so far) and counts."""
+    """One model's share of the stage: its queue of (batch, attempts so far), the `source` that
+    refills it lazily (None: the queue holds everything), and counts. `total` is the number of
+    jobs of the queue and the source together."""
 
     model: ModelRef
     keys: list[MethodKey]
@@ -65,6 +70,24 @@ class ModelWork:
     failed: int = 0
     prepared: bool = False
     error: str | None = None  # set: this model cannot run; its queued jobs stay pending
+    source: Iterator[Batch] | None = None
+    pulled: int = 0  # batches taken from `source` so far
+
+    def has_batches(self, want: int = 1) -> bool:
+        """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
+        while len(self.batches) < want and self.source is not None:
+            batch = next(self.source, None)
+            if batch is None:
+                self.source = None  # exhausted: let the iterator and its chunk go
+                break
+            self.pulled += 1
+            self.batches.append((batch, 0))
+        return bool(self.batches)
+
+    def take(self) -> tuple[Batch, int]:
+        """The next (batch, attempts): retried batches first, then the source."""
+        self.has_batches()
+        return self.batches.popleft()
 
 
 @dataclasses.dataclass
@@ -138,12 +161,12 @@ class Dispatcher:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> None:
         for work in self.works:
+            work.has_batches(work.placement.replicas)  # no more actors than batches
             n = min(work.placement.replicas, len(work.batches))
             log.info(
-                "generate %s: %d jobs in %d batches on %d actor(s) with %s",
+                "generate %s: %d jobs on %d actor(s) with %s",
                 work.model.id,
                 work.total,
-                len(work.batches),
                 n,
                 _resources(work.placement),
             )
@@ -170,7 +193,7 @@ class Dispatcher:
     def _busy(self) -> bool:
         if any(c.kind == "batch" for c in self.calls.values()):
             return True
-        return any(w.batches and w.error is None for w in self.works)
+        return any(w.error is None and w.has_batches() for w in self.works)
 
     def _tick(self) -> float:
         return 0.0 if not self.calls else min(1.0, self.policy.log_every_s)
@@ -274,7 +297,7 @@ class Dispatcher:
                 f"replica {work.model.id}#{slot.index} retired: it died before being ready "
                 f"{slot.failed_starts} times in a row"
             )
-        elif work.batches and work.error is None:
+        elif work.error is None and work.has_batches():
             slot.restarts += 1
             self._start(slot)
 
@@ -329,8 +352,13 @@ class Dispatcher:
 
     def _feed(self, slot: Slot) -> None:
         work = slot.work
-        while slot.ready and work.error is None and work.batches and len(slot.inflight) < PIPELINE:
-            batch, attempts = work.batches.popleft()
+        while (
+            slot.ready
+            and work.error is None
+            and len(slot.inflight) < PIPELINE
+            and work.has_batches()
+        ):
+            batch, attempts = work.take()
             future = self.backend.run_batch(slot.actor, batch)
             assert slot.record is not None
             call = Call(slot, "batch", slot.record, batch, attempts)
@@ -354,15 +382,15 @@ class Dispatcher:
 
     def _release_idle(self) -> None:
         for slot in self.slots:
-            if slot.live and not slot.inflight and (not slot.work.batches or slot.work.error):
+            if slot.live and not slot.inflight and (slot.work.error or not slot.work.has_batches()):
                 self._stop(slot, "released" if slot.ready else "not needed")
 
     def _abandon_stuck(self) -> None:
         for work in self.works:
             if (
-                work.batches
-                and work.error is None
+                work.error is None
                 and not any(s.live for s in self.slots if s.work is work)
+                and work.has_batches()
             ):
                 ends = [r.end for r, _ in self.records if r.model == work.model.id]
                 self._fail_model(
@@ -398,7 +426,8 @@ class Dispatcher:
 
 
 def _queued(work: ModelWork) -> int:
-    return sum(len(b) for b, _ in work.batches)
+    """Jobs of the model neither done nor failed (queued, in the source, or in flight)."""
+    return work.total - work.done - work.failed
 
 
 def _resources(p: Placement) -> str:

@@ -1,13 +1,16 @@
 """The orchestrator: plan → generate → score → aggregate, each a function found by name.
 
-The driver never imports torch or transformers; models load inside Ray actors.
+The driver never imports torch or transformers; models load inside Ray actors. `run` streams
+the plan: `plan_stage` checks, writes and counts it in one pass over the grid, and the
+generation stage expands each model's pending slices again as its actors need batches
+(`harness.planning`), so the driver's memory does not grow with the number of jobs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.config import (
@@ -19,14 +22,14 @@ from harness.config import (
     check_grid_size,
     dump_config,
 )
-from harness.generation import generate_stage
+from harness.generation import GenerationError, generate_stage
 from harness.history import Invocation
-from harness.identity import check_plan
 from harness.manifest import update_manifest
+from harness.planning import ChunkSource, Plan, plan_pass
 from harness.score_follow import Followed, following
 from harness.scoring import ScoringError, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
-from jobs.grid import CHUNK_SIZE, PlanChunk, expand_grid, iter_plan
+from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, load_group_words
 from results.store import RunStore
@@ -89,11 +92,96 @@ def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
 
 def plan_chunks(cfg: RunConfig, words: GroupWords) -> Iterator[PlanChunk]:
     """`plan` as a stream of per-slice chunks (memory: one chunk of `JobSpec`s at a time)."""
-    prompts = load_prompts(cfg, words)
+    return chunk_source(cfg, load_prompts(cfg, words))(None, CHUNK_SIZE)
+
+
+def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
+    """The grid of `cfg` over `prompts`, expandable again and again, slice by slice."""
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
-    return iter_plan(prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads)
+    tasks = list(cfg.tasks)
+
+    def source(only: Callable[[SliceKey], bool] | None, chunk_size: int) -> Iterator[PlanChunk]:
+        return iter_plan(
+            prompts,
+            models,
+            methods,
+            tasks,
+            cfg.samples_per_prompt,
+            chunk_size=chunk_size,
+            heads=heads,
+            only=only,
+        )
+
+    return source
+
+
+def plan_stage(
+    store: RunStore,
+    cfg: RunConfig,
+    words: GroupWords,
+    replan: bool = False,
+    retry_failed: bool = False,
+) -> Plan:
+    """Check the config's plan against the run's, write plan.parquet and config.yaml, and count
+    planned and pending jobs: one streamed pass (`harness.planning.plan_pass`).
+
+    Jobs with an error row count as done unless `retry_failed`.
+
+    Raises:
+        harness.identity.PlanChangedError: the config alters or drops planned jobs and
+            `replan` is false (plan.parquet and config.yaml are left as they were).
+    """
+    prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before expanding a grid too large to run
+    done = store.done_ids(include_errors=not retry_failed)
+    the_plan = plan_pass(store, cfg, chunk_source(cfg, prompts), done, replan=replan)
+    store.write_bytes("config.yaml", dump_config(cfg).encode())
+    identity = the_plan.identity
+    if identity["kind"] == "replan":
+        log.warning(
+            "--replan: %s now holds a new plan of %d jobs; the %d jobs of the old plan stay on "
+            "disk, outside every count (changed: %s)",
+            store.uri,
+            the_plan.planned,
+            identity["old_jobs"],
+            "; ".join(identity["changed"]) or "-",
+        )
+    elif identity["kind"] == "extend":
+        log.info("the config adds %d jobs to the plan of %s", identity["added"], store.uri)
+    log.info("planned %d jobs into %s (%d pending)", the_plan.planned, store.uri, the_plan.pending)
+    return the_plan
+
+
+def generation_stage(
+    store: RunStore,
+    cfg: RunConfig,
+    the_plan: Plan,
+    words: GroupWords,
+    use_ray: bool = True,
+    progress: bool = True,
+) -> tuple[dict[str, Any], GenerationError | None, Followed]:
+    """Generate the plan's pending jobs, then compact the shards; returns (stats, error, the
+    scorers that followed generation).
+
+    Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
+    `harness.score_follow`); the follower is stopped and joined before compaction, and its
+    result goes to the final scoring pass. A `GenerationError` (a model that could not run, a
+    method that could not start) is returned, not raised: what was generated is compacted,
+    scored and aggregated all the same, and `run` raises the error at its end.
+    """
+    error: GenerationError | None = None
+    with following(store, cfg, words, use_ray=use_ray) as follow:
+        try:
+            stats = generate_stage(store, cfg, the_plan, words, use_ray=use_ray, progress=progress)
+        except GenerationError as exc:
+            stats, error = dict(exc.stats), exc
+            stats.setdefault("planned", the_plan.planned)
+            stats.setdefault("pending_at_start", the_plan.pending)
+    store.compact_generations()  # one shard per batch → shards of ~50k rows
+    update_manifest(store, {"generation": stats})
+    return stats, error, follow.result
 
 
 def score_stage(
@@ -253,58 +341,67 @@ def run(
     Jobs that ended with an error count as done unless `retry_failed`. A config that alters
     or drops planned jobs raises `PlanChangedError` unless `replan` (see `harness.identity`).
     Stage counts and timings go to `invocation` (the run record) as they finish.
+
+    Raises:
+        GenerationError: a model or method could not run. Everything that was generated is
+            scored and aggregated first; the error is in the run record (its generation stage
+            and `generation_error`).
     """
     store = RunStore(out)
     inv = invocation or Invocation("run")
     t0 = time.perf_counter()
     words = load_words(cfg)
-    jobs = plan(cfg, words)
-    identity = check_plan(store, cfg, jobs, replan=replan)
-    if identity["kind"] == "replan":
-        log.warning(
-            "--replan: %s now holds a new plan of %d jobs; the %d jobs of the old plan stay on "
-            "disk, outside every count (changed: %s)",
-            store.uri,
-            len(jobs),
-            identity["old_jobs"],
-            "; ".join(identity["changed"]) or "-",
-        )
-        inv.extra["replan"] = identity
-    elif identity["kind"] == "extend":
-        log.info("the config adds %d jobs to the plan of %s", identity["added"], store.uri)
-    write_plan(store, cfg, jobs)
-    inv.stage("plan", identity, time.perf_counter() - t0)
-    log.info("planned %d jobs into %s", len(jobs), store.uri)
+    the_plan = plan_stage(store, cfg, words, replan=replan, retry_failed=retry_failed)
+    if the_plan.identity["kind"] == "replan":
+        inv.extra["replan"] = the_plan.identity
+    inv.stage("plan", the_plan.identity, time.perf_counter() - t0)
     t0 = time.perf_counter()
     try:
-        # scorers that need no GPU score shards as they appear (runtime.score_during_generation);
-        # the follower is stopped and joined when the block ends, before compaction
-        with following(store, cfg, words, use_ray=use_ray) as follow:
-            gen_stats = generate_stage(
-                store,
-                cfg,
-                jobs,
-                words,
-                use_ray=use_ray,
-                progress=progress,
-                retry_failed=retry_failed,
-            )
-        store.compact_generations()  # one shard per batch → shards of ~50k rows
+        gen_stats, gen_error, followed = generation_stage(
+            store, cfg, the_plan, words, use_ray=use_ray, progress=progress
+        )
     finally:
         inv.timings["generate_s"] = round(time.perf_counter() - t0, 3)
     inv.stage("generation", gen_stats, time.perf_counter() - t0)
-    update_manifest(store, {"generation": gen_stats})
+    if gen_error is not None:
+        inv.extra["generation_error"] = str(gen_error)
+        if not store.list_shards("generations"):
+            followed.close()
+            raise gen_error  # nothing to score or aggregate
+        log.error("generation: %s; scoring and aggregating what was generated", gen_error)
+    try:
+        score_stats = scoring_and_aggregation(store, cfg, words, inv, use_ray, progress, followed)
+    except Exception as exc:
+        if gen_error is None:
+            raise
+        raise GenerationError(f"{gen_error}; then: {exc}", gen_stats) from exc
+    if gen_error is not None:
+        raise gen_error
+    return {
+        "jobs": the_plan.planned,
+        "generation": gen_stats,
+        "scoring": score_stats,
+        "timings": inv.timings,
+    }
+
+
+def scoring_and_aggregation(
+    store: RunStore,
+    cfg: RunConfig,
+    words: GroupWords,
+    inv: Invocation,
+    use_ray: bool,
+    progress: bool,
+    followed: Followed | None = None,
+) -> dict[str, Any]:
+    """`run`'s last two stages, recorded in `inv`; returns the scoring stats. `followed`: the
+    scorers that scored during generation (`harness.score_follow`), taken over."""
     t0 = time.perf_counter()
     score_stats = score_stage(
-        store, cfg, words, use_ray=use_ray, progress=progress, followed=follow.result
+        store, cfg, words, use_ray=use_ray, progress=progress, followed=followed
     )
     inv.stage("scoring", score_stats, time.perf_counter() - t0)
     t0 = time.perf_counter()
     aggregate_stage(store, use=first_scorer_per_metric(cfg))
     inv.stage("aggregate", {"summary": "summary.parquet"}, time.perf_counter() - t0)
-    return {
-        "jobs": len(jobs),
-        "generation": gen_stats,
-        "scoring": score_stats,
-        "timings": inv.timings,
-    }
+    return score_stats

@@ -2,9 +2,11 @@
 
 `generate_stage` plans the placement of each model (how many replicas, which resources, which
 device), then hands the queues to a `harness.dispatch.Dispatcher` over Ray actors (or over
-plain `Generator`s in this process with `--no-ray`). Actors write their shards themselves; the
-stage writes only the error rows of batches that failed every retry. Per-actor throughput and
-utilisation go to the manifest.
+plain `Generator`s in this process with `--no-ray`). Each model's queue pulls its batches
+lazily from the plan (`harness.planning.Plan.batches`: the model's pending slices expanded
+again, a chunk at a time), so the driver holds about one chunk of jobs per model whatever the
+size of the grid. Actors write their shards themselves; the stage writes only the error rows
+of batches that failed every retry. Per-actor throughput and utilisation go to the manifest.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 from harness.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
 from harness.config import ModelConfig, RunConfig
-from harness.dispatch import Dispatcher, ModelWork, Observer, Policy
+from harness.dispatch import PIPELINE, Dispatcher, ModelWork, Observer, Policy
 from harness.manifest import update_manifest
+from harness.planning import Plan
 from harness.progress import Progress
-from jobs.queue import make_batches, pending
+from jobs.grid import CHUNK_SIZE
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
 from results.schema import error_row
@@ -30,7 +33,12 @@ log = logging.getLogger("harness")
 
 
 class GenerationError(RuntimeError):
-    """A model that cannot run (bad id, missing head, no actor could start): its jobs stay pending."""
+    """A model that cannot run (bad id, no actor could start: its jobs stay pending), or a
+    method that could not start (its jobs are error rows). `stats` is the stage's stats."""
+
+    def __init__(self, message: str, stats: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.stats = stats or {}
 
 
 def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
@@ -123,7 +131,7 @@ def _model_config(cfg: RunConfig, model: ModelRef) -> ModelConfig:
 def generate_stage(
     store: RunStore,
     cfg: RunConfig,
-    jobs: list[JobSpec],
+    jobs: Sequence[JobSpec] | Plan,
     words: GroupWords,
     use_ray: bool = True,
     progress: bool = True,
@@ -132,22 +140,26 @@ def generate_stage(
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
 
+    `jobs`: the `Plan` of the plan stage (streamed: its counts and done ids are reused), or a
+    list of jobs (then the done ids are read here; `retry_failed` applies to them).
+
     Raises `GenerationError` (after the other models are done and the manifest is written)
-    when a model could not run at all.
+    when a model could not run at all, or a method could not start; its `stats` are the
+    stage's stats.
     """
-    todo = pending(jobs, store.done_ids(include_errors=not retry_failed))
+    plan = jobs if isinstance(jobs, Plan) else _list_plan(store, jobs, retry_failed)
     stats: dict[str, Any] = {
-        "planned": len(jobs),
-        "pending_at_start": len(todo),
+        "planned": plan.planned,
+        "pending_at_start": plan.pending,
         "actors": [],
         "models": {},
     }
-    if not todo:
+    if not plan.pending:
         return stats
-    by_model: dict[ModelRef, list[JobSpec]] = collections.defaultdict(list)
-    for job in todo:
-        by_model[job.model].append(job)
-    bar = Progress("generate", total=len(jobs), done=len(jobs) - len(todo), enabled=progress)
+    models = plan.models()
+    bar = Progress(
+        "generate", total=plan.planned, done=plan.planned - plan.pending, enabled=progress
+    )
     rt = cfg.runtime
     policy = Policy(
         rt.max_batch_retries, rt.max_actor_restarts, rt.actor_start_timeout_s, rt.progress_log_s
@@ -158,12 +170,12 @@ def generate_stage(
         if use_ray:
             _warn_local_run_dir(store)
             try:
-                where = plan_placements(cfg, list(by_model))
+                where = plan_placements(cfg, models)
             except GenerationError as exc:
                 stats["error"] = str(exc)
                 update_manifest(store, {"generation": stats})
-                raise
-            works = _works(cfg, by_model, where)
+                raise GenerationError(str(exc), stats) from None
+            works = [_work(cfg, plan, m, where[m]) for m in models]
             dispatchers.append(
                 Dispatcher(
                     works,
@@ -176,10 +188,10 @@ def generate_stage(
             )
             dispatchers[-1].run()
         else:  # one model at a time: every model in memory at once would not fit
-            for work in _works(cfg, by_model, None):
+            for model in models:
                 dispatchers.append(
                     Dispatcher(
-                        [work],
+                        [_work(cfg, plan, model, None)],
                         _local_backend(store, words),
                         policy,
                         _fail_batch(store),
@@ -204,26 +216,34 @@ def generate_stage(
                 line = f"model {record.model}: {err} (its jobs are recorded as failed)"
                 errors += [line] if line not in errors else []
     if errors:
+        stats["errors"] = errors
         update_manifest(store, {"generation": stats})
-        raise GenerationError("; ".join(errors))
+        raise GenerationError("; ".join(errors), stats)
     return stats
 
 
-def _works(
-    cfg: RunConfig,
-    by_model: dict[ModelRef, list[JobSpec]],
-    where: dict[ModelRef, Placement] | None,
-) -> list[ModelWork]:
-    """One queue per model; `where` None: in this process (no Ray resources)."""
-    works = []
-    for model, jobs in by_model.items():
-        if where is None:
-            here = Placement(1, 0.0, 0.0, cfg.runtime.device or "")
-        else:
-            here = where[model]
-        batches = collections.deque((b, 0) for b in make_batches(jobs, cfg.runtime.batch_size))
-        works.append(ModelWork(model, method_keys(jobs), here, batches, total=len(jobs)))
-    return works
+def _list_plan(store: RunStore, jobs: Sequence[JobSpec], retry_failed: bool) -> Plan:
+    return Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
+
+
+def feed_chunk(batch_size: int, replicas: int) -> int:
+    """Jobs per chunk a model's queue expands at a time: enough to keep its actors fed for a
+    while (and batches sorted by prompt length within it), never more than a plan chunk."""
+    return min(CHUNK_SIZE, max(1024, 8 * batch_size * PIPELINE * max(1, replicas)))
+
+
+def _work(cfg: RunConfig, plan: Plan, model: ModelRef, where: Placement | None) -> ModelWork:
+    """The model's queue, fed lazily from `plan`; `where` None: in this process (no Ray)."""
+    here = where or Placement(1, 0.0, 0.0, cfg.runtime.device or "")
+    size = cfg.runtime.batch_size
+    return ModelWork(
+        model,
+        plan.method_keys(model),
+        here,
+        collections.deque(),
+        total=plan.pending_of(model),
+        source=plan.batches(model, size, feed_chunk(size, here.replicas)),
+    )
 
 
 def _warn_local_run_dir(store: RunStore) -> None:

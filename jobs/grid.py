@@ -9,7 +9,7 @@ listed twice), which is what makes two job ids equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from jobs.datasets import Prompt
@@ -44,12 +44,14 @@ def iter_plan(
     samples_per_prompt: int,
     chunk_size: int = CHUNK_SIZE,
     heads: Mapping[ModelRef, Mapping[str, str]] | None = None,
+    only: Callable[[SliceKey], bool] | None = None,
 ) -> Iterator[PlanChunk]:
     """Every job of the grid in a stable order (model, method, task, prompt, seed), in chunks.
 
     Method parameters are resolved (defaults, then per-model paper defaults, then the user's)
     before hashing, so the job id names the setting that actually runs. `heads` maps a model
     to its attribute head per task: methods that read a head get that (model, task)'s.
+    `only` picks slices: the others are checked (duplicates) but no `JobSpec` of theirs is made.
 
     Raises:
         ValueError: a prompt id listed twice, or two entries that resolve to the same slice.
@@ -70,7 +72,8 @@ def iter_plan(
                         f"{resolved}, task {task} is listed twice"
                     )
                 seen.add(key)
-                yield from _slice_chunks(key, prompts, samples_per_prompt, chunk_size)
+                if only is None or only(key):
+                    yield from _slice_chunks(key, prompts, samples_per_prompt, chunk_size)
 
 
 def _slice_chunks(

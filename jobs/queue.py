@@ -19,7 +19,7 @@ def batch_key(job: JobSpec) -> tuple[object, ...]:
     return (job.model, job.method, job.method_params, job.task, job.generation)
 
 
-def _done_mask(jobs: Sequence[JobSpec], done: Any) -> list[bool]:
+def done_mask(jobs: Sequence[JobSpec], done: Any) -> list[bool]:
     contains = getattr(done, "contains", None)  # results.DoneIds: one vectorised lookup
     if contains is not None:
         return [bool(x) for x in contains([j.job_id for j in jobs])]
@@ -30,7 +30,7 @@ def pending(planned: Sequence[JobSpec], done: Iterable[str] | Any) -> list[JobSp
     """The planned jobs whose id is not in `done` (ids, or a `results.DoneIds`)."""
     if not hasattr(done, "contains") and not isinstance(done, Collection):
         done = set(done)
-    mask = _done_mask(planned, done)
+    mask = done_mask(planned, done)
     return [j for j, finished in zip(planned, mask, strict=True) if not finished]
 
 
@@ -58,3 +58,26 @@ def make_batches(jobs: Sequence[JobSpec], batch_size: int) -> list[list[JobSpec]
         group = sorted(group, key=lambda j: (len(j.prompt), j.job_id))
         batches.extend(group[i : i + batch_size] for i in range(0, len(group), batch_size))
     return batches
+
+
+def iter_batches(chunks: Iterable[PlanChunk], batch_size: int) -> Iterator[list[JobSpec]]:
+    """`make_batches` over a stream of chunks, lazily: batches are cut chunk by chunk, and a
+    short last batch of a chunk is carried into the next chunk of the same slice, so a resume
+    that leaves a few jobs per chunk still fills its batches.
+
+    Holds one chunk (and its batches) plus a partial batch at a time, never the stream.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    carry: list[JobSpec] = []
+    key: object = None
+    for chunk in chunks:
+        if carry and chunk.slice != key:
+            yield from make_batches(carry, batch_size)
+            carry = []
+        key = chunk.slice
+        batches = make_batches(carry + list(chunk.jobs), batch_size)
+        carry = batches.pop() if batches and len(batches[-1]) < batch_size else []
+        yield from batches
+    if carry:
+        yield carry
