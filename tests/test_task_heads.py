@@ -188,7 +188,8 @@ def test_two_models_three_tasks_all_methods_through_the_cli(
     for row in gens.filter(pl.col("method") == "lidao-min").iter_rows(named=True):
         assert json.loads(row["effective_params"])["head"] == heads[row["model"]][row["task"]]
 
-    # One (model, task) head is gone: only its jobs fail, the rest run, the exit is non-zero.
+    # One (model, task) head is gone: only its jobs fail, the rest run, are scored and
+    # aggregated, and the exit is still non-zero with the error at the end.
     opt = heads["tiny-random/opt"]
     gone = str(tmp_path / "missing.safetensors")
     broken = {**heads, "tiny-random/opt": {**opt, "regard": gone}}
@@ -203,3 +204,15 @@ def test_two_models_three_tasks_all_methods_through_the_cli(
     assert set(failed["method"]) == {"uddia"}
     assert set(failed["model"]) == {"tiny-random/opt"} and set(failed["task"]) == {"regard"}
     assert failed.height == 2 and all(gone in e for e in failed["error"])
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and gone in last and "cannot start" in last
+    summary = pl.read_parquet(out2 / "summary.parquet")
+    assert set(summary["model"]) == set(MODELS) and set(summary["task"]) == {"sentiment", "regard"}
+    scored = RunStore(str(out2)).read_scores("gender", "gender")
+    assert scored.height == gens2.height - failed.height  # every ok row was scored
+    history = [json.loads(x) for x in (out2 / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["outcome"] == "error" and gone in history[-1]["generation_error"]
+    assert gone in " ".join(history[-1]["stages"]["generation"]["errors"])
+    assert {"scoring", "aggregate"} <= set(history[-1]["stages"])
+    manifest = json.loads((out2 / "manifest.json").read_text())
+    assert gone in " ".join(manifest["generation"]["errors"])
