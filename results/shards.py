@@ -182,10 +182,19 @@ class ShardReader:
             return self._scan_paths([p for p in paths if p not in bad], schema, cols)
 
     def iter_batches(
-        self, parts: Sequence[str], schema: pa.Schema, columns: list[str], batch_rows: int
+        self,
+        parts: Sequence[str],
+        schema: pa.Schema,
+        columns: list[str] | None,
+        batch_rows: int,
+        only: list[str] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Record batches of every shard in RUN/<parts>, in shard order, read ahead in parallel."""
+        """Record batches of every shard in RUN/<parts> (or of the paths `only`), in shard
+        order, read ahead in parallel."""
         paths = [i.path for i in self.listing(parts)]
+        if only is not None:
+            wanted = set(only)
+            paths = [p for p in paths if p in wanted]
         if not paths:
             return
         dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)

@@ -279,11 +279,13 @@ class RunStore:
         """Merge small generation shards into `part-c-` shards of about `target_rows` rows.
 
         Inputs: every shard not already compacted (so at most one short `part-c-` shard per
-        compaction stays short). Output:
-        one row per job (ok wins), sorted by (model, method, task, job id) so that a slice lives
-        in few row groups. New shards are written first, then the inputs deleted: a kill in
-        between leaves rows twice on disk, which every read deduplicates, and the next
-        compaction merges them again. Returns how many shards were merged.
+        compaction stays short), streamed in shard order and cut into groups of `target_rows`
+        rows, so memory is one group whatever the run's size. Each output holds one row per job
+        of its group, sorted by (model, method, task, job id) so that a slice lives in few row
+        groups; an error row is dropped where the job has an ok row anywhere. New shards are
+        written first, then the inputs deleted: a kill in between leaves rows twice on disk,
+        which every read deduplicates, and the next compaction merges them again. Returns how
+        many shards were merged.
         """
         small = [
             i.path
@@ -292,22 +294,56 @@ class RunStore:
         ]
         if len(small) < 2:
             return 0
-        table = self.reader.scan(("generations",), GENERATION_SCHEMA, None, only=small)
+        written: list[str] = []
+        for attempt in (0, 1):
+            try:
+                written = self._compact(small, target_rows)
+                break
+            except StoreError:
+                with ThreadPoolExecutor(8) as pool:  # this attempt's outputs: start again
+                    list(pool.map(self.delete, written))
+                if attempt or not self.reader.quarantine_unreadable(("generations",)):
+                    raise
         existing = {i.path for i in self.reader.listing(("generations",))}
-        small = [p for p in small if p in existing]  # not those just quarantined
-        table = _dedupe_generations(table).sort_by(
-            [(c, "ascending") for c in ("model", "method", "task", "job_id")]
-        )
-        written = set()
-        for start in range(0, table.num_rows, target_rows):
-            part = table.slice(start, target_rows)
-            name = "part-c-" + shard_name(part["job_id"].to_pylist())[len("part-") :]
-            written.add(self.write_table("generations/" + name, part))
+        small = [p for p in small if p in existing]  # not those quarantined on the way
+        done = set(written)
         with ThreadPoolExecutor(8) as pool:  # one request each on object stores
-            list(pool.map(self.delete, [p for p in small if p not in written]))
+            list(pool.map(self.delete, [p for p in small if p not in done]))
         self.reader.forget(("generations",))
         log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
         return len(small)
+
+    def _compact(self, small: list[str], target_rows: int) -> list[str]:
+        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
+        ok, _ = self.finished_ids()
+        written: list[str] = []
+        group: list[pa.RecordBatch] = []
+        rows = 0
+
+        def flush() -> None:
+            table = pa.Table.from_batches(group, GENERATION_SCHEMA)
+            keep = pc.fill_null(pc.equal(table["status"], "ok"), False)
+            if len(ok):  # an error row whose job has an ok row (in another group) goes
+                ids = table["job_id"].combine_chunks()
+                keep = pc.or_(keep, pa.array(~ok.contains(ids)))
+            table = _dedupe_generations(table.filter(keep)).sort_by(
+                [(c, "ascending") for c in ("model", "method", "task", "job_id")]
+            )
+            if table.num_rows:
+                name = "part-c-" + shard_name(table["job_id"].to_pylist())[len("part-") :]
+                written.append(self.write_table("generations/" + name, table))
+
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, None, 8192, only=small
+        ):
+            group.append(batch)
+            rows += batch.num_rows
+            if rows >= target_rows:
+                flush()
+                group, rows = [], 0
+        if group:
+            flush()
+        return written
 
     # ---- scores --------------------------------------------------------------------------
     def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:

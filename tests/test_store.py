@@ -205,6 +205,32 @@ def test_compaction_merges_shards_and_a_kill_half_way_counts_nothing_twice(
     assert again.read_generations().sort("job_id").equals(frame.sort("job_id"))
 
 
+def test_compaction_streams_groups_and_keeps_one_row_per_job_across_them(tmp_path: Path) -> None:
+    """Groups of `target_rows` are compacted one at a time (bounded memory): an error row in
+    one group loses to its job's ok row in another, and an unreadable input is quarantined."""
+    store = RunStore(str(tmp_path))
+    jobs = make_jobs(n=40)
+    paths = [store.write_generations([ok_row(j) for j in jobs[i : i + 2]]) for i in range(0, 40, 2)]
+    store.write_generations([failed_row(jobs[39], "boom")], kind="failed")  # ok row elsewhere
+    store.write_generations([failed_row(j, "boom") for j in jobs[:2]], kind="failed")
+    Path(paths[3]).write_bytes(b"torn")  # jobs 6 and 7: unreadable
+    assert store.compact_generations(target_rows=6) == 21  # 22 inputs less the torn one
+    names = [os.path.basename(p) for p in store.list_shards("generations")]
+    assert len(names) >= 3 and all(n.startswith("part-c-") for n in names)
+    on_disk = store.reader.count_rows(("generations",), store_schema())
+    assert on_disk == 38  # every readable job once: no error row beside its ok row
+    frame = store.read_generations(["job_id", "status"])
+    assert sorted(frame["job_id"]) == sorted(j.job_id for j in jobs if j not in jobs[6:8])
+    assert (frame["status"] == "ok").all()
+    assert [os.path.basename(p) for p in store.quarantine_files()] == [os.path.basename(paths[3])]
+
+
+def store_schema() -> pa.Schema:
+    from results.schema import GENERATION_SCHEMA
+
+    return GENERATION_SCHEMA
+
+
 def test_reads_are_cached_until_the_folder_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
