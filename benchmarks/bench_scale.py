@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py                          # 10k, 100k, 1M jobs, local disk
     python benchmarks/bench_scale.py --s3                     # also on a local moto S3 server
     python benchmarks/bench_scale.py --sizes 10000 100000 --s3
+    python benchmarks/bench_scale.py --phases run run-resume   # the real driver path only
 
 For each size, a fresh process (so that its peak memory is its own) runs, on a synthetic grid
 of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
@@ -13,6 +14,11 @@ of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
 * resume    a new `RunStore`: `done_ids()` + the plan again + `pending_chunks` (must be 0)
 * status    `harness.status.run_status`
 * score-read `RunStore.iter_generations` over the columns a scorer reads, batch by batch
+* run       the real `harness.driver.run` path up to scoring, on a fresh run directory:
+            `driver.plan_stage` (prompt-list config → streamed plan, identity check, counts) and
+            `driver.generation_stage` (per-model lazy queues → the dispatcher, `--no-ray`, with
+            a fake generator that writes each batch's rows without a model → compaction)
+* run-resume the same two stages again on the finished run: the resume check (0 pending)
 
 Each phase prints its wall and CPU time (the machine may be shared: CPU time is the steadier
 one), wall µs per job, and the process's peak resident memory during the
@@ -42,7 +48,7 @@ import pyarrow as pa  # noqa: E402
 from jobs.datasets import Prompt  # noqa: E402
 from jobs.grid import iter_plan  # noqa: E402
 from jobs.queue import pending_chunks  # noqa: E402
-from jobs.spec import GenerationParams, ModelRef  # noqa: E402
+from jobs.spec import GenerationParams, JobSpec, ModelRef, plan_columns  # noqa: E402
 from results.schema import GENERATION_SCHEMA  # noqa: E402
 from results.store import RunStore  # noqa: E402
 
@@ -170,15 +176,79 @@ def phase_compact(uri: str, batches: int) -> dict[str, Any]:
     return {"write_s": round(written, 2), "merged": merged}
 
 
+# ---- the real driver path, with a fake generator -------------------------------------------
+class FakeGenerator:
+    """Stands in for `workers.generator.Generator` in the `--no-ray` backend: writes one shard
+    of ok rows per batch (as an actor does), no model."""
+
+    def __init__(self, uri: str) -> None:
+        self.store = RunStore(uri)
+
+    def prepare(self, keys: list[Any]) -> dict[str, Any]:
+        return {"device": "cpu"}
+
+    def run_batch(self, batch: list[JobSpec]) -> dict[str, Any]:
+        _write_fake(self.store, pa.table(plan_columns(batch)), prefix="part-")
+        return {"jobs": len(batch), "ok": len(batch), "tokens": 7 * len(batch), "busy_s": 0.0}
+
+
+def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
+    """A config of the synthetic grid: its prompts as a prompt list beside the run."""
+    from harness.config import parse_config
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-prompts-"))
+    path = folder / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": {"text": p.text}}) + "\n" for p in prompts(n_jobs))
+    )
+    data = {
+        "name": "bench-scale",
+        "dataset": {"kind": "prompt-list", "path": str(path)},
+        "models": [{"id": m.id} for m, _ in MODELS],
+        "methods": [name for name, _ in METHODS],
+        "tasks": TASKS,
+        "samples_per_prompt": SAMPLES,
+        "scorers": ["gender"],
+        "runtime": {"batch_size": batch_size, "max_jobs": 100_000_000},
+    }
+    return parse_config(data, "bench")
+
+
+def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
+    """`driver.run`'s plan and generation stages (what runs before scoring)."""
+    from harness import driver, generation
+    from harness.backends import LocalBackend
+
+    generation._local_backend = lambda store, words: LocalBackend(  # type: ignore[assignment]
+        lambda spec: FakeGenerator(store.uri)
+    )
+    store = RunStore(uri)
+    words = driver.load_words(cfg)
+    plan = driver.plan_stage(store, cfg, words)
+    stats, error = driver.generation_stage(store, cfg, plan, words, use_ray=False, progress=False)
+    if error is not None:
+        raise error
+    return {"planned": plan.planned, "generated": stats["pending_at_start"]}
+
+
 def child(args: argparse.Namespace) -> None:
     uri, n = args.uri, args.n
-    out = [measured("plan", n, lambda: phase_plan(uri, n))]
-    out.append(measured("fakegen", n, lambda: phase_fakegen(uri, args.shard_rows)))
-    out.append(measured("resume", n, lambda: phase_resume(uri, n)))
-    out.append(measured("status", n, lambda: phase_status(uri)))
-    out.append(measured("score-read", n, lambda: phase_score_read(uri)))
-    if args.compact_batches:
-        out.append(measured("compact", n, lambda: phase_compact(uri, args.compact_batches)))
+    want = set(args.phases)
+    out = []
+    if want & {"run", "run-resume"}:
+        from harness import driver, generation  # noqa: F401 - imports before measuring
+
+        cfg = run_config(uri, n, args.batch_size)
+        out.append(measured("run", n, lambda: phase_run(uri + "-run", cfg)))
+        out.append(measured("run-resume", n, lambda: phase_run(uri + "-run", cfg)))
+    if "plan" in want:
+        out.append(measured("plan", n, lambda: phase_plan(uri, n)))
+        out.append(measured("fakegen", n, lambda: phase_fakegen(uri, args.shard_rows)))
+        out.append(measured("resume", n, lambda: phase_resume(uri, n)))
+        out.append(measured("status", n, lambda: phase_status(uri)))
+        out.append(measured("score-read", n, lambda: phase_score_read(uri)))
+        if args.compact_batches:
+            out.append(measured("compact", n, lambda: phase_compact(uri, args.compact_batches)))
     print(json.dumps(out))
 
 
@@ -186,6 +256,7 @@ def child(args: argparse.Namespace) -> None:
 def run_size(n: int, uri: str, args: argparse.Namespace, env: dict[str, str]) -> list[Any]:
     cmd = [sys.executable, __file__, "--child", "--n", str(n), "--uri", uri]
     cmd += ["--shard-rows", str(args.shard_rows), "--compact-batches", str(args.compact_batches)]
+    cmd += ["--batch-size", str(args.batch_size), "--phases", *args.phases]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"size {n} on {uri} failed:\n{res.stderr[-3000:]}")
@@ -211,6 +282,15 @@ def main() -> None:
     parser.add_argument("--s3-only", action="store_true")
     parser.add_argument("--shard-rows", type=int, default=50_000)
     parser.add_argument("--compact-batches", type=int, default=250)
+    parser.add_argument(
+        "--phases",
+        nargs="+",
+        choices=["plan", "run", "run-resume"],
+        default=["plan", "run"],
+        help="plan: the storage phases (plan, fakegen, resume, status, score-read, compact); "
+        "run: the real driver path (run and run-resume)",
+    )
+    parser.add_argument("--batch-size", type=int, default=512, help="runtime.batch_size of run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)

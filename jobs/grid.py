@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from jobs.datasets import Prompt
-from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
+from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json, job_id_maker
 from workers.methods.registry import resolve_params
 
 CHUNK_SIZE = 20_000  # jobs per PlanChunk: ~10 MB of JobSpecs
@@ -80,22 +80,29 @@ def _slice_chunks(
     key: SliceKey, prompts: Sequence[Prompt], samples: int, chunk_size: int
 ) -> Iterator[PlanChunk]:
     jobs: list[JobSpec] = []
+    make_id: Callable[[str, str, int], str] | None = None
+    tried = False
     for prompt in prompts:
         for seed in range(samples):
-            jobs.append(
-                JobSpec(
-                    prompt_id=prompt.prompt_id,
-                    prompt=prompt.text,
-                    prompt_group=prompt.group,
-                    pair_id=prompt.pair_id,
-                    seed=seed,
-                    method=key.method,
-                    model=key.model,
-                    task=key.task,
-                    generation=key.generation,
-                    method_params=key.params,
-                )
+            job = JobSpec(
+                prompt_id=prompt.prompt_id,
+                prompt=prompt.text,
+                prompt_group=prompt.group,
+                pair_id=prompt.pair_id,
+                seed=seed,
+                method=key.method,
+                model=key.model,
+                task=key.task,
+                generation=key.generation,
+                method_params=key.params,
             )
+            if not tried:
+                make_id, tried = job_id_maker(job), True
+            if (
+                make_id is not None
+            ):  # the id from pieces of the slice's text: `job_id` then reads it
+                job.__dict__["job_id"] = make_id(prompt.prompt_id, prompt.text, seed)
+            jobs.append(job)
             if len(jobs) == chunk_size:
                 yield PlanChunk(key, jobs)
                 jobs = []

@@ -6,10 +6,11 @@ fields that change its output; batch size, paths, retries and the run name are n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -150,6 +151,46 @@ class JobSpec:
             ),
             method_params=row["method_params"],
         )
+
+
+_SENTINELS = {"prompt_id": "\x00prompt_id\x00", "prompt": "\x00prompt\x00", "seed": "\x00seed\x00"}
+
+
+def job_id_maker(template: JobSpec) -> Callable[[str, str, int], str] | None:
+    """`(prompt_id, prompt, seed) → job_id` for the jobs that differ from `template` only in
+    those three fields (one grid slice): the same text as `JobSpec.job_id` hashes, built from
+    pieces serialised once instead of a dict per job (~10× faster). None if the template's
+    text cannot be split (then use `job_id`)."""
+    probe = dataclasses.replace(
+        template, prompt_id=_SENTINELS["prompt_id"], prompt=_SENTINELS["prompt"]
+    )
+    identity = probe.identity()
+    identity["seed"] = _SENTINELS["seed"]
+    text = canonical_json(identity)
+    marks = {k: json.dumps(v, ensure_ascii=False) for k, v in _SENTINELS.items()}
+    if any(text.count(m) != 1 for m in marks.values()):
+        return None
+    order = sorted(marks, key=lambda k: text.index(marks[k]))
+    pieces, rest = [], text
+    for key in order:
+        head, rest = rest.split(marks[key], 1)
+        pieces.append(head)
+    pieces.append(rest)
+    a, b, c, d = pieces
+    k1, k2, k3 = order
+    prefix = f"j{JOB_ID_VERSION}-"
+    dumps = json.dumps
+
+    def make(prompt_id: str, prompt: str, seed: int) -> str:
+        values = {
+            "prompt_id": dumps(prompt_id, ensure_ascii=False),
+            "prompt": dumps(prompt, ensure_ascii=False),
+            "seed": str(int(seed)),
+        }
+        body = a + values[k1] + b + values[k2] + c + values[k3] + d
+        return prefix + hashlib.sha256(body.encode("utf-8")).hexdigest()[:20]
+
+    return make
 
 
 PLAN_COLUMNS = (

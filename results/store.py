@@ -326,7 +326,9 @@ class RunStore:
             if len(ok):  # an error row whose job has an ok row (in another group) goes
                 ids = table["job_id"].combine_chunks()
                 keep = pc.or_(keep, pa.array(~ok.contains(ids)))
-            table = _dedupe_generations(table.filter(keep)).sort_by(
+            if not pc.all(keep).as_py():
+                table = table.filter(keep)
+            table = _dedupe_generations(table).sort_by(
                 [(c, "ascending") for c in ("model", "method", "task", "job_id")]
             )
             if table.num_rows:

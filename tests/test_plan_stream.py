@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,25 @@ def test_pending_chunks_against_compact_done_ids_equal_the_set_difference() -> N
     chunks = iter_plan(PROMPTS, MODELS, METHODS, ["sentiment"], 2, chunk_size=4)
     left = [j for c in pending_chunks(chunks, DoneIds.from_ids(sorted(done))) for j in c.jobs]
     assert left == pending(grid, done) and len(left) == len(grid) - len(done)
+
+
+def test_the_planners_fast_job_id_is_the_specs_own_for_awkward_text() -> None:
+    """`iter_plan` sets each id from pieces of the slice's canonical JSON; it must be the very
+    id `JobSpec.job_id` hashes from the identity dict (escapes, Unicode, nested params)."""
+    texts = ['say "hi"\\', "line\nbreak\ttab\x01", "café ☕ 日本語 \u2028 \U0001f600", "", " "]
+    prompts = [Prompt(f"g:{i}", str(i), "g", t) for i, t in enumerate(texts)]
+    prompts.append(Prompt('id "quoted"', "q", "m", "plain"))
+    models = [
+        (ModelRef("tiny-random/gpt2", "abc", "bfloat16", tokenizer="tok/é"), GenerationParams()),
+        (ModelRef("tiny-random/llama", load=(("trust_remote_code", True),)), GenerationParams()),
+    ]
+    methods: list[tuple[str, dict[str, Any]]] = [
+        ("vanilla", {}),
+        ("uddia", {"lr": 0.5, "blocks": 3, "head": 'h/é "x".safetensors', "tau": 1e-3}),
+    ]
+    planned = [j for c in iter_plan(prompts, models, methods, ["regard"], 12) for j in c.jobs]
+    for job in planned:
+        fresh = JobSpec.from_row(job.to_row())  # no cached id: hashed from `identity()`
+        fresh = dataclasses.replace(fresh, model=job.model)
+        assert "job_id" in job.__dict__ and job.job_id == fresh.job_id
+    assert len({j.job_id for j in planned}) == len(planned) == 6 * 2 * 2 * 12
