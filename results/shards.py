@@ -112,6 +112,9 @@ def _fsync_dir(path: str) -> None:
 
 
 # ---- reads -----------------------------------------------------------------------------------
+SCAN_GROUP = 128  # shards per streamed dataset scan (`ShardReader.iter_batches`)
+
+
 class ShardReader:
     """Scans folders of `part-*.parquet` shards under `root`, with a cache and a quarantine."""
 
@@ -195,24 +198,27 @@ class ShardReader:
         if only is not None:
             wanted = set(only)
             paths = [p for p in paths if p in wanted]
-        if not paths:
-            return
-        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
-        try:
-            for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
-                if batch.num_rows:
-                    yield batch
-        except (pa.ArrowException, OSError) as exc:
-            raise StoreError(f"{self.uri}: reading {'/'.join(parts)} failed: {exc}") from exc
-        self._check_versions(dataset)  # footers were read by the scan: no extra requests
+        # A dataset scan keeps ~100 KB per shard it has read until it ends (measured: +200 MB
+        # for 2,000 shards): scan a group of shards at a time, so memory does not grow with them.
+        for start in range(0, len(paths), SCAN_GROUP):
+            group = paths[start : start + SCAN_GROUP]
+            dataset = ds.dataset(group, schema=schema, format="parquet", filesystem=self.fs)
+            try:
+                for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
+                    if batch.num_rows:
+                        yield batch
+            except (pa.ArrowException, OSError) as exc:
+                raise StoreError(f"{self.uri}: reading {'/'.join(parts)} failed: {exc}") from exc
+            self._check_versions(dataset)  # footers were read by the scan: no extra requests
 
     def count_rows(self, parts: Sequence[str], schema: pa.Schema) -> int:
         """Rows on disk in RUN/<parts> (from the footers; duplicates counted)."""
         paths = [i.path for i in self.listing(parts)]
         if not paths:
             return 0
-        return int(
-            ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs).count_rows()
+        return sum(
+            int(ds.dataset(group, schema=schema, format="parquet", filesystem=self.fs).count_rows())
+            for group in (paths[i : i + SCAN_GROUP] for i in range(0, len(paths), SCAN_GROUP))
         )
 
     def quarantine_unreadable(self, parts: Sequence[str]) -> int:
