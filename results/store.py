@@ -315,7 +315,7 @@ class RunStore:
 
     def _compact(self, small: list[str], target_rows: int) -> list[str]:
         """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
-        ok, _ = self.finished_ids()
+        both = self._failed_with_ok(small)
         written: list[str] = []
         group: list[pa.RecordBatch] = []
         rows = 0
@@ -323,9 +323,9 @@ class RunStore:
         def flush() -> None:
             table = pa.Table.from_batches(group, GENERATION_SCHEMA)
             keep = pc.fill_null(pc.equal(table["status"], "ok"), False)
-            if len(ok):  # an error row whose job has an ok row (in another group) goes
+            if len(both):  # an error row whose job has an ok row (in another group) goes
                 ids = table["job_id"].combine_chunks()
-                keep = pc.or_(keep, pa.array(~ok.contains(ids)))
+                keep = pc.or_(keep, pa.array(~both.contains(ids)))
             if not pc.all(keep).as_py():
                 table = table.filter(keep)
             table = _dedupe_generations(table).sort_by(
@@ -346,6 +346,28 @@ class RunStore:
         if group:
             flush()
         return written
+
+    def _failed_with_ok(self, paths: list[str]) -> DoneIds:
+        """Ids with an error row *and* an ok row among `paths`: two streamed scans of
+        job_id/status, holding only ids of error rows (few, in a healthy run)."""
+        cols = ["job_id", "status"]
+        bad_parts: list[pa.Array] = []
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
+        ):
+            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+            bad_parts.append(batch.column("job_id").filter(pc.invert(is_ok)))
+        bad = DoneIds.from_arrays(bad_parts)
+        if not len(bad):
+            return bad
+        ok_parts: list[pa.Array] = []
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
+        ):
+            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+            ids = batch.column("job_id").filter(is_ok)
+            ok_parts.append(ids.filter(pa.array(bad.contains(ids))))
+        return DoneIds.from_arrays(ok_parts)
 
     # ---- scores --------------------------------------------------------------------------
     def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:
