@@ -239,8 +239,10 @@ def child(args: argparse.Namespace) -> None:
         from harness import driver, generation  # noqa: F401 - imports before measuring
 
         cfg = run_config(uri, n, args.batch_size)
-        out.append(measured("run", n, lambda: phase_run(uri + "-run", cfg)))
-        out.append(measured("run-resume", n, lambda: phase_run(uri + "-run", cfg)))
+        base, q, query = uri.partition("?")  # s3://bucket/run-N?endpoint_override=...
+        run_uri = f"{base}-run{q}{query}"
+        out.append(measured("run", n, lambda: phase_run(run_uri, cfg)))
+        out.append(measured("run-resume", n, lambda: phase_run(run_uri, cfg)))
     if "plan" in want:
         out.append(measured("plan", n, lambda: phase_plan(uri, n)))
         out.append(measured("fakegen", n, lambda: phase_fakegen(uri, args.shard_rows)))
