@@ -209,7 +209,12 @@ def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
         "tasks": TASKS,
         "samples_per_prompt": SAMPLES,
         "scorers": ["gender"],
-        "runtime": {"batch_size": batch_size, "max_jobs": 100_000_000},
+        # generation only: no scorer follows it (harness/score_follow.py)
+        "runtime": {
+            "batch_size": batch_size,
+            "max_jobs": 100_000_000,
+            "score_during_generation": False,
+        },
     }
     return parse_config(data, "bench")
 
@@ -225,7 +230,10 @@ def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
     store = RunStore(uri)
     words = driver.load_words(cfg)
     plan = driver.plan_stage(store, cfg, words)
-    stats, error = driver.generation_stage(store, cfg, plan, words, use_ray=False, progress=False)
+    stats, error, followed = driver.generation_stage(
+        store, cfg, plan, words, use_ray=False, progress=False
+    )
+    followed.close()
     if error is not None:
         raise error
     return {"planned": plan.planned, "generated": stats["pending_at_start"]}
