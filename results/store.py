@@ -322,12 +322,12 @@ class RunStore:
 
         def flush() -> None:
             table = pa.Table.from_batches(group, GENERATION_SCHEMA)
-            keep = pc.fill_null(pc.equal(table["status"], "ok"), False)
             if len(both):  # an error row whose job has an ok row (in another group) goes
+                is_ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
                 ids = table["job_id"].combine_chunks()
-                keep = pc.or_(keep, pa.array(~both.contains(ids)))
-            if not pc.all(keep).as_py():
-                table = table.filter(keep)
+                keep = pc.or_(is_ok, pa.array(~both.contains(ids)))
+                if not pc.all(keep).as_py():
+                    table = table.filter(keep)
             table = _dedupe_generations(table).sort_by(
                 [(c, "ascending") for c in ("model", "method", "task", "job_id")]
             )

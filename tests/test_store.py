@@ -213,16 +213,28 @@ def test_compaction_streams_groups_and_keeps_one_row_per_job_across_them(tmp_pat
     paths = [store.write_generations([ok_row(j) for j in jobs[i : i + 2]]) for i in range(0, 40, 2)]
     store.write_generations([failed_row(jobs[39], "boom")], kind="failed")  # ok row elsewhere
     store.write_generations([failed_row(j, "boom") for j in jobs[:2]], kind="failed")
+    lone = make_jobs(n=42)[40:]  # failed, with no ok row anywhere: their error rows stay
+    store.write_generations([failed_row(j, "boom") for j in lone], kind="failed")
     Path(paths[3]).write_bytes(b"torn")  # jobs 6 and 7: unreadable
-    assert store.compact_generations(target_rows=6) == 21  # 22 inputs less the torn one
+    assert store.compact_generations(target_rows=6) == 22  # 23 inputs less the torn one
     names = [os.path.basename(p) for p in store.list_shards("generations")]
     assert len(names) >= 3 and all(n.startswith("part-c-") for n in names)
     on_disk = store.reader.count_rows(("generations",), store_schema())
-    assert on_disk == 38  # every readable job once: no error row beside its ok row
+    assert on_disk == 40  # every readable job once: no error row beside its ok row
     frame = store.read_generations(["job_id", "status"])
-    assert sorted(frame["job_id"]) == sorted(j.job_id for j in jobs if j not in jobs[6:8])
-    assert (frame["status"] == "ok").all()
+    kept = [j for j in jobs if j not in jobs[6:8]] + lone
+    assert sorted(frame["job_id"]) == sorted(j.job_id for j in kept)
+    errors = frame.filter(frame["status"] != "ok")["job_id"].to_list()
+    assert sorted(errors) == sorted(j.job_id for j in lone)
     assert [os.path.basename(p) for p in store.quarantine_files()] == [os.path.basename(paths[3])]
+
+    # No job with both kinds of rows: every error row stays as it is.
+    other = RunStore(str(tmp_path / "other"))
+    other.write_generations([ok_row(j) for j in jobs[:2]])
+    other.write_generations([failed_row(j, "boom") for j in lone], kind="failed")
+    assert other.compact_generations(target_rows=6) == 2
+    statuses = other.read_generations(["status"])["status"].to_list()
+    assert sorted(statuses) == ["error", "error", "ok", "ok"]
 
 
 def store_schema() -> pa.Schema:
