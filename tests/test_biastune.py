@@ -272,3 +272,39 @@ def test_tuned_forward_replays_the_lower_blocks(lm: LoadedLM, scope: str) -> Non
         handle.remove()
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
     assert all("forward" not in vars(block) for block in tuner.lower)
+
+
+@pytest.mark.parametrize("scope", ["context", "last"])
+def test_fused_vocabulary_passes_equal_the_plain_products(lm: LoadedLM, scope: str) -> None:
+    """ℓ̂_a and the horizon through `_ThetaVocab` (one pass over E forward, one backward; tied
+    and untied output matrices) against softmax → Eᵀp and Σ p·s as plain autograd: same
+    values and same gradients (float32 rounding)."""
+    from workers.methods.estimators import gender_geometry
+
+    ctx = step0(lm, PROMPTS)
+    geo = gender_geometry(lm)
+    torch.manual_seed(3)
+    gen_sum = torch.randn(2, geo.embed.shape[1]) * geo.embed.float().norm(dim=-1).mean()
+    results: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]]
+    results = {}
+    for variant in ("plain", "fused", "untied"):
+        tuner = BiasTuner(lm, 2, scope)
+        assert tuner._fused  # float32 tiny models take the fused passes
+        tuner._fused = variant != "plain"
+        if variant == "untied":
+            tuner.head_weight = tuner.head_weight.clone()  # a distinct W: the untied branch
+        for i, sums in enumerate((None, gen_sum)):  # before the first token (S = 0), after
+            probe = tuner.probe(ctx, (geo, sums))
+            assert probe.loss_a is not None
+            loss = probe.pooled.square().sum(-1) + 3.0 * probe.loss_a
+            grads = torch.autograd.grad(loss.sum(), probe.deltas)
+            results[variant, i] = (probe.loss_a.detach(), probe.pooled.detach(), grads)
+    for (_, i), (loss_a, pooled, grads) in results.items():
+        want = results["plain", i]
+        torch.testing.assert_close(loss_a, want[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pooled, want[1], rtol=1e-5, atol=1e-6)
+        # sums in another order: within 1e-4 of the largest gradient (some are exactly 0)
+        scale = max(float(ref.abs().max()) for ref in want[2])
+        for got, ref in zip(grads, want[2]):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * scale)
+    assert not torch.allclose(results["plain", 0][0], results["plain", 1][0])  # S entered ℓ̂_a

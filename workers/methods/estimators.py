@@ -146,6 +146,20 @@ def demographic_scores(geo: GenderGeometry, gen_sum: torch.Tensor) -> torch.Tens
     """
     with torch.no_grad():
         es = (geo.embed @ gen_sum.to(geo.embed.dtype).T).T.float()  # (B, V): the one mat-vec
+        return scores_from_products(geo, gen_sum, es)
+
+
+def scores_from_products(
+    geo: GenderGeometry, gen_sum: torch.Tensor, es: torch.Tensor | None
+) -> torch.Tensor:
+    """(B, V) s_x of `demographic_scores` given es = (E S)ᵀ, (B, V) float32.
+
+    `es=None` means S = 0 (before the first token): the products are zero, not computed.
+    The bias tuner computes `es` in the same pass over E as the horizon's expected embedding.
+    """
+    with torch.no_grad():
+        if es is None:
+            es = torch.zeros((gen_sum.shape[0], geo.proj.shape[0]), device=gen_sum.device)
         num = (gen_sum @ geo.direction).unsqueeze(-1) + geo.proj  # (B, V): (S + E_x)·v
         sq = (gen_sum * gen_sum).sum(-1, keepdim=True) + 2.0 * es + geo.sqnorm  # ‖S + E_x‖²
         cos = num / sq.clamp_min(1e-24).sqrt()

@@ -18,8 +18,6 @@ from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.biastune import SCOPES
 from workers.methods.estimators import (
-    demographic_loss,
-    demographic_scores,
     gender_geometry,
     hellinger_gate,
     property_loss,
@@ -111,6 +109,7 @@ class BiasTunedMethod(DecodingMethod):
     def _reset(self, batch: int) -> None:
         dev, dim = self.lm.device, self.geometry.embed.shape[1]
         self._gen_sum = torch.zeros((batch, dim), device=dev)  # Σ E[generated tokens], (B, D)
+        self._gen_zero = True  # no token generated yet: ℓ̂_a's product E·S is skipped
         self._records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self._emitted: list[torch.Tensor] = []  # per step, (B,) rows that appended a token
         self._columns: list[dict[str, Any]] | None = None
@@ -129,11 +128,14 @@ class BiasTunedMethod(DecodingMethod):
 
     def next_logprobs(self, ctx: StepContext) -> torch.Tensor:
         with torch.enable_grad():
-            probe = self.tuner.probe(ctx)
-            probs = torch.softmax(probe.logits, dim=-1)  # (B, V) p_θ, differentiable in δ
+            # ℓ̂_a comes with the probe: its product with E shares the horizon's pass over E
+            gen_sum = None if self._gen_zero else self._gen_sum
+            probe = self.tuner.probe(ctx, (self.geometry, gen_sum))
             loss_g = property_loss(self.head, probe.pooled, self.target)
-            loss_a = demographic_loss(probs, demographic_scores(self.geometry, self._gen_sum))
-            loss, chose_g = self.objective(loss_g, loss_a, probs.detach())
+            loss_a = probe.loss_a
+            assert loss_a is not None  # given the demographic terms, the probe computes it
+            probs = torch.softmax(probe.logits.detach(), dim=-1)  # (B, V) p_θ, for gates
+            loss, chose_g = self.objective(loss_g, loss_a, probs)
             finite = torch.isfinite(loss) & torch.isfinite(loss_g) & torch.isfinite(loss_a)
             ok = ctx.active & finite
             self._fail_non_finite(ctx, ok, loss_g, loss_a)
@@ -167,6 +169,7 @@ class BiasTunedMethod(DecodingMethod):
         emitted = ctx.active.clone()
         embeds = self.geometry.embed[tokens].float()  # (B, D)
         self._gen_sum = self._gen_sum + embeds * emitted.unsqueeze(-1)
+        self._gen_zero = False
         self._emitted.append(emitted)
 
     # ---- outputs ------------------------------------------------------------------------------
