@@ -120,49 +120,81 @@ class PeakMemory:
             self.thread.join()
 
 
-def time_method(
-    lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int, repeats: int
-) -> tuple[float, float, int, float]:
-    """(tokens/s, ms per step, peak bytes, CPU s per token) of the best of `repeats` runs after
-    one warm-up. CPU time is the process's (all threads): on a shared machine it moves less
-    than wall time when other processes take the cores."""
-    gen = GenerationParams(max_new_tokens=tokens)
-    resolved = canonical_json(resolve_params(method, params, lm.ref.id))
-    jobs = [
-        JobSpec(
-            f"p{i}",
-            PROMPTS[i % len(PROMPTS)],
-            "female",
-            None,
-            i // len(PROMPTS),
-            method,
-            lm.ref,
-            "sentiment",
-            gen,
-            resolved,
-        )
-        for i in range(batch)
-    ]
-    built = load_method(method)(lm, jobs[0].params(), "sentiment")
-    decode_batch(lm, built, jobs[: min(batch, 2)])  # warm-up (lazy init, kernels)
-    best, peak, made, cpu = float("inf"), 0, 0, float("inf")
-    for _ in range(repeats):
-        with PeakMemory(lm.device.type) as mem:
+class Timed:
+    """One method at one batch size: built and warmed up once, then timed run by run.
+
+    `main` interleaves the runs of all methods of a batch size (vanilla, m1, m2, …, vanilla,
+    m1, …) so that a change in the machine's load hits every method alike; each keeps the
+    best of its runs. CPU time is the process's (all threads): on a shared machine it moves
+    less than wall time when other processes take the cores.
+    """
+
+    def __init__(
+        self, lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int
+    ) -> None:
+        gen = GenerationParams(max_new_tokens=tokens)
+        resolved = canonical_json(resolve_params(method, params, lm.ref.id))
+        self.lm, self.name, self.batch = lm, method, batch
+        self.jobs = [
+            JobSpec(
+                f"p{i}",
+                PROMPTS[i % len(PROMPTS)],
+                "female",
+                None,
+                i // len(PROMPTS),
+                method,
+                lm.ref,
+                "sentiment",
+                gen,
+                resolved,
+            )
+            for i in range(batch)
+        ]
+        self.built = load_method(method)(lm, self.jobs[0].params(), "sentiment")
+        decode_batch(lm, self.built, self.jobs[: min(batch, 2)])  # warm-up (lazy init, kernels)
+        self.best, self.made, self.cpu, self.peak = float("inf"), 0, float("inf"), 0
+        self.flops = 0.0  # per generated token, from `count_flops`
+
+    def once(self) -> None:
+        """One timed run of the whole batch."""
+        with PeakMemory(self.lm.device.type) as mem:
             start, cpu_start = time.perf_counter(), time.process_time()
-            rows = decode_batch(lm, built, jobs)
-            if lm.device.type == "cuda":
+            rows = decode_batch(self.lm, self.built, self.jobs)
+            if self.lm.device.type == "cuda":
                 torch.cuda.synchronize()
             elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
         bad = [r["error"] for r in rows if r["status"] != "ok"]
         if bad:
-            raise SystemExit(f"{method}: {bad[0]}")
+            raise SystemExit(f"{self.name}: {bad[0]}")
         n = sum(r["num_tokens"] for r in rows)
-        if elapsed < best:
-            best, made = elapsed, n
-        cpu = min(cpu, cpu_s / max(n, 1))
-        peak = max(peak, mem.peak)
-    steps = max(max(1, made // batch), 1)
-    return made / best, best / steps * 1000, peak, cpu
+        if elapsed < self.best:
+            self.best, self.made = elapsed, n
+        self.cpu = min(self.cpu, cpu_s / max(n, 1))
+        self.peak = max(self.peak, mem.peak)
+
+    def count_flops(self) -> None:
+        """Floating-point operations per generated token of one run (torch's FlopCounterMode:
+        matrix products and attention; independent of the machine and its load)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            rows = decode_batch(self.lm, self.built, self.jobs)
+        self.flops = counter.get_total_flops() / max(sum(r["num_tokens"] for r in rows), 1)
+
+    def result(self) -> tuple[float, float, int, float]:
+        """(tokens/s, ms per step, peak bytes, CPU s per token) of the best run."""
+        steps = max(1, self.made // self.batch)
+        return self.made / self.best, self.best / steps * 1000, self.peak, self.cpu
+
+
+def time_method(
+    lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int, repeats: int
+) -> tuple[float, float, int, float]:
+    """(tokens/s, ms per step, peak bytes, CPU s per token) of the best of `repeats` runs."""
+    timed = Timed(lm, method, params, batch, tokens)
+    for _ in range(repeats):
+        timed.once()
+    return timed.result()
 
 
 def direct_demographic_scores(geometry: object, gen_sum: torch.Tensor, n: int) -> torch.Tensor:
@@ -310,6 +342,8 @@ class Result(NamedTuple):
     cpu: float
     ratio: float  # wall time per token / vanilla's at the same batch size
     cpu_ratio: float  # CPU time per token / vanilla's
+    flops: float = 0.0  # per token (`--flops`), else 0
+    flop_ratio: float = 0.0  # flops per token / vanilla's
 
 
 # Issue 12's targets (CPU, GPT-2 small shape, 6 of 12 blocks, 20 tokens, batch 8)
@@ -322,8 +356,12 @@ TARGET_BATCH = 8
 def print_targets(
     results: dict[tuple[str, int], Result], reference: float | None, args: argparse.Namespace
 ) -> None:
-    """PASS / FAIL per target of issue 12 that this run measured (wall-time ratios decide;
-    the CPU-time ratio is shown beside them)."""
+    """PASS / FAIL per target of issue 12 that this run measured.
+
+    The issue's targets are in tokens/s, so wall-time ratios decide the first word; the same
+    comparison on CPU time (and FLOPs with `--flops`) follows, since on a loaded machine wall
+    time tracks the other processes more than the method.
+    """
     setup = (
         args.shape == "gpt2-small" and args.blocks == 6 and args.tokens == 20,
         "gpt2-small, --blocks 6, --tokens 20",
@@ -334,13 +372,22 @@ def print_targets(
     def verdict(ok: bool) -> str:
         return "PASS" if ok else "FAIL"
 
+    def ratios(res: Result, bound: float, lower: Result | None = None) -> str:
+        cpu_bound = bound if lower is None else lower.cpu_ratio + TARGET_MARGIN
+        text = (
+            f"wall {res.ratio:.2f}, cpu {res.cpu_ratio:.2f} {verdict(res.cpu_ratio <= cpu_bound)}"
+        )
+        if res.flops:
+            flop_bound = bound if lower is None else lower.flop_ratio + TARGET_MARGIN
+            text += f", flops {res.flop_ratio:.2f} {verdict(res.flop_ratio <= flop_bound)}"
+        return text
+
     minimum = results.get(("lidao-min", TARGET_BATCH))
     if minimum is not None:
         limit = TARGET_RATIO[args.scope]
         lines.append(
             f"{verdict(minimum.ratio <= limit)} lidao-min x vanilla <= {limit:g} "
-            f"({args.scope} scope, batch {TARGET_BATCH}): {minimum.ratio:.2f} "
-            f"(cpu {minimum.cpu_ratio:.2f}){note}"
+            f"({args.scope} scope, batch {TARGET_BATCH}): {ratios(minimum, limit)}{note}"
         )
         for method in ("uddia", "elidao-min", "elidao-prod"):
             res = results.get((method, TARGET_BATCH))
@@ -348,8 +395,8 @@ def print_targets(
                 bound = minimum.ratio + TARGET_MARGIN
                 lines.append(
                     f"{verdict(res.ratio <= bound)} {method} x vanilla <= lidao-min's + "
-                    f"{TARGET_MARGIN:g} = {bound:.2f} (batch {TARGET_BATCH}): {res.ratio:.2f} "
-                    f"(cpu {res.cpu_ratio:.2f}){note}"
+                    f"{TARGET_MARGIN:g} (batch {TARGET_BATCH}, wall bound {bound:.2f}): "
+                    f"{ratios(res, bound, minimum)}{note}"
                 )
     for method in TUNED:
         res = results.get((method, TARGET_BATCH))
@@ -397,6 +444,9 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="paper row: first N generations")
     ap.add_argument("--paper-batch", type=int, default=64, help="paper row: batch size")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument(
+        "--flops", action="store_true", help="also count FLOPs per token (one extra run each)"
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -421,24 +471,42 @@ def main() -> int:
     print(
         f"{'method':<16} {'batch':>5} {'tok/s':>9} {'ms/step':>9} {'x vanilla':>9} "
         f"{'cpu x van':>9} {'x ref-style':>11} {'peak MiB':>9}"
+        + (f" {'GFLOP/tok':>9} {'flop x van':>9}" if args.flops else "")
     )
     results: dict[tuple[str, int], Result] = {}
     for batch in args.batch_sizes:
-        base: Result | None = None
+        timed: list[Timed] = []
         for method in ["vanilla", *[m for m in args.methods if m != "vanilla"]]:
             params: dict[str, object] = {}
             if method in TUNED:
                 params = {"scope": args.scope, "head": head}
                 if args.blocks:
                     params["blocks"] = args.blocks
-            tps, ms, peak, cpu = time_method(lm, method, params, batch, args.tokens, args.repeats)
-            base = base or Result(tps, cpu, 1.0, 1.0)
-            res = Result(tps, cpu, base.tps / tps, cpu / base.cpu)
-            results[method, batch] = res
+            timed.append(Timed(lm, method, params, batch, args.tokens))
+        for _ in range(args.repeats):  # interleaved: vanilla, m1, m2, …, vanilla, m1, …
+            for t in timed:
+                t.once()
+        if args.flops:
+            for t in timed:
+                t.count_flops()
+        base: Result | None = None
+        for t in timed:
+            tps, ms, peak, cpu = t.result()
+            base = base or Result(tps, cpu, 1.0, 1.0, t.flops, 1.0)
+            res = Result(
+                tps,
+                cpu,
+                base.tps / tps,
+                cpu / base.cpu,
+                t.flops,
+                t.flops / base.flops if base.flops else 0.0,
+            )
+            results[t.name, batch] = res
             speed = f"{tps / reference:>11.1f}" if reference else f"{'-':>11}"
+            flops = f" {t.flops / 1e9:>9.2f} {res.flop_ratio:>9.2f}" if args.flops else ""
             print(
-                f"{method:<16} {batch:>5} {tps:>9.1f} {ms:>9.1f} {res.ratio:>9.2f} "
-                f"{res.cpu_ratio:>9.2f} {speed} {peak / 2**20:>9.0f}",
+                f"{t.name:<16} {batch:>5} {tps:>9.1f} {ms:>9.1f} {res.ratio:>9.2f} "
+                f"{res.cpu_ratio:>9.2f} {speed} {peak / 2**20:>9.0f}{flops}",
                 flush=True,
             )
         if reference and batch == args.batch_sizes[0]:
@@ -449,8 +517,12 @@ def main() -> int:
                 flush=True,
             )
     print_targets(results, reference, args)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"# load average at the end: {load} on {os.cpu_count()} CPUs")
+    load = os.getloadavg()
+    print(
+        f"# load average at the end: {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} CPUs"
+    )
+    if load[0] > (os.cpu_count() or 1):
+        print("# the machine was loaded: wall-time ratios track the other processes; read cpu")
     return 0
 
 
