@@ -244,14 +244,15 @@ class RunStore:
     def done_job_ids(self, include_errors: bool = True) -> set[str]:
         return set(self.done_ids(include_errors).to_list())
 
-    def generation_counts(self) -> pl.DataFrame:
+    def generation_counts(self, finished: tuple[DoneIds, DoneIds] | None = None) -> pl.DataFrame:
         """Per (model, method, task) of the plan: planned, done (ok), failed, pending.
 
-        Streams the plan a row group at a time against the done ids (`status`'s table).
+        Streams the plan a row group at a time against the done ids (`status`'s table);
+        `finished`: `finished_ids()` when the caller has it already.
         """
         if not self.exists("plan.parquet"):
             raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
-        ok, failed = self.finished_ids()
+        ok, failed = finished or self.finished_ids()
         parts = []
         slice_cols = ["model", "method", "task"]
         for chunk in self.iter_plan(columns=["job_id", *slice_cols]):

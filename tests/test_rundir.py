@@ -281,3 +281,30 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
     )
     records = history(out)
     assert records[0]["outcome"].startswith("interrupted") and records[-1]["outcome"] == "ok"
+
+
+def test_status_counts_scores_of_the_plans_ok_jobs_only(tmp_path: Path) -> None:
+    """`status` from id arrays: a score of a job outside the plan is reported, not counted; a
+    job planned and ok without a score is missing; an error generation needs no score."""
+    from harness.status import run_status
+    from results.schema import PLAN_SCHEMA
+    from tests.fake_run import generation_row, score_row
+
+    store = RunStore(str(tmp_path / "run"))
+    gens = [generation_row(f"j{i}") for i in range(4)]
+    gens += [generation_row("j4", status="error", error="boom"), generation_row("j5")]
+    store.write_generations(gens)
+    store.write_plan([{k: g[k] for k in PLAN_SCHEMA.names} for g in gens[:5]])  # j5: foreign
+    store.write_scores(
+        "sentiment-vader",
+        "sentiment",
+        [
+            score_row("j0", "sentiment", sentiment=0.5),
+            score_row("j1", "sentiment", status="error"),
+            score_row("j5", "sentiment", sentiment=0.1),
+        ],
+    )
+    text = run_status(store)
+    assert "planned 5, done 4, failed 1, pending 0" in text
+    assert "1 generation row(s) on disk are outside the current plan" in text
+    assert "sentiment-vader: error 1, ok 1; missing 2; 1 row(s) outside the plan" in text
