@@ -72,34 +72,34 @@ def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
     return GenerationConfig(**{**cfg.generation.model_dump(), **paper, **given})
 
 
-def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
-    """Every job of the config's grid (validated input; nothing runs yet)."""
-    prompts = load_prompts(cfg, words)
-    check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
+def grid_axes(cfg: RunConfig) -> tuple[list[Any], list[Any], dict[Any, dict[str, str]]]:
+    """(models with their sampling parameters, methods with theirs, heads per model and task)."""
     models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
     methods = [(m.name, dict(m.params)) for m in cfg.methods]
     heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    return models, methods, heads
+
+
+def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
+    """Every job of the config's grid as one list (tests and small tools; `run` streams)."""
+    prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
+    models, methods, heads = grid_axes(cfg)
     return expand_grid(
         prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
     )
 
 
 def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
+    """config.yaml and plan.parquet of a plan held as a list (`run` streams it instead)."""
     store.makedirs()
     store.write_bytes("config.yaml", dump_config(cfg).encode())
     store.write_plan_jobs(jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
 
 
-def plan_chunks(cfg: RunConfig, words: GroupWords) -> Iterator[PlanChunk]:
-    """`plan` as a stream of per-slice chunks (memory: one chunk of `JobSpec`s at a time)."""
-    return chunk_source(cfg, load_prompts(cfg, words))(None, CHUNK_SIZE)
-
-
 def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
     """The grid of `cfg` over `prompts`, expandable again and again, slice by slice."""
-    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
-    methods = [(m.name, dict(m.params)) for m in cfg.methods]
-    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    models, methods, heads = grid_axes(cfg)
     tasks = list(cfg.tasks)
 
     def source(only: Callable[[SliceKey], bool] | None, chunk_size: int) -> Iterator[PlanChunk]:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results.schema import SCHEMA_VERSION
+from results.shards import check_version
 from results.store import RunStore, StoreError
 
 log = logging.getLogger("harness")
@@ -56,13 +56,7 @@ def read_shard_columns(store: RunStore, path: str, columns: list[str]) -> pa.Tab
     """The `columns` of one shard that it has (older shards lack newer columns: null)."""
     with store.fs.open_input_file(path) as fh:
         pf = pq.ParquetFile(fh)
-        meta = pf.schema_arrow.metadata or {}
-        version = int(meta.get(b"lidao_schema_version", b"1"))
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{path}: written with schema version {version}, this code reads up to "
-                f"{SCHEMA_VERSION}; upgrade lidao-harness"
-            )
+        check_version(path, pf.schema_arrow.metadata)
         present = [c for c in columns if c in pf.schema_arrow.names]
         table = pf.read(columns=present)
     for c in columns:

@@ -38,6 +38,16 @@ class StoreError(RuntimeError):
     """A run directory that cannot be read or written as asked."""
 
 
+def check_version(path: str, metadata: dict[bytes, bytes] | None) -> None:
+    """Raises `StoreError` for a file written by a newer schema than this code reads."""
+    version = int((metadata or {}).get(b"lidao_schema_version", b"1"))
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: written with schema version {version}, this code reads up to "
+            f"{SCHEMA_VERSION}; upgrade lidao-harness"
+        )
+
+
 # ---- writes ----------------------------------------------------------------------------------
 def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str:
     """Write `data` to `target` atomically; returns `target`."""
@@ -232,13 +242,7 @@ class ShardReader:
         for fragment in dataset.get_fragments():
             if fragment.path in self._checked:
                 continue
-            meta = fragment.physical_schema.metadata or {}
-            version = int(meta.get(b"lidao_schema_version", b"1"))
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{fragment.path}: written with schema version {version}, this code reads "
-                    f"up to {SCHEMA_VERSION}; upgrade lidao-harness"
-                )
+            check_version(fragment.path, fragment.physical_schema.metadata)
             self._checked.add(fragment.path)
 
     def _unreadable(self, paths: list[str]) -> dict[str, str]:
@@ -279,12 +283,7 @@ class ShardReader:
         except (pa.ArrowException, OSError) as exc:
             msg = str(exc).replace("'<Buffer>'", f"'{path}'")
             raise StoreError(f"{path}: unreadable Parquet file: {msg}") from exc
-        version = int((table.schema.metadata or {}).get(b"lidao_schema_version", b"1"))
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{path}: written with schema version {version}, this code reads up to "
-                f"{SCHEMA_VERSION}; upgrade lidao-harness"
-            )
+        check_version(path, table.schema.metadata)
         return table
 
     def ids_with_status(

@@ -46,9 +46,6 @@ __all__ = ["DoneIds", "RunStore", "StoreError", "shard_name"]
 
 log = logging.getLogger("harness")
 COMPACT_TARGET_ROWS = 50_000  # rows per compacted shard (~5-20 MB of generations)
-_COMPACT_SMALL_BYTES = (
-    1 << 20
-)  # a compacted shard under this (at the default target) is merged again
 
 
 def shard_name(job_ids: Iterable[str], kind: str = "") -> str:

@@ -43,6 +43,7 @@ from workers.methods.head_meta import (
     local_weights,
     meta_path,
     model_name,
+    read_meta_file,
 )
 from workers.tiny import TINY_PREFIX
 
@@ -206,11 +207,9 @@ def load_head(path: str) -> AttributeHead:
     if meta is None:
         meta_file = _meta_path(weights)
         try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise MethodError(f"{meta_file}: cannot read head metadata ({exc})") from exc
-        if not isinstance(meta, dict):
-            raise MethodError(f"{meta_file}: metadata must be a JSON object")
+            meta = read_meta_file(meta_file)
+        except HeadMetaError as exc:
+            raise MethodError(str(exc)) from exc
         where = str(meta_file)
     meta = _normalise_meta(meta, where)
     w, b = _linear_tensors(_read_state(weights), str(weights))
