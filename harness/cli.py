@@ -58,7 +58,7 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import driver
-    from harness.invoke import driven
+    from harness.invoke import check_interrupt, driven
 
     cfg = load_config(args.config, overrides(args))
     use_ray = not args.no_ray
@@ -79,12 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 replan=getattr(args, "replan", False),
                 invocation=inv,
             )
-        except BaseException as exc:
-            from harness.invoke import Interrupted
+            check_interrupt()  # one swallowed on the way still ends the command as interrupted
+        except KeyboardInterrupt as exc:
+            from harness.invoke import interrupted
 
-            if isinstance(exc, Interrupted):
-                exc.args = (_interrupted_line(store),)
-            raise
+            interrupt = interrupted(exc)
+            interrupt.args = (_interrupted_line(store),)
+            raise interrupt from None
     gen = result["generation"]
     print(
         f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
@@ -357,19 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: {_os_error(exc)}", file=sys.stderr)
         return 1
-    except BaseException as exc:
-        from harness.invoke import Interrupted
+    except KeyboardInterrupt as exc:
+        from harness.invoke import interrupted
 
-        if isinstance(exc, KeyboardInterrupt):
-            exc = Interrupted(2)
-        if not isinstance(exc, Interrupted):
-            raise
-        line = exc.args[0] if exc.args and " " in str(exc.args[0]) else ""
+        interrupt = interrupted(exc)
+        line = interrupt.args[0] if interrupt.args and " " in str(interrupt.args[0]) else ""
         print(
             line or "interrupted; what was written is kept; run the same command to resume",
             file=sys.stderr,
         )
-        return exc.code
+        return interrupt.code
     finally:
         if "harness.ray_runtime" in sys.modules:
             from harness.ray_runtime import shutdown_ray

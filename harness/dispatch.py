@@ -49,6 +49,7 @@ from harness.backends import (
     TaskFailed,
     first_line,
 )
+from harness.invoke import check_interrupt
 from jobs.spec import ModelRef
 
 log = logging.getLogger("harness")
@@ -176,6 +177,7 @@ class Dispatcher:
                 self._start(slot)
         try:
             while self._busy():
+                check_interrupt()
                 ready = self.backend.wait(list(self.calls), timeout=self._tick())
                 for future, value, error in self._outcomes(ready):
                     call = self.calls.pop(future, None)

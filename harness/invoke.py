@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,22 +31,54 @@ from results.store import RunStore
 log = logging.getLogger("harness")
 
 
-class Interrupted(BaseException):
-    """SIGINT / SIGTERM: `code` is the exit status (128 + signal number)."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM: `code` is the exit status (128 + signal number).
+
+    A `KeyboardInterrupt`, because Ray's blocking calls (`ray.get`, `ray.wait`) check signals
+    in C++ and pass on only a `KeyboardInterrupt`: any other exception raised by the handler
+    there is printed as "ignored" and the signal is lost. Ray then raises a bare
+    `KeyboardInterrupt` of its own; `as_interrupted` gives it back the signal that caused it.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
+        self.signum = signum
         self.code = 128 + signum
 
 
+_last_signal: list[int] = []  # the signal the handler raised last (one slot)
+_unhandled: list[int] = []  # a signal raised as `Interrupted` that `driven` has not yet seen
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
+    _last_signal[:] = [signum]
+    _unhandled[:] = [signum]
     raise Interrupted(signum)
+
+
+def check_interrupt() -> None:
+    """Raise again an interrupt that was swallowed: the handler runs wherever the main thread
+    is, and an exception raised inside a `__del__`, a weakref callback or a C callback is
+    printed as "Exception ignored" and dropped (tqdm's `__del__` did so after generation).
+    Called from the driver's loops and at the end of a command; only in the main thread, where
+    a signal still unhandled there can only mean a swallowed one."""
+    if _unhandled and threading.current_thread() is threading.main_thread():
+        raise Interrupted(_unhandled[0])
+
+
+def interrupted(exc: KeyboardInterrupt) -> Interrupted:
+    """`exc` as an `Interrupted`: itself, or for the bare `KeyboardInterrupt` Ray raises (or
+    Python's default SIGINT handler), one of the signal the handler saw last."""
+    if isinstance(exc, Interrupted):
+        return exc
+    return Interrupted(_last_signal[0] if _last_signal else signal.SIGINT)
 
 
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
     old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    _unhandled.clear()
     try:
         yield
     finally:
@@ -61,9 +94,11 @@ def driven(store: RunStore, command: str) -> Iterator[Invocation]:
         outcome = "error"
         try:
             yield inv
+            check_interrupt()
             outcome = "ok"
-        except Interrupted as exc:
-            outcome = f"interrupted ({exc})"
+        except KeyboardInterrupt as exc:
+            _unhandled.clear()
+            outcome = f"interrupted ({signal.Signals(interrupted(exc).signum).name})"
             raise
         finally:
             with _ignoring_signals():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.backends import actor_error, cpu_threads
+from harness.invoke import check_interrupt
 from harness.score_feed import SYNCED_CACHES
 from harness.scoring import PoolSettings, Row, ScoringError, Share, Work, new_work
 from results.store import RunStore
@@ -295,6 +296,7 @@ class ScoreLoop:
         for pool in self.pools:
             self._feed(pool)
         while self.calls or (follow is not None and not follow.is_set()):
+            check_interrupt()
             if abort is not None and abort.is_set():
                 return
             if follow is not None:

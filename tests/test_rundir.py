@@ -261,7 +261,7 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
     assert tree, "Ray should run under the driver"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("interrupted after ") and "of 30 jobs; run the same command" in last
     assert "Traceback" not in stderr
