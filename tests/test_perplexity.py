@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from workers.scorers.base import ScorerContext, ScorerError
-from workers.scorers.perplexity import Perplexity
+from workers.scorers.perplexity import Perplexity, continuation_ids
 
 CTX = ScorerContext(device="cpu")
+SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 ROWS = [
     {
@@ -107,7 +109,7 @@ def test_a_too_long_row_is_an_error_row_and_the_rest_of_its_batch_scores() -> No
 
 def test_version_names_the_model_and_unknown_models_fail_clearly() -> None:
     scorer = Perplexity({"model": "tiny-random/opt", "dtype": "float32"}, CTX)
-    assert scorer.version.startswith("ppl-v1:tiny-random/opt@") and scorer.lm.family == "opt"
+    assert scorer.version.startswith("ppl-v2:tiny-random/opt@") and scorer.lm.family == "opt"
     with pytest.raises(ScorerError, match="unknown tiny model 'tiny-random/gpt3'"):
         Perplexity({"model": "tiny-random/gpt3"}, CTX)
 
@@ -121,3 +123,62 @@ def test_a_model_yielding_nan_gives_error_rows_not_scores() -> None:
     assert [r["status"] for r in out] == ["error", "error", "empty", "error", "error"]
     assert all(r["perplexity"] is None for r in out)
     assert "non-finite score from perplexity" in str(out[0]["error"])
+
+
+def llama2_style_tokenizer() -> Any:
+    """LLaMA-2's fast tokenizer in miniature: a normalizer that prepends "▁" and turns spaces into
+    "▁" (so text that starts with a space starts with "▁▁": a lone "▁" piece, id 29871 in
+    LLaMA-2), a Unigram vocabulary of "▁word" pieces, and a decoder that strips the first space."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "The woman worked as a nurse He left good".split()
+    pieces = ["<s>", "</s>", "<unk>", *(f"▁{w}" for w in words), "s", ".", "ly", "▁"]
+    raw = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=2, byte_fallback=False))
+    raw.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    raw.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def test_a_sentencepiece_continuation_is_scored_on_the_pieces_it_reads_as_after_its_prompt() -> (
+    None
+):
+    """The stored continuation " nurses. He left" tokenized alone starts with an extra "▁"
+    piece; after its prompt it is the generated pieces again."""
+    from workers.decoding import continuation_text
+
+    tok = llama2_style_tokenizer()
+    prompt = "The woman worked as a"
+    prompt_ids = list(tok(prompt)["input_ids"])
+    generated = tok.convert_tokens_to_ids(["▁nurse", "s", ".", "▁He", "▁left"])
+    text = continuation_text(tok, prompt_ids, generated)  # what a run stores
+    assert text == " nurses. He left"
+    alone = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(alone) == ["▁", "▁nurse", "s", ".", "▁He", "▁left"]
+    assert continuation_ids(tok, prompt, text, prompt_ids) == generated
+    glued = tok.convert_tokens_to_ids(["ly", "▁good"])  # starts inside the prompt's last word
+    assert continuation_ids(tok, prompt, continuation_text(tok, prompt_ids, glued), prompt_ids) == (
+        glued
+    )
+    assert continuation_ids(tok, prompt, "", prompt_ids) == []
+
+
+def test_gpt2_continuations_keep_their_own_tokens_also_across_a_glued_join() -> None:
+    """Byte-level BPE: after the prompt, a continuation has the ids it has alone; where it glues
+    onto the prompt's last word ("chair" + "man" is one token), its own ids are scored."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SHARED / "data" / "gpt2-tokenizer")
+    cases = [(r["prompt"], r["continuation"]) for r in ROWS if r["prompt"] and r["continuation"]]
+    cases += [("The chair", "man said no"), ("He was\n", "\nthen left"), ("Oh", "!!")]
+    glued = 0
+    for prompt, cont in cases:
+        prompt_ids = list(tok(prompt)["input_ids"])
+        whole = list(tok(prompt + cont)["input_ids"])
+        glued += whole[: len(prompt_ids)] != prompt_ids
+        assert continuation_ids(tok, prompt, cont, prompt_ids) == list(tok(cont)["input_ids"])
+    assert glued >= 1  # the fallback was exercised

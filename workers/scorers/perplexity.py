@@ -2,8 +2,13 @@
 
     ppl = exp( mean over continuation tokens t of -log p(x_t | prompt, x_<t) )
 
-The prompt and the continuation are tokenized separately and their ids concatenated (the
-continuation's own tokens are scored, never a re-segmentation across the join). Labels are
+The continuation's ids are those the scorer's tokenizer gives it after the prompt: prompt +
+continuation is tokenized whole and the prompt's ids taken off the front. Tokenizing the
+continuation alone adds a piece for SentencePiece-style tokenizers (LLaMA: " was" alone reads
+"▁▁was", one "▁" token more than after a prompt). Where the whole text does not start with the
+prompt's ids (the continuation glues onto the prompt's last word, "The chair" + "man"), the
+continuation is tokenized alone: its own tokens are scored, never a re-segmentation of the
+prompt across the join. Labels are
 -100 on prompt tokens and padding. Batches are right-padded: under a causal mask real tokens
 never see the padding, so position ids need no correction and a batch scores exactly like its
 rows one by one.
@@ -58,13 +63,14 @@ class Perplexity(Scorer):
     def version(self) -> str:
         config = self.lm.model.config
         rev = self.params["revision"] or getattr(config, "_commit_hash", None) or "local"
-        return f"ppl-v1:{self.params['model']}@{rev}:{self.params['dtype']}"
+        return f"ppl-v2:{self.params['model']}@{rev}:{self.params['dtype']}"
 
     def token_ids(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         """(prompt ids, continuation ids) with the scorer's tokenizer."""
         tok = self.lm.tokenizer
-        prompt = list(tok(str(row["prompt"]))["input_ids"])  # with BOS if the tokenizer adds one
-        cont = list(tok(str(row.get("continuation") or ""), add_special_tokens=False)["input_ids"])
+        text = str(row["prompt"])
+        prompt = list(tok(text)["input_ids"])  # with BOS if the tokenizer adds one
+        cont = continuation_ids(tok, text, str(row.get("continuation") or ""), prompt)
         if not prompt:
             if self.start_id is None:
                 raise ScorerError(
@@ -121,3 +127,15 @@ class Perplexity(Scorer):
             float(t) / int(n) if int(n) > 0 else None
             for t, n in zip(total.cpu().tolist(), count.cpu().tolist())
         ]
+
+
+def continuation_ids(tok: Any, prompt: str, continuation: str, prompt_ids: list[int]) -> list[int]:
+    """The ids `continuation` takes after `prompt` (whose ids are `prompt_ids`): the whole text's
+    ids after the prompt's when they start with them, else the continuation tokenized alone."""
+    if not continuation:
+        return []
+    if prompt_ids:
+        whole = list(tok(prompt + continuation)["input_ids"])
+        if len(whole) > len(prompt_ids) and whole[: len(prompt_ids)] == prompt_ids:
+            return whole[len(prompt_ids) :]
+    return list(tok(continuation, add_special_tokens=False)["input_ids"])
