@@ -208,3 +208,126 @@ def test_split_model_path_on_cpu_devices() -> None:
 def test_split_model_between_cuda_and_cpu() -> None:
     """The top blocks and the final norm on cuda:0, the rest on the CPU."""
     _check_split("cuda:0", exact=False)
+
+
+# ---- the probe differentiates θ's own forward ------------------------------------------------
+
+
+@pytest.mark.parametrize("scope", ["context", "last"])
+def test_tuned_blocks_see_the_new_position_the_horizon_and_the_tuned_pass(scope: str) -> None:
+    """The first tuned block (2 of 4) runs, per step, the loop's new position, the horizon and
+    the tuned last position: the probe reuses θ's forward instead of running it again, and
+    `context` scope never re-runs the context (its backward goes through θ's graph)."""
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
+    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
+    calls: list[int] = []
+    inner = lm.model.transformer.h[2].ln_1
+    handle = inner.register_forward_pre_hook(
+        lambda m, args: calls.append(args[0].shape[:2].numel())
+    )
+    steps: list[int] = []
+    original = method.next_logprobs
+    method.next_logprobs = lambda ctx: (steps.append(len(calls)), original(ctx))[1]  # type: ignore[method-assign]
+    try:
+        rows = decode_batch(lm, method, jobs)
+    finally:
+        handle.remove()
+    assert all(r["status"] == "ok" for r in rows)
+    B, S = len(jobs), len(steps)
+    per_step = [sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)])]
+    # `last` scope: the prompt's positions are constants, so the first probe re-runs the last
+    # one (once per batch)
+    first = 4 * B if scope == "last" else 3 * B
+    assert S == 6 and per_step == [first] + [3 * B] * (S - 2) + [2 * B]
+
+
+def _teacher_forced_steps(
+    lm: LoadedLM, scope: str, steps: int
+) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Per step of a teacher-forced decode (greedy tokens of θ): the gradients of one loss from
+    the probe that reuses θ's forward (`theta_forward`) and from the probe that re-runs it."""
+    from workers.decoding import _prefill_inputs, prompt_token_ids
+    from workers.methods.base import StepContext
+    from workers.methods.estimators import gender_geometry
+    from workers.methods.tuner import BiasTuner
+
+    reuse, rerun = BiasTuner(lm, 2, scope), BiasTuner(lm, 2, scope)
+    B = len(PROMPTS)
+    reuse.begin(B)
+    ids, mask = _prefill_inputs(lm, [prompt_token_ids(lm, p) for p in PROMPTS])
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    geo = gender_geometry(lm)
+    torch.manual_seed(5)
+    head = nn.Linear(lm.model.config.hidden_size, 2)
+    gen_sum: torch.Tensor | None = None
+    with reuse.theta_forward(B):
+        out = lm.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=1,
+        )
+    found = []
+    for step in range(steps):
+        ctx = StepContext(
+            model=lm.model,
+            step=step,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=out.past_key_values,
+            logits=out.logits[:, -1].detach().float(),
+            hidden_states=tuple(h.detach() for h in out.hidden_states),
+            active=torch.ones(B, dtype=torch.bool),
+            jobs=[],
+            process=lambda z: torch.log_softmax(z, dim=-1),
+        )
+        grads = []
+        for tuner in (reuse, rerun):
+            probe = tuner.probe(ctx, (geo, gen_sum))
+            reused = tuner is reuse and not (scope == "last" and step == 0)
+            assert (probe.deltas is reuse._zeros) == reused
+            assert probe.loss_a is not None
+            labels = torch.zeros(B, dtype=torch.long)
+            loss = (
+                nn.functional.cross_entropy(head(probe.pooled), labels, reduction="none")
+                + 3.0 * probe.loss_a
+                + probe.logits.logsumexp(-1)
+            )
+            grads.append(list(torch.autograd.grad(loss.sum(), probe.deltas, retain_graph=True)))
+        found.append((grads[0], grads[1]))
+        tokens = ctx.logits.argmax(-1)
+        embeds = geo.embed[tokens].float()
+        gen_sum = embeds if gen_sum is None else gen_sum + embeds
+        ids = torch.cat([ids, tokens[:, None]], dim=-1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        pos = torch.cat([pos, pos[:, -1:] + 1], dim=-1)
+        with reuse.theta_forward(B):
+            out = lm.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=pos[:, -1:],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=1,
+            )
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("scope", ["context", "last"])
+def test_reusing_thetas_forward_gives_the_rerun_gradients_at_every_step(
+    family: str, scope: str
+) -> None:
+    """Four teacher-forced steps: the probe over θ's own forward (its graph kept across steps
+    in `context` scope, cut in `last` scope) and the probe that re-runs the tuned blocks give
+    the same gradients to float32 rounding (summation orders differ)."""
+    lm = load_lm(ModelRef(f"tiny-random/{family}"), device="cpu")
+    for step, (got, want) in enumerate(_teacher_forced_steps(lm, scope, 4)):
+        assert any(bool(w.abs().sum() > 0) for w in want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=f"step {step}")

@@ -302,7 +302,7 @@ def _loop(
         return torch.log_softmax(z / gen.temperature, dim=-1)
 
     method.begin(jobs, prompt_ids)
-    with torch.no_grad():
+    with method.theta_forward(B):  # no autograd, or through a tuned method's zero offsets
         out = lm.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -319,8 +319,8 @@ def _loop(
             attention_mask=mask,
             position_ids=position_ids,
             past_key_values=out.past_key_values,
-            logits=out.logits[:, -1, :].float(),
-            hidden_states=out.hidden_states if want_hidden else None,
+            logits=out.logits[:, -1, :].detach().float(),
+            hidden_states=_detached(out.hidden_states) if want_hidden else None,
             active=active,
             jobs=jobs,
             process=process,
@@ -365,7 +365,7 @@ def _loop(
         input_ids = torch.cat([input_ids, tokens.unsqueeze(-1)], dim=-1)
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=-1)
         position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
-        with torch.no_grad():
+        with method.theta_forward(B):
             out = lm.model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=mask,
@@ -376,6 +376,10 @@ def _loop(
                 logits_to_keep=1,
             )
     return generated, finish
+
+
+def _detached(hidden: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(h.detach() for h in hidden)
 
 
 def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ per-job RNG; a method only turns θ's next-token logits into the log-probabiliti
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -74,6 +75,12 @@ class DecodingMethod:
 
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Called once per batch before the first step (e.g. to prefill a reference stream)."""
+
+    def theta_forward(self, batch: int) -> AbstractContextManager[Any]:
+        """The context of the shared loop's forwards of θ (the prefill and one per step) over
+        `batch` rows: no autograd. Bias-tuned methods run them through their zero offsets
+        instead, so that their probe reuses them (`BiasTuner.theta_forward`)."""
+        return torch.no_grad()
 
     def next_logprobs(self, ctx: StepContext) -> torch.Tensor:
         """(B, V) log-probabilities (normalisation optional) to apply top-p to and sample from."""

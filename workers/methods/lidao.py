@@ -10,6 +10,7 @@ both by `ctx.process`). The shared loop applies top-p and samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -116,7 +117,10 @@ class BiasTunedMethod(DecodingMethod):
 
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         self._reset(len(jobs))
-        self.tuner.begin()
+        self.tuner.begin(len(jobs))
+
+    def theta_forward(self, batch: int) -> AbstractContextManager[Any]:
+        return self.tuner.theta_forward(batch)
 
     # ---- one step ----------------------------------------------------------------------------
 

@@ -1,12 +1,16 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-What θ fixes is never recomputed. The blocks below the tuned ones give the same states under θ
-and θ + δ, so their output at every position comes from the shared loop's own forward (its
-hidden states): in `context` scope the tuner keeps, per batch, the states entering the first
-tuned block for every position (one more per token) and re-runs only the top k blocks over
-them; in `last` scope it runs the top k blocks on the last position only, over θ's cache. The
-probe's logits are θ's logits from the loop (their gradient is one product with the output
-matrix, no forward product); the tuned forward replays the lower blocks too.
+What θ fixes is never recomputed. In a float32 model the probe differentiates the shared
+loop's own forward of θ, run through zero offsets (`theta_forward`): it computes only the
+horizon position, and in `context` scope the backward goes through θ's graph of every position,
+kept for the batch. Otherwise (half precision, hand-built step contexts) the probe re-runs the
+tuned blocks: the blocks below them give the same states under θ and θ + δ, so their output at
+every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
+batch, the states entering the first tuned block for every position (one more per token) and
+re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
+position only, over θ's cache. The probe's logits are θ's logits from the loop (their gradient
+is one product with the output matrix, no forward product); the tuned forward replays the
+lower blocks too.
 
 Gradient scopes: `context` differentiates as if the tuned blocks of every position were
 recomputed with δ; `last` treats θ's cached states as constants (only the last position and
@@ -282,18 +286,77 @@ class BiasTuner:
         self.replay = True  # tuned forward: reuse the lower blocks' output instead of recomputing
         # fused passes over the vocabulary (`_ThetaVocab`): float32 model, E and W on one device
         self._fused = not half and self.embed.device == self.head_weight.device
+        # the probe reuses the shared loop's forward of θ (`theta_forward`): float32 models (a
+        # half-precision θ forward cannot stand for the float32 tuned path)
+        self.reuse_theta = not half
         self._tuple_blocks, self._hidden_is_norm = self._inspect()
         self.begin()
 
     # ---- per-batch state ---------------------------------------------------------------------
 
-    def begin(self) -> None:
+    def begin(self, batch: int | None = None) -> None:
         """Forget per-batch state (cached block inputs, running sum of context hidden states,
-        float32 K/V of the tuned blocks): call it before each batch."""
+        float32 K/V of the tuned blocks, what θ's forwards left): call it before each batch.
+        With `batch` (rows), θ's forwards inside `theta_forward` feed the probe."""
         self._states: torch.Tensor | None = None  # (B, T, D) inputs of the first tuned block
         self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
         self._ctx_len = -1  # T the sum is valid for
         self._kv32: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # half precision only
+        # θ's forwards through zero offsets (`theta_forward`): the offsets (leaves), the final
+        # hidden states of every position so far (with their graph in `context` scope), the
+        # last forward's last hidden state, the positions they cover and the loop's cache
+        self._zeros = self.zero_deltas(batch) if batch and self.reuse_theta else None
+        self._finals: list[torch.Tensor] = []
+        self._theta_hidden: torch.Tensor | None = None
+        self._theta_fired: set[str] = set()
+        self._positions = 0
+        self._cache: Any = None
+
+    @contextmanager
+    def theta_forward(self, batch: int) -> Iterator[None]:
+        """Around the shared loop's forward of θ: through zero offsets that require grad, so
+        the probe differentiates θ's own forward instead of recomputing it.
+
+        Adding 0.0 changes no value, so the loop's logits, cache and hidden states are θ's. In
+        `context` scope the graph of every position stays (the cache's K/V carry it): the probe's
+        backward reaches the tuned blocks of every position without re-running them. In `last`
+        scope the cache's tuned layers are detached before the next forward (constants of θ).
+        Without `begin(batch)` (or in half precision): a plain `no_grad` forward.
+        """
+        if self._zeros is None or self._zeros[0].shape[0] != batch:
+            self._zeros = None
+            with torch.no_grad():
+                yield
+            return
+        if self.scope == "last":
+            self._detach_theta()
+            if self._positions == 0:  # the prompt: its positions are constants of θ in `last`
+                with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
+                    yield  # (the first probe re-runs the last position: once per batch)
+                self._finals.append(state.final_hidden[-1])
+                self._positions += state.final_hidden[-1].shape[1]
+                self._theta_hidden = None
+                return
+        seen: list[Any] = []
+        # what the output layer reads (the last hidden state; OPT's head is fed by the decoder)
+        handle = self.head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+        try:
+            with torch.enable_grad(), bias_offsets(self.model, self.sites, self._zeros) as state:
+                yield
+        finally:
+            handle.remove()
+        final = state.final_hidden[-1]  # (B, T_new, D) final norm outputs
+        self._finals.append(final)
+        self._theta_hidden = seen[-1][:, -1]
+        self._theta_fired = state.fired
+        self._positions += final.shape[1]
+
+    def _detach_theta(self) -> None:
+        """`last` scope: θ's states from earlier forwards become constants (no graph kept)."""
+        self._finals = [f.detach() for f in self._finals]
+        if self._cache is not None:
+            for layer in self._cache.layers[self.first :]:
+                layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
 
     def _inspect(self) -> tuple[bool, bool]:
         """(blocks return tuples, θ's last hidden state is the final norm's output) of this LM."""
@@ -413,6 +476,13 @@ class BiasTuner:
         same pass over the vocabulary as the horizon's expected embedding.
         """
         B, T = ctx.input_ids.shape
+        if (
+            self._zeros is not None
+            and self._theta_hidden is not None
+            and self._positions == T
+            and self._zeros[0].shape[0] == B
+        ):
+            return self._probe_theta(ctx, demographic)
         states = self._block_inputs(ctx)
         deltas = self.zero_deltas(B)
         mask = ctx.attention_mask
@@ -446,6 +516,36 @@ class BiasTuner:
             self._horizon_forward(ctx, logits, cache, embeds)
             horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
         missing = [p.name for p in self.tuned_sites.points if p.name not in state.fired]
+        if missing:
+            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
+        count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
+        pooled = (context_sum.to(horizon.device) + horizon) / count
+        return Probe(deltas, logits, pooled, loss_a)
+
+    def _probe_theta(
+        self,
+        ctx: StepContext,
+        demographic: tuple[GenderGeometry, torch.Tensor | None] | None,
+    ) -> Probe:
+        """The probe from θ's own forward of this step (`theta_forward`): only the horizon
+        position is computed here."""
+        assert self._zeros is not None and self._theta_hidden is not None
+        B, T = ctx.input_ids.shape
+        deltas, hidden, mask = self._zeros, self._theta_hidden, ctx.attention_mask
+        self._cache = ctx.past_key_values
+        final = torch.cat(self._finals, dim=1) if len(self._finals) > 1 else self._finals[0]
+        weights = mask.to(final.device).unsqueeze(-1).float()  # (B, T, 1)
+        if self.scope == "context":
+            context_sum = (final.float() * weights).sum(1)
+        else:
+            before = (final[:, :-1].detach().float() * weights[:, :-1]).sum(1)
+            context_sum = before + final[:, -1].float() * weights[:, -1]
+        logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
+        with self._tuned(deltas) as state:
+            embeds, loss_a = self._expectations(ctx, hidden, logits, demographic)
+            self._horizon_forward(ctx, logits, cropped_cache(ctx.past_key_values, T), embeds)
+            horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
+        missing = [p.name for p in self.sites.points if p.name not in self._theta_fired]
         if missing:
             raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
         count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
@@ -566,7 +666,9 @@ class BiasTuner:
         Rows not `ok` (finished, failed, non-finite loss) get zero offsets.
         """
         total = torch.where(ok, losses, torch.zeros_like(losses)).sum()
-        grads = torch.autograd.grad(total, probe.deltas, allow_unused=True)
+        # θ's graph of the context serves every later step of the batch (`theta_forward`)
+        retain = self.scope == "context" and probe.deltas is self._zeros
+        grads = torch.autograd.grad(total, probe.deltas, allow_unused=True, retain_graph=retain)
         out = []
         for g, d in zip(grads, probe.deltas):
             g = torch.zeros_like(d) if g is None else g
