@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import Any
 
 import torch
 
@@ -51,22 +49,17 @@ def make_jobs(
 
 
 def step0_context(
-    lm: LoadedLM,
-    prompts: list[str],
-    jobs: Sequence[JobSpec],
-    hidden: bool = False,
-    forward: AbstractContextManager[Any] | None = None,
+    lm: LoadedLM, prompts: list[str], jobs: Sequence[JobSpec], hidden: bool = False
 ) -> StepContext:
     """The StepContext of the first step as the shared loop builds it (left padding, θ's cache,
     hidden states when `hidden`, log-softmax as `process`), to test a method's step alone.
-    `forward`: the context of θ's forward (the loop's `method.theta_forward`; `no_grad`).
 
     (transformers 5 captures hidden states with forward hooks: tests that count hooks use
     `hidden=False`.)"""
     enc = lm.tokenizer(prompts, return_tensors="pt", padding=True)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    with forward if forward is not None else torch.no_grad():
+    with torch.no_grad():
         out = lm.model(
             input_ids=ids,
             attention_mask=mask,
@@ -81,8 +74,8 @@ def step0_context(
         attention_mask=mask,
         position_ids=pos,
         past_key_values=out.past_key_values,
-        logits=out.logits[:, -1].detach().float(),
-        hidden_states=tuple(h.detach() for h in out.hidden_states) if hidden else None,
+        logits=out.logits[:, -1].float(),
+        hidden_states=out.hidden_states if hidden else None,
         active=torch.ones(len(prompts), dtype=torch.bool),
         jobs=jobs,
         process=lambda z: torch.log_softmax(z.float(), dim=-1),

@@ -216,8 +216,8 @@ def test_split_model_between_cuda_and_cpu() -> None:
 @pytest.mark.parametrize("scope", ["context", "last"])
 def test_tuned_blocks_see_the_new_position_the_horizon_and_the_tuned_pass(scope: str) -> None:
     """The first tuned block (2 of 4) runs, per step, the loop's new position, the horizon and
-    the tuned last position: the probe reuses θ's forward instead of running it again, and
-    `context` scope never re-runs the context (its backward goes through θ's graph)."""
+    the tuned last position; in `last` scope the probe reuses θ's forward of the new position
+    (after the prompt's step), in `context` scope it re-runs the context's T positions."""
     lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
     jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
     method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
@@ -236,10 +236,12 @@ def test_tuned_blocks_see_the_new_position_the_horizon_and_the_tuned_pass(scope:
     assert all(r["status"] == "ok" for r in rows)
     B, S = len(jobs), len(steps)
     per_step = [sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)])]
-    # `last` scope: the prompt's positions are constants, so the first probe re-runs the last
-    # one (once per batch)
-    first = 4 * B if scope == "last" else 3 * B
-    assert S == 6 and per_step == [first] + [3 * B] * (S - 2) + [2 * B]
+    width = max(len(lm.tokenizer(p)["input_ids"]) + 1 for p in PROMPTS)  # + BOS
+    if scope == "last":  # the prompt's positions are constants: its probe re-runs the last one
+        want = [4 * B] + [3 * B] * (S - 2) + [2 * B]
+    else:
+        want = [B * (width + s) + 3 * B for s in range(S - 1)] + [B * (width + S - 1) + 2 * B]
+    assert S == 6 and per_step == want
 
 
 def _teacher_forced_steps(
@@ -319,15 +321,12 @@ def _teacher_forced_steps(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("scope", ["context", "last"])
-def test_reusing_thetas_forward_gives_the_rerun_gradients_at_every_step(
-    family: str, scope: str
-) -> None:
-    """Four teacher-forced steps: the probe over θ's own forward (its graph kept across steps
-    in `context` scope, cut in `last` scope) and the probe that re-runs the tuned blocks give
-    the same gradients to float32 rounding (summation orders differ)."""
+def test_reusing_thetas_forward_gives_the_rerun_gradients_at_every_step(family: str) -> None:
+    """`last` scope, four teacher-forced steps: the probe over θ's own forward (its graph cut
+    before the next forward) and the probe that re-runs the tuned blocks on the last position
+    give the same gradients to float32 rounding (summation orders differ)."""
     lm = load_lm(ModelRef(f"tiny-random/{family}"), device="cpu")
-    for step, (got, want) in enumerate(_teacher_forced_steps(lm, scope, 4)):
+    for step, (got, want) in enumerate(_teacher_forced_steps(lm, "last", 4)):
         assert any(bool(w.abs().sum() > 0) for w in want)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=f"step {step}")

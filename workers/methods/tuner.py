@@ -1,10 +1,9 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-What θ fixes is never recomputed. In a float32 model the probe differentiates the shared
-loop's own forward of θ, run through zero offsets (`theta_forward`): it computes only the
-horizon position, and in `context` scope the backward goes through θ's graph of every position,
-kept for the batch. Otherwise (half precision, hand-built step contexts) the probe re-runs the
-tuned blocks: the blocks below them give the same states under θ and θ + δ, so their output at
+What θ fixes is never recomputed. In `last` scope of a float32 model the probe differentiates
+the shared loop's own forward of θ, run through zero offsets (`theta_forward`): it computes
+only the horizon position. Otherwise (`context` scope, half precision, hand-built step
+contexts) the probe re-runs the tuned blocks: the blocks below them give the same states under θ and θ + δ, so their output at
 every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
 batch, the states entering the first tuned block for every position (one more per token) and
 re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
@@ -286,9 +285,11 @@ class BiasTuner:
         self.replay = True  # tuned forward: reuse the lower blocks' output instead of recomputing
         # fused passes over the vocabulary (`_ThetaVocab`): float32 model, E and W on one device
         self._fused = not half and self.embed.device == self.head_weight.device
-        # the probe reuses the shared loop's forward of θ (`theta_forward`): float32 models (a
-        # half-precision θ forward cannot stand for the float32 tuned path)
-        self.reuse_theta = not half
+        # the probe reuses the shared loop's forward of θ (`theta_forward`): `last` scope of a
+        # float32 model (a half-precision θ forward cannot stand for the float32 tuned path;
+        # `context` scope re-runs the context batched, faster than θ's graph position by
+        # position: docs/design.md)
+        self.reuse_theta = not half and scope == "last"
         self._tuple_blocks, self._hidden_is_norm = self._inspect()
         self.begin()
 
@@ -302,11 +303,11 @@ class BiasTuner:
         self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
         self._ctx_len = -1  # T the sum is valid for
         self._kv32: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # half precision only
-        # θ's forwards through zero offsets (`theta_forward`): the offsets (leaves), the final
-        # hidden states of every position so far (with their graph in `context` scope), the
-        # last forward's last hidden state, the positions they cover and the loop's cache
+        # θ's forwards through zero offsets (`theta_forward`): the offsets (leaves), the last
+        # forward's final-norm output and last hidden state at the last position (with their
+        # graph), the positions the forwards covered and the loop's cache
         self._zeros = self.zero_deltas(batch) if batch and self.reuse_theta else None
-        self._finals: list[torch.Tensor] = []
+        self._theta_final: torch.Tensor | None = None
         self._theta_hidden: torch.Tensor | None = None
         self._theta_fired: set[str] = set()
         self._positions = 0
@@ -314,29 +315,29 @@ class BiasTuner:
 
     @contextmanager
     def theta_forward(self, batch: int) -> Iterator[None]:
-        """Around the shared loop's forward of θ: through zero offsets that require grad, so
-        the probe differentiates θ's own forward instead of recomputing it.
+        """Around the shared loop's forward of θ (`last` scope): through zero offsets that
+        require grad, so the probe differentiates θ's own forward of the new position instead
+        of running the tuned blocks on it again.
 
-        Adding 0.0 changes no value, so the loop's logits, cache and hidden states are θ's. In
-        `context` scope the graph of every position stays (the cache's K/V carry it): the probe's
-        backward reaches the tuned blocks of every position without re-running them. In `last`
-        scope the cache's tuned layers are detached before the next forward (constants of θ).
-        Without `begin(batch)` (or in half precision): a plain `no_grad` forward.
+        Adding 0.0 changes no value, so the loop's logits, cache and hidden states are θ's. The
+        graph of a forward serves its step only: the cache's tuned layers and the final hidden
+        states are detached before the next forward (earlier positions are constants of θ in
+        `last` scope). The prompt's forward runs without hooks (its positions before the last
+        are constants too), so the first probe of a batch re-runs the last position. Without
+        `begin(batch)`, in `context` scope or in half precision: a plain `no_grad` forward.
         """
         if self._zeros is None or self._zeros[0].shape[0] != batch:
             self._zeros = None
             with torch.no_grad():
                 yield
             return
-        if self.scope == "last":
-            self._detach_theta()
-            if self._positions == 0:  # the prompt: its positions are constants of θ in `last`
-                with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
-                    yield  # (the first probe re-runs the last position: once per batch)
-                self._finals.append(state.final_hidden[-1])
-                self._positions += state.final_hidden[-1].shape[1]
-                self._theta_hidden = None
-                return
+        self._detach_cache()
+        self._theta_final = self._theta_hidden = None
+        if self._positions == 0:
+            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
+                yield
+            self._positions += state.final_hidden[-1].shape[1]
+            return
         seen: list[Any] = []
         # what the output layer reads (the last hidden state; OPT's head is fed by the decoder)
         handle = self.head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
@@ -346,14 +347,12 @@ class BiasTuner:
         finally:
             handle.remove()
         final = state.final_hidden[-1]  # (B, T_new, D) final norm outputs
-        self._finals.append(final)
-        self._theta_hidden = seen[-1][:, -1]
+        self._theta_final, self._theta_hidden = final[:, -1], seen[-1][:, -1]
         self._theta_fired = state.fired
         self._positions += final.shape[1]
 
-    def _detach_theta(self) -> None:
-        """`last` scope: θ's states from earlier forwards become constants (no graph kept)."""
-        self._finals = [f.detach() for f in self._finals]
+    def _detach_cache(self) -> None:
+        """The K/V of earlier forwards become constants of θ (no graph kept)."""
         if self._cache is not None:
             for layer in self._cache.layers[self.first :]:
                 layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
@@ -527,19 +526,17 @@ class BiasTuner:
         ctx: StepContext,
         demographic: tuple[GenderGeometry, torch.Tensor | None] | None,
     ) -> Probe:
-        """The probe from θ's own forward of this step (`theta_forward`): only the horizon
-        position is computed here."""
+        """The `last`-scope probe from θ's own forward of this step (`theta_forward`): only the
+        horizon position is computed here."""
         assert self._zeros is not None and self._theta_hidden is not None
+        assert self._theta_final is not None
         B, T = ctx.input_ids.shape
         deltas, hidden, mask = self._zeros, self._theta_hidden, ctx.attention_mask
         self._cache = ctx.past_key_values
-        final = torch.cat(self._finals, dim=1) if len(self._finals) > 1 else self._finals[0]
-        weights = mask.to(final.device).unsqueeze(-1).float()  # (B, T, 1)
-        if self.scope == "context":
-            context_sum = (final.float() * weights).sum(1)
-        else:
-            before = (final[:, :-1].detach().float() * weights[:, :-1]).sum(1)
-            context_sum = before + final[:, -1].float() * weights[:, -1]
+        before = self._context_sum(ctx)  # θ's, positions < T - 1 (kept from the last probe)
+        last = self._theta_final.float() * mask[:, -1:].to(self._theta_final.device).float()
+        self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
+        context_sum = before.to(last.device) + last
         logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
         with self._tuned(deltas) as state:
             embeds, loss_a = self._expectations(ctx, hidden, logits, demographic)
@@ -666,9 +663,7 @@ class BiasTuner:
         Rows not `ok` (finished, failed, non-finite loss) get zero offsets.
         """
         total = torch.where(ok, losses, torch.zeros_like(losses)).sum()
-        # θ's graph of the context serves every later step of the batch (`theta_forward`)
-        retain = self.scope == "context" and probe.deltas is self._zeros
-        grads = torch.autograd.grad(total, probe.deltas, allow_unused=True, retain_graph=retain)
+        grads = torch.autograd.grad(total, probe.deltas, allow_unused=True)
         out = []
         for g, d in zip(grads, probe.deltas):
             g = torch.zeros_like(d) if g is None else g
