@@ -41,18 +41,16 @@ def generate(
 # ---- what θ fixes is computed once -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("scope", ["context", "last"])
-def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> None:
-    """Block 0 (below the 2 tuned blocks of 4) runs the prompt once, then per step only the
-    loop's new position and the horizon position: never the context again."""
+def positions_per_step(scope: str, module: Callable[[LoadedLM], nn.Module]) -> list[int]:
+    """lidao-min with 2 of the 4 blocks of tiny GPT-2 tuned, 6 tokens: the positions (summed
+    over rows) that `module(lm)` computes between the start of one step and the next, counted
+    inside a block (a replayed block is called but computes nothing)."""
     lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
     jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
     method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
-    calls: list[int] = []  # positions per forward of block 0, summed over rows
-    steps: list[int] = []  # calls to block 0 so far, at the start of each step
-    # counted inside the block: a replayed block is called but computes nothing
-    inner = lm.model.transformer.h[0].ln_1
-    handle = inner.register_forward_pre_hook(
+    calls: list[int] = []  # positions per forward, summed over rows
+    steps: list[int] = []  # forwards so far, at the start of each step
+    handle = module(lm).register_forward_pre_hook(
         lambda m, args: calls.append(args[0].shape[:2].numel())
     )
     original = method.next_logprobs
@@ -61,13 +59,25 @@ def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> Non
         rows = decode_batch(lm, method, jobs)
     finally:
         handle.remove()
-    assert all(r["status"] == "ok" for r in rows)
-    B, S = len(jobs), len(steps)
-    prefill = calls[0]
-    assert prefill == B * max(len(lm.tokenizer(p)["input_ids"]) + 1 for p in PROMPTS)  # + BOS
+    assert all(r["status"] == "ok" for r in rows) and len(steps) == 6
+    return [calls[0], *(sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)]))]
+
+
+def prompt_width() -> int:
+    """The padded prompt width of PROMPTS under tiny GPT-2: the longest prompt + BOS."""
+    tok = load_lm(ModelRef("tiny-random/gpt2"), device="cpu").tokenizer
+    return max(len(tok(p)["input_ids"]) + 1 for p in PROMPTS)
+
+
+@pytest.mark.parametrize("scope", ["context", "last"])
+def test_lower_blocks_see_each_position_once_plus_the_horizon(scope: str) -> None:
+    """Block 0 (below the 2 tuned blocks of 4) runs the prompt once, then per step only the
+    loop's new position and the horizon position: never the context again."""
+    prefill, *per_step = positions_per_step(scope, lambda lm: lm.model.transformer.h[0].ln_1)
+    B, S = len(PROMPTS), len(per_step)
+    assert prefill == B * prompt_width()
     # between two steps: the horizon of the step (B) and the loop's next token (B)
-    per_step = [sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)])]
-    assert S == 6 and per_step == [2 * B] * (S - 1) + [B]
+    assert per_step == [2 * B] * (S - 1) + [B]
 
 
 # ---- half precision ---------------------------------------------------------------------------
@@ -218,30 +228,13 @@ def test_tuned_blocks_see_the_new_position_the_horizon_and_the_tuned_pass(scope:
     """The first tuned block (2 of 4) runs, per step, the loop's new position, the horizon and
     the tuned last position; in `last` scope the probe reuses θ's forward of the new position
     (after the prompt's step), in `context` scope it re-runs the context's T positions."""
-    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
-    jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
-    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
-    calls: list[int] = []
-    inner = lm.model.transformer.h[2].ln_1
-    handle = inner.register_forward_pre_hook(
-        lambda m, args: calls.append(args[0].shape[:2].numel())
-    )
-    steps: list[int] = []
-    original = method.next_logprobs
-    method.next_logprobs = lambda ctx: (steps.append(len(calls)), original(ctx))[1]  # type: ignore[method-assign]
-    try:
-        rows = decode_batch(lm, method, jobs)
-    finally:
-        handle.remove()
-    assert all(r["status"] == "ok" for r in rows)
-    B, S = len(jobs), len(steps)
-    per_step = [sum(calls[a:b]) for a, b in zip(steps, [*steps[1:], len(calls)])]
-    width = max(len(lm.tokenizer(p)["input_ids"]) + 1 for p in PROMPTS)  # + BOS
+    _, *per_step = positions_per_step(scope, lambda lm: lm.model.transformer.h[2].ln_1)
+    B, S, width = len(PROMPTS), len(per_step), prompt_width()
     if scope == "last":  # the prompt's positions are constants: its probe re-runs the last one
         want = [4 * B] + [3 * B] * (S - 2) + [2 * B]
     else:
         want = [B * (width + s) + 3 * B for s in range(S - 1)] + [B * (width + S - 1) + 2 * B]
-    assert S == 6 and per_step == want
+    assert per_step == want
 
 
 def _teacher_forced_steps(

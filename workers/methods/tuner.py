@@ -514,12 +514,19 @@ class BiasTuner:
             embeds, loss_a = self._expectations(ctx, hidden, logits, demographic)
             self._horizon_forward(ctx, logits, cache, embeds)
             horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        missing = [p.name for p in self.tuned_sites.points if p.name not in state.fired]
+        return self._pooled(state.fired, Probe(deltas, logits, horizon, loss_a), context_sum, mask)
+
+    def _pooled(
+        self, fired: set[str], probe: Probe, context_sum: torch.Tensor, mask: torch.Tensor
+    ) -> Probe:
+        """`probe` (its `pooled` holding the horizon's final hidden state) with the mean over
+        the real positions and the horizon; every hook point must have run (`fired`)."""
+        missing = [p.name for p in self.tuned_sites.points if p.name not in fired]
         if missing:
             raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
+        horizon = probe.pooled
         count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
-        pooled = (context_sum.to(horizon.device) + horizon) / count
-        return Probe(deltas, logits, pooled, loss_a)
+        return replace(probe, pooled=(context_sum.to(horizon.device) + horizon) / count)
 
     def _probe_theta(
         self,
@@ -542,12 +549,8 @@ class BiasTuner:
             embeds, loss_a = self._expectations(ctx, hidden, logits, demographic)
             self._horizon_forward(ctx, logits, cropped_cache(ctx.past_key_values, T), embeds)
             horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        missing = [p.name for p in self.sites.points if p.name not in self._theta_fired]
-        if missing:
-            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
-        count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
-        pooled = (context_sum.to(horizon.device) + horizon) / count
-        return Probe(deltas, logits, pooled, loss_a)
+        probe = Probe(deltas, logits, horizon, loss_a)
+        return self._pooled(self._theta_fired, probe, context_sum, mask)
 
     def _expectations(
         self,
