@@ -493,13 +493,8 @@ class BiasTuner:
                 final = state.final_hidden[-1].float()  # (B, T, D)
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
             else:
-                before = self._context_sum(ctx)
                 out = self._top(ctx, slice(T - 1, T), states[:, -1:], self._theta_cache(ctx, T - 1))
-                final = state.final_hidden[-1].float()
-                last = final[:, -1] * mask[:, -1:].to(final.device).float()
-                # Next step's context = this step's + this last position (θ: δ is zero here).
-                self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
-                context_sum = before.to(last.device) + last
+                context_sum = self._sum_through_last(ctx, state.final_hidden[-1][:, -1])
             hidden = out.last_hidden_state[:, -1]  # (B, D)
             if self.f32 is not None:  # θ's float32 K/V of the tuned blocks, before the horizon's
                 self._kv32 = [
@@ -537,13 +532,10 @@ class BiasTuner:
         horizon position is computed here."""
         assert self._zeros is not None and self._theta_hidden is not None
         assert self._theta_final is not None
-        B, T = ctx.input_ids.shape
+        T = ctx.input_ids.shape[1]
         deltas, hidden, mask = self._zeros, self._theta_hidden, ctx.attention_mask
         self._cache = ctx.past_key_values
-        before = self._context_sum(ctx)  # θ's, positions < T - 1 (kept from the last probe)
-        last = self._theta_final.float() * mask[:, -1:].to(self._theta_final.device).float()
-        self._ctx_sum, self._ctx_len = before + last.detach(), T + 1
-        context_sum = before.to(last.device) + last
+        context_sum = self._sum_through_last(ctx, self._theta_final)
         logits = _ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
         with self._tuned(deltas) as state:
             embeds, loss_a = self._expectations(ctx, hidden, logits, demographic)
@@ -618,6 +610,16 @@ class BiasTuner:
         merged = cropped_cache(ctx.past_key_values, ctx.input_ids.shape[1])
         merged.layers[self.first :] = top.layers[self.first :]
         return merged
+
+    def _sum_through_last(self, ctx: StepContext, final_last: torch.Tensor) -> torch.Tensor:
+        """`last` scope: (B, D) Σ of θ's final hidden states over the real positions, the last
+        one being `final_last` (differentiable); the running sum keeps it for the next step
+        (θ: δ is zero in the probe)."""
+        before = self._context_sum(ctx)  # positions < T - 1, kept from the last probe
+        mask = ctx.attention_mask[:, -1:].to(final_last.device).float()
+        last = final_last.float() * mask
+        self._ctx_sum, self._ctx_len = before + last.detach(), ctx.input_ids.shape[1] + 1
+        return before.to(last.device) + last
 
     def _context_sum(self, ctx: StepContext) -> torch.Tensor:
         """Σ of θ's final hidden states over the real positions before the last one."""
