@@ -237,6 +237,60 @@ def test_tuned_blocks_see_the_new_position_the_horizon_and_the_tuned_pass(scope:
     assert per_step == want
 
 
+def products_per_step(scope: str) -> tuple[list[int], list[int]]:
+    """lidao-min as in `positions_per_step`: the rows multiplied by the weight of block 2's
+    `attn.c_attn` (the first tuned block), per step, in forward products (the weight as
+    stored: GPT-2's Conv1D computes x W) and in backward products (Wᵀ)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    weight = lm.model.transformer.h[2].attn.c_attn.weight
+    jobs = jobs_for(lm, "lidao-min", {"scope": scope, "blocks": 2}, 6)
+    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
+    forward: list[int] = []
+    backward: list[int] = []
+    steps: list[tuple[int, int]] = []
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default):
+                mats = [a for a in args if isinstance(a, torch.Tensor) and a.ndim == 2][-2:]
+                for i, mat in enumerate(mats):
+                    if (
+                        mat.data_ptr() == weight.data_ptr()
+                        and mat.shape[0] * mat.shape[1] == weight.numel()
+                    ):
+                        rows = mats[1 - i].shape[0]
+                        (forward if mat.stride() == weight.stride() else backward).append(rows)
+            return func(*args, **(kwargs or {}))
+
+    original = method.next_logprobs
+
+    def marked(ctx: Any) -> torch.Tensor:
+        steps.append((len(forward), len(backward)))
+        return original(ctx)
+
+    method.next_logprobs = marked  # type: ignore[method-assign]
+    with Products():
+        rows = decode_batch(lm, method, jobs)
+    assert all(r["status"] == "ok" for r in rows) and len(steps) == 6
+    ends = [*steps[1:], (len(forward), len(backward))]
+    fwd = [sum(forward[a[0] : b[0]]) for a, b in zip(steps, ends)]
+    bwd = [sum(backward[a[1] : b[1]]) for a, b in zip(steps, ends)]
+    return fwd, bwd
+
+
+def test_context_scope_replays_thetas_linear_outputs_over_the_context() -> None:
+    """`context` scope, float32: the probe re-runs the tuned blocks over the context, but their
+    linear layers return θ's recorded outputs (`_Replay`), so a tuned weight multiplies, per
+    step, only the loop's new position, the horizon and the tuned last position (B rows
+    each), while the backward still covers every position of the context and the horizon."""
+    fwd, bwd = products_per_step("context")
+    B, S, width = len(PROMPTS), 6, prompt_width()
+    assert fwd == [3 * B] * (S - 1) + [2 * B]
+    assert bwd == [B * (width + s) + B for s in range(S)]
+
+
 def _teacher_forced_steps(
     lm: LoadedLM, scope: str, steps: int
 ) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
@@ -283,8 +337,11 @@ def _teacher_forced_steps(
         grads = []
         for tuner in (reuse, rerun):
             probe = tuner.probe(ctx, (geo, gen_sum))
-            reused = tuner is reuse and not (scope == "last" and step == 0)
-            assert (probe.deltas is reuse._zeros) == reused
+            if scope == "last":
+                reused = tuner is reuse and step > 0
+                assert (probe.deltas is reuse._zeros) == reused
+            else:
+                assert tuner.replayed == (tuner is reuse)
             assert probe.loss_a is not None
             labels = torch.zeros(B, dtype=torch.long)
             loss = (
@@ -313,13 +370,18 @@ def _teacher_forced_steps(
     return found
 
 
+@pytest.mark.parametrize("scope", ["last", "context"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_reusing_thetas_forward_gives_the_rerun_gradients_at_every_step(family: str) -> None:
-    """`last` scope, four teacher-forced steps: the probe over θ's own forward (its graph cut
-    before the next forward) and the probe that re-runs the tuned blocks on the last position
-    give the same gradients to float32 rounding (summation orders differ)."""
+def test_reusing_thetas_forward_gives_the_rerun_gradients_at_every_step(
+    family: str, scope: str
+) -> None:
+    """Four teacher-forced steps. `last` scope: the probe over θ's own forward (its graph cut
+    before the next forward) against the probe that re-runs the tuned blocks on the last
+    position. `context` scope: the re-run of the context whose linear layers replay θ's
+    recorded outputs against the plain re-run. Same gradients to float32 rounding (summation
+    orders differ)."""
     lm = load_lm(ModelRef(f"tiny-random/{family}"), device="cpu")
-    for step, (got, want) in enumerate(_teacher_forced_steps(lm, "last", 4)):
+    for step, (got, want) in enumerate(_teacher_forced_steps(lm, scope, 4)):
         assert any(bool(w.abs().sum() > 0) for w in want)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=f"step {step}")

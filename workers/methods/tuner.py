@@ -7,9 +7,11 @@ contexts) the probe re-runs the tuned blocks: the blocks below them give the sam
 every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
 batch, the states entering the first tuned block for every position (one more per token) and
 re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
-position only, over θ's cache. The probe's logits are θ's logits from the loop (their gradient
-is one product with the output matrix, no forward product); the tuned forward replays the
-lower blocks too.
+position only, over θ's cache. In `context` scope of a float32 model the re-run's linear
+layers compute nothing either: they return the outputs θ's forwards recorded for those
+positions (`_Replay`), so only norms, activations and attention are recomputed for the graph.
+The probe's logits are θ's logits from the loop (their gradient is one product with the output
+matrix, no forward product); the tuned forward replays the lower blocks too.
 
 Gradient scopes: `context` differentiates as if the tuned blocks of every position were
 recomputed with δ; `last` treats θ's cached states as constants (only the last position and
@@ -83,6 +85,45 @@ class _ThetaLogits(torch.autograd.Function):
         dtype, device = ctx.hidden_meta
         g = grad.to(device=weight.device, dtype=weight.dtype) @ weight  # (B, D)
         return g.to(device=device, dtype=dtype), None, None
+
+
+class _Replay(torch.autograd.Function):
+    """A linear layer's output over the context from θ's forwards (`out`), with the derivative
+    of `x Wᵀ + b` (GPT-2's Conv1D: `x W + b`) w.r.t. its input: no forward product.
+
+    Valid at δ = 0, where every input of a tuned linear layer is θ's: the value is the one θ's
+    own forward computed for those positions.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, transposed: bool
+    ) -> Any:
+        ctx.save_for_backward(weight)
+        ctx.transposed = transposed
+        return out.clone()  # the model may modify it in place (Falcon adds to its MLP output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (weight,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        return (grad @ weight.T if ctx.transposed else grad @ weight), None, None, None
+
+
+def replayable(module: nn.Module) -> bool:
+    """A tuned site whose output `_Replay` can stand for: a float32 nn.Linear or GPT-2 Conv1D
+    with a plain weight, and no instance `forward` (accelerate's device wrappers)."""
+    linear = isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    weight = getattr(module, "weight", None)
+    return (
+        linear
+        and type(weight) in (nn.Parameter, torch.Tensor)
+        and weight is not None
+        and weight.dtype == torch.float32
+        and weight.ndim == 2
+        and "forward" not in vars(module)
+    )
 
 
 CPU_VOCAB_CHUNK = 1024  # rows of the output matrix per product on a CPU (see _vocab_chunk)
@@ -290,6 +331,13 @@ class BiasTuner:
         # `context` scope re-runs the context batched, faster than θ's graph position by
         # position: docs/design.md)
         self.reuse_theta = not half and scope == "last"
+        # `context` scope of a float32 model: the probe's re-run of the context takes the tuned
+        # linear layers' outputs from θ's forwards (`_Replay`, recorded in `theta_forward`)
+        self.replay_points: list[Any] = (
+            [p for p in self.sites.points[:-1] if replayable(p.module)]
+            if not half and scope == "context"
+            else []
+        )
         self._tuple_blocks, self._hidden_is_norm = self._inspect()
         self.begin()
 
@@ -312,6 +360,11 @@ class BiasTuner:
         self._theta_fired: set[str] = set()
         self._positions = 0
         self._cache: Any = None
+        # `context` scope: (B, T, width) outputs of the `replay_points` from θ's forwards of
+        # every position so far, or None (not recorded for this batch)
+        self._replay_out: list[torch.Tensor] | None = [] if batch and self.replay_points else None
+        self._replay_rows = batch or 0
+        self.replayed = False  # whether the last `context` probe replayed θ's linear outputs
 
     @contextmanager
     def theta_forward(self, batch: int) -> Iterator[None]:
@@ -326,8 +379,14 @@ class BiasTuner:
         are constants too), so the first probe of a batch re-runs the last position. Without
         `begin(batch)`, in `context` scope or in half precision: a plain `no_grad` forward.
         """
+        if self._replay_out is not None and self._replay_rows == batch:
+            with torch.no_grad():
+                with self._recording(batch):
+                    yield
+            return
         if self._zeros is None or self._zeros[0].shape[0] != batch:
             self._zeros = None
+            self._replay_out = None
             with torch.no_grad():
                 yield
             return
@@ -350,6 +409,74 @@ class BiasTuner:
         self._theta_final, self._theta_hidden = final[:, -1], seen[-1][:, -1]
         self._theta_fired = state.fired
         self._positions += final.shape[1]
+
+    @contextmanager
+    def _recording(self, batch: int) -> Iterator[None]:
+        """`context` scope: keep the outputs of the tuned linear layers of θ's forward, grown by
+        its positions (`_replay_out`). Anything unexpected (a layer that did not run once, a
+        shape that is not batch-major) turns the replay off for the batch."""
+        seen: list[list[torch.Tensor]] = [[] for _ in self.replay_points]
+
+        def keeper(store: list[torch.Tensor]) -> Any:
+            # a copy, taken now: the model may add to a layer's output in place (Falcon's MLP)
+            return lambda module, args, output: store.append(output.detach().clone())
+
+        handles = [
+            p.module.register_forward_hook(keeper(store))
+            for p, store in zip(self.replay_points, seen)
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+        new = []
+        for p, store in zip(self.replay_points, seen):
+            out = store[0] if len(store) == 1 else None
+            if out is None or out.shape[-1] != p.width or out.shape[0] % batch:
+                self._replay_out = None
+                return
+            new.append(out.reshape(batch, -1, p.width))
+        before = self._replay_out or []
+        if len({x.shape[1] for x in new}) != 1:
+            self._replay_out = None
+            return
+        self._replay_out = [torch.cat(x, dim=1) for x in zip(before, new)] if before else new
+
+    @contextmanager
+    def _replaying(self, positions: int) -> Iterator[bool]:
+        """Inside: the tuned linear layers return θ's recorded outputs over `positions` through
+        `_Replay` instead of computing them (yields False, changing nothing, when the record
+        does not cover exactly those positions)."""
+        outs = self._replay_out
+        if not outs or outs[0].shape[1] != positions:
+            yield False
+            return
+        patched = []
+        try:
+            for point, out in zip(self.replay_points, outs):
+                vars(point.module)["forward"] = self._replay_forward(point, out)
+                patched.append(point.module)
+            yield True
+        finally:
+            for module in patched:
+                vars(module).pop("forward", None)
+
+    @staticmethod
+    def _replay_forward(point: Any, out: torch.Tensor) -> Any:
+        weight = point.module.weight
+        transposed = not isinstance(point.module, nn.Linear)  # Conv1D stores (in, out)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            x = args[0] if args else next(iter(kwargs.values()))
+            if x.shape[:-1].numel() != out.shape[:-1].numel():
+                raise MethodError(
+                    f"bias tuning: {point.name} got {tuple(x.shape)} in the context re-run, "
+                    f"θ's recorded output is {tuple(out.shape)}"
+                )
+            return _Replay.apply(x, out.reshape(*x.shape[:-1], out.shape[-1]), weight, transposed)
+
+        return forward
 
     def _detach_cache(self) -> None:
         """The K/V of earlier forwards become constants of θ (no graph kept)."""
@@ -489,7 +616,8 @@ class BiasTuner:
             if self.scope == "context":
                 from transformers.cache_utils import DynamicCache
 
-                out = self._top(ctx, slice(0, T), states, DynamicCache())
+                with self._replaying(T) as self.replayed:
+                    out = self._top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
             else:
