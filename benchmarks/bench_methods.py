@@ -187,6 +187,63 @@ class Timed:
         return self.made / self.best, self.best / steps * 1000, self.peak, self.cpu
 
 
+# (owner, attribute, label): the calls `--phases` times; nested ones are indented
+PHASES = (
+    ("model", "forward", "loop: θ's forward"),
+    ("decoding", "nucleus_topk", "loop: sampling (top-k)"),
+    ("decoding", "nucleus_full", "loop: sampling (full sort)"),
+    ("BiasTuner", "probe", "tuner: probe"),
+    ("BiasTuner", "_horizon_forward", "  of which the horizon's forward"),
+    ("tuner", "vocab_forward", "  of which the vocabulary pass"),
+    ("BiasTuner", "step", "tuner: backward and Adam step"),
+    ("BiasTuner", "tuned_logits", "tuner: tuned forward"),
+)
+
+
+def phase_times(timed: Timed) -> dict[str, float]:
+    """CPU ms per decoding step in each of `PHASES`, from one more run of `timed` with those
+    calls wrapped (process time, so the wrappers' own cost is included in each)."""
+    import workers.decoding as decoding
+    from workers.methods import tuner
+
+    owners = {
+        "model": timed.lm.model,
+        "decoding": decoding,
+        "BiasTuner": tuner.BiasTuner,
+        "tuner": tuner,
+    }
+    spent = dict.fromkeys([label for _, _, label in PHASES], 0.0)
+    saved = []
+
+    def wrapped(original: object, label: str) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            start = time.process_time()
+            try:
+                return original(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                spent[label] += time.process_time() - start
+
+        return call
+
+    for owner, name, label in PHASES:
+        target = owners[owner]
+        original = vars(target).get(name) if isinstance(target, type) else getattr(target, name)
+        saved.append((target, name, original, name in vars(target)))
+        setattr(target, name, wrapped(getattr(target, name), label))
+    try:
+        start = time.process_time()
+        rows = decode_batch(timed.lm, timed.built, timed.jobs)
+        total = time.process_time() - start
+    finally:
+        for target, name, original, own in reversed(saved):
+            if own:
+                setattr(target, name, original)
+            else:
+                delattr(target, name)
+    steps = max(1, max(r["num_tokens"] for r in rows))
+    return {"step (all)": total / steps * 1e3, **{k: v / steps * 1e3 for k, v in spent.items()}}
+
+
 def time_method(
     lm: LoadedLM, method: str, params: dict[str, object], batch: int, tokens: int, repeats: int
 ) -> tuple[float, float, int, float]:
@@ -447,6 +504,11 @@ def main() -> int:
     ap.add_argument(
         "--flops", action="store_true", help="also count FLOPs per token (one extra run each)"
     )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also print CPU ms per step in the loop's and the tuner's calls (one extra run each)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -509,6 +571,11 @@ def main() -> int:
                 f"{res.cpu_ratio:>9.2f} {speed} {peak / 2**20:>9.0f}{flops}",
                 flush=True,
             )
+        if args.phases:
+            for t in timed:
+                spent = phase_times(t)
+                parts = ", ".join(f"{k} {v:.0f}" for k, v in spent.items() if v > 0)
+                print(f"# {t.name} batch {batch}, CPU ms per step: {parts}", flush=True)
         if reference and batch == args.batch_sizes[0]:
             base_ref = (base.tps if base else reference) / reference
             print(

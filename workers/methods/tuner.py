@@ -376,8 +376,10 @@ class BiasTuner:
         graph of a forward serves its step only: the cache's tuned layers and the final hidden
         states are detached before the next forward (earlier positions are constants of θ in
         `last` scope). The prompt's forward runs without hooks (its positions before the last
-        are constants too), so the first probe of a batch re-runs the last position. Without
-        `begin(batch)`, in `context` scope or in half precision: a plain `no_grad` forward.
+        are constants too), so the first probe of a batch re-runs the last position. In
+        `context` scope of a float32 model: a `no_grad` forward that records the outputs of the
+        tuned linear layers for the probe's re-run (`_recording`). Without `begin(batch)` or in
+        half precision: a plain `no_grad` forward.
         """
         if self._replay_out is not None and self._replay_rows == batch:
             with torch.no_grad():
@@ -444,12 +446,12 @@ class BiasTuner:
         self._replay_out = [torch.cat(x, dim=1) for x in zip(before, new)] if before else new
 
     @contextmanager
-    def _replaying(self, positions: int) -> Iterator[bool]:
+    def _replaying(self, batch: int, positions: int) -> Iterator[bool]:
         """Inside: the tuned linear layers return θ's recorded outputs over `positions` through
         `_Replay` instead of computing them (yields False, changing nothing, when the record
-        does not cover exactly those positions)."""
+        does not cover exactly those rows and positions)."""
         outs = self._replay_out
-        if not outs or outs[0].shape[1] != positions:
+        if not outs or outs[0].shape[:2] != (batch, positions):
             yield False
             return
         patched = []
@@ -616,7 +618,7 @@ class BiasTuner:
             if self.scope == "context":
                 from transformers.cache_utils import DynamicCache
 
-                with self._replaying(T) as self.replayed:
+                with self._replaying(B, T) as self.replayed:
                     out = self._top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
