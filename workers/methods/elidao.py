@@ -59,7 +59,14 @@ def seed_token_ids(tokenizer: Any, words: GroupWords) -> list[int]:
 
 
 class ReferenceStream:
-    """θ fed the instruction + prompt + generated tokens: one no-grad forward per token."""
+    """θ fed the instruction + prompt + generated tokens: one no-grad forward per token.
+
+    The instruction (with the tokenizer's BOS in front, where it adds one) is the same for every
+    row of a gender, so its K/V are computed once per gender, on one unpadded row, and kept for
+    the method's lifetime (`_prefix_kv`). A batch's rows are laid out as [instruction | padding |
+    prompt]: the cached K/V fill the first columns, the padding is masked and the positions count
+    real tokens only, so each prompt token sees what it sees after a full prefill.
+    """
 
     def __init__(self, lm: LoadedLM, template: str) -> None:
         self.lm = lm
@@ -67,6 +74,8 @@ class ReferenceStream:
         self.genders: list[str | None] = []
         self.too_long: dict[int, str] = {}
         self.logits: torch.Tensor | None = None  # (B, V) float32 next-token logits
+        self._prefix_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.prefill_positions = 0  # positions the last `start` pushed through the model
 
     def start(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Choose #GENDER# per row and prefill the instruction-prefixed prompts."""
@@ -77,39 +86,103 @@ class ReferenceStream:
         ]
         self.use = torch.tensor([g is not None for g in self.genders], device=self.lm.device)
         self.logits = self._cache = None
+        self.prefill_positions = 0
         if not any(self.genders):
             return  # every row falls back: no reference forwards at all
         from workers.decoding import max_context
 
         limit, steps = max_context(self.lm), max(j.generation.max_new_tokens for j in jobs)
-        rows = []
+        heads: list[list[int]] = []  # BOS + instruction (empty for rows that fall back)
+        bodies: list[list[int]] = []  # the prompt without its BOS
         for i, (gender, ids) in enumerate(zip(self.genders, prompt_ids)):
             head: list[int] = []
             if ids and tok.bos_token_id is not None and ids[0] == tok.bos_token_id:
                 head, ids = [ids[0]], ids[1:]  # keep a BOS the tokenizer adds in front
             text = self.template.replace("#GENDER#", gender) if gender else ""
             prefix = list(tok(text, add_special_tokens=False)["input_ids"])
-            row = head + prefix + list(ids)
-            if gender is not None and limit is not None and len(row) + steps > limit:
+            if (
+                gender is not None
+                and limit is not None
+                and len(head + prefix + ids) + steps > limit
+            ):
                 self.too_long[i] = (
                     f"eLIDAO: instruction ({len(prefix)} tokens) + prompt ({len(head) + len(ids)} "
                     f"tokens) + max_new_tokens {steps} exceed the model's context of {limit}"
                 )
-                row = (head + list(ids))[: max(1, limit - steps)]  # a stand-in; the row fails
                 self.genders[i] = None
-            rows.append(row)
+                heads.append([])
+                bodies.append((head + list(ids))[: max(1, limit - steps)])  # a stand-in; it fails
+                continue
+            heads.append(head + prefix if gender is not None else [])
+            bodies.append(list(ids) if gender is not None else head + list(ids))
         self.use = torch.tensor([g is not None for g in self.genders], device=self.lm.device)
+        if any(heads) and any(bodies):
+            self._prefill_after_instructions(heads, bodies)
+        else:  # no instruction left (every row too long), or nothing after them: one prefill
+            self._prefill([h + b for h, b in zip(heads, bodies)])
+
+    def _layout(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, W) left-padded ids and their mask."""
+        tok = self.lm.tokenizer
         width = max(len(r) for r in rows)
         pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
-        ids_t = torch.full((len(rows), width), pad, dtype=torch.long)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             if r:
-                ids_t[i, width - len(r) :] = torch.tensor(r)
+                ids[i, width - len(r) :] = torch.tensor(r)
                 mask[i, width - len(r) :] = 1
-        self._mask = mask.to(self.lm.device)
+        return ids.to(self.lm.device), mask.to(self.lm.device)
+
+    def _prefill(self, rows: list[list[int]]) -> None:
+        ids, self._mask = self._layout(rows)
         self._pos = (self._mask.cumsum(-1) - 1).clamp_min(0)
-        self._forward(ids_t.to(self.lm.device), self._pos)
+        self.prefill_positions += ids.numel()
+        self._forward(ids, self._pos)
+
+    def _prefill_after_instructions(self, heads: list[list[int]], bodies: list[list[int]]) -> None:
+        """[instruction | padding | prompt] rows: the instructions' K/V from `_instruction_kv`,
+        then one forward of the left-padded prompts over them."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        width = max(len(h) for h in heads)
+        head_mask = torch.zeros((len(heads), width), dtype=torch.long, device=self.lm.device)
+        cached = [self._instruction_kv(h) if h else None for h in heads]
+        template = next(c for c in cached if c is not None)
+        layers = []
+        for index, (keys, values) in enumerate(template):
+            shape = (len(heads), keys.shape[1], width, keys.shape[3])
+            k = keys.new_zeros(shape)
+            v = values.new_zeros((len(heads), values.shape[1], width, values.shape[3]))
+            for row, kv in enumerate(cached):
+                if kv is not None:
+                    n = kv[index][0].shape[2]
+                    k[row, :, :n], v[row, :, :n] = kv[index][0][0], kv[index][1][0]
+            layer = DynamicLayer()
+            layer.dtype, layer.device = k.dtype, k.device
+            layer.keys, layer.values, layer.is_initialized = k, v, True
+            layers.append(layer)
+        for row, head in enumerate(heads):
+            head_mask[row, : len(head)] = 1
+        ids, body_mask = self._layout(bodies)
+        self._mask = torch.cat([head_mask, body_mask], dim=-1)
+        positions = (self._mask.cumsum(-1) - 1).clamp_min(0)
+        self._cache = DynamicCache()
+        self._cache.layers = layers
+        self.prefill_positions += ids.numel()
+        self._forward(ids, positions[:, width:])
+        self._pos = positions[:, -1:]
+
+    def _instruction_kv(self, head: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(1, H, n, d) keys and values per layer of θ over `head` alone (kept per head)."""
+        key = tuple(head)
+        if key not in self._prefix_kv:
+            ids = torch.tensor([head], device=self.lm.device)
+            with torch.no_grad():
+                out = self.lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            self._prefix_kv[key] = [(x.keys, x.values) for x in out.past_key_values.layers]
+            self.prefill_positions += len(head)
+        return self._prefix_kv[key]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
         with torch.no_grad():
