@@ -76,3 +76,20 @@ def test_cached_instruction_gives_the_unpadded_reference(family: str) -> None:
     torch.testing.assert_close(
         stream.logits[0], unpadded(lm, again[0], "male", []), rtol=1e-4, atol=1e-4
     )
+
+
+def test_a_cache_that_cannot_be_laid_out_falls_back_to_one_prefill() -> None:
+    """A model whose cache is not full-attention `DynamicLayer`s (stood in for by an empty
+    instruction cache) gets the plain left-padded prefill of instruction + prompt."""
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    stream = ReferenceStream(lm, instruction_template(lm.family, None))
+    stream._instruction_kv = lambda head: []  # type: ignore[method-assign]
+    prompt_ids = [prompt_token_ids(lm, p) for p in PROMPTS]
+    stream.start(jobs_for(lm, PROMPTS), prompt_ids)
+    assert stream.logits is not None
+    width = stream._mask.shape[1]
+    assert stream.prefill_positions == len(PROMPTS) * width  # instruction included, every row
+    for row, gender in enumerate(GENDERS):
+        if gender is not None:
+            want = unpadded(lm, PROMPTS[row], gender, [])
+            torch.testing.assert_close(stream.logits[row], want, rtol=1e-4, atol=1e-4)

@@ -76,6 +76,7 @@ class ReferenceStream:
         self.logits: torch.Tensor | None = None  # (B, V) float32 next-token logits
         self._prefix_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.prefill_positions = 0  # positions the last `start` pushed through the model
+        self._cache: Any = None  # the stream's DynamicCache
 
     def start(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Choose #GENDER# per row and prefill the instruction-prefixed prompts."""
@@ -148,7 +149,10 @@ class ReferenceStream:
         width = max(len(h) for h in heads)
         head_mask = torch.zeros((len(heads), width), dtype=torch.long, device=self.lm.device)
         cached = [self._instruction_kv(h) if h else None for h in heads]
-        template = next(c for c in cached if c is not None)
+        template = next((c for c in cached if c), None)
+        if template is None or any(h and not c for h, c in zip(heads, cached)):
+            self._prefill([h + b for h, b in zip(heads, bodies)])  # a cache we cannot lay out
+            return
         layers = []
         for index, (keys, values) in enumerate(template):
             shape = (len(heads), keys.shape[1], width, keys.shape[3])
@@ -174,13 +178,19 @@ class ReferenceStream:
         self._pos = positions[:, -1:]
 
     def _instruction_kv(self, head: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(1, H, n, d) keys and values per layer of θ over `head` alone (kept per head)."""
+        """(1, H, n, d) keys and values per layer of θ over `head` alone (kept per head); empty
+        when the model's cache is not made of full-attention `DynamicLayer`s (sliding windows
+        and other layouts are not copied column by column)."""
+        from transformers.cache_utils import DynamicLayer
+
         key = tuple(head)
         if key not in self._prefix_kv:
             ids = torch.tensor([head], device=self.lm.device)
             with torch.no_grad():
                 out = self.lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            self._prefix_kv[key] = [(x.keys, x.values) for x in out.past_key_values.layers]
+            layers = getattr(out.past_key_values, "layers", None) or []
+            plain = bool(layers) and all(type(x) is DynamicLayer for x in layers)
+            self._prefix_kv[key] = [(x.keys, x.values) for x in layers] if plain else []
             self.prefill_positions += len(head)
         return self._prefix_kv[key]
 
