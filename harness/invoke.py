@@ -37,7 +37,7 @@ class Interrupted(KeyboardInterrupt):
     A `KeyboardInterrupt`, because Ray's blocking calls (`ray.get`, `ray.wait`) check signals
     in C++ and pass on only a `KeyboardInterrupt`: any other exception raised by the handler
     there is printed as "ignored" and the signal is lost. Ray then raises a bare
-    `KeyboardInterrupt` of its own; `as_interrupted` gives it back the signal that caused it.
+    `KeyboardInterrupt` of its own; `interrupted` gives it back the signal that caused it.
     """
 
     def __init__(self, signum: int) -> None:

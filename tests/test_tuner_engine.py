@@ -296,7 +296,7 @@ def _teacher_forced_steps(
 ) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
     """Per step of a teacher-forced decode (greedy tokens of θ): the gradients of one loss from
     the probe that reuses θ's forward (`theta_forward`) and from the probe that re-runs it."""
-    from workers.decoding import _prefill_inputs, prompt_token_ids
+    from workers.decoding import left_padded, prompt_token_ids
     from workers.methods.base import StepContext
     from workers.methods.estimators import gender_geometry
     from workers.methods.tuner import BiasTuner
@@ -304,21 +304,27 @@ def _teacher_forced_steps(
     reuse, rerun = BiasTuner(lm, 2, scope), BiasTuner(lm, 2, scope)
     B = len(PROMPTS)
     reuse.begin(B)
-    ids, mask = _prefill_inputs(lm, [prompt_token_ids(lm, p) for p in PROMPTS])
+    ids, mask = left_padded(lm, [prompt_token_ids(lm, p) for p in PROMPTS])
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     geo = gender_geometry(lm)
     torch.manual_seed(5)
     head = nn.Linear(lm.model.config.hidden_size, 2)
     gen_sum: torch.Tensor | None = None
-    with reuse.theta_forward(B):
-        out = lm.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            output_hidden_states=True,
-            logits_to_keep=1,
-        )
+
+    def theta(new: torch.Tensor, cache: Any) -> Any:
+        """The loop's forward of θ over the `new` ids (inside the reusing tuner's context)."""
+        with reuse.theta_forward(B):
+            return lm.model(
+                input_ids=new,
+                attention_mask=mask,
+                position_ids=pos[:, -new.shape[1] :],
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=1,
+            )
+
+    out = theta(ids, None)
     found = []
     for step in range(steps):
         ctx = StepContext(
@@ -357,16 +363,7 @@ def _teacher_forced_steps(
         ids = torch.cat([ids, tokens[:, None]], dim=-1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         pos = torch.cat([pos, pos[:, -1:] + 1], dim=-1)
-        with reuse.theta_forward(B):
-            out = lm.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=pos[:, -1:],
-                past_key_values=out.past_key_values,
-                use_cache=True,
-                output_hidden_states=True,
-                logits_to_keep=1,
-            )
+        out = theta(tokens[:, None], out.past_key_values)
     return found
 
 

@@ -188,8 +188,8 @@ def continuation_text(tokenizer: Any, prompt_ids: Sequence[int], ids: Sequence[i
     return str(whole[len(os.path.commonprefix([head, whole])) :])
 
 
-def _prefill_inputs(lm: LoadedLM, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The left-padded (B, T) ids and attention mask of the prompts."""
+def left_padded(lm: LoadedLM, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded (B, T) ids and attention mask of the prompts (an empty row: all pad)."""
     width = max(len(p) for p in prompt_ids)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(prompt_ids), width), int(pad), dtype=torch.long)
@@ -247,7 +247,7 @@ def decode_batch(
     # A failed row still takes part in the batch's tensors: give it a one-token stand-in prompt.
     filler = [lm.eos_id if lm.eos_id is not None else 0]
     safe_ids = [filler if i in failures else p for i, p in enumerate(prompt_ids)]
-    input_ids, mask = _prefill_inputs(lm, safe_ids)
+    input_ids, mask = left_padded(lm, safe_ids)
     grads = method.needs.gradients
     outer = nullcontext() if grads else torch.inference_mode()
     with outer:

@@ -282,6 +282,26 @@ def last_position(output: Any) -> Any:
 
 
 @contextmanager
+def shadowed_forwards(forwards: Sequence[tuple[nn.Module, Any]]) -> Iterator[None]:
+    """Inside the block, each module's `forward` is the given callable (an instance attribute
+    shadowing the class method; the module's hooks still run). An instance `forward` already
+    there (accelerate's device hooks) is put back afterwards, not deleted."""
+    patched: list[tuple[nn.Module, Any]] = []
+    missing = object()
+    try:
+        for module, forward in forwards:
+            patched.append((module, vars(module).get("forward", missing)))
+            vars(module)["forward"] = forward
+        yield
+    finally:
+        for module, previous in patched:
+            if previous is missing:
+                vars(module).pop("forward", None)
+            else:
+                vars(module)["forward"] = previous
+
+
+@contextmanager
 def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> Iterator[None]:
     """Make `blocks` return `output` without computing anything, inside the block.
 
@@ -289,17 +309,5 @@ def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> Iterator[None]:
     θ + δ, so the tuned forward replays the probe's instead of recomputing it. Their cache
     layers are then not extended, which is harmless for a throw-away cache view.
     """
-    patched: list[tuple[nn.Module, Any]] = []
-    missing = object()
-    try:
-        for block in blocks:
-            # An instance `forward` may already be there (accelerate's device hooks): keep it.
-            patched.append((block, vars(block).get("forward", missing)))
-            vars(block)["forward"] = lambda *args, **kwargs: output  # shadows the class method
+    with shadowed_forwards([(block, lambda *args, **kwargs: output) for block in blocks]):
         yield
-    finally:
-        for block, previous in patched:
-            if previous is missing:
-                vars(block).pop("forward", None)
-            else:
-                vars(block)["forward"] = previous

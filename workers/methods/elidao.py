@@ -16,6 +16,7 @@ import torch
 
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, label_text
+from workers.decoding import left_padded, max_context
 from workers.methods.base import MethodError, Needs, StepContext
 from workers.methods.lidao import BiasTunedMethod, LidaoMin, LidaoProd
 from workers.models import LoadedLM
@@ -90,8 +91,6 @@ class ReferenceStream:
         self.prefill_positions = 0
         if not any(self.genders):
             return  # every row falls back: no reference forwards at all
-        from workers.decoding import max_context
-
         limit, steps = max_context(self.lm), max(j.generation.max_new_tokens for j in jobs)
         heads: list[list[int]] = []  # BOS + instruction (empty for rows that fall back)
         bodies: list[list[int]] = []  # the prompt without its BOS
@@ -122,21 +121,8 @@ class ReferenceStream:
         else:  # no instruction left (every row too long), or nothing after them: one prefill
             self._prefill([h + b for h, b in zip(heads, bodies)])
 
-    def _layout(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, W) left-padded ids and their mask."""
-        tok = self.lm.tokenizer
-        width = max(len(r) for r in rows)
-        pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            if r:
-                ids[i, width - len(r) :] = torch.tensor(r)
-                mask[i, width - len(r) :] = 1
-        return ids.to(self.lm.device), mask.to(self.lm.device)
-
     def _prefill(self, rows: list[list[int]]) -> None:
-        ids, self._mask = self._layout(rows)
+        ids, self._mask = left_padded(self.lm, rows)
         self._pos = (self._mask.cumsum(-1) - 1).clamp_min(0)
         self.prefill_positions += ids.numel()
         self._forward(ids, self._pos)
@@ -168,7 +154,7 @@ class ReferenceStream:
             layers.append(layer)
         for row, head in enumerate(heads):
             head_mask[row, : len(head)] = 1
-        ids, body_mask = self._layout(bodies)
+        ids, body_mask = left_padded(self.lm, bodies)
         self._mask = torch.cat([head_mask, body_mask], dim=-1)
         positions = (self._mask.cumsum(-1) - 1).clamp_min(0)
         self._cache = DynamicCache()

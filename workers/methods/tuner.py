@@ -45,6 +45,7 @@ from workers.methods.biastune import (
     cropped_cache,
     find_sites,
     module_device,
+    shadowed_forwards,
     skip_blocks,
 )
 from workers.methods.estimators import (
@@ -118,8 +119,8 @@ def replayable(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (
         linear
-        and type(weight) in (nn.Parameter, torch.Tensor)
         and weight is not None
+        and type(weight) in (nn.Parameter, torch.Tensor)
         and weight.dtype == torch.float32
         and weight.ndim == 2
         and "forward" not in vars(module)
@@ -382,9 +383,8 @@ class BiasTuner:
         half precision: a plain `no_grad` forward.
         """
         if self._replay_out is not None and self._replay_rows == batch:
-            with torch.no_grad():
-                with self._recording(batch):
-                    yield
+            with torch.no_grad(), self._recording(batch):
+                yield
             return
         if self._zeros is None or self._zeros[0].shape[0] != batch:
             self._zeros = None
@@ -432,17 +432,16 @@ class BiasTuner:
         finally:
             for handle in handles:
                 handle.remove()
-        new = []
-        for p, store in zip(self.replay_points, seen):
-            out = store[0] if len(store) == 1 else None
-            if out is None or out.shape[-1] != p.width or out.shape[0] % batch:
-                self._replay_out = None
-                return
-            new.append(out.reshape(batch, -1, p.width))
-        before = self._replay_out or []
-        if len({x.shape[1] for x in new}) != 1:
+        ok = all(
+            len(store) == 1 and store[0].shape[-1] == p.width and store[0].shape[0] % batch == 0
+            for p, store in zip(self.replay_points, seen)
+        )
+        points = zip(self.replay_points, seen)
+        new = [store[0].reshape(batch, -1, p.width) for p, store in points] if ok else []
+        if not new or len({x.shape[1] for x in new}) != 1:
             self._replay_out = None
             return
+        before = self._replay_out
         self._replay_out = [torch.cat(x, dim=1) for x in zip(before, new)] if before else new
 
     @contextmanager
@@ -454,15 +453,11 @@ class BiasTuner:
         if not outs or outs[0].shape[:2] != (batch, positions):
             yield False
             return
-        patched = []
-        try:
-            for point, out in zip(self.replay_points, outs):
-                vars(point.module)["forward"] = self._replay_forward(point, out)
-                patched.append(point.module)
+        replays = [
+            (p.module, self._replay_forward(p, out)) for p, out in zip(self.replay_points, outs)
+        ]
+        with shadowed_forwards(replays):
             yield True
-        finally:
-            for module in patched:
-                vars(module).pop("forward", None)
 
     @staticmethod
     def _replay_forward(point: Any, out: torch.Tensor) -> Any:
