@@ -90,10 +90,33 @@ def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     )
 
 
+def config_snapshot(store: RunStore, cfg: RunConfig) -> str:
+    """config.yaml for `cfg` (secrets redacted), keeping the scorers the run's snapshot records
+    and `cfg` lacks: those `score` added (`record_scorers`); their scores stay in the run, so a
+    re-run of the original config must not drop the record of how they were computed."""
+    if store.exists("config.yaml"):
+        import yaml
+
+        from harness.config import parse_config
+
+        try:
+            old = parse_config(
+                yaml.safe_load(store.read_text("config.yaml")), f"{store.uri}/config.yaml"
+            )
+        except (ConfigError, OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            log.warning("%s/config.yaml could not be read (%s): rewritten", store.uri, exc)
+        else:
+            named = {s.name for s in cfg.scorers}
+            extra = [s for s in old.scorers if s.name not in named]
+            if extra:
+                cfg = cfg.model_copy(update={"scorers": [*cfg.scorers, *extra]})
+    return dump_config(cfg)
+
+
 def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
     """config.yaml and plan.parquet of a plan held as a list (`run` streams it instead)."""
     store.makedirs()
-    store.write_bytes("config.yaml", dump_config(cfg).encode())
+    store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
     store.write_plan_jobs(jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
 
 
@@ -137,7 +160,7 @@ def plan_stage(
     check_grid_size(cfg, len(prompts))  # refuse before expanding a grid too large to run
     done = store.done_ids(include_errors=not retry_failed)
     the_plan = plan_pass(store, cfg, chunk_source(cfg, prompts), done, replan=replan)
-    store.write_bytes("config.yaml", dump_config(cfg).encode())
+    store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
     identity = the_plan.identity
     if identity["kind"] == "replan":
         log.warning(

@@ -89,6 +89,9 @@ def test_score_by_name_adds_a_scorer_records_it_and_reruns_do_no_work(base_run: 
     assert harness("aggregate", str(base_run)).returncode == 0
     rerun = harness("run", str(base_run.parent / "cfg.yaml"), "--out", str(base_run), "--no-ray")
     assert rerun.returncode == 0, rerun.stderr[-2000:]
+    # the re-run of the original config keeps the record of the scorer `score` added
+    snapshot = yaml.safe_load((base_run / "config.yaml").read_text())
+    assert [s["name"] for s in snapshot["scorers"]] == ["gender", "sentiment-vader"]
     commands = [r["command"] for r in history(base_run)]
     assert commands == ["run", "score", "score", "aggregate", "run"]
     assert all(r["outcome"] == "ok" and r["harness_version"] for r in history(base_run))
