@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,25 @@ class PeakMemory:
             self.thread.join()
 
 
+def flop_counter() -> Any:
+    """torch's `FlopCounterMode` that also counts the in-place products.
+
+    Its registry has `addmm` and `baddbmm` but not `addmm_` / `baddbmm_` (it counts nothing for
+    `x.addmm_(a, b)`), and the tuner's passes over the vocabulary accumulate with `addmm_`: without
+    these entries the tuned methods' FLOPs came out ~0.15 GFLOP per token (~0.5× vanilla) low.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def products(_acc: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> int:
+        # (n, k) @ (k, m) or (batch, n, k) @ (batch, k, m), from the shapes the mode passes
+        return 2 * math.prod(a) * b[-1]
+
+    aten = torch.ops.aten
+    return FlopCounterMode(
+        display=False, custom_mapping={aten.addmm_: products, aten.baddbmm_: products}
+    )
+
+
 class Timed:
     """One method at one batch size: built and warmed up once, then timed run by run.
 
@@ -173,11 +193,9 @@ class Timed:
         self.peak = max(self.peak, mem.peak)
 
     def count_flops(self) -> None:
-        """Floating-point operations per generated token of one run (torch's FlopCounterMode:
-        matrix products and attention; independent of the machine and its load)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        with FlopCounterMode(display=False) as counter:
+        """Floating-point operations per generated token of one run (`flop_counter`: matrix
+        products and attention; independent of the machine and its load)."""
+        with flop_counter() as counter:
             rows = decode_batch(self.lm, self.built, self.jobs)
         self.flops = counter.get_total_flops() / max(sum(r["num_tokens"] for r in rows), 1)
 
@@ -187,7 +205,7 @@ class Timed:
         return self.made / self.best, self.best / steps * 1000, self.peak, self.cpu
 
 
-# (owner, attribute, label): the calls `--phases` times; nested ones are indented
+# (owner, attribute, label): the calls `--phases` measures; nested ones are indented
 PHASES = (
     ("model", "forward", "loop: θ's forward"),
     ("decoding", "nucleus_topk", "loop: sampling (top-k)"),
@@ -196,13 +214,14 @@ PHASES = (
     ("BiasTuner", "_horizon_forward", "  of which the horizon's forward"),
     ("tuner", "vocab_forward", "  of which the vocabulary pass"),
     ("BiasTuner", "step", "tuner: backward and Adam step"),
+    ("_ThetaVocab", "backward", "  of which the vocabulary pass's backward"),
     ("BiasTuner", "tuned_logits", "tuner: tuned forward"),
 )
 
 
-def phase_times(timed: Timed) -> dict[str, float]:
-    """CPU ms per decoding step in each of `PHASES`, from one more run of `timed` with those
-    calls wrapped (process time, so the wrappers' own cost is included in each)."""
+def _phase_run(timed: Timed, clock: Any) -> tuple[dict[str, float], float, list[dict[str, Any]]]:
+    """One more run of `timed` with the calls of `PHASES` wrapped: (`clock()` spent inside each
+    label, `clock()` spent by the whole run, the rows). Every wrapped call is put back."""
     import workers.decoding as decoding
     from workers.methods import tuner
 
@@ -210,18 +229,19 @@ def phase_times(timed: Timed) -> dict[str, float]:
         "model": timed.lm.model,
         "decoding": decoding,
         "BiasTuner": tuner.BiasTuner,
+        "_ThetaVocab": tuner._ThetaVocab,
         "tuner": tuner,
     }
     spent = dict.fromkeys([label for _, _, label in PHASES], 0.0)
     saved = []
 
-    def wrapped(original: object, label: str) -> object:
-        def call(*args: object, **kwargs: object) -> object:
-            start = time.process_time()
+    def wrapped(original: Any, label: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
             try:
-                return original(*args, **kwargs)  # type: ignore[operator]
+                return original(*args, **kwargs)
             finally:
-                spent[label] += time.process_time() - start
+                spent[label] += clock() - start
 
         return call
 
@@ -231,17 +251,32 @@ def phase_times(timed: Timed) -> dict[str, float]:
         saved.append((target, name, original, name in vars(target)))
         setattr(target, name, wrapped(getattr(target, name), label))
     try:
-        start = time.process_time()
+        start = clock()
         rows = decode_batch(timed.lm, timed.built, timed.jobs)
-        total = time.process_time() - start
+        total = clock() - start
     finally:
         for target, name, original, own in reversed(saved):
             if own:
                 setattr(target, name, original)
             else:
                 delattr(target, name)
+    return spent, total, rows
+
+
+def phase_times(timed: Timed) -> dict[str, float]:
+    """CPU ms per decoding step in each of `PHASES`, from one more run of `timed` with those
+    calls wrapped (process time, so the wrappers' own cost is included in each)."""
+    spent, total, rows = _phase_run(timed, time.process_time)
     steps = max(1, max(r["num_tokens"] for r in rows))
     return {"step (all)": total / steps * 1e3, **{k: v / steps * 1e3 for k, v in spent.items()}}
+
+
+def phase_flops(timed: Timed) -> dict[str, float]:
+    """GFLOP per generated token in each of `PHASES` (`flop_counter`), from one more run."""
+    with flop_counter() as counter:
+        spent, total, rows = _phase_run(timed, lambda: float(counter.get_total_flops()))
+    tokens = max(1, sum(r["num_tokens"] for r in rows))
+    return {"token (all)": total / tokens / 1e9, **{k: v / tokens / 1e9 for k, v in spent.items()}}
 
 
 def time_method(
@@ -507,7 +542,8 @@ def main() -> int:
     ap.add_argument(
         "--phases",
         action="store_true",
-        help="also print CPU ms per step in the loop's and the tuner's calls (one extra run each)",
+        help="also print CPU ms per step and GFLOP per token in the loop's and the tuner's calls "
+        "(two extra runs each)",
     )
     args = ap.parse_args()
     if args.threads:
@@ -576,6 +612,9 @@ def main() -> int:
                 spent = phase_times(t)
                 parts = ", ".join(f"{k} {v:.0f}" for k, v in spent.items() if v > 0)
                 print(f"# {t.name} batch {batch}, CPU ms per step: {parts}", flush=True)
+                counted = phase_flops(t)
+                parts = ", ".join(f"{k} {v:.3f}" for k, v in counted.items() if v > 0)
+                print(f"# {t.name} batch {batch}, GFLOP per token: {parts}", flush=True)
         if reference and batch == args.batch_sizes[0]:
             base_ref = (base.tps if base else reference) / reference
             print(

@@ -1,4 +1,5 @@
-"""`benchmarks/bench_methods.py --phases`: the wrapped calls add up and are put back."""
+"""`benchmarks/bench_methods.py --phases` and `--flops`: the wrapped calls add up and are put
+back; the FLOP counter counts the in-place products of the vocabulary passes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import torch
 
 import workers.decoding as decoding
 from jobs.spec import ModelRef
@@ -32,6 +35,7 @@ def wrapped_calls() -> dict[str, object]:
         "tuned_logits": tuner.BiasTuner.tuned_logits,
         "horizon": tuner.BiasTuner._horizon_forward,
         "vocab_forward": tuner.vocab_forward,
+        "vocab_backward": vars(tuner._ThetaVocab)["backward"],
         "nucleus_topk": decoding.nucleus_topk,
         "nucleus_full": decoding.nucleus_full,
     }
@@ -52,5 +56,40 @@ def test_phase_times_cover_the_step_and_restore_every_call() -> None:
         assert sum(top) <= spent["step (all)"] * 1.001 + 1e-6, (scope, spent)
         nested = spent["  of which the horizon's forward"] + spent["  of which the vocabulary pass"]
         assert nested <= spent["tuner: probe"] * 1.001 + 1e-6
+        backward = spent["  of which the vocabulary pass's backward"]
+        assert 0 < backward <= spent["tuner: backward and Adam step"] * 1.001 + 1e-6
     assert wrapped_calls() == before
     assert "forward" not in vars(lm.model)
+
+
+def test_flop_counter_counts_in_place_products() -> None:
+    bm = bench()
+    a, b = torch.randn(8, 64), torch.randn(64, 32)
+    with bm.flop_counter() as counter:
+        torch.zeros(8, 32).addmm_(a, b)
+        torch.zeros(2, 8, 32).baddbmm_(a.expand(2, 8, 64), b.expand(2, 64, 32))
+    assert counter.get_total_flops() == 2 * 8 * 64 * 32 * 3
+
+
+def test_phase_flops_add_up_and_count_the_vocabulary_passes() -> None:
+    bm = bench()
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    before = wrapped_calls()
+    vocab, width = lm.model.get_input_embeddings().weight.shape
+    batch, tokens = 3, 4
+    vanilla = bm.phase_flops(bm.Timed(lm, "vanilla", {}, batch, tokens))
+    # vanilla's FLOPs are all in the model's forward (sampling multiplies no matrices)
+    assert vanilla["token (all)"] > 0
+    assert abs(vanilla["loop: θ's forward"] - vanilla["token (all)"]) < 1e-12
+    for scope in ("context", "last"):
+        timed = bm.Timed(lm, "lidao-min", {"scope": scope, "blocks": 2}, batch, tokens)
+        spent = bm.phase_flops(timed)
+        top = [v for k, v in spent.items() if k != "token (all)" and not k.startswith(" ")]
+        # disjoint parts; what is left is the attribute head's small product on the pooled state
+        assert 0.95 * spent["token (all)"] <= sum(top) <= spent["token (all)"] + 1e-12, spent
+        assert abs(spent["loop: θ's forward"] - vanilla["token (all)"]) < 1e-12
+        # the forward pass over the vocabulary: at least Eᵀp (addmm_ over chunks) per row
+        assert spent["  of which the vocabulary pass"] >= 2 * vocab * width / 1e9 - 1e-12
+        # its backward: E g_m and (p ⊙ dp) W per row, one of them an addmm_
+        assert spent["  of which the vocabulary pass's backward"] >= 4 * vocab * width / 1e9 - 1e-12
+    assert wrapped_calls() == before
