@@ -37,9 +37,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.backends import Placement  # noqa: E402
+from harness.generation import batch_jobs  # noqa: E402
+from jobs.queue import make_batches  # noqa: E402
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json  # noqa: E402
 from jobs.words import builtin_gender_words  # noqa: E402
 from workers.decoding import decode_batch, nucleus_sample, prompt_token_ids  # noqa: E402
+from workers.generator import Generator  # noqa: E402
 from workers.methods.biastune import cropped_cache, find_sites  # noqa: E402
 from workers.methods.estimators import (  # noqa: E402
     demographic_loss,
@@ -387,8 +391,15 @@ def paper_prompts() -> list[str]:
     return texts or PROMPTS
 
 
-def paper_row(lm: LoadedLM, head: str, batch: int, limit: int | None, scope: str) -> None:
-    """The paper's GPT-2 large row with lidao-min: 3,500 generations × 20 tokens, wall time."""
+def paper_row(
+    lm: LoadedLM, head: str, batch: int | str, limit: int | None, scope: str, out: str
+) -> dict[str, Any]:
+    """The paper's GPT-2 large row with lidao-min: 3,500 generations × 20 tokens, wall time.
+
+    Runs the generation actor's own path: batches cut as the driver cuts them
+    (`runtime.batch_size` = `batch`, `auto` by default), each decoded by a `Generator` (on a
+    GPU: the measured probe and the memory sizer) and written to Parquet under `out`.
+    """
     params = resolve_params("lidao-min", {"head": head, "scope": scope}, "gpt2-large")
     gen = GenerationParams(max_new_tokens=20, top_p=0.9, temperature=1.0)
     prompts = paper_prompts()
@@ -408,23 +419,32 @@ def paper_row(lm: LoadedLM, head: str, batch: int, limit: int | None, scope: str
         for seed in range(10)
         for i, text in enumerate(prompts)
     ][:limit]
-    method = load_method("lidao-min")(lm, jobs[0].params(), "sentiment")
-    print(f"# paper row: lidao-min {json.dumps(params, default=str)} batch={batch}")
-    decode_batch(lm, method, jobs[: min(2, len(jobs))])  # warm-up
-    start, made = time.perf_counter(), 0
-    for i in range(0, len(jobs), batch):
-        rows = decode_batch(lm, method, jobs[i : i + batch])
-        made += sum(r["num_tokens"] for r in rows)
-        bad = [r["error"] for r in rows if r["status"] != "ok"]
-        if bad:
-            raise SystemExit(f"paper row: {bad[0]}")
+    gpu = 1.0 if lm.device.type == "cuda" else 0.0
+    size = batch_jobs(batch, Placement(1, gpu, 1.0, lm.device.type), len(jobs))
+    print(f"# paper row: lidao-min {json.dumps(params, default=str)} batch_size={batch} ({size})")
+    generator = Generator(lm.ref, out, lm=lm, name="paper-row")
+    method = generator.method("lidao-min", jobs[0].method_params, "sentiment")
+    decode_batch(lm, method, jobs[: min(2, len(jobs))])  # warm-up, not written, not measured
+    start, made, ok = time.perf_counter(), 0, 0
+    for chunk in make_batches(jobs, size):
+        result = generator.run_batch(chunk)
+        made, ok = made + result["tokens"], ok + result["ok"]
+        if result["errors"]:
+            raise SystemExit(f"paper row: {result['errors'][0]}")
     if lm.device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    stats = dict(generator.stats, generations=len(jobs), ok=ok, tokens=made, wall_s=wall)
+    peak = stats["peak_bytes_per_seq"]
+    per_seq = f"{peak / 2**20:.1f}" if generator.sizer is not None else "n/a (measured on CUDA)"
     print(
         f"generations={len(jobs)} tokens={made} wall_s={wall:.1f} tok/s={made / wall:.1f} "
-        f"(3,500 generations would take ~{wall * 3500 / len(jobs):.0f} s at this rate)"
+        f"(3,500 generations would take ~{wall * 3500 / len(jobs):.0f} s at this rate); "
+        f"batches={stats['batches']} memory_probes={stats['memory_probes']} "
+        f"memory_chunks={stats['memory_chunks']} oom_splits={stats['oom_splits']} "
+        f"peak MiB/seq={per_seq}"
     )
+    return stats
 
 
 class Result(NamedTuple):
@@ -534,7 +554,12 @@ def main() -> int:
         "--paper-row", action="store_true", help="GPT-2 large shape, lidao-min, 3,500 × 20"
     )
     ap.add_argument("--limit", type=int, default=None, help="paper row: first N generations")
-    ap.add_argument("--paper-batch", type=int, default=64, help="paper row: batch size")
+    ap.add_argument(
+        "--paper-batch",
+        type=lambda s: s if s == "auto" else int(s),
+        default="auto",
+        help="paper row: runtime.batch_size (a number, or auto: what the harness hands a replica)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument(
         "--flops", action="store_true", help="also count FLOPs per token (one extra run each)"
@@ -559,7 +584,8 @@ def main() -> int:
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     if args.paper_row:
-        paper_row(lm, head, args.paper_batch, args.limit, args.scope)
+        with tempfile.TemporaryDirectory(prefix="paper-row-") as out:
+            paper_row(lm, head, args.paper_batch, args.limit, args.scope, out)
         return 0
     reference = None
     if not args.no_reference:

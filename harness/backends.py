@@ -61,6 +61,18 @@ class ActorRecord:
     ok: int = 0
     tokens: int = 0
     busy_s: float = 0.0
+    # GPU replicas (`workers.generator.BatchSizer`): the largest measured peak memory per
+    # sequence, extra chunks the sizer cut, halvings after out-of-memory
+    peak_bytes_per_seq: int = 0
+    memory_chunks: int = 0
+    oom_splits: int = 0
+
+    def note_memory(self, result: dict[str, Any]) -> None:
+        """Fold in a `run_batch` result's memory figures (absent: a CPU replica)."""
+        peak = int(result.get("peak_bytes_per_seq") or 0)
+        self.peak_bytes_per_seq = max(self.peak_bytes_per_seq, peak)
+        self.memory_chunks += int(result.get("memory_chunks") or 0)
+        self.oom_splits += int(result.get("oom_splits") or 0)
 
     def summary(self, now: float, placement: Placement) -> dict[str, Any]:
         """Where it ran, what it did, throughput and utilisation (busy / alive since ready)."""
@@ -77,6 +89,8 @@ class ActorRecord:
         out["utilisation"] = round(min(1.0, self.busy_s / alive), 3) if alive > 0 else None
         out["jobs_per_s"] = round(self.jobs / alive, 3) if alive > 0 else None
         out["tokens_per_busy_s"] = round(self.tokens / self.busy_s, 1) if self.busy_s else None
+        out["peak_bytes_per_seq"] = self.peak_bytes_per_seq or None
+        out.update(memory_chunks=self.memory_chunks, oom_splits=self.oom_splits)
         return out
 
 
@@ -205,7 +219,15 @@ class RayBackend:
         # max_restarts=0: the dispatcher replaces dead actors itself (see harness.dispatch).
         return GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0
-        ).remote(spec.model, self.run_uri, self.words, p.device, spec.name, cpu_threads(p.num_cpus))
+        ).remote(
+            spec.model,
+            self.run_uri,
+            self.words,
+            p.device,
+            spec.name,
+            cpu_threads(p.num_cpus),
+            p.num_gpus,
+        )
 
     def prepare(self, actor: Any, keys: Sequence[MethodKey]) -> Any:
         return actor.prepare.remote(list(keys))

@@ -238,7 +238,17 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", action="append", metavar="NAME,...", help="only these methods")
     g.add_argument("--samples", type=int, metavar="N", help="samples_per_prompt")
     g.add_argument("--device", help="runtime.device: cpu, cuda, cuda:1 ...")
-    g.add_argument("--batch-size", type=int, metavar="N", help="runtime.batch_size")
+    g.add_argument("--batch-size", type=_batch_size, metavar="N|auto", help="runtime.batch_size")
+
+
+def _batch_size(text: str) -> int | str:
+    """`--batch-size`: a whole number, or `auto` (the config checks the range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number or 'auto', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

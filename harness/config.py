@@ -125,7 +125,9 @@ class ScorerConfig(NamedConfig):
 
 
 class RuntimeConfig(Strict):
-    batch_size: int = Field(8, ge=1)
+    # jobs per batch handed to a generation actor; "auto": 8 on CPU replicas, up to
+    # AUTO_GPU_BATCH on GPU replicas, which cut it to what fits (harness.generation.batch_jobs)
+    batch_size: int | Literal["auto"] = "auto"
     score_batch_size: int = Field(64, ge=1)
     ray_address: str | None = None  # None: RAY_ADDRESS or a local in-process Ray
     num_cpus: int | None = Field(None, ge=1)  # local Ray's logical CPUs (default: 2 × cores, ≥ 4)
@@ -146,6 +148,15 @@ class RuntimeConfig(Strict):
     score_during_generation: bool | Literal["auto"] = "auto"
     # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
     max_jobs: int = Field(10_000_000, ge=1)
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value: Any) -> Any:
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"a whole number >= 1 or 'auto', got {value!r}")
+        return value
 
 
 class AggregationConfig(Strict):

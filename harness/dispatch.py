@@ -73,6 +73,7 @@ class ModelWork:
     error: str | None = None  # set: this model cannot run; its queued jobs stay pending
     source: Iterator[Batch] | None = None
     pulled: int = 0  # batches taken from `source` so far
+    batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
 
     def has_batches(self, want: int = 1) -> bool:
         """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
@@ -271,6 +272,7 @@ class Dispatcher:
         rec.ok += int(result["ok"])
         rec.tokens += int(result.get("tokens", 0))
         rec.busy_s += float(result.get("busy_s", 0.0))
+        rec.note_memory(result)
         slot.work.done += int(result["ok"])
         slot.work.failed += int(result["jobs"]) - int(result["ok"])
         self.progress(int(result["jobs"]), int(result["ok"]))

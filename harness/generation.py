@@ -232,17 +232,51 @@ def feed_chunk(batch_size: int, replicas: int) -> int:
     return min(CHUNK_SIZE, max(1024, 8 * batch_size * PIPELINE * max(1, replicas)))
 
 
+AUTO_CPU_BATCH = 8  # runtime.batch_size auto on CPU replicas
+AUTO_GPU_BATCH = 256  # at most, on GPU replicas (their BatchSizer cuts what does not fit)
+
+
+def on_gpu(where: Placement) -> bool:
+    """Whether the replicas of `where` decode on a GPU (device "": this process's default)."""
+    if where.num_gpus > 0 or where.device == "auto" or where.device.startswith("cuda"):
+        return True
+    if where.device:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def batch_jobs(size: int | str, where: Placement, pending: int) -> int:
+    """Jobs per batch handed to one replica: `size`, or for `auto` 8 on CPU replicas and on GPU
+    replicas up to AUTO_GPU_BATCH, fewer when the model's pending jobs would not give every
+    replica PIPELINE batches (a GPU replica decodes what fits at once: `BatchSizer`)."""
+    if size != "auto":
+        return int(size)
+    if not on_gpu(where):
+        return AUTO_CPU_BATCH
+    spread = -(-pending // (PIPELINE * max(1, where.replicas)))
+    return max(AUTO_CPU_BATCH, min(AUTO_GPU_BATCH, spread))
+
+
 def _work(cfg: RunConfig, plan: Plan, model: ModelRef, where: Placement | None) -> ModelWork:
     """The model's queue, fed lazily from `plan`; `where` None: in this process (no Ray)."""
     here = where or Placement(1, 0.0, 0.0, cfg.runtime.device or "")
-    size = cfg.runtime.batch_size
+    pending = plan.pending_of(model)
+    size = batch_jobs(cfg.runtime.batch_size, here, pending)
+    gpu = " on GPU replicas" if on_gpu(here) else ""
+    log.info(
+        f"generate {model.id}: batches of {size} jobs{gpu} "
+        f"(runtime.batch_size: {cfg.runtime.batch_size})"
+    )
     return ModelWork(
         model,
         plan.method_keys(model),
         here,
         collections.deque(),
-        total=plan.pending_of(model),
+        total=pending,
         source=plan.batches(model, size, feed_chunk(size, here.replicas)),
+        batch_size=size,
     )
 
 
@@ -270,8 +304,15 @@ def _local_backend(store: RunStore, words: GroupWords) -> LocalBackend:
     def build(spec: Any) -> Any:
         from workers.generator import Generator
 
-        device = spec.placement.device or None
-        return Generator(spec.model, store.uri, words=words, device=device, name=spec.name)
+        p = spec.placement
+        return Generator(
+            spec.model,
+            store.uri,
+            words=words,
+            device=p.device or None,
+            name=spec.name,
+            gpu_share=p.num_gpus,
+        )
 
     return LocalBackend(build)
 
@@ -295,6 +336,10 @@ def _model_stats(work: ModelWork, actors: list[dict[str, Any]]) -> dict[str, Any
         "actor_deaths": sum(1 for a in mine if str(a["end"]).startswith("died")),
         "replicas": work.placement.replicas,
         "num_gpus": work.placement.num_gpus,
+        "batch_size": work.batch_size,
+        # largest measured peak GPU memory per sequence over its replicas (None: CPU)
+        "peak_bytes_per_seq": max((a.get("peak_bytes_per_seq") or 0 for a in mine), default=0)
+        or None,
         "error": work.error,
     }
 

@@ -93,3 +93,20 @@ def test_phase_flops_add_up_and_count_the_vocabulary_passes() -> None:
         # its backward: E g_m and (p ⊙ dp) W per row, one of them an addmm_
         assert spent["  of which the vocabulary pass's backward"] >= 4 * vocab * width / 1e9 - 1e-12
     assert wrapped_calls() == before
+
+
+def test_the_paper_row_runs_the_generation_actors_path_and_writes_parquet(tmp_path: Path) -> None:
+    from results.store import RunStore
+    from workers.methods.heads import random_head, save_head
+
+    bm = bench()
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    head, _ = save_head(random_head(lm, "sentiment"), str(tmp_path / "head"))
+    out = str(tmp_path / "run")
+    stats = bm.paper_row(lm, head, "auto", 12, "last", out)
+    assert stats["generations"] == stats["ok"] == 12 and stats["tokens"] > 0
+    assert stats["batches"] == 2  # auto on a CPU: batches of 8, cut as the driver cuts them
+    rows = RunStore(out).read_generations(["job_id", "status", "method", "seed"])
+    assert rows.height == 12 and (rows["status"] == "ok").all()
+    assert set(rows["method"]) == {"lidao-min"} and sorted(set(rows["seed"])) == [0]
+    assert bm.paper_row(lm, head, 5, 12, "last", str(tmp_path / "r5"))["batches"] == 3

@@ -130,6 +130,26 @@ def test_verbosity_and_include_after_the_subcommand() -> None:
     assert overrides(args)["models"] == ["x", "y", "z"]
 
 
+def test_batch_size_on_the_command_line_is_a_number_or_auto(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    p = build_parser()
+    assert (
+        overrides(p.parse_args(["run", "c.yaml", "--out", "r", "--batch-size", "64"]))["batch_size"]
+        == 64
+    )
+    assert (
+        overrides(p.parse_args(["run", "c.yaml", "--out", "r", "--batch-size", "auto"]))[
+            "batch_size"
+        ]
+        == "auto"
+    )
+    with pytest.raises(SystemExit) as exc:
+        p.parse_args(["run", "c.yaml", "--out", "r", "--batch-size", "lots"])
+    assert exc.value.code == 2
+    assert "--batch-size: a whole number or 'auto', got 'lots'" in capsys.readouterr().err
+
+
 INCLUDED = """
 from workers.methods.registry import register_method
 from workers.scorers.registry import register_scorer

@@ -139,7 +139,13 @@ def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None
         ("samples_per_prompt: '3'", r"samples_per_prompt: Input should be a valid integer"),
         ("generation: {temperature: .inf}", r"generation.temperature: Input should be a finite"),
         ("generation: {top_p: .nan}", r"generation.top_p: Input should be a finite"),
-        ("runtime: {batch_size: 2.0}", r"runtime.batch_size: Input should be a valid integer"),
+        (
+            "runtime: {batch_size: 2.0}",
+            r"runtime.batch_size: .*whole number >= 1 or 'auto', got 2.0",
+        ),
+        ("runtime: {batch_size: big}", r"runtime.batch_size: .*or 'auto', got 'big'"),
+        ("runtime: {batch_size: 0}", r"runtime.batch_size: .*or 'auto', got 0"),
+        ("runtime: {batch_size: true}", r"runtime.batch_size: .*or 'auto', got True"),
         ("generation: {temperature: true}", r"generation.temperature: .*valid number"),
     ],
 )
@@ -292,4 +298,8 @@ def test_overrides_apply_before_validation(tmp_path: Path) -> None:
     assert "samples_per_prompt: 4" in dump_config(cfg)
     with pytest.raises(ConfigError, match=r"samples_per_prompt: Input should be greater"):
         load_config(path, {"samples": 0})
+    assert load_config(path).runtime.batch_size == "auto"  # the default
+    assert load_config(path, {"batch_size": "auto"}).runtime.batch_size == "auto"
+    with pytest.raises(ConfigError, match=r"runtime.batch_size: .*got -1"):
+        load_config(path, {"batch_size": -1})
     assert apply_overrides({"x": 1}, {"limit": None}) == {"x": 1}

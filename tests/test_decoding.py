@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, ModelRef
+from results.store import RunStore
 from tests.agreement import assert_alone_matches_batched
 from tests.helpers import PROMPTS, make_jobs
 from workers import decoding
@@ -270,6 +271,59 @@ def test_out_of_memory_still_halves_before_any_measurement(
     monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
     jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=16)]
     assert gen.run_batch(jobs)["ok"] == 16 and gen.stats["oom_splits"] > 0
+
+
+def test_a_methods_first_batch_is_measured_on_a_probe_then_cut_to_what_fits(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import generator as generator_module
+
+    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
+    memory = FakeMemory(capacity=60_000, per_token=500)
+    gen.sizer = generator_module.BatchSizer(memory, fraction=0.9)
+    sizes: list[int] = []
+    real = generator_module.decode_batch
+
+    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
+        memory.run(len(jobs), gen._length(jobs))
+        sizes.append(len(jobs))
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    short = GenerationParams(max_new_tokens=2)
+    every = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=70, gen=short)]
+    jobs, later = every[:40], every[40:]
+    length = gen._length(jobs)
+    fits = int((0.9 * 60_000 - 1000) // (500 * length))
+    assert generator_module.PROBE_BATCH < fits < 40 - generator_module.PROBE_BATCH
+    result = gen.run_batch(jobs)  # 40 would not fit, and nothing is measured yet
+    rest = 40 - generator_module.PROBE_BATCH
+    cut = [fits] * (rest // fits) + ([rest % fits] if rest % fits else [])
+    assert sizes == [generator_module.PROBE_BATCH, *cut]
+    assert result["ok"] == 40 and result["oom_splits"] == 0
+    assert result["memory_chunks"] == len(cut) - 1 and gen.stats["memory_probes"] == 1
+    assert result["peak_bytes_per_seq"] == 500 * length
+    again = gen.run_batch(later)  # measured now: no second probe
+    assert sizes[len(cut) + 1 :] == [fits, 30 - fits] and gen.stats["memory_probes"] == 1
+    assert again["memory_chunks"] == 1 and gen.stats["memory_chunks"] == len(cut)
+    rows = RunStore(str(tmp_path)).read_generations()
+    assert sorted(rows["job_id"]) == sorted(j.job_id for j in every)  # each job once
+
+
+def test_a_fractional_gpu_replica_sizes_its_batches_for_its_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from workers.generator import CudaMemory
+
+    props = SimpleNamespace(total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    device = torch.device("cuda", 0)
+    assert CudaMemory(device).capacity() == 80 * 2**30  # a whole GPU (share 0 or 1)
+    assert CudaMemory(device, 1.0).capacity() == 80 * 2**30
+    assert CudaMemory(device, 0.5).capacity() == 40 * 2**30  # num_gpus 0.5: two per GPU
+    assert CudaMemory(device, 0.25).capacity() == 20 * 2**30
 
 
 # ---- text of the continuation ---------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from harness.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
 from harness.config import ModelConfig
 from harness.dispatch import Dispatcher, ModelWork, Policy
-from harness.generation import _fail_batch, failed_row, placement
+from harness.generation import _fail_batch, _model_stats, batch_jobs, failed_row, placement
 from jobs.queue import make_batches
 from jobs.spec import JobSpec, ModelRef
 from results.store import RunStore
@@ -270,6 +270,68 @@ def test_placement_of_replicas(
     entry: dict[str, Any], gpus: float, device: str | None, expected: Placement
 ) -> None:
     assert placement(ModelConfig(id="m", **entry), gpus, device) == expected
+
+
+@pytest.mark.parametrize(
+    ("size", "where", "pending", "expected"),
+    [
+        (32, Placement(4, 1.0, 1.0, "cuda"), 10_000, 32),  # a number is used as given
+        ("auto", Placement(1, 0.0, 1.0, "cpu"), 10_000, 8),  # CPU replicas
+        ("auto", Placement(4, 1.0, 1.0, "cuda"), 10_000, 256),  # GPU: the cap
+        ("auto", Placement(2, 1.0, 1.0, "cuda"), 1_000, 250),  # two batches per replica
+        ("auto", Placement(2, 2.0, 1.0, "auto"), 100, 25),  # one replica over 2 GPUs
+        ("auto", Placement(4, 0.5, 1.0, "cuda"), 20, 8),  # never below the CPU size
+        ("auto", Placement(1, 0.0, 1.0, "cuda:1"), 600, 256),  # runtime.device: cuda:1
+    ],
+)
+def test_auto_batch_size_fills_gpu_replicas_and_keeps_cpu_batches_small(
+    size: int | str, where: Placement, pending: int, expected: int
+) -> None:
+    assert batch_jobs(size, where, pending) == expected
+
+
+def test_auto_batch_size_in_process_follows_the_default_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    here = Placement(1, 0.0, 0.0, "")  # --no-ray without runtime.device: cuda if present
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert batch_jobs("auto", here, 5_000) == 8
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert batch_jobs("auto", here, 5_000) == 256
+
+
+def test_memory_figures_of_gpu_replicas_reach_the_manifest() -> None:
+    script = Script(Clock())
+    figures = iter(
+        [
+            {"peak_bytes_per_seq": 3_000, "memory_chunks": 0, "oom_splits": 1},
+            {"peak_bytes_per_seq": 5_000, "memory_chunks": 2, "oom_splits": 0},
+            {"peak_bytes_per_seq": 5_000, "memory_chunks": 1, "oom_splits": 0},
+        ]
+    )
+
+    class Reporting(FakeGenerator):
+        def run_batch(self, batch: Batch) -> dict[str, Any]:
+            return {**super().run_batch(batch), **next(figures)}
+
+    backend = FakeBackend(script)
+    backend.factory = lambda spec: Reporting(spec, script)
+    d = Dispatcher(
+        [work(make_jobs(n=6), replicas=1)],
+        backend,
+        Policy(log_every_s=5.0),
+        lambda b, e: 0,
+        clock=script.clock,
+    )
+    d.run()
+    (actor,) = d.actor_stats()
+    assert actor["peak_bytes_per_seq"] == 5_000  # the largest measured
+    assert (actor["memory_chunks"], actor["oom_splits"]) == (3, 1)  # summed over batches
+    assert _model_stats(d.works[0], d.actor_stats())["peak_bytes_per_seq"] == 5_000
+    cpu = Script(Clock())
+    d, _ = dispatch([work(make_jobs(n=4), replicas=1)], cpu)  # CPU replicas report none
+    (actor,) = d.actor_stats()
+    assert actor["peak_bytes_per_seq"] is None and actor["memory_chunks"] == 0
 
 
 def test_fractional_gpus_above_one_are_rejected() -> None:

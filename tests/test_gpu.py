@@ -129,3 +129,18 @@ def test_classifier_scorer_on_cuda_matches_the_cpu(tmp_path: Path) -> None:
     for g, c in zip(gpu, cpu, strict=True):
         assert g["status"] == c["status"] == "ok"
         assert g["sentiment"] == pytest.approx(c["sentiment"], abs=1e-4)
+
+
+def test_a_gpu_generator_probes_measures_and_reports_its_memory(tmp_path: Path) -> None:
+    from results.store import RunStore
+    from workers.generator import PROBE_BATCH, Generator
+
+    gen = Generator(ModelRef("tiny-random/gpt2"), str(tmp_path / "run"), device="cuda")
+    assert gen.sizer is not None
+    prompts = [f"{p} {i}" for i in range(6) for p in PROMPTS]  # 24 jobs, more than a probe
+    jobs = jobs_for(gen.lm, "lidao-min", prompts)
+    result = gen.run_batch(jobs)
+    assert result["ok"] == len(jobs) and gen.stats["memory_probes"] == 1
+    assert result["peak_bytes_per_seq"] > 0  # measured on the probe of PROBE_BATCH
+    assert len(jobs) > PROBE_BATCH
+    assert RunStore(str(tmp_path / "run")).read_generations().height == len(jobs)

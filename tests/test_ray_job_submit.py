@@ -137,6 +137,8 @@ def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
     manifest = json.loads((out / "manifest.json").read_text())
     (actor,) = manifest["generation"]["actors"]
     assert actor["jobs"] == 30 and actor["num_gpus"] == 0 and actor["device"] == "cpu"
+    model = manifest["generation"]["models"]["tiny-random/gpt2"]
+    assert model["batch_size"] == 8 and model["peak_bytes_per_seq"] is None  # auto, on CPU
     assert (
         0 < actor["utilisation"] <= 1
         and actor["tokens_per_busy_s"] > 0
@@ -144,6 +146,7 @@ def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
     )
     logs = head.ray("job", "logs", sid).stdout
     assert "Ray cluster at" in logs and "generate tiny-random/gpt2: 30/30 jobs finished" in logs
+    assert "generate tiny-random/gpt2: batches of 8 jobs (runtime.batch_size: auto)" in logs
     addresses = listening_addresses(head.pids())
     assert addresses and loopback_only(addresses), sorted(addresses)
 

@@ -44,10 +44,11 @@ class GenerationActor:
         device: str | None,
         name: str,
         threads: int | None = None,
+        gpu_share: float = 0.0,
     ) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._args = (model, run_uri, words, device, name)
-        self.threads = threads
+        self.threads, self.gpu_share = threads, gpu_share
         self.gen: Any = None
 
     def _generator(self) -> Any:
@@ -56,7 +57,9 @@ class GenerationActor:
 
             set_threads(self.threads)
             model, run_uri, words, device, name = self._args
-            self.gen = Generator(model, run_uri, words=words, device=device, name=name)
+            self.gen = Generator(
+                model, run_uri, words=words, device=device, name=name, gpu_share=self.gpu_share
+            )
         return self.gen
 
     def prepare(self, keys: list[tuple[str, str, str]]) -> dict[str, Any]:

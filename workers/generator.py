@@ -23,13 +23,18 @@ from workers.methods.registry import load_method
 from workers.models import LoadedLM, load_lm
 
 MethodKey = tuple[str, str, str]  # (method, canonical params JSON, task)
+PROBE_BATCH = 8  # sequences a GPU replica decodes first for a method, to measure its memory
 
 
 class CudaMemory:
-    """The memory readings `BatchSizer` needs, from torch.cuda (one device)."""
+    """The memory readings `BatchSizer` needs, from torch.cuda (one device).
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    `share` in (0, 1): the replica holds that fraction of the GPU (Ray's `num_gpus`, several
+    replicas per GPU), and its capacity is that fraction of the device's memory.
+    """
+
+    def __init__(self, device: torch.device, share: float = 0.0) -> None:
+        self.device, self.share = device, share
 
     def start(self) -> int:
         """Reset the peak counter; bytes allocated now."""
@@ -40,13 +45,15 @@ class CudaMemory:
         return int(torch.cuda.max_memory_allocated(self.device))
 
     def capacity(self) -> int:
-        return int(torch.cuda.get_device_properties(self.device).total_memory)
+        total = int(torch.cuda.get_device_properties(self.device).total_memory)
+        return int(total * self.share) if 0 < self.share < 1 else total
 
 
 class BatchSizer:
     """The largest batch that fits, from measured peaks: every decoded batch reports its peak
     memory above what was allocated before it, per sequence-token (batch × longest prompt +
-    max_new_tokens), kept per method as the largest seen. A later batch is cut into chunks of
+    max_new_tokens), kept per method as the largest seen. The first batch of a method is
+    measured on PROBE_BATCH sequences (`Generator`); a later batch is cut into chunks of
     `fraction` × free capacity / (bytes per sequence-token × its length); out-of-memory still
     halves a chunk (the estimate grows with what that chunk measured).
     """
@@ -90,8 +97,11 @@ class Generator:
         words: GroupWords | None = None,
         device: str | None = None,
         name: str = "generator",
+        gpu_share: float = 0.0,
+        lm: LoadedLM | None = None,
     ) -> None:
-        self.lm: LoadedLM = load_lm(model, device=device, words=words)
+        # `lm`: a model already loaded (benchmarks on random weights); else loaded from `model`
+        self.lm: LoadedLM = lm if lm is not None else load_lm(model, device=device, words=words)
         self.store = RunStore(run_uri)
         self.name = f"{name}@{socket.gethostname()}"
         self._methods: dict[MethodKey, DecodingMethod] = {}
@@ -104,10 +114,11 @@ class Generator:
             "busy_s": 0.0,
             "oom_splits": 0,
             "memory_chunks": 0,  # extra chunks cut by the batch sizer
+            "memory_probes": 0,  # first batches of a method measured on PROBE_BATCH sequences
             "peak_bytes_per_seq": 0,  # largest measured peak memory per sequence (CUDA only)
         }
         dev = self.lm.device
-        self.sizer = BatchSizer(CudaMemory(dev)) if dev.type == "cuda" else None
+        self.sizer = BatchSizer(CudaMemory(dev, gpu_share)) if dev.type == "cuda" else None
 
     def method(self, name: str, params_json: str, task: str) -> DecodingMethod:
         """The method instance for (name, params, task), built once (heads, extra models...)."""
@@ -136,8 +147,10 @@ class Generator:
         }
 
     def run_batch(self, jobs: Sequence[JobSpec]) -> dict[str, Any]:
-        """Generate and persist one batch; returns counts. Halves the batch on CUDA OOM."""
+        """Generate and persist one batch; returns counts. On a GPU, decodes it in chunks that
+        fit (`BatchSizer`) and halves a chunk on CUDA OOM."""
         start = time.perf_counter()
+        before = {k: self.stats[k] for k in ("memory_chunks", "oom_splits")}
         rows = self._decode_splitting(list(jobs))
         busy = time.perf_counter() - start
         self.stats["batches"] += 1
@@ -152,6 +165,7 @@ class Generator:
             "busy_s": busy,
             "worker": self.name,
             "peak_bytes_per_seq": self.stats["peak_bytes_per_seq"],
+            **{k: self.stats[k] - v for k, v in before.items()},  # this batch's
         }
 
     def _decode_splitting(self, jobs: list[JobSpec]) -> list[dict[str, Any]]:
@@ -169,6 +183,13 @@ class Generator:
         if self.sizer is not None:
             base = self.sizer.start()
             fits = self.sizer.limit(key, length, base)
+            if fits is None and len(jobs) > PROBE_BATCH:
+                # nothing measured for this method yet: a few sequences first, then the rest
+                # cut by what they took
+                self.stats["memory_probes"] += 1
+                return self._decode_splitting(jobs[:PROBE_BATCH]) + self._decode_splitting(
+                    jobs[PROBE_BATCH:]
+                )
             if fits is not None and fits < len(jobs):
                 self.stats["memory_chunks"] += -(-len(jobs) // fits) - 1
                 rows = []
