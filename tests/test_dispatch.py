@@ -378,6 +378,38 @@ def test_cuda_out_of_memory_halves_the_batch_until_it_fits(
     assert len(list((tmp_path / "run" / "generations").glob("part-*.parquet"))) == 4
 
 
+def test_the_halves_of_an_out_of_memory_batch_run_after_its_memory_is_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import weakref
+
+    import workers.generator as generator
+
+    real = generator.decode_batch
+    held: list[weakref.ref[Any]] = []
+    methods: list[int] = []
+
+    class Activations:  # stands for the tensors of a failed attempt
+        pass
+
+    def oom_once(lm: Any, method: Any, jobs: Sequence[JobSpec]) -> list[dict[str, Any]]:
+        methods.append(id(method))
+        if not held:
+            activations = Activations()
+            held.append(weakref.ref(activations))
+            method.kept = activations  # per-batch state the method holds (a cache, records)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        assert held[0]() is None, "the failed attempt's memory is still referenced"
+        return real(lm, method, jobs)
+
+    monkeypatch.setattr(generator, "decode_batch", oom_once)
+    gen = generator.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path / "run"), device="cpu")
+    result = gen.run_batch(make_jobs(n=4))
+    assert result["ok"] == 4 and result["oom_splits"] == 1
+    assert len(methods) == 3 and methods[1] == methods[2]  # one rebuilt method for both halves
+    assert not hasattr(gen.method(*next(iter(gen._methods))), "kept")
+
+
 def test_an_out_of_memory_split_that_then_fails_records_errors_only_for_unwritten_jobs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

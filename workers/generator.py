@@ -5,6 +5,7 @@ The Ray actor (`workers.actors`) is a thin shell around it; tests call it direct
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import time
@@ -196,6 +197,7 @@ class Generator:
                 for i in range(0, len(jobs), fits):
                     rows += self._decode_splitting(jobs[i : i + fits])
                 return rows
+        out_of_memory = False
         try:
             rows = decode_batch(self.lm, method, jobs)
             redo = getattr(method, "redo_rows", None)  # UDDIA's `redo: true`
@@ -207,21 +209,34 @@ class Generator:
                     self.stats["peak_bytes_per_seq"], int(per_seq)
                 )
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            if len(jobs) == 1:
-                rows = [
-                    error_row(
-                        first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
-                    )
-                ]
-            else:
+            # Handled below, outside this block: while it runs, the exception's traceback keeps
+            # the failed attempt's frames, and every tensor they hold, alive.
+            out_of_memory = True
+        if out_of_memory:
+            del method  # this frame's reference: the method goes with its per-batch state
+            self._release_failed_attempt(key)
+            if len(jobs) > 1:
                 self.stats["oom_splits"] += 1
                 half = len(jobs) // 2
                 return self._decode_splitting(jobs[:half]) + self._decode_splitting(jobs[half:])
+            rows = [
+                error_row(
+                    first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
+                )
+            ]
         for row in rows:
             row["worker"] = self.name
         self.store.write_generations(rows)
         return rows
+
+    def _release_failed_attempt(self, key: MethodKey) -> None:
+        """After an out-of-memory: drop the method instance, and with it what it kept of the
+        failed batch (caches, records, a reference stream), before the halves run; the next
+        call builds it again with the same parameters. Cached blocks go back to the device."""
+        self._methods.pop(key, None)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _length(self, jobs: Sequence[JobSpec]) -> int:
         """Tokens per sequence at the end of the batch: longest prompt + max_new_tokens."""
