@@ -269,8 +269,12 @@ def test_out_of_memory_still_halves_before_any_measurement(
         return real(lm, method, jobs)
 
     monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
-    jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=16)]
+    every = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=32)]
+    jobs, later = every[:16], every[16:]
     assert gen.run_batch(jobs)["ok"] == 16 and gen.stats["oom_splits"] > 0
+    # what ran out of memory raised the estimate: the next batch is cut before it decodes
+    again = gen.run_batch(later)
+    assert again["ok"] == 16 and again["oom_splits"] == 0 and again["memory_chunks"] > 0
 
 
 def test_a_methods_first_batch_is_measured_on_a_probe_then_cut_to_what_fits(
@@ -308,6 +312,24 @@ def test_a_methods_first_batch_is_measured_on_a_probe_then_cut_to_what_fits(
     assert again["memory_chunks"] == 1 and gen.stats["memory_chunks"] == len(cut)
     rows = RunStore(str(tmp_path)).read_generations()
     assert sorted(rows["job_id"]) == sorted(j.job_id for j in every)  # each job once
+
+
+def test_an_out_of_memory_chunk_lowers_the_limit_below_its_size() -> None:
+    from workers.generator import BatchSizer
+
+    memory = FakeMemory(capacity=100_000, per_token=100)
+    sizer = BatchSizer(memory, fraction=0.9)
+    key = ("lidao-min", "{}", "toxicity")
+    base = sizer.start()
+    memory.run(4, 20)  # a small batch measured 100 bytes per sequence-token...
+    sizer.record(key, 4, 20)
+    assert sizer.limit(key, 20, base) == 44
+    sizer.failed(key, 30, 20, base)  # ...but 30 sequences ran out of memory (fragmentation)
+    assert sizer.limit(key, 20, base) == 29
+    sizer.failed(key, 2, 20, base)
+    assert sizer.limit(key, 20, base) == 1
+    sizer.failed(key, 40, 20, base)  # a larger failure never raises the limit again
+    assert sizer.limit(key, 20, base) == 1
 
 
 def test_a_fractional_gpu_replica_sizes_its_batches_for_its_share(

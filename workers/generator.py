@@ -56,7 +56,7 @@ class BatchSizer:
     max_new_tokens), kept per method as the largest seen. The first batch of a method is
     measured on PROBE_BATCH sequences (`Generator`); a later batch is cut into chunks of
     `fraction` × free capacity / (bytes per sequence-token × its length); out-of-memory still
-    halves a chunk (the estimate grows with what that chunk measured).
+    halves a chunk and raises the estimate above what would let that many sequences in again.
     """
 
     def __init__(self, memory: CudaMemory | Any, fraction: float = 0.9) -> None:
@@ -82,6 +82,14 @@ class BatchSizer:
         per = per_seq / length
         self.per_seq_token[key] = max(per, self.per_seq_token.get(key, 0.0))
         return per_seq
+
+    def failed(self, key: MethodKey, sequences: int, length: int, base: int) -> None:
+        """`sequences` of `length` tokens ran out of memory with `base` bytes in use: raise the
+        estimate so that `limit` stays below that count for this method (else every later
+        batch would be cut to the same size and fail again)."""
+        free = self.fraction * self.memory.capacity() - base
+        floor = free / (sequences * length) * 1.01
+        self.per_seq_token[key] = max(self.per_seq_token.get(key, 0.0), floor)
 
     def peak_bytes_per_sequence(self, key: MethodKey, length: int) -> int | None:
         per = self.per_seq_token.get(key)
@@ -179,8 +187,9 @@ class Generator:
                 row["worker"] = self.name
             self.store.write_generations(rows)
             return rows
-        method = self.method(*key)
+        self.method(*key)  # built before any measurement: its lasting tensors are not a peak
         length = self._length(jobs)
+        base = 0
         if self.sizer is not None:
             base = self.sizer.start()
             fits = self.sizer.limit(key, length, base)
@@ -197,36 +206,45 @@ class Generator:
                 for i in range(0, len(jobs), fits):
                     rows += self._decode_splitting(jobs[i : i + fits])
                 return rows
-        out_of_memory = False
+        attempt = self._attempt(key, jobs, length)
+        if attempt is None:  # out of memory; nothing of the attempt is referenced any more
+            self._release_failed_attempt(key)
+            if self.sizer is not None:
+                self.sizer.failed(key, len(jobs), length, base)
+            if len(jobs) > 1:
+                self.stats["oom_splits"] += 1
+                half = len(jobs) // 2
+                return self._decode_splitting(jobs[:half]) + self._decode_splitting(jobs[half:])
+            attempt = [
+                error_row(
+                    first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
+                )
+            ]
+        for row in attempt:
+            row["worker"] = self.name
+        self.store.write_generations(attempt)
+        return attempt
+
+    def _attempt(
+        self, key: MethodKey, jobs: list[JobSpec], length: int
+    ) -> list[dict[str, Any]] | None:
+        """The rows of one decode of `jobs`, or None after CUDA ran out of memory.
+
+        A frame of its own: when it returns, the method, its bound `redo_rows` and the
+        exception's traceback (with the failed attempt's frames and tensors) are gone before
+        the caller runs the halves.
+        """
+        method = self.method(*key)
         try:
             rows = decode_batch(self.lm, method, jobs)
             redo = getattr(method, "redo_rows", None)  # UDDIA's `redo: true`
             if redo is not None:
                 rows = redo(jobs, rows)
-            if self.sizer is not None:
-                per_seq = self.sizer.record(key, len(jobs), length)
-                self.stats["peak_bytes_per_seq"] = max(
-                    self.stats["peak_bytes_per_seq"], int(per_seq)
-                )
         except torch.cuda.OutOfMemoryError:
-            # Handled below, outside this block: while it runs, the exception's traceback keeps
-            # the failed attempt's frames, and every tensor they hold, alive.
-            out_of_memory = True
-        if out_of_memory:
-            del method  # this frame's reference: the method goes with its per-batch state
-            self._release_failed_attempt(key)
-            if len(jobs) > 1:
-                self.stats["oom_splits"] += 1
-                half = len(jobs) // 2
-                return self._decode_splitting(jobs[:half]) + self._decode_splitting(jobs[half:])
-            rows = [
-                error_row(
-                    first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
-                )
-            ]
-        for row in rows:
-            row["worker"] = self.name
-        self.store.write_generations(rows)
+            return None
+        if self.sizer is not None:
+            per_seq = self.sizer.record(key, len(jobs), length)
+            self.stats["peak_bytes_per_seq"] = max(self.stats["peak_bytes_per_seq"], int(per_seq))
         return rows
 
     def _release_failed_attempt(self, key: MethodKey) -> None:
