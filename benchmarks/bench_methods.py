@@ -93,7 +93,9 @@ def build_lm(shape: str, device: str, tokenizer: str) -> LoadedLM:
 
 
 class PeakMemory:
-    """Peak memory during a block: CUDA allocator peak, or sampled RSS growth on CPU."""
+    """Peak memory growth during a block: the CUDA allocator's peak above what was allocated at
+    the start (the model and what other runs keep are not counted), or sampled RSS growth on
+    CPU."""
 
     def __init__(self, device: str) -> None:
         self.device, self.peak = device, 0
@@ -104,7 +106,9 @@ class PeakMemory:
 
     def __enter__(self) -> PeakMemory:
         if self.device == "cuda":
+            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
             return self
         self.base, self.stop = self._rss(), threading.Event()
 
@@ -119,7 +123,7 @@ class PeakMemory:
     def __exit__(self, *exc: object) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
         else:
             self.stop.set()
             self.thread.join()
@@ -369,13 +373,16 @@ def reference_style(
                 mixed = 0.9 * tuned.float().log_softmax(-1) + 0.1 * theta.logits[
                     :, -1
                 ].float().log_softmax(-1)
-                token = nucleus_sample(mixed, 0.9, torch.rand((1,), generator=gen))
+                uniform = torch.rand((1,), generator=gen, dtype=torch.float64).to(mixed.device)
+                token = nucleus_sample(mixed, 0.9, uniform)
                 gen_sum = gen_sum + embed[token].float()
                 ids = torch.cat([ids, token.view(1, 1)], dim=-1)
                 theta = model(
                     input_ids=ids[:, -1:], past_key_values=theta.past_key_values, use_cache=True
                 )
             made += 1
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     return made / elapsed, elapsed / made * 1000
 

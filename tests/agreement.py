@@ -57,12 +57,18 @@ def near_tie(p: torch.Tensor, q: torch.Tensor, u: float, top_p: float) -> bool:
     return token_q in set(picks.tolist())
 
 
+def _on_cpu(step: StepTrace) -> StepTrace:
+    """`step` with its tensors on the CPU (a CUDA trace against a CPU one, near-tie checks)."""
+    return type(step)(*(v.cpu() if isinstance(v, torch.Tensor) else v for v in step))
+
+
 def assert_same_samples(
     a: list[StepTrace], row_a: int, b: list[StepTrace], row_b: int, top_p: float, tol: float = TOL
 ) -> int:
     """Compare row `row_a` of trace `a` with row `row_b` of trace `b` step by step (see the module
     docstring); returns the number of steps compared with equal tokens."""
     same = 0
+    a, b = [_on_cpu(s) for s in a], [_on_cpu(s) for s in b]  # traces of two devices compare
     for sa, sb in zip(a, b, strict=False):
         if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
             assert bool(sa.active[row_a]) == bool(sb.active[row_b]), (
