@@ -302,12 +302,22 @@ def test_pplm_persists_the_perturbed_history(lm: LoadedLM) -> None:
     method = build(lm, "pplm", {"steps": 2})
     recording = Recording(method)
     jobs = make_jobs(lm, "pplm", {"steps": 2}, PROMPTS[:1])
+    assert isinstance(method, PPLM)
+    at_end: list[Any] = []
+    real_end = method.end
+
+    def end() -> None:
+        at_end.append(method._past)
+        real_end()
+
+    method.end = end  # type: ignore[method-assign]
     decode_batch(lm, method, jobs)
-    assert isinstance(method, PPLM) and method._past is not None
+    (past,) = at_end
+    assert past is not None and method._past is None  # dropped once the batch's rows exist
     ids = recording.steps[-1][0]
-    assert method._past[0][0].shape[2] == ids.shape[1]  # history + the last fed token
+    assert past[0][0].shape[2] == ids.shape[1]  # history + the last fed token
     clean = lm.model(input_ids=ids, use_cache=True).past_key_values.layers[0].keys
-    assert not torch.allclose(method._past[0][0], clean, atol=1e-4)
+    assert not torch.allclose(past[0][0], clean, atol=1e-4)
 
 
 def test_pplm_rejects_bad_parameters_and_falls_back_to_family_steps(lm: LoadedLM) -> None:

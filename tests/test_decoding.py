@@ -468,3 +468,64 @@ def test_rows_of_a_sentencepiece_model_read_as_prompt_plus_continuation() -> Non
             assert row["continuation"].startswith(" ")
             assert row["continuation"][1:] == tok.decode(row["token_ids"], skip_special_tokens=True)
     assert spaced >= 4  # most of the vocabulary starts a word
+
+
+# ---- what a method keeps between batches --------------------------------------------------------
+
+TINY_PARAMS: dict[str, dict[str, Any]] = {  # tiny-model settings for methods that need more
+    "gedi": {"gedi_model": "tiny-random/gpt2", "code_desired": "good", "code_undesired": "bad"},
+    "dexperts": {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/gpt2"},
+    "pplm": {"steps": 1},
+}
+
+
+def kept_tensor_bytes(method: Any) -> int:
+    """Bytes of the tensors reachable from `method`'s attributes, models and LMs left out."""
+    from torch import nn
+
+    from workers.models import LoadedLM as LM
+
+    seen_ids: set[int] = set()
+    storages: set[int] = set()
+    total = 0
+    todo: list[Any] = [vars(method)]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen_ids or isinstance(obj, nn.Module | LM | type):
+            continue
+        seen_ids.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            ptr = obj.untyped_storage().data_ptr()
+            if ptr not in storages:
+                storages.add(ptr)
+                total += obj.untyped_storage().nbytes()
+        elif isinstance(obj, dict):
+            todo += list(obj.values())
+        elif isinstance(obj, list | tuple | set):
+            todo += list(obj)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(
+            ("workers", "transformers")
+        ):
+            todo.append(vars(obj))
+    return total
+
+
+@pytest.mark.parametrize(
+    "method", ["vanilla", "uddia", "lidao-min", "elidao-min", "pplm", "gedi", "dexperts"]
+)
+def test_no_method_keeps_a_batchs_tensors_after_it(method: str) -> None:
+    import json
+
+    from workers.methods.registry import load_method, resolve_params
+
+    lm = load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+    params = json.dumps(resolve_params(method, TINY_PARAMS.get(method, {}), lm.ref.id))
+    built = load_method(method)(lm, json.loads(params), "sentiment")
+    gen = GenerationParams(max_new_tokens=4)
+    kept = []
+    for n in (8, 2, 8):  # the first batch fills the lasting caches (eLIDAO's instruction K/V)
+        jobs = make_jobs(method=method, params=params, n=n, gen=gen)
+        rows = decode_batch(lm, built, jobs)
+        assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+        kept.append(kept_tensor_bytes(built))
+    assert kept[1] == kept[2], kept  # nothing that grows with the batch outlives it

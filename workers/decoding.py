@@ -250,22 +250,27 @@ def decode_batch(
     input_ids, mask = left_padded(lm, safe_ids)
     grads = method.needs.gradients
     outer = nullcontext() if grads else torch.inference_mode()
-    with outer:
-        generated, finish = _loop(lm, method, jobs, safe_ids, input_ids, mask, failures, on_step)
-    elapsed = time.perf_counter() - start
-    return [
-        _row(
-            lm,
-            method,
-            jobs[i],
-            i,
-            (prompt_ids[i], generated[i]),
-            finish[i],
-            failures.get(i),
-            elapsed / len(jobs),
-        )
-        for i in range(len(jobs))
-    ]
+    try:
+        with outer:
+            generated, finish = _loop(
+                lm, method, jobs, safe_ids, input_ids, mask, failures, on_step
+            )
+        elapsed = time.perf_counter() - start
+        return [
+            _row(
+                lm,
+                method,
+                jobs[i],
+                i,
+                (prompt_ids[i], generated[i]),
+                finish[i],
+                failures.get(i),
+                elapsed / len(jobs),
+            )
+            for i in range(len(jobs))
+        ]
+    finally:
+        method.end()
 
 
 def _loop(

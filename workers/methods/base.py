@@ -76,6 +76,11 @@ class DecodingMethod:
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Called once per batch before the first step (e.g. to prefill a reference stream)."""
 
+    def end(self) -> None:
+        """Called once per batch after its rows are built (also after an error): drop the
+        batch's tensors (caches, records), so that they do not hold device memory until the
+        next batch of this method, which another method's batches may precede."""
+
     def theta_forward(self, batch: int) -> AbstractContextManager[Any]:
         """The context of the shared loop's forwards of θ (the prefill and one per step) over
         `batch` rows: no autograd. Bias-tuned methods run them through their zero offsets

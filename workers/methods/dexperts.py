@@ -75,6 +75,9 @@ class DExperts(DecodingMethod):
         self.expert.reset()
         self.anti.reset()
 
+    def end(self) -> None:
+        self.begin([], [])
+
     def next_logprobs(self, ctx: StepContext) -> torch.Tensor:
         z_expert = self.expert.feed(ctx)[:, -1]
         z_anti = self.anti.feed(ctx)[:, -1]

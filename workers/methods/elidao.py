@@ -79,6 +79,13 @@ class ReferenceStream:
         self.prefill_positions = 0  # positions the last `start` pushed through the model
         self._cache: Any = None  # the stream's DynamicCache
 
+    def release(self) -> None:
+        """Drop the batch's cache, logits and masks (the instruction K/V per gender stay)."""
+        self.logits = self._cache = None
+        empty = torch.zeros((0, 0), dtype=torch.long, device=self.lm.device)
+        self._mask, self._pos = empty, empty
+        self.use = torch.zeros(0, dtype=torch.bool, device=self.lm.device)
+
     def start(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Choose #GENDER# per row and prefill the instruction-prefixed prompts."""
         tok = self.lm.tokenizer
@@ -223,6 +230,10 @@ class ElidaoMixin(BiasTunedMethod):
         super().begin(jobs, prompt_ids)
         self._max_steps = max(j.generation.max_new_tokens for j in jobs)
         self.stream.start(jobs, prompt_ids)
+
+    def end(self) -> None:
+        super().end()
+        self.stream.release()
 
     def adjust(self, ctx: StepContext, mixed: torch.Tensor) -> torch.Tensor:
         for row, message in self.stream.too_long.items():

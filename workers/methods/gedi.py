@@ -193,6 +193,9 @@ class GeDi(DecodingMethod):
         self.stream.reset()
         self._prior = self._n = self._lp = None
 
+    def end(self) -> None:
+        self.begin([], [])
+
     def _step_logprobs(self, ctx: StepContext) -> torch.Tensor:
         """(2, B, V) GeDi log-probs of the next token; on the first step also sets the prompt sums."""
         B = ctx.input_ids.shape[0]

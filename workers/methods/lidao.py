@@ -119,6 +119,10 @@ class BiasTunedMethod(DecodingMethod):
         self._reset(len(jobs))
         self.tuner.begin(len(jobs))
 
+    def end(self) -> None:
+        self._reset(0)
+        self.tuner.begin()  # no batch: the tuner keeps nothing of the last one
+
     def theta_forward(self, batch: int) -> AbstractContextManager[Any]:
         return self.tuner.theta_forward(batch)
 
@@ -271,6 +275,10 @@ class LidaoMin(BiasTunedMethod):
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         super().begin(jobs, prompt_ids)
         self.history = DiscountedHistory(float(self.params["gamma"]), len(jobs), self.lm.device)
+
+    def end(self) -> None:
+        super().end()
+        self.history = DiscountedHistory(float(self.params["gamma"]), 0, self.lm.device)
 
     def objective(
         self, loss_g: torch.Tensor, loss_a: torch.Tensor, probs: torch.Tensor

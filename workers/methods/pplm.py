@@ -242,6 +242,9 @@ class PPLM(DecodingMethod):
         self._past, self._hidden_sum = None, None
         self._loss_g = [[] for _ in jobs]
 
+    def end(self) -> None:
+        self._past, self._hidden_sum = None, None
+
     def _accumulate(self, ctx: StepContext) -> torch.Tensor:
         """Add θ's final hidden states of the newly fed positions; returns the last one (B, D)."""
         if ctx.hidden_states is None:
