@@ -14,6 +14,7 @@ from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
 from tests.precision import PROMPTS as PRECISION_PROMPTS
 from tests.precision import UNIT, noise_floor, pair, stand_in_loss, step0, tuning_step
 from workers.decoding import decode_batch
+from workers.methods import tuner as tuner_module
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
@@ -124,6 +125,33 @@ def test_half_precision_leaves_the_model_in_its_dtype() -> None:
     assert all(r["status"] == "ok" and r["num_tokens"] > 0 for r in rows)
     assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
     assert {n: type(m) for n, m in lm.model.named_modules()} == names
+
+
+def test_flash_attention_with_half_precision_tuning_is_refused_by_name() -> None:
+    from workers.methods.base import MethodError
+
+    lm = load_lm(ModelRef("tiny-random/llama", dtype="bfloat16"), device="cpu")
+    lm.model.config._attn_implementation = "flash_attention_2"  # as a config would load it
+    with pytest.raises(MethodError, match=r"flash_attention_2 does not take; load tiny-random"):
+        tuner_module.BiasTuner(lm, 2, "context")
+    lm.model.config._attn_implementation = "sdpa"
+    assert tuner_module.BiasTuner(lm, 2, "context").f32 is not None
+
+
+def test_half_precision_tuners_of_one_model_share_their_float32_copies() -> None:
+    lm = load_lm(ModelRef("tiny-random/llama", dtype="bfloat16"), device="cpu")
+    deep = tuner_module.BiasTuner(lm, 2, "context")
+    again = tuner_module.BiasTuner(lm, 2, "last")  # another method on the same model
+    shallow = tuner_module.BiasTuner(lm, 1, "context")  # UDDIA's redo with fewer blocks
+    assert deep.f32 is not None and again.f32 is not None and shallow.f32 is not None
+    copies = [module for _, _, module in deep.f32.swaps]
+    assert [m for _, _, m in again.f32.swaps] == copies  # the same modules, not equal ones
+    assert [m for _, _, m in shallow.f32.swaps] == copies[1:]  # the top block and final norm
+    assert again.head_weight is deep.head_weight and deep.head_weight.dtype == torch.float32
+    other = load_lm(ModelRef("tiny-random/llama", dtype="bfloat16"), device="cpu")
+    assert tuner_module.BiasTuner(other, 2, "context").f32.swaps[0][2] is not copies[0]  # per model
+    rows = generate(lm, "lidao-min", {"blocks": 2}, 3)  # the shared copies decode
+    assert all(r["status"] == "ok" and r["num_tokens"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("family", ["opt", "llama"])

@@ -27,6 +27,7 @@ measurements behind this choice: `docs/design.md` (Bias tuning, precision policy
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -229,30 +230,56 @@ class _ThetaVocab(torch.autograd.Function):
         return grad_h.to(device=device, dtype=dtype), None, None, None, None, None, None
 
 
+# float32 copies of a half-precision model's blocks, final norm and output matrix, by model:
+# every tuner of the model (each method, UDDIA's redo with fewer blocks) swaps in the same ones
+_FLOAT32_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _float32_copies(model: nn.Module) -> dict[str, Any]:
+    return _FLOAT32_COPIES.setdefault(model, {})
+
+
+def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
+    """The output matrix in float32, one copy per model."""
+    copies = _float32_copies(model)
+    if "head" not in copies:
+        copies["head"] = head.weight.detach().float()
+    return copies["head"]  # type: ignore[no-any-return]
+
+
 class _Float32Top:
     """float32 copies of the tuned blocks and the final norm, swapped in for the tuned passes.
 
-    Built only for a half-precision model; the originals stay in place for θ's forwards.
+    Built only for a half-precision model; the originals stay in place for θ's forwards. The
+    copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
+    them, and one with fewer blocks uses the top ones of a deeper one's (hooks that install the
+    offsets come and go with each pass, so sharing carries no state).
     """
 
     def __init__(self, model: nn.Module, sites: TuneSites) -> None:
         self.model = model
         blocks = model.get_submodule(sites.blocks_path)
         first = sites.num_blocks - sites.k
-        self.swaps: list[tuple[nn.Module, str, nn.Module]] = [
-            (blocks, str(i), copy.deepcopy(blocks.get_submodule(str(i))).float())
-            for i in range(first, sites.num_blocks)
-        ]
-        parent_name, _, attr = sites.final_norm.name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        self.swaps.append((parent, attr, copy.deepcopy(sites.final_norm.module).float()))
-        self.swaps[0][2].register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
+        copies = _float32_copies(model)
         rotary = getattr(
             model.get_submodule(sites.blocks_path.rpartition(".")[0]), "rotary_emb", None
         )
-        if isinstance(rotary, nn.Module):  # LLaMA, Falcon: θ's cos/sin come in the model's dtype
-            for _, _, block in self.swaps[:-1]:
-                block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
+        self.swaps: list[tuple[nn.Module, str, nn.Module]] = []
+        for i in range(first, sites.num_blocks):
+            name = f"block.{i}"
+            if name not in copies:
+                block = copy.deepcopy(blocks.get_submodule(str(i))).float()
+                # any block may be a tuner's first: its hidden-state input arrives in half
+                block.register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
+                if isinstance(rotary, nn.Module):  # LLaMA, Falcon: cos/sin in the model's dtype
+                    block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
+                copies[name] = block
+            self.swaps.append((blocks, str(i), copies[name]))
+        parent_name, _, attr = sites.final_norm.name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if "final_norm" not in copies:
+            copies["final_norm"] = copy.deepcopy(sites.final_norm.module).float()
+        self.swaps.append((parent, attr, copies["final_norm"]))
         with self.swapped():
             self.sites = find_sites(model, sites.k)
 
@@ -319,10 +346,17 @@ class BiasTuner:
         block_list = lm.model.get_submodule(self.sites.blocks_path)
         self.lower: list[nn.Module] = list(block_list.children())[: self.first]  # θ-only blocks
         half = self.embed.dtype in (torch.float16, torch.bfloat16)
+        attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
+        if half and attention.startswith("flash_attention"):
+            raise MethodError(
+                f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
+                f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
+                f"or eager"
+            )
         self.f32 = _Float32Top(lm.model, self.sites) if half else None
         self.tuned_sites = self.f32.sites if self.f32 else self.sites
         # float32 output matrix for the tuned path of a half-precision model
-        self.head_weight = head.weight.detach().float() if half else head.weight.detach()
+        self.head_weight = float32_head(lm.model, head) if half else head.weight.detach()
         self.head_bias = None if head.bias is None else head.bias.detach().float()
         self.replay = True  # tuned forward: reuse the lower blocks' output instead of recomputing
         # fused passes over the vocabulary (`_ThetaVocab`): float32 model, E and W on one device
