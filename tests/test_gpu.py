@@ -144,3 +144,13 @@ def test_a_gpu_generator_probes_measures_and_reports_its_memory(tmp_path: Path) 
     assert result["peak_bytes_per_seq"] > 0  # measured on the probe of PROBE_BATCH
     assert len(jobs) > PROBE_BATCH
     assert RunStore(str(tmp_path / "run")).read_generations().height == len(jobs)
+    # A small share of the GPU (several replicas on it): the next batch is cut to fit it.
+    key = next(iter(gen.sizer.per_seq_token))
+    per, length = gen.sizer.per_seq_token[key], gen._length(jobs)
+    base = torch.cuda.memory_allocated(gen.lm.device)
+    total = torch.cuda.get_device_properties(gen.lm.device).total_memory
+    gen.sizer.memory.share = (base + 4.5 * per * length) / 0.9 / total  # room for about 4
+    more = jobs_for(gen.lm, "lidao-min", [f"{p} {i}" for i in range(6, 12) for p in PROMPTS])
+    again = gen.run_batch(more)
+    assert again["ok"] == len(more) and again["oom_splits"] == 0
+    assert again["memory_chunks"] >= 4  # 24 sequences in chunks of about 4
