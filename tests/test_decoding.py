@@ -225,13 +225,16 @@ class FakeMemory:
         self.peak_ = max(self.peak_, need)
 
 
-def test_batches_are_cut_to_what_the_measured_peak_says_fits(
-    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def sized_generator(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capacity: int
+) -> tuple[Any, FakeMemory, list[int]]:
+    """A CPU `Generator` whose batch sizer reads a `FakeMemory` of `capacity` bytes (500 per
+    sequence-token): decoding raises CUDA's out-of-memory error where the fake does not fit.
+    Returns it, the memory, and the sizes of the batches that decoded."""
     from workers import generator as generator_module
 
     gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
-    memory = FakeMemory(capacity=40_000, per_token=500)
+    memory = FakeMemory(capacity=capacity, per_token=500)
     gen.sizer = generator_module.BatchSizer(memory, fraction=0.9)
     sizes: list[int] = []
     real = generator_module.decode_batch
@@ -242,6 +245,13 @@ def test_batches_are_cut_to_what_the_measured_peak_says_fits(
         return real(lm, method, jobs)
 
     monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    return gen, memory, sizes
+
+
+def test_batches_are_cut_to_what_the_measured_peak_says_fits(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen, _, sizes = sized_generator(tmp_path, monkeypatch, 40_000)
     short = GenerationParams(max_new_tokens=2)
     jobs = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=32, gen=short)]
     length = gen._length(jobs)  # BOS + 'He' + 2 new tokens
@@ -257,18 +267,7 @@ def test_batches_are_cut_to_what_the_measured_peak_says_fits(
 def test_out_of_memory_still_halves_before_any_measurement(
     tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import generator as generator_module
-
-    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
-    memory = FakeMemory(capacity=20_000, per_token=500)
-    gen.sizer = generator_module.BatchSizer(memory)
-    real = generator_module.decode_batch
-
-    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
-        memory.run(len(jobs), gen._length(jobs))
-        return real(lm, method, jobs)
-
-    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    gen, _, _ = sized_generator(tmp_path, monkeypatch, 20_000)
     every = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=32)]
     jobs, later = every[:16], every[16:]
     assert gen.run_batch(jobs)["ok"] == 16 and gen.stats["oom_splits"] > 0
@@ -282,18 +281,7 @@ def test_a_methods_first_batch_is_measured_on_a_probe_then_cut_to_what_fits(
 ) -> None:
     from workers import generator as generator_module
 
-    gen = generator_module.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path), device="cpu")
-    memory = FakeMemory(capacity=60_000, per_token=500)
-    gen.sizer = generator_module.BatchSizer(memory, fraction=0.9)
-    sizes: list[int] = []
-    real = generator_module.decode_batch
-
-    def fake_decode(lm: LoadedLM, method: Vanilla, jobs: list) -> list:  # type: ignore[type-arg]
-        memory.run(len(jobs), gen._length(jobs))
-        sizes.append(len(jobs))
-        return real(lm, method, jobs)
-
-    monkeypatch.setattr(generator_module, "decode_batch", fake_decode)
+    gen, _, sizes = sized_generator(tmp_path, monkeypatch, 60_000)
     short = GenerationParams(max_new_tokens=2)
     every = [dataclasses.replace(j, prompt="He") for j in make_jobs(n=70, gen=short)]
     jobs, later = every[:40], every[40:]
