@@ -69,8 +69,11 @@ class BatchSizer:
         per = self.per_seq_token.get(key)
         if per is None:
             return None
-        free = self.fraction * self.memory.capacity() - base
-        return max(1, int(free // (per * length)))
+        return max(1, int(self._free(base) // (per * length)))
+
+    def _free(self, base: int) -> float:
+        """Bytes a batch may take with `base` in use: `fraction` of the capacity, less `base`."""
+        return self.fraction * self.memory.capacity() - base
 
     def start(self) -> int:
         self._base = self.memory.start()
@@ -87,8 +90,7 @@ class BatchSizer:
         """`sequences` of `length` tokens ran out of memory with `base` bytes in use: raise the
         estimate so that `limit` stays below that count for this method (else every later
         batch would be cut to the same size and fail again)."""
-        free = self.fraction * self.memory.capacity() - base
-        floor = free / (sequences * length) * 1.01
+        floor = self._free(base) / (sequences * length) * 1.01
         self.per_seq_token[key] = max(self.per_seq_token.get(key, 0.0), floor)
 
     def peak_bytes_per_sequence(self, key: MethodKey, length: int) -> int | None:
@@ -197,15 +199,10 @@ class Generator:
                 # nothing measured for this method yet: a few sequences first, then the rest
                 # cut by what they took
                 self.stats["memory_probes"] += 1
-                return self._decode_splitting(jobs[:PROBE_BATCH]) + self._decode_splitting(
-                    jobs[PROBE_BATCH:]
-                )
+                return self._in_parts([jobs[:PROBE_BATCH], jobs[PROBE_BATCH:]])
             if fits is not None and fits < len(jobs):
                 self.stats["memory_chunks"] += -(-len(jobs) // fits) - 1
-                rows = []
-                for i in range(0, len(jobs), fits):
-                    rows += self._decode_splitting(jobs[i : i + fits])
-                return rows
+                return self._in_parts([jobs[i : i + fits] for i in range(0, len(jobs), fits)])
         attempt = self._attempt(key, jobs, length)
         if attempt is None:  # out of memory; nothing of the attempt is referenced any more
             self._release_failed_attempt(key)
@@ -214,7 +211,7 @@ class Generator:
             if len(jobs) > 1:
                 self.stats["oom_splits"] += 1
                 half = len(jobs) // 2
-                return self._decode_splitting(jobs[:half]) + self._decode_splitting(jobs[half:])
+                return self._in_parts([jobs[:half], jobs[half:]])
             attempt = [
                 error_row(
                     first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
@@ -224,6 +221,10 @@ class Generator:
             row["worker"] = self.name
         self.store.write_generations(attempt)
         return attempt
+
+    def _in_parts(self, parts: list[list[JobSpec]]) -> list[dict[str, Any]]:
+        """The rows of each part decoded in turn (each sized, probed or halved again)."""
+        return [row for part in parts for row in self._decode_splitting(part)]
 
     def _attempt(
         self, key: MethodKey, jobs: list[JobSpec], length: int
