@@ -456,6 +456,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 # ---- `--set KEY=VALUE` (run / validate): any field of the config ----------------------------
 
 
+# List entries that may be given as a bare string, and the field that string is.
+_NAMED = {"methods": "name", "scorers": "name", "models": "id"}
+
+
 def _shown(item: str) -> str:
     """A `KEY=VALUE` setting for a message: a secret-looking key's value replaced."""
     key, eq, raw = item.partition("=")
@@ -467,8 +471,8 @@ def apply_sets(data: dict[str, Any], sets: list[str], source: str) -> dict[str, 
     """`data` with each `KEY=VALUE` applied, as if written in the file (so relative paths
     resolve against the config's folder): KEY is a dotted path whose numbers index lists
     (`models.0.dtype`, `methods.1.params.gamma`, `aggregation.n_boot`), VALUE is read as YAML
-    (`3` a number, `true` a bool, `[a, b]` a list, `null`). A method given by name only
-    (`- vanilla`) becomes `{name: vanilla}` when a field below it is set.
+    (`3` a number, `true` a bool, `[a, b]` a list, `null`). A method or scorer given by name
+    only (`- vanilla`) becomes `{name: vanilla}` when a field below it is set.
 
     Raises:
         ConfigError: a malformed setting, an index past a list's end, a path through a
@@ -509,8 +513,8 @@ def apply_sets(data: dict[str, Any], sets: list[str], source: str) -> dict[str, 
                 if last:
                     node[index] = value
                     break
-                if isinstance(node[index], str) and parts[0] == "methods" and depth == 1:
-                    node[index] = {"name": node[index]}
+                if isinstance(node[index], str) and depth == 1 and parts[0] in _NAMED:
+                    node[index] = {_NAMED[parts[0]]: node[index]}
                 if node[index] is None:
                     node[index] = {}
                 node = node[index]

@@ -4,7 +4,8 @@ tensorboardX, which needs no torch on the driver).
 
 Logged after every aggregation, from what the run directory holds (nothing is tracked during
 generation): each summary.parquet row with a value as a scalar named
-`model/method/task/view/metric/stat/group` (`[variant]` after the method where set), its
+`model/method/task/view/metric/stat/group` (`_variant_` after the method where set; a `/` in a
+name and characters TensorBoard refuses in a tag become `_`), its
 interval and p-value as `.../ci_low`, `.../ci_high`, `.../p_value`; the figures of report/
 (PNG) as images; the config (secrets redacted, from results.json) as the run's config / a text
 entry. W&B honours its own environment (`WANDB_MODE=offline`, `WANDB_DIR`, `WANDB_API_KEY`).
@@ -16,12 +17,17 @@ import importlib
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from results.store import RunStore
 
 log = logging.getLogger("harness")
+
+# Characters TensorBoard would replace in a tag (it keeps letters, digits, `_ . - /`): replaced
+# here, so both trackers show one name (`a(c,x)` → `a_c_x_`).
+_TAG_UNSAFE = re.compile(r"[^\w.\-/]")
 
 
 class TrackingError(RuntimeError):
@@ -49,7 +55,7 @@ def summary_scalars(store: RunStore) -> dict[str, float]:
         method = row["method"] + (f"[{row['variant']}]" if row.get("variant") else "")
         parts = [row["model"], method, row["task"], row.get("view") or "-"]
         parts += [row["metric"], row["stat"], row.get("group") or "-"]
-        tag = "/".join(str(p).replace("/", "_") for p in parts)
+        tag = _TAG_UNSAFE.sub("_", "/".join(str(p).replace("/", "_") for p in parts))
         for key, suffix in (("value", ""), ("ci_low", "/ci_low"), ("ci_high", "/ci_high")):
             v = row.get(key)
             if isinstance(v, float | int) and math.isfinite(v):
@@ -133,7 +139,7 @@ def log_tensorboard(store: RunStore, logdir: str) -> str:
 
 def track(store: RunStore, wandb_project: str | None, tensorboard_dir: str | None) -> list[str]:
     """The trackers asked for (none: nothing imported); one line each for the user."""
-    lines = []
+    lines: list[str] = []
     if not store.exists("summary.parquet"):
         return lines
     if wandb_project:
