@@ -62,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.invoke import check_interrupt, driven
 
     cfg = load_config(args.config, overrides(args))
+    _check_trackers(args)
     use_ray = not args.no_ray
     store = RunStore(args.out)
     with driven(store, "run") as inv:
@@ -94,6 +95,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         _after_aggregation(store, args)
     return _print_status(store)
+
+
+def _check_trackers(args: argparse.Namespace) -> None:
+    """`--wandb` / `--tensorboard` without their package: refused before any work."""
+    from harness.tracking import check_trackers
+
+    check_trackers(getattr(args, "wandb", None), getattr(args, "tensorboard", None))
 
 
 def _after_aggregation(store: RunStore, args: argparse.Namespace) -> None:
@@ -143,6 +151,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from harness.identity import plan_ids
     from harness.invoke import driven
 
+    _check_trackers(args)
     store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
     scorers = driver.scorers_to_run(
@@ -204,7 +213,10 @@ def _dataset_lines(cfg: RunConfig) -> list[str]:
     """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
     from harness import driver
 
-    prompts = driver.load_prompts(cfg, driver.load_words(cfg))  # read by validate already
+    try:  # read (or fetched into the cache) by validate already
+        prompts = driver.load_prompts(cfg, driver.load_words(cfg))
+    except (DatasetError, OSError):  # validate has listed the problem
+        return []
     limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
     if cfg.dataset.kind != "paired-jsonl":
         return [f"  dataset: {len(prompts)} prompts{limit} (--limit counts prompts)"]
@@ -228,6 +240,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness.identity import plan_ids
     from harness.invoke import driven
 
+    _check_trackers(args)
     options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
     store = RunStore(args.run)
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt

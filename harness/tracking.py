@@ -44,6 +44,27 @@ def _need(module: str, extra: str) -> Any:
         ) from None
 
 
+def check_trackers(wandb_project: str | None, tensorboard_dir: str | None) -> None:
+    """Refuse a tracker whose package is missing (before a run's work, not after it).
+
+    Raises:
+        ConfigError: names the option and the extra to install.
+    """
+    from importlib.util import find_spec
+
+    from harness.config import ConfigError
+
+    for given, module, extra in (
+        (wandb_project, "wandb", "wandb"),
+        (tensorboard_dir, "tensorboardX", "tensorboard"),
+    ):
+        if given and find_spec(module) is None:
+            raise ConfigError(
+                f"--{extra}: the {module!r} package is not installed; "
+                f"pip install 'lidao-harness[{extra}]'"
+            )
+
+
 def summary_scalars(store: RunStore) -> dict[str, float]:
     """Tag → value of every summary row with a finite value (and its interval, p-value)."""
     import pyarrow.parquet as pq

@@ -541,3 +541,19 @@ def test_export_uploads_the_parquet_tables_and_report_in_one_commit(
     assert not any(k.startswith("cache/") or "history" in k or "lock" in k for k in uploaded)
     assert FakeHub.auth and all(a == "Bearer hf_fake_token_for_tests" for a in FakeHub.auth)
     assert main(["export", str(tmp_path / "nothing"), "--hub", "someone/x"]) == 2
+
+
+def test_a_missing_tracker_package_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    out = tmp_path / "run"
+    args = ["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--wandb", "proj"]
+    assert main(args) == 2
+    assert "--wandb: the 'wandb' package is not installed; pip install" in capsys.readouterr().err
+    assert not out.exists()
