@@ -215,7 +215,8 @@ def test_perspective_bar_only_on_a_terminal_and_its_line_once(
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """(run dir, stdout, stderr) of `run --no-ray -v` over 2 pairs × 2 methods."""
+    """(run dir, stdout, stderr) of `run --no-ray -v` over 2 pairs, vanilla, 1 sample (the
+    last two set with --set)."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
@@ -223,6 +224,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     out = tmp / "run"
     stdout, stderr = io.StringIO(), io.StringIO()
     args = ["run", str(config(tmp)), "--out", str(out), "--no-ray", "--no-progress", "-v"]
+    args += ["--set", "methods=[vanilla]", "--set", "samples_per_prompt=1"]
     with redirect_stdout(stdout), redirect_stderr(stderr):
         rc = main(args)
     assert rc == 0, stderr.getvalue()[-3000:]
@@ -356,7 +358,8 @@ def test_results_json_validates_against_its_schema_and_holds_every_cell(
         cell = cells[(row["method"], row["metric"], row["stat"], row["group"], row["view"])]
         assert cell["p_value"] == pytest.approx(row["p_value"])
         assert cell["ci_low"] == row["ci_low"] and cell["ci_high"] == row["ci_high"]
-    assert doc["config"]["methods"][1]["name"] == "lidao-min"
+    assert doc["config"]["methods"] == [{"name": "vanilla", "params": {}}]  # --set, recorded
+    assert doc["config"]["samples_per_prompt"] == 1
     assert doc["versions"]["packages"]["pyarrow"] and doc["versions"]["lidao_harness"]
     # a secret in an old snapshot never reaches results.json
     snap = yaml.safe_load((out / "config.yaml").read_text())
