@@ -560,3 +560,19 @@ def test_a_missing_tracker_package_is_refused_before_the_run(
     assert main(args) == 2
     assert "--wandb: the 'wandb' package is not installed; pip install" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_readme_says_how_to_use_the_venv_and_shows_each_new_option() -> None:
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "source .venv/bin/activate" in readme and ".venv/bin/python -m harness" in readme
+    for shown in (
+        "lidao-harness --version",
+        "--set models.0.dtype=bfloat16",
+        "--overwrite",
+        "python -m harness export RUN_DIR --hub",
+        "--wandb",
+        "--tensorboard DIR",
+        "results.json",
+        "report/index.html",
+    ):
+        assert shown in readme, shown
