@@ -38,14 +38,22 @@ def list_methods() -> list[str]:
     return lines
 
 
+def value_kind(default: Any) -> str:
+    """A scorer parameter's type, from its default (`?`: may be null, any type)."""
+    kinds = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
+    return "any?" if default is None else kinds.get(type(default), type(default).__name__)
+
+
 def list_scorers() -> list[str]:
+    from workers.plugins import load_plugins
     from workers.scorers.registry import SCORER_METRICS, SCORERS, scorer_defaults
 
+    load_plugins()  # entry-point scorers (and --include ones, already imported)
     lines = []
     for name in sorted(SCORERS):
         lines.append(f"{name}  (metric {SCORER_METRICS[name]}; {SCORERS[name]})")
         for key, default in scorer_defaults(name).items():
-            lines.append(f"    {key} = {_fmt(default)}")
+            lines.append(f"    {key}: {value_kind(default)} = {_fmt(default)}")
     return lines
 
 

@@ -1,4 +1,4 @@
-"""`python -m harness {run,status,score,aggregate,validate,list,train-head,token-prior,compare}`
+"""`python -m harness {run,status,score,aggregate,validate,list,export,train-head,token-prior,compare}`
 (also installed as the `lidao-harness` command).
 
 Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).
@@ -53,6 +53,7 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "device": args.device,
         "models": names(args.models),
         "methods": names(args.methods),
+        "set": list(getattr(args, "set", None) or []),
     }
 
 
@@ -61,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.invoke import check_interrupt, driven
 
     cfg = load_config(args.config, overrides(args))
+    _check_trackers(args)
     use_ray = not args.no_ray
     store = RunStore(args.out)
     with driven(store, "run") as inv:
@@ -86,12 +88,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             interrupt = interrupted(exc)
             interrupt.args = (_interrupted_line(store),)
             raise interrupt from None
-    gen = result["generation"]
-    print(
-        f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated now; "
-        f"outputs in {args.out}"
-    )
+        gen = result["generation"]
+        print(
+            f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated "
+            f"now; outputs in {args.out}"
+        )
+        _after_aggregation(store, args)
     return _print_status(store)
+
+
+def _check_trackers(args: argparse.Namespace) -> None:
+    """`--wandb` / `--tensorboard` without their package: refused before any work."""
+    from harness.tracking import check_trackers
+
+    check_trackers(getattr(args, "wandb", None), getattr(args, "tensorboard", None))
+
+
+def _after_aggregation(store: RunStore, args: argparse.Namespace) -> None:
+    """results.json, then the trackers asked for (`--wandb`, `--tensorboard`)."""
+    from harness.tracking import track
+    from results.results_json import write_results_json
+
+    write_results_json(store)
+    for line in track(store, getattr(args, "wandb", None), getattr(args, "tensorboard", None)):
+        print(line)
 
 
 def _config_hash(cfg: RunConfig) -> str:
@@ -113,7 +133,10 @@ def _interrupted_line(store: RunStore) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return _print_status(RunStore(args.run))
+    store = RunStore(args.run)
+    if not store.exists("plan.parquet") and not store.exists("config.yaml"):
+        raise StoreError(f"{args.run}: not a run directory (no plan.parquet, no config.yaml)")
+    return _print_status(store)
 
 
 def _print_status(store: RunStore) -> int:
@@ -128,6 +151,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from harness.identity import plan_ids
     from harness.invoke import driven
 
+    _check_trackers(args)
     store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
     scorers = driver.scorers_to_run(
@@ -135,26 +159,44 @@ def cmd_score(args: argparse.Namespace) -> int:
     )  # validated before Ray starts
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt
     use_ray = not args.no_ray
+    overwrite = bool(getattr(args, "overwrite", False))
     with driven(store, "score") as inv:
         inv.extra["scorers"] = [{"name": n, "params": p} for n, p in scorers]
+        if overwrite:
+            inv.extra["overwrite"] = True
         driver.record_scorers(store, scorers)
         if use_ray:
             from harness.ray_runtime import init_ray
 
             init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
         t0 = time.perf_counter()
-        stats = driver.score_stage(store, cfg, driver.load_words(cfg), use_ray, scorers=scorers)
+        words = driver.load_words(cfg)
+        if overwrite:
+            from harness.overwrite import score_overwriting
+
+            stats = score_overwriting(store, cfg, words, use_ray, scorers)
+        else:
+            stats = driver.score_stage(store, cfg, words, use_ray, scorers=scorers)
         inv.stage("scoring", stats, time.perf_counter() - t0)
         for name, st in stats.items():
             missing = st["status"].get("missing", 0)
             extra = f"; {missing} not scored (missing)" if missing else ""
-            print(f"{name}: scored {st['scored'] - missing} rows (version {st['version']}){extra}")
+            again = " (old scores replaced)" if overwrite else ""
+            print(
+                f"{name}: scored {st['scored'] - missing} rows{again} "
+                f"(version {st['version']}){extra}"
+            )
         if not getattr(args, "no_aggregate", False):
             t0 = time.perf_counter()
             use = driver.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
             driver.aggregate_stage(store, use=use)
             inv.stage("aggregate", {"use": use}, time.perf_counter() - t0)
             print(f"summary.parquet: re-aggregated ({', '.join(use)})")
+            _after_aggregation(store, args)
+    if not getattr(args, "no_aggregate", False):
+        from harness.status import output_lines
+
+        print("\n".join(output_lines(store)))
     return 0
 
 
@@ -163,8 +205,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, overrides(args))
     lines, problems = validate(cfg, args.config)
-    print("\n".join(lines))
+    print("\n".join([*lines[:1], *_dataset_lines(cfg), *lines[1:]]))
     return 2 if problems else 0
+
+
+def _dataset_lines(cfg: RunConfig) -> list[str]:
+    """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
+    from harness import driver
+
+    try:  # read (or fetched into the cache) by validate already
+        prompts = driver.load_prompts(cfg, driver.load_words(cfg))
+    except (DatasetError, OSError):  # validate has listed the problem
+        return []
+    limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
+    if cfg.dataset.kind != "paired-jsonl":
+        return [f"  dataset: {len(prompts)} prompts{limit} (--limit counts prompts)"]
+    pairs = len({p.pair_id for p in prompts})
+    groups = len(cfg.dataset.files or {})
+    return [
+        f"  dataset: {pairs} pairs × {groups} groups = {len(prompts)} prompts{limit} "
+        "(--limit counts pairs)"
+    ]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -179,6 +240,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     from harness.identity import plan_ids
     from harness.invoke import driven
 
+    _check_trackers(args)
     options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
     store = RunStore(args.run)
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt
@@ -190,8 +252,63 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
             **{k: v for k, v in options.items() if v is not None},
         )
         inv.stage("aggregate", {"use": args.use_scorer}, time.perf_counter() - t0)
-    print(result)
+        print(result)
+        _after_aggregation(store, args)
+    from harness.status import output_lines
+
+    print("\n".join(output_lines(store)))
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from harness.export import export_to_hub
+
+    store = RunStore(args.run)
+    if not store.exists("config.yaml"):
+        raise StoreError(f"{args.run}: not a run directory (no config.yaml)")
+    if store.exists("summary.parquet") and not store.exists("results.json"):
+        from results.results_json import write_results_json
+
+        write_results_json(store)  # a run aggregated by an older version
+    try:
+        done = export_to_hub(store, args.hub, private=args.private, revision=args.revision)
+    except ImportError as exc:
+        raise RuntimeError(str(exc)) from None
+    except Exception as exc:  # huggingface_hub's HTTP errors: one line, no traceback
+        if isinstance(exc, (RuntimeError, OSError)) and not _is_hub_error(exc):
+            raise
+        raise RuntimeError(f"export to {args.hub}: {_first_line(exc)}") from None
+    print(f"exported {len(done['files'])} files of {args.run} to {done['repo']}")
+    print(f"commit: {done['commit']}")
+    return 0
+
+
+def _is_hub_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("huggingface_hub", "httpx", "requests"))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_text(text[0] if text else type(exc).__name__)
+
+
+def version_text() -> str:
+    """The installed distribution's version, else the checkout's pyproject.toml."""
+    from harness.history import git_commit, harness_version
+
+    version = harness_version()
+    if version == "unknown":
+        import re
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        try:
+            found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M)
+        except OSError:
+            found = None
+        version = found.group(1) if found else version
+    commit = git_commit()
+    return f"lidao-harness {version}" + (f" (git {commit})" if commit else "")
 
 
 def _os_error(exc: OSError) -> str:
@@ -233,12 +350,35 @@ def _common() -> argparse.ArgumentParser:
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the config (recorded in the run's config.yaml)")
-    g.add_argument("--limit", type=int, metavar="N", help="dataset.limit: first N prompts/pairs")
+    g.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="dataset.limit: the first N pairs of a paired dataset (N × groups prompts), the "
+        "first N prompts of a prompt list",
+    )
     g.add_argument("--models", action="append", metavar="ID,...", help="only these models")
     g.add_argument("--methods", action="append", metavar="NAME,...", help="only these methods")
     g.add_argument("--samples", type=int, metavar="N", help="samples_per_prompt")
     g.add_argument("--device", help="runtime.device: cpu, cuda, cuda:1 ...")
     g.add_argument("--batch-size", type=_batch_size, metavar="N|auto", help="runtime.batch_size")
+    g.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any field, as a dotted path (models.0.dtype=bfloat16, generation.top_p=0.8, "
+        "methods.1.params.gamma=0.5); VALUE read as YAML (repeatable)",
+    )
+
+
+def _add_tracking(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tracking (optional extras: wandb, tensorboard)")
+    g.add_argument(
+        "--wandb", metavar="PROJECT", help="log the summary and figures to this W&B project"
+    )
+    g.add_argument(
+        "--tensorboard", metavar="DIR", help="write the summary and figures as TensorBoard events"
+    )
 
 
 def _batch_size(text: str) -> int | str:
@@ -254,10 +394,11 @@ def _batch_size(text: str) -> int | str:
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
     p = argparse.ArgumentParser(
-        prog="harness",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        prog="lidao-harness",
+        description="Batch evaluation of decoding-time debiasing methods (also: python -m harness)",
         parents=[common],
     )
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help: str, **kw: object) -> argparse.ArgumentParser:
@@ -277,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace a run directory's plan with this config's (old rows kept, not counted)",
     )
     _add_overrides(r)
+    _add_tracking(r)
     r.set_defaults(func=cmd_run)
     v = add("validate", "check a config completely and print its plan; starts nothing")
     v.add_argument("config", help="YAML config file")
@@ -309,8 +451,15 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument(
         "--no-aggregate", action="store_true", help="do not rewrite summary.parquet after"
     )
+    sc.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="score every row again, replacing the scorer's scores (kept until the new ones "
+        "are all written)",
+    )
     sc.add_argument("--config", help="config with the scorers (default: the run's config.yaml)")
     sc.add_argument("--no-ray", action="store_true")
+    _add_tracking(sc)
     sc.set_defaults(func=cmd_score)
     a = add("aggregate", "summary tables from what is scored")
     a.add_argument("run")
@@ -325,7 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--n-boot", type=int, help="bootstrap resamples (permutations: at most this many)"
     )
     a.add_argument("--seed", type=int, help="bootstrap / permutation seed")
+    _add_tracking(a)
     a.set_defaults(func=cmd_aggregate)
+    ex = add("export", "upload a run's Parquet tables and report (extra: hub)")
+    ex.add_argument("run")
+    ex.add_argument(
+        "--hub", required=True, metavar="REPO", help="Hugging Face Hub dataset repo (user/name)"
+    )
+    ex.add_argument("--private", action="store_true", help="create the repository private")
+    ex.add_argument("--revision", help="branch to commit to (default: main)")
+    ex.set_defaults(func=cmd_export)
     th = add(
         "train-head",
         "train a linear attribute head on a frozen LM",

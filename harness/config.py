@@ -8,6 +8,7 @@ with "did you mean" for misspelt keys and names.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import typing
@@ -436,11 +437,100 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     so the snapshot written beside the outputs records them."""
     p = Path(path)
     data = load_yaml(read_text(p), str(path))
+    overrides = dict(overrides or {})
+    sets = overrides.pop("set", None) or []
     if isinstance(data, dict):
+        data = apply_sets(data, sets, str(path))
         data = _resolve_paths(data, p.resolve().parent)
         if overrides:
             data = apply_overrides(data, overrides)
-    return parse_config(data, str(path))
+    try:
+        return parse_config(data, str(path))
+    except ConfigError as exc:
+        if not sets:
+            raise
+        given = ", ".join(f"--set {_shown(s)}" for s in sets)
+        raise ConfigError(f"{exc}\n  (with {given})") from None
+
+
+# ---- `--set KEY=VALUE` (run / validate): any field of the config ----------------------------
+
+
+# List entries that may be given as a bare string, and the field that string is.
+_NAMED = {"methods": "name", "scorers": "name", "models": "id"}
+
+
+def _shown(item: str) -> str:
+    """A `KEY=VALUE` setting for a message: a secret-looking key's value replaced."""
+    key, eq, raw = item.partition("=")
+    last = key.strip().rsplit(".", 1)[-1]
+    return f"{key}={REDACTED}" if eq and is_secret_key(last) else redact_text(item)
+
+
+def apply_sets(data: dict[str, Any], sets: list[str], source: str) -> dict[str, Any]:
+    """`data` with each `KEY=VALUE` applied, as if written in the file (so relative paths
+    resolve against the config's folder): KEY is a dotted path whose numbers index lists
+    (`models.0.dtype`, `methods.1.params.gamma`, `aggregation.n_boot`), VALUE is read as YAML
+    (`3` a number, `true` a bool, `[a, b]` a list, `null`). A method or scorer given by name
+    only (`- vanilla`) becomes `{name: vanilla}` when a field below it is set.
+
+    Raises:
+        ConfigError: a malformed setting, an index past a list's end, a path through a
+            value that is not a mapping or a list; the message names the key.
+    """
+    out = copy.deepcopy(data)
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not eq or not key or any(not part for part in parts):
+            raise ConfigError(
+                f"--set {_shown(item)!r}: expected KEY=VALUE (e.g. models.0.dtype=bfloat16)"
+            )
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ConfigError(f"--set {key}: the value is not valid YAML ({problem})") from None
+        node: Any = out
+        for depth, part in enumerate(parts):
+            here = ".".join(parts[: depth + 1])
+            last = depth == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit():
+                    raise ConfigError(
+                        f"--set {key}: {'.'.join(parts[:depth]) or source} is a list; "
+                        f"index it with a number (0 to {len(node) - 1}), not {part!r}"
+                    )
+                index = int(part)
+                if index > len(node):
+                    raise ConfigError(
+                        f"--set {key}: {'.'.join(parts[:depth])} has {len(node)} entries "
+                        f"(index {index}; {len(node)} appends one)"
+                    )
+                if index == len(node):
+                    node.append({})
+                if last:
+                    node[index] = value
+                    break
+                if isinstance(node[index], str) and depth == 1 and parts[0] in _NAMED:
+                    node[index] = {_NAMED[parts[0]]: node[index]}
+                if node[index] is None:
+                    node[index] = {}
+                node = node[index]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                    break
+                if node.get(part) is None:
+                    node[part] = [] if parts[depth + 1].isdigit() else {}
+                node = node[part]
+            else:
+                raise ConfigError(
+                    f"--set {key}: {'.'.join(parts[:depth])} is {node!r}, not a mapping or a "
+                    f"list, so it has no field {here.rsplit('.', 1)[-1]!r}"
+                )
+    return out
 
 
 # Command-line override → where it goes in the config.

@@ -29,8 +29,27 @@ QUIET_ENV = {
 }
 
 
+# Loggers of this project; every other logger (matplotlib.font_manager, urllib3, filelock,
+# httpx...) prints warnings and errors only, unless `-vv`.
+OWN_LOGGERS = ("harness", "workers", "jobs", "results", "__main__")
+
+
 def is_terminal() -> bool:
-    return sys.stderr.isatty()
+    """Bars only when both stdout and stderr are terminals (a redirected or piped run: none)."""
+    return sys.stderr.isatty() and sys.stdout.isatty()
+
+
+def bars_enabled() -> bool:
+    """What a bar drawn in this process checks: a terminal, and `--no-progress` not given (it
+    sets `TQDM_DISABLE`, which child processes inherit)."""
+    return is_terminal() and os.environ.get("TQDM_DISABLE", "") in ("", "0")
+
+
+class OwnOrWarning(logging.Filter):
+    """Passes this project's records, and the others' from WARNING up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.split(".")[0] in OWN_LOGGERS
 
 
 class Progress:
@@ -46,7 +65,7 @@ class Progress:
             initial=done,
             desc=stage,
             unit="job",
-            disable=not enabled or self.plain,
+            disable=not enabled or self.plain or not bars_enabled(),
             mininterval=0.5,
             dynamic_ncols=True,
             file=sys.stderr,
@@ -83,15 +102,25 @@ class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
 
 
-def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
-    """Root logging for the CLI: -v (debug), default (info), -q (warnings only).
+def cli_logging() -> bool:
+    """Whether this process logs through `setup_logging` (the CLI's driver, or --no-ray)."""
+    return any(isinstance(h, TqdmHandler) for h in logging.getLogger().handlers)
 
-    Without progress bars the child processes' bars are switched off too (QUIET_ENV).
-    Returns the environment variables it set (the caller may restore them).
+
+def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
+    """Root logging for the CLI: -v (this project's debug lines), -vv (everyone's), default
+    (info), -q (warnings only, Ray's start line included). Other libraries' loggers print
+    warnings and errors only, unless -vv.
+
+    Without progress bars (`--no-progress`, or not on a terminal) the child processes' bars
+    are switched off too (QUIET_ENV). Returns the environment variables it set (the caller may
+    restore them).
     """
     level = logging.DEBUG if verbosity > 0 else logging.WARNING if verbosity < 0 else logging.INFO
     handler = TqdmHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if verbosity < 2:
+        handler.addFilter(OwnOrWarning())
     root = logging.getLogger()
     for old in list(root.handlers):
         if isinstance(old, TqdmHandler):
@@ -99,8 +128,10 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
     root.addHandler(handler)
     root.setLevel(level)
     env = {} if is_terminal() else {"RAY_COLOR_PREFIX": "0"}  # Ray's coloured "(pid=..)"
-    if not progress:
+    if not progress or not is_terminal():
         env.update(QUIET_ENV)
+    if verbosity < 0:  # read when ray is imported: its "Started a local Ray instance" line
+        env["RAY_LOGGER_LEVEL"] = "warning"
     added = [key for key in env if key not in os.environ]
     for key in added:
         os.environ[key] = env[key]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from harness.manifest import read_manifest
 from results.done import DoneIds
 from results.store import RunStore
+from workers.plugins import load_plugins
 from workers.scorers.registry import SCORER_METRICS
 
 
@@ -50,10 +52,11 @@ def run_status(store: RunStore) -> str:
     scorers = store.scorers()
     lines.append("scoring:" if scorers else "scoring: nothing scored yet")
     newest_score = 0.0
+    load_plugins()  # entry-point scorers; --include ones are registered by the CLI
     for name in scorers:
-        metric = SCORER_METRICS.get(name)
+        metric = SCORER_METRICS.get(name) or _shard_metric(store, name)
         if metric is None:
-            lines.append(f"  {name}: unknown scorer (written by another version?)")
+            lines.append(f"  {name}: no readable score rows")
             continue
         newest_score = max([newest_score, *_mtimes(store, "scores", name)])
         scores = store.read_scores(name, metric, columns=["job_id", "status"])
@@ -67,10 +70,53 @@ def run_status(store: RunStore) -> str:
         tail = f"; {outside} row(s) outside the plan, not counted" if outside else ""
         lines.append(f"  {name}: {detail or 'none'}; missing {missing}{tail}")
     lines.append(f"summary.parquet: {_summary_state(store, newest_score)}")
-    lines.append(
-        f"report/tables.md: {'written' if store.exists('report/tables.md') else 'not yet'}"
-    )
+    lines.extend(output_lines(store))
     return "\n".join(lines)
+
+
+def output_lines(store: RunStore) -> list[str]:
+    """Where the outputs to open are: the HTML report, the tables, the figures, results.json
+    (written ones by path, the others 'not yet')."""
+    from results.results_json import RESULTS_JSON
+
+    lines = []
+    for rel, what in (
+        ("report/index.html", "report"),
+        ("report/tables.md", "tables"),
+        ("summary.csv", "summary table"),
+        (RESULTS_JSON, "results"),
+    ):
+        where = store.path(rel) if store.exists(rel) else "not yet"
+        lines.append(f"{what} ({rel}): {where}")
+    figures = sorted(p for ext in ("png", "svg", "pdf") for p in _listed(store, "report", ext))
+    lines.append(f"figures: {', '.join(figures) if figures else 'none yet'}")
+    return lines
+
+
+def _listed(store: RunStore, folder: str, ext: str) -> list[str]:
+    sel = pafs.FileSelector(store.path(folder), allow_not_found=True, recursive=True)
+    return [
+        i.path
+        for i in store.fs.get_file_info(sel)
+        if i.type == pafs.FileType.File and i.path.endswith("." + ext)
+    ]
+
+
+def _shard_metric(store: RunStore, name: str) -> str | None:
+    """The metric a scorer's shards hold (a scorer not registered in this process: a plugin
+    not installed or not --include'd here): read from the first shard's `metric` column."""
+    import pyarrow.parquet as pq
+
+    for path in store.list_shards("scores", name):
+        try:
+            with store.fs.open_input_file(path) as fh:
+                col = pq.ParquetFile(fh).read(columns=["metric"]).column("metric")
+        except (OSError, KeyError, pa.ArrowException):
+            continue
+        values = [v for v in col.unique().to_pylist() if v]
+        if values:
+            return str(values[0])
+    return None
 
 
 def _mtimes(store: RunStore, *parts: str) -> list[float]:

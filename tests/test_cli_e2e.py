@@ -60,8 +60,12 @@ def write_config(tmp_path: Path, **changes: object) -> Path:
 @pytest.mark.slow
 def test_quickstart_through_local_ray_then_status_score_aggregate(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = harness("run", str(write_config(tmp_path)), "--out", str(out), "--no-progress")
+    done = harness("run", str(write_config(tmp_path)), "--out", str(out), "--no-progress", "-q")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Started a local Ray instance" not in done.stderr  # -q: not even Ray's banner
+    assert "\r" not in done.stderr and "it/s]" not in done.stderr  # no bar off a terminal
+    assert f"report (report/index.html): {out / 'report' / 'index.html'}" in done.stdout
+    assert f"tables (report/tables.md): {out / 'report' / 'tables.md'}" in done.stdout
     store = RunStore(str(out))
     gens = store.read_generations()
     assert gens.height == 5 * 2 * 3 and (gens["status"] == "ok").all()

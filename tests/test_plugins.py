@@ -55,6 +55,12 @@ def test_the_example_plugin_installs_and_runs_through_the_cli(tmp_path: Path) ->
     listed = cli("list", "methods")
     assert "boost-word  (lidao_plugin_example.method:BoostWord)" in listed.stdout, listed.stderr
     assert "    strength: float = 2.0" in listed.stdout
+    scorers = cli("list", "scorers")
+    assert (
+        "sentiment-wordlist  (metric sentiment; lidao_plugin_example.scorer:WordListSentiment)"
+        in scorers.stdout
+    ), scorers.stderr
+    assert "    text_field: str = continuation" in scorers.stdout
     bad = dict(cfg, methods=[{"name": "boost-word", "params": {"strength": "lots"}}])
     path.write_text(json.dumps(bad))
     refused = cli("validate", str(path))
@@ -75,3 +81,6 @@ def test_the_example_plugin_installs_and_runs_through_the_cli(tmp_path: Path) ->
     assert not all(t.split() == ["the"] * 4 for t in vanilla)
     scores = pl.read_parquet(out / "scores" / "sentiment-wordlist" / "*.parquet")
     assert scores.height == 4 and scores["sentiment"].is_between(0, 1).all()
+    status = cli("status", str(out))
+    assert "  sentiment-wordlist: ok 4; missing 0" in status.stdout, status.stdout
+    assert f"report (report/index.html): {out / 'report' / 'index.html'}" in status.stdout

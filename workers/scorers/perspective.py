@@ -174,17 +174,21 @@ class PerspectiveToxicity(Scorer):
 
     def begin(self, total: int) -> None:
         """Open the progress bar for `total` rows to come (rate and ETA)."""
-        if self.params["progress"] and self._bar is None and total > 0:
+        # Only on a terminal and without `--no-progress` (harness.progress.bars_enabled): in
+        # a Ray actor, or with output to a file or a pipe, the driver's own bar or its plain
+        # lines report the stage; the summary line comes at close.
+        from harness.progress import bars_enabled
+
+        if self.params["progress"] and self._bar is None and total > 0 and bars_enabled():
             from tqdm import tqdm
 
-            # In a Ray actor stderr is a log stream, not a terminal: a line every 30 s is enough.
             self._bar = tqdm(
                 total=total,
                 desc="perspective",
                 unit="text",
                 file=sys.stderr,
                 dynamic_ncols=True,
-                mininterval=0.5 if sys.stderr.isatty() else 30.0,
+                mininterval=0.5,
             )
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -269,6 +273,8 @@ class PerspectiveToxicity(Scorer):
         if self.params["progress"] and n:
             if self._bar is None:  # begin() not called: the total grows as rows arrive
                 self.begin(n)
+            if self._bar is None:  # no bar here (not a terminal, or --no-progress)
+                return
             if self._bar.n + n > (self._bar.total or 0):
                 self._bar.total = self._bar.n + n
             self._bar.update(n)
@@ -292,8 +298,14 @@ class PerspectiveToxicity(Scorer):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        print(line, file=sys.stderr)
-        log.info(line)
+        # Once: through the CLI's logging where it is set up (the driver, --no-ray; not under
+        # -q), else on stderr (a Ray actor's log, forwarded to the driver).
+        from harness.progress import cli_logging
+
+        if cli_logging():
+            log.info(line)
+        else:
+            print(line, file=sys.stderr)
         if self._redact is not None:
             for name in _LOGGERS:
                 logging.getLogger(name).removeFilter(self._redact)
