@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 TINY_PREFIX = "tiny-random/"
-TINY_FAMILIES = ("gpt2", "opt", "falcon", "llama", "bert")
+TINY_FAMILIES = ("gpt2", "opt", "opt-proj", "falcon", "llama", "bert")
 TINY_SEED = 1234
 
 _COMMON = """
@@ -99,6 +99,19 @@ def tiny_config(family: str, vocab_size: int) -> Any:
             num_attention_heads=4,
             ffn_dim=128,
             word_embed_proj_dim=64,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            **common,
+        )
+    if family == "opt-proj":  # opt-350m's layout: post-norm blocks, no final norm, the
+        # embeddings (32 wide) projected in to the blocks' 64 and out again before the LM head
+        return tf.OPTConfig(
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_dim=128,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
             max_position_embeddings=512,
             pad_token_id=pad,
             **common,
