@@ -22,6 +22,7 @@ def tiny_head_width(family: str) -> int:
     input width)."""
     return TINY_PROJECTED if family == "opt-proj" else TINY_WIDTH
 
+
 _COMMON = """
 the a an and or but if then so because of to in on at by for with from about as into over
 after before under between through during without within up down out off again further once
