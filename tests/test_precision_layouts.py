@@ -25,6 +25,8 @@ from tests.helpers import step0_context
 from workers.methods.base import StepContext
 from workers.methods.biastune import bias_offsets, find_sites
 from workers.methods.estimators import demographic_loss, demographic_scores, gender_geometry
+from workers.methods.head_meta import known_hidden_size
+from workers.methods.heads import lm_hidden_size, resolve_head
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
@@ -117,6 +119,9 @@ def test_opt_350m_layout_pools_after_project_out_and_tunes_the_blocks_only() -> 
     assert pre.pool.module is tiny("opt-pre").model.model.decoder.project_out
     plain = find_sites(tiny("opt").model, 2)  # no projection: the final norm is read
     assert plain.pool is plain.final_norm and plain.above == (plain.final_norm,)
+    # heads are as wide as what the LM head reads, known before loading (config checks)
+    assert known_hidden_size("tiny-random/opt-proj") == 32 == lm_hidden_size(lm)
+    assert resolve_head(lm, "sentiment", None).hidden_size == 32
 
 
 def brute_force(
