@@ -51,18 +51,21 @@ PROMPTS = ["The woman worked as a", "He said"]  # row 1 is left padded
 def tiny(family: str, dtype: str = "float32") -> LoadedLM:
     """A tiny model, built once per module run (tests only read it)."""
     if family == "opt-pre":  # OPT with a final norm and projections in and out
-        return _opt_pre_norm_projected()
+        return _opt_variant(word_embed_proj_dim=32, do_layer_norm_before=True)
+    if family == "opt-post":  # post-norm blocks, no final norm, no projection
+        return _opt_variant(do_layer_norm_before=False)
     return load_lm(ModelRef(f"tiny-random/{family}", dtype=dtype), device="cpu")
 
 
-def _opt_pre_norm_projected() -> LoadedLM:
+def _opt_variant(**changes: Any) -> LoadedLM:
+    """Tiny OPT with `changes` to its config, the tiny models' seed."""
     from transformers import OPTConfig, OPTForCausalLM
 
     from workers.tiny import TINY_SEED, tiny_config, tiny_tokenizer
 
     tok = tiny_tokenizer()
     config = tiny_config("opt", len(tok)).to_dict()
-    config.update(word_embed_proj_dim=32, do_layer_norm_before=True)
+    config.update(changes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
         model = OPTForCausalLM(OPTConfig(**config)).eval()
@@ -119,6 +122,8 @@ def test_opt_350m_layout_pools_after_project_out_and_tunes_the_blocks_only() -> 
     assert pre.pool.module is tiny("opt-pre").model.model.decoder.project_out
     plain = find_sites(tiny("opt").model, 2)  # no projection: the final norm is read
     assert plain.pool is plain.final_norm and plain.above == (plain.final_norm,)
+    post = find_sites(tiny("opt-post").model, 2)  # nothing above the blocks: the last block
+    assert post.above == () and post.pool.name == "model.decoder.layers.3"
     # heads are as wide as what the LM head reads, known before loading (config checks)
     assert known_hidden_size("tiny-random/opt-proj") == 32 == lm_hidden_size(lm)
     assert resolve_head(lm, "sentiment", None).hidden_size == 32
@@ -173,14 +178,14 @@ def brute_force(
 
 
 @pytest.mark.parametrize("scope", ["context", "last"])
-@pytest.mark.parametrize("family", ["opt-proj", "opt-pre", "gpt2"])
+@pytest.mark.parametrize("family", ["opt-proj", "opt-pre", "opt-post", "gpt2"])
 def test_the_probe_gradient_is_the_definitions_on_projected_layouts(
     family: str, scope: str
 ) -> None:
     """float32: the engine's probe (replayed lower blocks, θ's logits, fused vocabulary passes,
     ℓ̂_a)
-    against `brute_force`, for OPT-350m's layout, OPT with a final norm and projections, and
-    GPT-2 as a control. Same maths, other summation orders: float32 rounding apart."""
+    against `brute_force`, for OPT-350m's layout, OPT with a final norm and projections, OPT
+    with post-norm blocks and nothing above them, and GPT-2 as a control. Same maths, other summation orders: float32 rounding apart."""
     lm = tiny(family)
     ctx = step0(lm)
     head = fixed_head(lm.model.get_output_embeddings().weight.shape[1])

@@ -19,8 +19,9 @@ the horizon carry gradient).
 
 Precision: in a half-precision model an offset of 0.006 rounds away on any activation of
 magnitude ≥ 2, so the tuned path (the top k blocks, the final norm, a `project_out`, and the
-output product) runs on float32 copies of those modules while θ's own forward and the lower blocks stay in the
-model's dtype; the copies get float32 rotary cos/sin and attend over float32 K/V of θ. The
+output product) runs on float32 copies of those modules while θ's own forward and the lower
+blocks stay in the model's dtype; the copies get float32 rotary cos/sin and attend over float32
+K/V of θ. The
 measurements behind this choice: `docs/design.md` (Bias tuning, precision policy).
 """
 
