@@ -129,6 +129,21 @@ def test_opt_350m_layout_pools_after_project_out_and_tunes_the_blocks_only() -> 
     assert resolve_head(lm, "sentiment", None).hidden_size == 32
 
 
+def test_a_pool_as_wide_as_the_lm_head_reads_or_a_named_error() -> None:
+    """A layout this does not map (here: opt-350m without its `project_out`, so the last block
+    gives 64-wide states to a 32-wide LM head) is refused naming the model and the pool."""
+    import copy
+
+    from workers.methods.base import MethodError
+
+    lm = tiny("opt-proj")
+    broken = copy.deepcopy(lm.model)
+    broken.model.decoder.project_out = None
+    other = LoadedLM(lm.ref, broken, lm.tokenizer, lm.device, lm.family, lm.words)
+    with pytest.raises(MethodError, match=r"tiny-random/opt-proj reads 32-wide states, but "):
+        BiasTuner(other, 2, "last")
+
+
 def brute_force(
     lm: LoadedLM, ctx: StepContext, scope: str, head: nn.Module
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
