@@ -11,8 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 TINY_PREFIX = "tiny-random/"
-TINY_FAMILIES = ("gpt2", "opt", "falcon", "llama", "bert")
+TINY_FAMILIES = ("gpt2", "opt", "opt-proj", "falcon", "llama", "bert")
 TINY_SEED = 1234
+TINY_WIDTH = 64  # hidden size of every tiny model
+TINY_PROJECTED = 32  # `opt-proj`: the embeddings' and the LM head's width (projected in / out)
+
+
+def tiny_head_width(family: str) -> int:
+    """The width of the states the LM head of `tiny-random/<family>` reads (its attribute heads'
+    input width)."""
+    return TINY_PROJECTED if family == "opt-proj" else TINY_WIDTH
+
 
 _COMMON = """
 the a an and or but if then so because of to in on at by for with from about as into over
@@ -91,14 +100,27 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     pad = 2
     common: dict[str, Any] = {"vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
     if family == "gpt2":
-        return tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=512, **common)
+        return tf.GPT2Config(n_layer=4, n_embd=TINY_WIDTH, n_head=4, n_positions=512, **common)
     if family == "opt":
         return tf.OPTConfig(
             num_hidden_layers=4,
-            hidden_size=64,
+            hidden_size=TINY_WIDTH,
             num_attention_heads=4,
             ffn_dim=128,
-            word_embed_proj_dim=64,
+            word_embed_proj_dim=TINY_WIDTH,
+            max_position_embeddings=512,
+            pad_token_id=pad,
+            **common,
+        )
+    if family == "opt-proj":  # opt-350m's layout: post-norm blocks, no final norm, the
+        # embeddings (32 wide) projected in to the blocks' 64 and out again before the LM head
+        return tf.OPTConfig(
+            num_hidden_layers=4,
+            hidden_size=TINY_WIDTH,
+            num_attention_heads=4,
+            ffn_dim=128,
+            word_embed_proj_dim=TINY_PROJECTED,
+            do_layer_norm_before=False,
             max_position_embeddings=512,
             pad_token_id=pad,
             **common,
@@ -106,7 +128,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     if family == "falcon":
         return tf.FalconConfig(
             num_hidden_layers=4,
-            hidden_size=64,
+            hidden_size=TINY_WIDTH,
             num_attention_heads=4,
             new_decoder_architecture=False,
             multi_query=True,
@@ -119,7 +141,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     if family == "llama":
         return tf.LlamaConfig(
             num_hidden_layers=4,
-            hidden_size=64,
+            hidden_size=TINY_WIDTH,
             num_attention_heads=4,
             num_key_value_heads=2,
             intermediate_size=128,
@@ -130,7 +152,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     if family == "bert":  # an encoder, for classifier scorers in tests
         return tf.BertConfig(
             num_hidden_layers=2,
-            hidden_size=64,
+            hidden_size=TINY_WIDTH,
             num_attention_heads=4,
             intermediate_size=128,
             max_position_embeddings=512,

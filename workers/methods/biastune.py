@@ -7,6 +7,10 @@ touched. Because row s of every offset only reaches row s of the batch, one back
 Σ_s ℓ_s gives each sequence its own gradient, and one step of a fresh Adam is the closed form
 `δ = −lr · g / (|g| + eps)`.
 
+The pooled state the attribute head reads is what the LM head reads: the final norm's output,
+or `project_out`'s where a model projects its states out before the LM head (OPT-350m); a
+model that declares no final norm (OPT-350m's post-norm blocks) tunes its blocks only.
+
 The passes of one decoding step that use these pieces live in `workers.methods.tuner`.
 """
 
@@ -26,6 +30,8 @@ SCOPES = ("context", "last")
 ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
 # Attribute names of the final norm next to (or above) the decoder block list.
 FINAL_NORM_NAMES = ("ln_f", "norm", "final_layer_norm", "final_norm", "norm_f", "final_layernorm")
+# Attribute names of a projection between the final norm and the LM head (OPT-350m).
+PROJECT_OUT_NAMES = ("project_out",)
 
 
 @dataclass(frozen=True)
@@ -39,16 +45,34 @@ class HookPoint:
 
 @dataclass(frozen=True)
 class TuneSites:
-    """Where the offsets go: the affine modules of the top `k` blocks, then the final norm."""
+    """Where the offsets go: the affine modules of the top `k` blocks, then the final norm (when
+    the model has one); and what the tuned path passes through above the blocks."""
 
     blocks_path: str
     num_blocks: int
     k: int
-    points: tuple[HookPoint, ...]  # the final norm is the last point
+    points: tuple[HookPoint, ...]  # the blocks' points, then the final norm if there is one
+    # the modules between the last block and the LM head, in order: the final norm (if any),
+    # a projection out (`project_out`, if any)
+    above: tuple[HookPoint, ...]
+    # the module whose output the LM head reads (pooled for the attribute head): the last of
+    # `above`, or the last block when there is nothing above it
+    pool: HookPoint
+
+    @property
+    def has_final_norm(self) -> bool:
+        return bool(self.above) and self.above[0] is self.points[-1]
 
     @property
     def final_norm(self) -> HookPoint:
+        if not self.has_final_norm:
+            raise MethodError(f"bias tuning: the model has no final norm above {self.blocks_path}")
         return self.points[-1]
+
+    @property
+    def block_points(self) -> tuple[HookPoint, ...]:
+        """The hook points inside the tuned blocks (every point but the final norm)."""
+        return self.points[:-1] if self.has_final_norm else self.points
 
     def numel(self) -> int:
         """Tuned numbers per sequence (14,080 per block of GPT-2 large, plus ln_f)."""
@@ -90,19 +114,41 @@ def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
     )
 
 
-def _find_final_norm(model: nn.Module, blocks_path: str) -> tuple[str, nn.Module]:
-    """The final norm: a *Norm attribute of the block list's parent or one of its ancestors."""
+def _find_above(
+    model: nn.Module, blocks_path: str, names: tuple[str, ...], accept: Any = None
+) -> tuple[str, nn.Module | None] | None:
+    """The first attribute named in `names` of the block list's parent or one of its
+    ancestors that is a module (`accept`ed, when given): (path, module); (path, None) where the
+    model declares it absent (OPT-350m's `final_layer_norm = None`); None where no ancestor has
+    such an attribute."""
     parts = blocks_path.split(".")[:-1]
     while True:
         prefix = ".".join(parts)
         parent = model.get_submodule(prefix) if prefix else model
-        for attr in FINAL_NORM_NAMES:
-            module = getattr(parent, attr, None)
-            if isinstance(module, nn.Module) and affine_width(module) is not None:
-                return (f"{prefix}.{attr}" if prefix else attr), module
+        for attr in names:
+            if attr in vars(parent) or attr in parent._modules:
+                module = getattr(parent, attr)
+                path = f"{prefix}.{attr}" if prefix else attr
+                if module is None:
+                    return path, None
+                if isinstance(module, nn.Module) and (accept is None or accept(module)):
+                    return path, module
         if not parts:
-            break
+            return None
         parts.pop()
+
+
+def _find_final_norm(model: nn.Module, blocks_path: str) -> tuple[str, nn.Module] | None:
+    """The final norm: a *Norm attribute of the block list's parent or one of its ancestors;
+    None where the model declares it absent (an attribute set to None: OPT with post-norm
+    blocks, as OPT-350m).
+
+    Raises:
+        MethodError: no such attribute at all (an architecture this does not map).
+    """
+    found = _find_above(model, blocks_path, FINAL_NORM_NAMES, lambda m: affine_width(m) is not None)
+    if found is not None:
+        return None if found[1] is None else (found[0], found[1])
     raise MethodError(
         f"bias tuning: no final norm ({', '.join(FINAL_NORM_NAMES)}) found above "
         f"{blocks_path!r} in {type(model).__name__}; this architecture is not mapped"
@@ -130,9 +176,24 @@ def find_sites(model: nn.Module, k: int) -> TuneSites:
         if not found:
             raise MethodError(f"bias tuning: block {blocks_path}.{index} has no affine sub-module")
         points.extend(found)
-    norm_path, norm = _find_final_norm(model, blocks_path)
-    points.append(HookPoint(norm_path, norm, affine_width(norm) or 0))
-    return TuneSites(blocks_path=blocks_path, num_blocks=len(blocks), k=k, points=tuple(points))
+    above: list[HookPoint] = []
+    norm = _find_final_norm(model, blocks_path)
+    if norm is not None:
+        points.append(HookPoint(norm[0], norm[1], affine_width(norm[1]) or 0))
+        above.append(points[-1])
+    project = _find_above(model, blocks_path, PROJECT_OUT_NAMES)
+    if project is not None and project[1] is not None:
+        above.append(HookPoint(project[0], project[1], affine_width(project[1]) or 0))
+    last = len(blocks) - 1
+    pool = above[-1] if above else HookPoint(f"{blocks_path}.{last}", blocks[last], 0)
+    return TuneSites(
+        blocks_path=blocks_path,
+        num_blocks=len(blocks),
+        k=k,
+        points=tuple(points),
+        above=tuple(above),
+        pool=pool,
+    )
 
 
 @dataclass
@@ -140,12 +201,18 @@ class HookState:
     """What the hooks saw inside one `bias_offsets` block."""
 
     fired: set[str] = field(default_factory=set)
-    final_hidden: list[torch.Tensor] = field(default_factory=list)  # final norm outputs, (B, T, D)
+    # what the LM head read in each forward (`TuneSites.pool`'s output, offset included), (B, T, D)
+    final_hidden: list[torch.Tensor] = field(default_factory=list)
 
 
-def _offset_hook(
-    point: HookPoint, delta: torch.Tensor | None, state: HookState, capture: bool
-) -> Any:
+def _capture_hook(state: HookState) -> Any:
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        state.final_hidden.append(output[0] if isinstance(output, tuple) else output)
+
+    return hook
+
+
+def _offset_hook(point: HookPoint, delta: torch.Tensor | None, state: HookState) -> Any:
     def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         state.fired.add(point.name)
         offset = delta
@@ -166,8 +233,6 @@ def _offset_hook(
             else:
                 # (B, W) → (B, 1, ..., 1, W): one offset per sequence, broadcast over positions
                 output = output + offset.view((batch,) + (1,) * (output.ndim - 2) + (width,))
-        if capture:
-            state.final_hidden.append(output)
         return output
 
     return hook
@@ -179,8 +244,8 @@ def bias_offsets(
 ) -> Iterator[HookState]:
     """Add `deltas[i]` (B, width_i) to the output of `sites.points[i]` inside the block.
 
-    With `deltas=None` nothing is added; the final norm's outputs are still captured. The hooks
-    are removed on exit, also when the block raises.
+    With `deltas=None` nothing is added; what the LM head reads (`sites.pool`'s output, after
+    any offset) is still captured. The hooks are removed on exit, also when the block raises.
 
     Raises:
         MethodError: a hook point is no longer a sub-module of `model`, or shapes disagree.
@@ -190,22 +255,22 @@ def bias_offsets(
     state = HookState()
     handles = []
     try:
-        for i, point in enumerate(sites.points):
+        for point in (*sites.points, sites.pool):
             try:
                 present = model.get_submodule(point.name) is point.module
             except AttributeError:
                 present = False
             if not present:
                 raise MethodError(f"bias tuning: hook point {point.name} is missing from the model")
+        for i, point in enumerate(sites.points):
             delta = None if deltas is None else deltas[i]
             if delta is not None and delta.shape[-1] != point.width:
                 raise MethodError(
                     f"bias tuning: offset of {point.name} has width {delta.shape[-1]}, not {point.width}"
                 )
-            last = i == len(sites.points) - 1
-            handles.append(
-                point.module.register_forward_hook(_offset_hook(point, delta, state, last))
-            )
+            handles.append(point.module.register_forward_hook(_offset_hook(point, delta, state)))
+        # after the offsets: a final norm that is the pool point is captured with its offset
+        handles.append(sites.pool.module.register_forward_hook(_capture_hook(state)))
         yield state
     finally:
         for handle in handles:

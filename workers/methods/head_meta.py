@@ -37,10 +37,8 @@ KNOWN_HEADS: dict[str, dict[str, Any]] = {
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth")
 
-# Hidden sizes known without loading anything (the `tiny-random/*` models are all 64 wide;
-# `workers.tiny.tiny_config` builds them so).
+# Hidden sizes known without loading anything (the `tiny-random/*` models: `workers.tiny`).
 KNOWN_HIDDEN: dict[str, int] = {"gpt2-large": 1280, "opt-6.7b": 4096, "falcon-7b-instruct": 4544}
-TINY_HIDDEN = 64
 
 
 class HeadMetaError(ValueError):
@@ -111,10 +109,10 @@ def read_meta_file(path: Path) -> dict[str, Any]:
 
 def known_hidden_size(model_id: str) -> int | None:
     """The LM's final hidden width when it is known without loading the model."""
-    from workers.tiny import TINY_PREFIX
+    from workers.tiny import TINY_PREFIX, tiny_head_width
 
     if model_id.startswith(TINY_PREFIX):
-        return TINY_HIDDEN
+        return tiny_head_width(model_id[len(TINY_PREFIX) :])
     config = Path(os.path.expanduser(model_id)) / "config.json"
     if config.is_file():  # a local checkpoint: read its config
         try:

@@ -1,8 +1,9 @@
 """Attribute heads: linear classifiers on the mean-pooled final hidden states of a frozen LM.
 
 PPLM, UDDIA and the LIDAO family read the property of a text (non-toxic, positive...) through a
-head `W (C, D), b (C,)` applied to the mean of the LM's final hidden states (after the final
-norm). Heads are per LM and per task.
+head `W (C, D), b (C,)` applied to the mean of the LM's final hidden states: what the LM head
+reads (after the final norm, and after `project_out` where a model has one, as opt-350m; D is
+the LM head's input width). Heads are per LM and per task.
 
 File format written by the harness (`save_head`), two files side by side:
 

@@ -124,7 +124,8 @@ def make_cache(kv: KV, config: Any) -> DynamicCache:
 
 
 def window_mask(length: int, window: int, decay: bool, device: torch.device) -> torch.Tensor:
-    """(1, 1, length, 1) weights of the past positions the perturbation may change."""
+    """(1, 1, length, 1) float32 weights of the past positions the perturbation may change
+    (they multiply Δ's float32 gradients, never the model's keys and values)."""
     w = torch.ones(length, device=device)
     if 0 < window < length:
         w.zero_()
@@ -135,6 +136,16 @@ def window_mask(length: int, window: int, decay: bool, device: torch.device) -> 
         )
         w[length - window :] = ramp
     return w.view(1, 1, length, 1)
+
+
+def perturbed(past: KV, deltas: KV) -> KV:
+    """The history `past + Δ` in the cache's dtype: the sum is taken in float32 and rounded
+    once, so a half-precision model's attention gets keys and values of its own dtype (a
+    float32 Δ would promote them, and attention refuses float32 keys against a half query)."""
+    return [
+        ((k.float() + dk).to(k.dtype), (v.float() + dv).to(v.dtype))
+        for (k, v), (dk, dv) in zip(past, deltas)
+    ]
 
 
 def _kl(probs: torch.Tensor, unpert_probs: torch.Tensor) -> torch.Tensor:
@@ -187,8 +198,7 @@ class Perturber:
 
     def losses(self, s: StepInputs, deltas: KV) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) head cross-entropy and (B,) total loss at perturbation `deltas`."""
-        past = [(k + dk, v + dv) for (k, v), (dk, dv) in zip(s.past, deltas)]
-        logits, last_hidden, _ = self.forward_last(s, past)
+        logits, last_hidden, _ = self.forward_last(s, perturbed(s.past, deltas))
         probs = torch.softmax(logits, -1)
         total = s.hidden_sum + last_hidden.detach() + self.horizon(s, probs)  # (B, D)
         pooled = total / s.count.unsqueeze(-1)
@@ -199,9 +209,16 @@ class Perturber:
         return ce, ce + self.cfg.kl_scale * _kl(probs, torch.softmax(s.unpert_logits, -1))
 
     def run(self, s: StepInputs) -> tuple[torch.Tensor, KV, list[torch.Tensor]]:
-        """Perturbed (B, V) logits, the new history (T positions) and the (B,) CE of each iteration."""
+        """Perturbed (B, V) logits, the new history (T positions) and the (B,) CE of each iteration.
+
+        Δ, its gradients, norms and steps are float32 whatever the model's dtype (`perturbed`
+        casts where Δ meets the cache).
+        """
         cfg = self.cfg
-        deltas = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in s.past]
+        deltas = [
+            (torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32))
+            for k, v in s.past
+        ]
         mask_w = window_mask(s.past[0][0].shape[2], cfg.window_length, cfg.decay, s.mask.device)
         trace: list[torch.Tensor] = []
         for _ in range(cfg.steps):
@@ -218,8 +235,7 @@ class Perturber:
                 scale = (cfg.step_size / norm.pow(cfg.gamma)).view(-1, 1, 1, 1)
                 deltas.append(((dk - scale * gk).detach(), (dv - scale * gv).detach()))
         with torch.no_grad():
-            past = [(k + dk, v + dv) for (k, v), (dk, dv) in zip(s.past, deltas)]
-            logits, _, cache = self.forward_last(s, past)
+            logits, _, cache = self.forward_last(s, perturbed(s.past, deltas))
         return logits, [(k.detach(), v.detach()) for k, v in cache_tensors(cache)], trace
 
 

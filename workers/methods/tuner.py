@@ -18,9 +18,10 @@ recomputed with δ; `last` treats θ's cached states as constants (only the last
 the horizon carry gradient).
 
 Precision: in a half-precision model an offset of 0.006 rounds away on any activation of
-magnitude ≥ 2, so the tuned path (the top k blocks, the final norm and the output product)
-runs on float32 copies of those modules while θ's own forward and the lower blocks stay in the
-model's dtype; the copies get float32 rotary cos/sin and attend over float32 K/V of θ. The
+magnitude ≥ 2, so the tuned path (the top k blocks, the final norm, a `project_out`, and the
+output product) runs on float32 copies of those modules while θ's own forward and the lower
+blocks stay in the model's dtype; the copies get float32 rotary cos/sin and attend over float32
+K/V of θ. The
 measurements behind this choice: `docs/design.md` (Bias tuning, precision policy).
 """
 
@@ -248,7 +249,8 @@ def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
 
 
 class _Float32Top:
-    """float32 copies of the tuned blocks and the final norm, swapped in for the tuned passes.
+    """float32 copies of the tuned blocks and of what lies between them and the LM head (the
+    final norm, OPT-350m's `project_out`), swapped in for the tuned passes.
 
     Built only for a half-precision model; the originals stay in place for θ's forwards. The
     copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
@@ -275,11 +277,13 @@ class _Float32Top:
                     block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
                 copies[name] = block
             self.swaps.append((blocks, str(i), copies[name]))
-        parent_name, _, attr = sites.final_norm.name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        if "final_norm" not in copies:
-            copies["final_norm"] = copy.deepcopy(sites.final_norm.module).float()
-        self.swaps.append((parent, attr, copies["final_norm"]))
+        for point in sites.above:
+            parent_name, _, attr = point.name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            name = f"above.{point.name}"
+            if name not in copies:
+                copies[name] = copy.deepcopy(point.module).float()
+            self.swaps.append((parent, attr, copies[name]))
         with self.swapped():
             self.sites = find_sites(model, sites.k)
 
@@ -369,7 +373,7 @@ class BiasTuner:
         # `context` scope of a float32 model: the probe's re-run of the context takes the tuned
         # linear layers' outputs from θ's forwards (`_Replay`, recorded in `theta_forward`)
         self.replay_points: list[Any] = (
-            [p for p in self.sites.points[:-1] if replayable(p.module)]
+            [p for p in self.sites.block_points if replayable(p.module)]
             if not half and scope == "context"
             else []
         )
@@ -529,6 +533,13 @@ class BiasTuner:
             handle.remove()
         last = out.last_hidden_state
         norm_out = state.final_hidden[-1].to(last.device)
+        width = self.head.weight.shape[1]
+        if norm_out.shape[-1] != width:
+            raise MethodError(
+                f"bias tuning: the LM head of {self.lm.ref.id} reads {width}-wide states, but "
+                f"{self.sites.pool.name} (pooled for the attribute head) gives "
+                f"{norm_out.shape[-1]}; this layout is not mapped"
+            )
         return isinstance(outputs[0], tuple), bool(torch.equal(last, norm_out))
 
     def _block_output(self, states: torch.Tensor) -> Any:
@@ -785,15 +796,18 @@ class BiasTuner:
         T = ctx.input_ids.shape[1]
         if self._ctx_sum is not None and self._ctx_len == T:
             return self._ctx_sum
-        if T == 1:
-            return torch.zeros((ctx.input_ids.shape[0], self.embed.shape[1]), device=self.lm.device)
+        if T == 1:  # (as wide as what the LM head reads: OPT-350m's project_out changes it)
+            width = self.head_weight.shape[1]
+            return torch.zeros((ctx.input_ids.shape[0], width), device=self.lm.device)
         mask = ctx.attention_mask[:, :-1].unsqueeze(-1).float()
         hidden = ctx.hidden_states
         if self._hidden_is_norm and hidden is not None and hidden[-1].shape[1] == T:
             final = hidden[-1][:, :-1].float()  # the loop's prefill: every position
         else:
+            # θ's context through the modules the tuned path runs (a half-precision model's
+            # float32 copies, which the probe has swapped in already when it calls this)
             states = self._block_inputs(ctx)
-            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
+            with torch.no_grad(), self._tuned(None) as state:
                 from transformers.cache_utils import DynamicCache
 
                 self._top(ctx, slice(0, T - 1), states[:, :-1], DynamicCache())

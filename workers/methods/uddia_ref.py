@@ -11,8 +11,13 @@ prior is uniform, and `effective_params` says `prior: uniform`.
 (the untuned model, conditioned on BOS + prompt, over the generated tokens) is generated again
 with `REDO_STEP` fewer tuned blocks, at most `REDO_TRIES` generations in all and never below one
 block. Each try uses the job's own uniforms, so a row's result depends only on its spec and
-seed. The row keeps its last try; its `effective_params` record `blocks` of that try,
-`redo_tries` and `redo_ppl` (the perplexity of every try).
+seed. The row keeps the reference's choice: the first try with perplexity ≤ `REDO_PPL` (the
+tries stop there), else the try with the lowest perplexity (the earliest at a tie). A try
+without generated tokens has no perplexity and counts as ≤ `REDO_PPL`; a try that failed
+(`status: error`) is no candidate and ends the row's tries. The kept row's `effective_params`
+record `blocks` of the kept try, `redo_kept` (its number, 1 = the first generation),
+`redo_tries` (tries made) and `redo_ppl` (the perplexity of every try, in order; null for a
+failed try).
 """
 
 from __future__ import annotations
@@ -91,6 +96,17 @@ def continuation_ppl(lm: LoadedLM, prompt_ids: list[int], tokens: list[int]) -> 
     return float(torch.exp(nll))
 
 
+def kept_try(ppls: Sequence[float | None], ok: Sequence[bool]) -> int:
+    """The index of the try the reference keeps: the first ok try with perplexity ≤ `REDO_PPL`
+    (None: no tokens, counts as ≤), else the ok try with the lowest perplexity (the earliest at
+    a tie). The first try must be ok."""
+    for i, (ppl, good) in enumerate(zip(ppls, ok)):
+        if good and (ppl is None or ppl <= REDO_PPL):
+            return i
+    candidates = [(ppl, i) for i, (ppl, good) in enumerate(zip(ppls, ok)) if good]
+    return min(candidates, key=lambda c: (c[0] if c[0] is not None else -math.inf, c[1]))[1]
+
+
 def redo_rows(
     lm: LoadedLM,
     jobs: Sequence[JobSpec],
@@ -98,7 +114,8 @@ def redo_rows(
     blocks: int,
     retry: Callable[[int, Sequence[JobSpec]], list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """Regenerate, with fewer tuned blocks, the rows whose perplexity is above `REDO_PPL`.
+    """Regenerate, with fewer tuned blocks, the rows whose perplexity is above `REDO_PPL`, and
+    keep each row's try by the reference's choice (`kept_try`).
 
     Args:
         lm: θ, which scores the perplexity.
@@ -107,16 +124,15 @@ def redo_rows(
     """
     from workers.decoding import prompt_token_ids
 
-    rows = list(rows)
-    history: dict[int, list[float | None]] = {}
-    todo = []
-    for i, (job, row) in enumerate(zip(jobs, rows)):
-        if row["status"] != "ok":
-            continue
-        history[i] = [continuation_ppl(lm, prompt_token_ids(lm, job.prompt), row["token_ids"])]
-        if (history[i][-1] or 0.0) > REDO_PPL:
-            todo.append(i)
-    used = dict.fromkeys(history, blocks)
+    def ppl_of(i: int, row: dict[str, Any]) -> float | None:
+        return continuation_ppl(lm, prompt_token_ids(lm, jobs[i].prompt), row["token_ids"])
+
+    # per row whose first try is ok: every try's (row, blocks, perplexity, ok)
+    tries: dict[int, list[tuple[dict[str, Any], int, float | None, bool]]] = {}
+    for i, row in enumerate(rows):
+        if row["status"] == "ok":
+            tries[i] = [(row, blocks, ppl_of(i, row), True)]
+    todo = [i for i, t in tries.items() if t[0][2] is not None and t[0][2] > REDO_PPL]
     for _ in range(REDO_TRIES - 1):
         blocks -= REDO_STEP
         if not todo or blocks < 1:
@@ -124,16 +140,21 @@ def redo_rows(
         again = retry(blocks, [jobs[i] for i in todo])
         still = []
         for i, row in zip(todo, again):
-            if row["status"] != "ok":
-                continue  # keep the last good try
-            rows[i], used[i] = row, blocks
-            ppl = continuation_ppl(lm, prompt_token_ids(lm, jobs[i].prompt), row["token_ids"])
-            history[i].append(ppl)
-            if (ppl or 0.0) > REDO_PPL:
+            ok = row["status"] == "ok"
+            ppl = ppl_of(i, row) if ok else None
+            tries[i].append((row, blocks, ppl, ok))
+            if ok and ppl is not None and ppl > REDO_PPL:
                 still.append(i)
         todo = still
-    for i, ppls in history.items():
-        params = json.loads(rows[i]["effective_params"] or "{}")
-        params.update(redo=True, blocks=used[i], redo_tries=len(ppls), redo_ppl=ppls)
-        rows[i]["effective_params"] = json.dumps(params, sort_keys=True, default=str)
-    return rows
+    out = list(rows)
+    for i, made in tries.items():
+        ppls = [t[2] for t in made]
+        kept = kept_try(ppls, [t[3] for t in made])
+        row, used = dict(made[kept][0]), made[kept][1]
+        params = json.loads(row["effective_params"] or "{}")
+        params.update(
+            redo=True, blocks=used, redo_kept=kept + 1, redo_tries=len(made), redo_ppl=ppls
+        )
+        row["effective_params"] = json.dumps(params, sort_keys=True, default=str)
+        out[i] = row
+    return out
