@@ -11,7 +11,9 @@ quota's rate limiter and writes the cache. Actors set torch's threads to their C
 The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
 gets work before any gets a second chunk), waits with `ray.wait(timeout)`, and treats a call
 that outlives `call_timeout_s` like a dead actor: the actor is killed and replaced, the chunk
-retried elsewhere. Actors score; the driver writes the shards.
+retried elsewhere. Actors score and write their chunk's shard (`ScorerActor.score_chunk`);
+the driver gets back each row's job id and status, checks that every row came back once, and
+compacts the scorers' shards when the stage ends (`harness.scoring.compact_scores`).
 """
 
 from __future__ import annotations
@@ -326,7 +328,7 @@ class ScoreLoop:
             if item is None:
                 return
             chunk, attempts = item
-            ref = actor.handle.score.remote(chunk)
+            ref = actor.handle.score_chunk.remote(chunk)
             if not actor.calls:
                 actor.running_since = time.monotonic()
             actor.calls.append(ref)
@@ -352,7 +354,7 @@ class ScoreLoop:
             self._replace(pool, actor, f"died: {actor_error(exc, 200)}")
         else:
             try:
-                pool.work.write(self.store, chunk, list(out))
+                pool.work.write(self.store, chunk, list(out), written=True)
                 actor.chunks += 1
                 actor.rows += len(chunk)
             except ScoringError as exc:

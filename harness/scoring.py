@@ -23,6 +23,7 @@ one scorer after the other. The driver imports no torch: scorer modules import i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from harness.score_follow import Followed
 
 Row = dict[str, Any]
+log = logging.getLogger("harness")
 GIVE_UP_IN_A_ROW = 5  # chunks given up one after the other: the scorer stops
 
 
@@ -119,19 +121,15 @@ class Work:
         chunk = self.feed.next_chunk()
         return None if chunk is None else (chunk, 0)
 
-    def write(self, store: RunStore, chunk: list[Row], out: list[Row]) -> None:
-        """Check that every input row came back exactly once, then write the shard."""
-        want = sorted(r["job_id"] for r in chunk)
-        got = sorted(r["job_id"] for r in out)
-        if want != got:
-            lost = sorted(set(want) - set(got))[:3]
-            raise ScoringError(
-                f"scorer {self.name!r} returned {len(out)} rows for {len(chunk)} "
-                f"(one per row expected; e.g. missing {lost})"
-            )
-        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
-        if kept:
-            store.write_scores(self.name, SCORER_METRICS[self.name], kept)
+    def write(
+        self, store: RunStore, chunk: list[Row], out: list[Row], written: bool = False
+    ) -> None:
+        """Check that every input row came back exactly once, then write the shard (unless
+        `written`: an actor wrote it and `out` holds only each row's job id and status)."""
+        if not written:
+            write_chunk(store, self.name, chunk, out)
+        else:
+            check_rows(self.name, chunk, out)
         self.given_up_in_a_row = 0
         self.statuses.update(r["status"] for r in out)
         if self.progress is not None:  # empty rows are not failures
@@ -180,6 +178,41 @@ class Work:
             "elapsed_s": round(time.perf_counter() - self.started, 3),
             "scorer": scorer_stats,
         }
+
+
+def check_rows(name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
+    """Raises `ScoringError` unless `out` holds one row per row of `chunk` (by job id)."""
+    want = sorted(r["job_id"] for r in chunk)
+    got = sorted(r["job_id"] for r in out)
+    if want != got:
+        lost = sorted(set(want) - set(got))[:3]
+        raise ScoringError(
+            f"scorer {name!r} returned {len(out)} rows for {len(chunk)} "
+            f"(one per row expected; e.g. missing {lost})"
+        )
+
+
+def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
+    """Check the scorer's rows (`check_rows`) and write them as one atomic shard; rows with
+    status `missing` (cache-only Perspective) are not scores and are not written."""
+    check_rows(name, chunk, out)
+    kept = [r for r in out if r["status"] != "missing"]
+    if kept:
+        store.write_scores(name, SCORER_METRICS[name], kept)
+
+
+def compact_scores(store: RunStore, names: Sequence[str]) -> dict[str, int]:
+    """Compact each scorer's chunk shards (`RunStore.compact_scores`); name → shards merged.
+
+    A failure is logged, not raised: the chunk shards are whole, and the next pass compacts.
+    """
+    merged = {}
+    for name in names:
+        try:
+            merged[name] = store.compact_scores(name, SCORER_METRICS[name])
+        except Exception as exc:  # noqa: BLE001 - the scores are on disk either way
+            log.warning("scorer %s: compacting its score shards failed: %s", name, exc)
+    return merged
 
 
 def new_work(
@@ -259,15 +292,32 @@ def score_run(
         ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
             every retry (the others still finish, and what was scored is on disk).
     """
+    names = [name for name, _ in scorers if name in SCORER_METRICS]
     try:
-        stats, failures = _score(
-            store, scorers, context, use_ray, batch_size, progress, start_timeout_s, pools, followed
-        )
-    finally:
-        if followed is not None:
-            followed.close()  # what no scorer of this pass took over (or an error came first)
+        try:
+            stats, failures = _score(
+                store,
+                scorers,
+                context,
+                use_ray,
+                batch_size,
+                progress,
+                start_timeout_s,
+                pools,
+                followed,
+            )
+        finally:
+            if followed is not None:
+                followed.close()  # what no scorer of this pass took over (or an error came first)
+    except Exception:
+        compact_scores(store, names)  # what was scored before the error (shards are whole)
+        raise
+    merged = compact_scores(store, names)
     if followed is not None:
         followed.add_to(stats)
+    for name, count in merged.items():
+        if name in stats:
+            stats[name]["compacted_shards"] = count
     if failures:
         lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
         raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)

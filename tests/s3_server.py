@@ -109,9 +109,7 @@ class CountingMotoServer(ThreadedMotoServer):
                     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
                     b"<Message>injected fault</Message></Error>"
                 )
-                start_response(
-                    f"{status} Injected", [("Content-Type", "application/xml")]
-                )
+                start_response(f"{status} Injected", [("Content-Type", "application/xml")])
                 return [body]
             return app(environ, start_response)
 

@@ -58,7 +58,10 @@ def test_score_adds_a_scorer_to_a_run_made_before_it_existed(tmp_path: Path) -> 
     assert sorted(vader["job_id"]) == [
         f"j{i:03d}" for i in range(6)
     ]  # error generations are not scored
-    assert len(store.list_shards("scores", "sentiment-vader")) == 2  # chunks of 4: 4 + 2 rows
+    # chunks of 4: shards of 4 + 2 rows, compacted when the stage ends into one
+    assert both["sentiment-vader"]["compacted_shards"] == 2
+    (shard,) = store.list_shards("scores", "sentiment-vader")
+    assert shard.rsplit("/", 1)[1].startswith("part-c-")
 
 
 def test_rerunning_does_no_work(tmp_path: Path) -> None:

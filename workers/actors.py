@@ -92,7 +92,10 @@ class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
     A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`harness.scoring.scorer_context`).
+    context names a `cache_dir` (`harness.scoring.scorer_context`). `score_chunk` writes the
+    chunk's score shard itself (atomic, named by its job ids and the scorer version, so a
+    retried chunk rewrites the same file) and returns only each row's job id and status:
+    the driver never carries score rows.
     """
 
     def __init__(
@@ -107,6 +110,8 @@ class ScorerActor:
 
         set_threads(threads)
         self.mirror: Any = None
+        self.name, self.run_uri = name, run_uri
+        self.store: Any = None
         if run_uri is not None:
             from harness.scoring import scorer_context
 
@@ -136,6 +141,20 @@ class ScorerActor:
         if self.mirror is not None:
             self.mirror.maybe_put()
         return out
+
+    def score_chunk(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Score `rows`, check one row came back per row, write the shard; returns
+        `{job_id, status}` per row."""
+        from harness.scoring import write_chunk
+        from results.store import RunStore
+
+        if self.run_uri is None:
+            raise ValueError("ScorerActor.score_chunk needs the run's URI (run_uri)")
+        if self.store is None:
+            self.store = RunStore(self.run_uri)
+        out = self.score(rows)
+        write_chunk(self.store, self.name, rows, out)
+        return [{"job_id": r["job_id"], "status": r["status"]} for r in out]
 
     def close(self) -> dict[str, Any]:
         stats = dict(self.scorer.close())
