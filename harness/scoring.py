@@ -237,21 +237,26 @@ class ScoreBuffer:
         kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
         if kept and not self.rows:
             self.since = time.monotonic()
+        held = len(self.rows)
         self.rows.extend(kept)
         if len(self.rows) >= self.flush_rows or (
             self.rows and time.monotonic() - self.since >= self.flush_s
         ):
-            self.flush()
+            try:
+                self.flush()
+            except BaseException:
+                del self.rows[held:]  # this chunk fails (and is retried); the rest stays held
+                raise
             return True
         return False
 
     def flush(self) -> int:
-        """Write what is held as one shard; returns how many rows."""
-        rows, self.rows = self.rows, []
-        if rows:
-            self.store.write_scores(self.name, SCORER_METRICS[self.name], rows)
+        """Write what is held as one shard; returns how many rows. A failed write keeps them."""
+        if self.rows:
+            self.store.write_scores(self.name, SCORER_METRICS[self.name], self.rows)
             self.shards += 1
-        return len(rows)
+        count, self.rows = len(self.rows), []
+        return count
 
 
 def compact_scores(store: RunStore, names: Sequence[str]) -> dict[str, int]:
@@ -261,8 +266,11 @@ def compact_scores(store: RunStore, names: Sequence[str]) -> dict[str, int]:
     """
     merged = {}
     for name in names:
+        metric = SCORER_METRICS.get(name)  # plugins are registered by then; unknown: skipped
+        if metric is None:
+            continue
         try:
-            merged[name] = store.compact_scores(name, SCORER_METRICS[name])
+            merged[name] = store.compact_scores(name, metric)
         except Exception as exc:  # noqa: BLE001 - the scores are on disk either way
             log.warning("scorer %s: compacting its score shards failed: %s", name, exc)
     return merged
@@ -345,7 +353,7 @@ def score_run(
         ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
             every retry (the others still finish, and what was scored is on disk).
     """
-    names = [name for name, _ in scorers if name in SCORER_METRICS]
+    names = [name for name, _ in scorers]
     try:
         try:
             stats, failures = _score(

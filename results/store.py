@@ -325,15 +325,20 @@ class RunStore:
         if len(small) < 2:
             return 0
         written: list[str] = []
-        for attempt in (0, 1):
-            try:
-                written = self._compact(small, target_rows)
-                break
-            except StoreError:
-                with ThreadPoolExecutor(8) as pool:  # this attempt's outputs: start again
-                    list(pool.map(self.delete, written))
-                if attempt or not self.reader.quarantine_unreadable(("generations",)):
-                    raise
+
+        def compact() -> None:
+            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
+                list(pool.map(self.delete, written))
+            written.clear()
+            existing = {i.path for i in self.reader.listing(("generations",))}
+            self._compact([p for p in small if p in existing], target_rows, written)
+
+        try:  # transient faults wait and retry; damaged shards are quarantined on the way
+            self.reader.retrying(compact, parts=("generations",))
+        except StoreError:
+            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
+                list(pool.map(self.delete, written))
+            raise
         existing = {i.path for i in self.reader.listing(("generations",))}
         small = [p for p in small if p in existing]  # not those quarantined on the way
         done = set(written)
@@ -343,10 +348,10 @@ class RunStore:
         log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
         return len(small)
 
-    def _compact(self, small: list[str], target_rows: int) -> list[str]:
-        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
+    def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
+        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time;
+        each path written is appended to `written` at once (a failure deletes them)."""
         both = self._failed_with_ok(small)
-        written: list[str] = []
         group: list[pa.RecordBatch] = []
         rows = 0
 
@@ -375,7 +380,6 @@ class RunStore:
                 group, rows = [], 0
         if group:
             flush()
-        return written
 
     def _failed_with_ok(self, paths: list[str]) -> DoneIds:
         """Ids with an error row *and* an ok row among `paths`: two streamed scans of

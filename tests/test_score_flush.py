@@ -53,6 +53,26 @@ def test_the_buffer_writes_one_shard_per_flush_and_checks_every_chunk(tmp_path: 
     assert sorted(store.read_scores("gender", "gender")["job_id"]) == IDS
 
 
+def test_a_failed_write_keeps_the_rows_held_and_fails_only_the_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RunStore(str(tmp_path))
+    buf = ScoreBuffer(store, "gender", flush_rows=3)
+    assert not buf.add([{"job_id": "j000"}, {"job_id": "j001"}], rows(["j000", "j001"]))
+    real = store.write_scores
+
+    def full_disk(*args: Any) -> str:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(store, "write_scores", full_disk)
+    with pytest.raises(OSError, match="no space"):
+        buf.add([{"job_id": "j002"}, {"job_id": "j003"}], rows(["j002", "j003"]))
+    assert [r["job_id"] for r in buf.rows] == ["j000", "j001"]  # the failed chunk is retried
+    monkeypatch.setattr(store, "write_scores", real)
+    assert buf.add([{"job_id": "j002"}, {"job_id": "j003"}], rows(["j002", "j003"]))
+    assert sorted(store.read_scores("gender", "gender")["job_id"]) == IDS[:4]
+
+
 def test_an_actor_that_dies_holding_rows_has_its_chunks_scored_again(
     ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
