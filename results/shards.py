@@ -268,13 +268,17 @@ class ShardReader:
         paths: Sequence[str] | None = None,
         parts: Sequence[str] | None = None,
     ) -> T:
-        """`read()`, tried again when it raises `StoreError`: first the shards among `paths`
-        (or listed in RUN/<parts> at the time; default: none) that are damaged as stored are quarantined (`_damaged`); when none is,
-        the error is taken for a transient one and the read waits (`RETRY_BACKOFF_S`, doubling)
-        before the next of `READ_TRIES` attempts. The last attempt's error is raised, saying
-        that no shard was found damaged; nothing healthy is ever moved."""
-        delay = RETRY_BACKOFF_S
-        for attempt in range(1, READ_TRIES + 1):
+        """`read()`, tried again when it raises `StoreError`.
+
+        First the shards among `paths` (or those listed in RUN/<parts> at the time; default:
+        none) that are damaged as stored are quarantined (`_damaged`) and the read runs again
+        at once (each such pass moves a shard: it ends). When none is damaged the error is taken
+        for a transient one: the read waits (`RETRY_BACKOFF_S`, doubling) and runs again, up to
+        `READ_TRIES` attempts; the last one's error is raised, saying that no shard was found
+        damaged. Nothing healthy is ever moved.
+        """
+        delay, attempt = RETRY_BACKOFF_S, 1
+        while True:
             try:
                 return read()
             except NewerSchemaError:
@@ -289,8 +293,8 @@ class ShardReader:
                 for path, error in bad.items():
                     self._quarantine(path, error)
                 if bad:
-                    continue  # the read goes on without them; no wait, no attempt charged
-                if attempt == READ_TRIES:
+                    continue  # the read goes on without them
+                if attempt >= READ_TRIES:
                     raise StoreError(
                         f"{exc} (tried {READ_TRIES} times; no shard is damaged as stored: "
                         "a storage or network fault? run the command again)"
@@ -306,7 +310,7 @@ class ShardReader:
                 )
                 time.sleep(delay)
                 delay *= 2
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def iter_batches(
         self,
@@ -368,8 +372,14 @@ class ShardReader:
         """
         if not paths:
             return {}
-        fs = self.reopen()
-        sizes = {i.path: i.size for i in fs.get_file_info(list(paths))}
+        try:
+            fs = self.reopen()
+            sizes = {i.path: i.size for i in fs.get_file_info(list(paths))}
+        except OSError as exc:  # cannot even ask: nothing can be judged damaged
+            log.info(
+                "%s: sizes unknown on a fresh connection (%s): nothing quarantined", self.uri, exc
+            )
+            return {}
 
         def probe(path: str) -> str | None:
             try:

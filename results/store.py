@@ -436,10 +436,12 @@ class RunStore:
         written: list[str] = []
 
         def compact() -> None:
+            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
+                list(pool.map(self.delete, written))
+            written.clear()
             existing = {i.path for i in self.reader.listing(("scores", scorer))}
-            written[:] = self._compact_scores(
-                scorer, score_schema(metric), [i for i in small if i.path in existing], target_rows
-            )
+            inputs = [i for i in small if i.path in existing]
+            self._compact_scores(scorer, score_schema(metric), inputs, target_rows, written)
 
         try:
             self.reader.retrying(compact, parts=("scores", scorer))
@@ -463,12 +465,18 @@ class RunStore:
         return len(inputs)
 
     def _compact_scores(
-        self, scorer: str, schema: pa.Schema, small: list[pafs.FileInfo], target_rows: int
-    ) -> list[str]:
+        self,
+        scorer: str,
+        schema: pa.Schema,
+        small: list[pafs.FileInfo],
+        target_rows: int,
+        written: list[str],
+    ) -> None:
+        """Write the rows of `small` as compacted shards (`compact_scores`); each path written
+        is appended to `written` at once."""
         groups: dict[str, list[pa.Table]] = {}
         rows: dict[str, int] = {}
         stamps: dict[str, float] = {}
-        written: list[str] = []
 
         def flush(version: str) -> None:
             table = pa.concat_tables(groups.pop(version))
@@ -493,7 +501,6 @@ class RunStore:
                     flush(version)
         for version in list(groups):
             flush(version)
-        return written
 
     def score_versions(self, scorer: str) -> dict[str, float]:
         """Scorer version → when its newest rows were written (unix seconds): a chunk shard's
@@ -504,11 +511,11 @@ class RunStore:
         """
         newest: dict[str, float] = {}
         key = pa.schema([("scorer_version", pa.string())])
-        infos = self.reader.listing(("scores", scorer))
-        stamps = {i.path: _stamp(i) for i in infos}
 
         def read() -> None:
             newest.clear()
+            infos = self.reader.listing(("scores", scorer))  # again after a quarantine
+            stamps = {i.path: _stamp(i) for i in infos}
             compacted = [i.path for i in infos if i.base_name.startswith("part-c-")]
             chunks = [i.path for i in infos if not i.base_name.startswith("part-c-")]
             found: list[tuple[str, float]] = []

@@ -213,7 +213,8 @@ def test_a_score_compaction_killed_before_deleting_counts_nothing_twice(tmp_path
         store.write_scores("sentiment-vader", "sentiment", score_rows(range(k, k + 4), "new"))
     chunks = store.reader.listing(("scores", "sentiment-vader"))
     # what a compaction killed before its deletes leaves: the new shard beside its inputs
-    written = store._compact_scores("sentiment-vader", score_schema("sentiment"), chunks, 100)
+    written: list[str] = []
+    store._compact_scores("sentiment-vader", score_schema("sentiment"), chunks, 100, written)
     assert len(written) == 1 and len(store.list_shards("scores", "sentiment-vader")) == 3
     frame = RunStore(str(tmp_path)).read_scores("sentiment-vader", "sentiment")
     assert sorted(frame["job_id"]) == [f"j{i:03d}" for i in range(8)]
