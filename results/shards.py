@@ -71,6 +71,24 @@ class StoreError(RuntimeError):
     """A run directory that cannot be read or written as asked."""
 
 
+def retry_io(read: Callable[[], T], what: str) -> T:
+    """`read()`, tried `READ_TRIES` times (waiting `RETRY_BACKOFF_S`, doubling) while it raises
+    an `OSError` (a transport fault: pyarrow's S3 and network errors are `OSError`s); a file
+    that is not Parquet (`ArrowInvalid`) is not retried. For single files such as the plan,
+    which are never quarantined."""
+    delay = RETRY_BACKOFF_S
+    for attempt in range(1, READ_TRIES + 1):
+        try:
+            return read()
+        except OSError as exc:
+            if attempt == READ_TRIES:
+                raise
+            log.warning("%s: read failed (%s); trying again in %.1fs", what, exc, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
 class NewerSchemaError(StoreError):
     """A shard written by a newer schema version than this code reads (never retried)."""
 
@@ -448,9 +466,13 @@ class ShardReader:
 
     def read_file(self, path: str, columns: list[str] | None = None) -> pa.Table:
         """One Parquet file (e.g. the plan); an unreadable one is an error naming it."""
-        try:
+
+        def read() -> pa.Table:
             with self.fs.open_input_file(path) as fh:
-                table = pq.read_table(fh, columns=columns)
+                return pq.read_table(fh, columns=columns)
+
+        try:
+            table = retry_io(read, path)
         except (pa.ArrowException, OSError) as exc:
             msg = str(exc).replace("'<Buffer>'", f"'{path}'")
             raise StoreError(f"{path}: unreadable Parquet file: {msg}") from exc

@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,6 +39,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.spec import JobSpec, plan_columns
+from results import shards as shard_io
 from results.done import DoneIds
 from results.schema import GENERATION_SCHEMA, PLAN_SCHEMA, SCHEMA_VERSION, score_schema
 from results.shards import (
@@ -181,11 +183,28 @@ class RunStore:
         return _frame(self.reader.read_file(self.path("plan.parquet"), columns))
 
     def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
-        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk."""
-        with self.fs.open_input_file(self.path("plan.parquet")) as fh:
-            plan = pq.ParquetFile(fh)
-            for i in range(plan.num_row_groups):
-                yield plan.read_row_group(i, columns=columns)
+        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk.
+
+        A transport fault reopens the file and goes on at the row group that failed
+        (`retry_io`'s attempts and waits, counted over the whole pass)."""
+        path, done, failures = self.path("plan.parquet"), 0, 0
+        delay = shard_io.RETRY_BACKOFF_S
+        while True:
+            try:
+                with self.fs.open_input_file(path) as fh:
+                    plan = pq.ParquetFile(fh)
+                    while done < plan.num_row_groups:
+                        table = plan.read_row_group(done, columns=columns)
+                        done += 1
+                        yield table
+                return
+            except OSError as exc:
+                failures += 1
+                if failures >= shard_io.READ_TRIES:
+                    raise StoreError(f"{path}: reading failed {failures} times: {exc}") from exc
+                log.warning("%s: read failed (%s); trying again in %.1fs", path, exc, delay)
+                time.sleep(delay)
+                delay *= 2
 
     # ---- generations ---------------------------------------------------------------------
     def write_generations(self, rows: Sequence[dict[str, Any]], kind: str = "") -> str:

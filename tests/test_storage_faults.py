@@ -89,6 +89,22 @@ def test_a_transient_read_error_during_resume_is_retried(
     assert again.quarantine_files() == [] and len(again.list_shards("generations")) == 3
 
 
+def test_the_plan_is_read_again_after_a_transient_error(
+    server: CountingMotoServer, quick_retries: None
+) -> None:
+    from tests.helpers import make_jobs
+
+    store = RunStore(server.uri("runs", "plan"))
+    jobs = make_jobs(n=6)
+    store.write_plan_jobs([jobs[:3], jobs[3:]])  # two row groups
+    server.fail("GET /runs/plan/plan.parquet", times=5)  # more than the SDK's 2 tries
+    again = RunStore(store.uri)
+    ids = [i for t in again.iter_plan(["job_id"]) for i in t["job_id"].to_pylist()]
+    assert ids == [j.job_id for j in jobs]
+    server.fail("GET /runs/plan/plan.parquet", times=4)
+    assert again.read_plan()["job_id"].to_list() == ids
+
+
 def test_a_read_error_that_outlasts_every_retry_quarantines_nothing(
     server: CountingMotoServer, quick_retries: None
 ) -> None:
