@@ -95,6 +95,7 @@ def _status_kb(field: str) -> int:
 
 
 COUNTED_URI: str | None = None  # an s3:// URI of the counting moto server (`--s3`)
+RAY = False  # `--score-ray`: the score phase on a local Ray (actors score; CPU s is the driver's)
 
 
 def _requests() -> dict[str, int] | None:
@@ -207,13 +208,15 @@ def phase_score(uri: str, batch: int) -> dict[str, Any]:
     from workers.scorers.base import ScorerContext
 
     store = RunStore(uri)
-    held, scoring.compact_scores = scoring.compact_scores, lambda store, names: {}
+    held = getattr(scoring, "compact_scores", None)
+    scoring.compact_scores = lambda store, names: {}  # type: ignore[attr-defined]
     try:
         stats = scoring.score_run(
-            store, [("gender", {})], ScorerContext(), False, batch, progress=False
+            store, [("gender", {})], ScorerContext(), RAY, batch, progress=False
         )
     finally:
-        scoring.compact_scores = held
+        if held is not None:
+            scoring.compact_scores = held
     return {
         "scored": stats["gender"]["scored"],
         "files": len(store.list_shards("scores", "gender")),
@@ -296,10 +299,19 @@ def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
 
 
 def child(args: argparse.Namespace) -> None:
-    global COUNTED_URI
+    global COUNTED_URI, RAY
     uri, n = args.uri, args.n
     if uri.startswith("s3://"):
         COUNTED_URI = uri
+    if args.score_ray:
+        import ray
+
+        RAY = True
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(  # a new local Ray, never one another process started
+            address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1"
+        )
     want = set(args.phases)
     out = []
     if want & {"run", "run-resume"}:
@@ -333,7 +345,7 @@ def run_size(n: int, uri: str, args: argparse.Namespace, env: dict[str, str]) ->
     cmd = [sys.executable, __file__, "--child", "--n", str(n), "--uri", uri]
     cmd += ["--shard-rows", str(args.shard_rows), "--compact-batches", str(args.compact_batches)]
     cmd += ["--batch-size", str(args.batch_size), "--score-batch", str(args.score_batch)]
-    cmd += ["--phases", *args.phases]
+    cmd += ["--phases", *args.phases] + (["--score-ray"] if args.score_ray else [])
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"size {n} on {uri} failed:\n{res.stderr[-3000:]}")
@@ -373,6 +385,11 @@ def main() -> None:
         "compacting the score shards; run: the real driver path (run and run-resume)",
     )
     parser.add_argument("--score-batch", type=int, default=64, help="rows per scored chunk")
+    parser.add_argument(
+        "--score-ray",
+        action="store_true",
+        help="score on a local Ray (127.0.0.1, 4 logical CPUs): the CPU column is the driver's",
+    )
     parser.add_argument("--batch-size", type=int, default=512, help="runtime.batch_size of run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
