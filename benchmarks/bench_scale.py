@@ -14,6 +14,13 @@ of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
 * resume    a new `RunStore`: `done_ids()` + the plan again + `pending_chunks` (must be 0)
 * status    `harness.status.run_status`
 * score-read `RunStore.iter_generations` over the columns a scorer reads, batch by batch
+* score     (`--phases scores`, after plan/fakegen) the real scoring stage
+            (`harness.scoring.score_run`, `--no-ray`, the gender scorer, chunks of
+            `--score-batch` rows), its compaction held back: one shard per chunk, as before
+* status-chunks / aggregate-chunks   `status` and the aggregation read (`results.join.join_run`)
+            over those chunk shards
+* compact-scores `RunStore.compact_scores` (what `score_run` does when the stage ends)
+* status-compact / aggregate-compact   the same two reads over the compacted shards
 * run       the real `harness.driver.run` path up to scoring, on a fresh run directory:
             `driver.plan_stage` (prompt-list config → streamed plan, identity check, counts) and
             `driver.generation_stage` (per-model lazy queues → the dispatcher, `--no-ray`, with
@@ -23,7 +30,8 @@ of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
 Each phase prints its wall and CPU time (the machine may be shared: CPU time is the steadier
 one), wall µs per job, and the process's peak resident memory during the
 phase (VmHWM, reset before each phase through /proc/self/clear_refs) minus the resident memory
-before it. A last line per size compacts one-shard-per-batch output (`--compact-batches`
+before it; on S3 also the requests the moto server answered during the phase (`tests/s3_server.py`
+counts them; "files" lines give the score shards per scorer). A last line per size compacts one-shard-per-batch output (`--compact-batches`
 batches of 8) to show the cost of compaction.
 """
 
@@ -86,15 +94,33 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+COUNTED_URI: str | None = None  # an s3:// URI of the counting moto server (`--s3`)
+RAY = False  # `--score-ray`: the score phase on a local Ray (actors score; CPU s is the driver's)
+
+
+def _requests() -> dict[str, int] | None:
+    if COUNTED_URI is None:
+        return None
+    from tests.s3_server import remote_counts
+
+    return dict(remote_counts(COUNTED_URI))
+
+
 def measured(name: str, n_jobs: int, body: Callable[[], Any]) -> dict[str, Any]:
     with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
         fh.write("5")  # reset the peak (VmHWM) to the current resident set
     before = _status_kb("VmRSS")
+    counts = _requests()
     start, cpu = time.perf_counter(), time.process_time()
     result = body()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = _status_kb("VmHWM")
+    after = _requests()
+    requests = None
+    if counts is not None and after is not None:
+        requests = {k: v - counts.get(k, 0) for k, v in after.items() if v - counts.get(k, 0)}
     return {
+        "requests": requests,
         "phase": name,
         "jobs": n_jobs,
         "s": round(wall, 3),
@@ -176,6 +202,39 @@ def phase_compact(uri: str, batches: int) -> dict[str, Any]:
     return {"write_s": round(written, 2), "merged": merged}
 
 
+def phase_score(uri: str, batch: int) -> dict[str, Any]:
+    """The scoring stage in this process, one shard per chunk (its compaction held back)."""
+    from harness import scoring
+    from workers.scorers.base import ScorerContext
+
+    store = RunStore(uri)
+    held = getattr(scoring, "compact_scores", None)
+    scoring.compact_scores = lambda store, names: {}  # type: ignore[attr-defined]
+    try:
+        stats = scoring.score_run(
+            store, [("gender", {})], ScorerContext(), RAY, batch, progress=False
+        )
+    finally:
+        if held is not None:
+            scoring.compact_scores = held
+    return {
+        "scored": stats["gender"]["scored"],
+        "files": len(store.list_shards("scores", "gender")),
+    }
+
+
+def phase_compact_scores(uri: str) -> dict[str, Any]:
+    store = RunStore(uri)
+    merged = store.compact_scores("gender", "gender")
+    return {"merged": merged, "files": len(store.list_shards("scores", "gender"))}
+
+
+def phase_aggregate_read(uri: str) -> int:
+    from results.join import join_run
+
+    return join_run(RunStore(uri)).frame.height
+
+
 # ---- the real driver path, with a fake generator -------------------------------------------
 class FakeGenerator:
     """Stands in for `workers.generator.Generator` in the `--no-ray` backend: writes one shard
@@ -240,7 +299,19 @@ def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
 
 
 def child(args: argparse.Namespace) -> None:
+    global COUNTED_URI, RAY
     uri, n = args.uri, args.n
+    if uri.startswith("s3://"):
+        COUNTED_URI = uri
+    if args.score_ray:
+        import ray
+
+        RAY = True
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(  # a new local Ray, never one another process started
+            address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1"
+        )
     want = set(args.phases)
     out = []
     if want & {"run", "run-resume"}:
@@ -257,6 +328,13 @@ def child(args: argparse.Namespace) -> None:
         out.append(measured("resume", n, lambda: phase_resume(uri, n)))
         out.append(measured("status", n, lambda: phase_status(uri)))
         out.append(measured("score-read", n, lambda: phase_score_read(uri)))
+        if "scores" in want:
+            out.append(measured("score", n, lambda: phase_score(uri, args.score_batch)))
+            out.append(measured("status-chunks", n, lambda: phase_status(uri)))
+            out.append(measured("aggregate-chunks", n, lambda: phase_aggregate_read(uri)))
+            out.append(measured("compact-scores", n, lambda: phase_compact_scores(uri)))
+            out.append(measured("status-compact", n, lambda: phase_status(uri)))
+            out.append(measured("aggregate-compact", n, lambda: phase_aggregate_read(uri)))
         if args.compact_batches:
             out.append(measured("compact", n, lambda: phase_compact(uri, args.compact_batches)))
     print(json.dumps(out))
@@ -266,7 +344,8 @@ def child(args: argparse.Namespace) -> None:
 def run_size(n: int, uri: str, args: argparse.Namespace, env: dict[str, str]) -> list[Any]:
     cmd = [sys.executable, __file__, "--child", "--n", str(n), "--uri", uri]
     cmd += ["--shard-rows", str(args.shard_rows), "--compact-batches", str(args.compact_batches)]
-    cmd += ["--batch-size", str(args.batch_size), "--phases", *args.phases]
+    cmd += ["--batch-size", str(args.batch_size), "--score-batch", str(args.score_batch)]
+    cmd += ["--phases", *args.phases] + (["--score-ray"] if args.score_ray else [])
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if res.returncode != 0:
         raise SystemExit(f"size {n} on {uri} failed:\n{res.stderr[-3000:]}")
@@ -275,14 +354,18 @@ def run_size(n: int, uri: str, args: argparse.Namespace, env: dict[str, str]) ->
 
 def report(backend: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n== {backend}")
-    head = f"{'phase':<11}{'jobs':>9}{'wall s':>9}{'CPU s':>8}{'µs/job':>9}{'peak ΔRSS MB':>14}"
-    print(head + "  result")
+    head = f"{'phase':<18}{'jobs':>9}{'wall s':>9}{'CPU s':>8}{'µs/job':>9}{'peak ΔRSS MB':>14}"
+    print(head + f"{'requests':>10}  result")
     for r in rows:
         result = json.dumps(r["result"]) if not isinstance(r["result"], int) else r["result"]
+        reqs = r.get("requests")
+        total = "" if reqs is None else str(sum(reqs.values()))
         print(
-            f"{r['phase']:<11}{r['jobs']:>9}{r['s']:>9.2f}{r['cpu_s']:>8.2f}{r['us_per_job']:>9.1f}"
-            f"{r['peak_mb']:>14.1f}  {result}"
+            f"{r['phase']:<18}{r['jobs']:>9}{r['s']:>9.2f}{r['cpu_s']:>8.2f}{r['us_per_job']:>9.1f}"
+            f"{r['peak_mb']:>14.1f}{total:>10}  {result}"
         )
+        if reqs:
+            print(f"{'':<18}requests: {json.dumps(dict(sorted(reqs.items())))}")
 
 
 def main() -> None:
@@ -295,10 +378,17 @@ def main() -> None:
     parser.add_argument(
         "--phases",
         nargs="+",
-        choices=["plan", "run", "run-resume"],
+        choices=["plan", "scores", "run", "run-resume"],
         default=["plan", "run"],
         help="plan: the storage phases (plan, fakegen, resume, status, score-read, compact); "
-        "run: the real driver path (run and run-resume)",
+        "scores (with plan): score, then status and the aggregation read before and after "
+        "compacting the score shards; run: the real driver path (run and run-resume)",
+    )
+    parser.add_argument("--score-batch", type=int, default=64, help="rows per scored chunk")
+    parser.add_argument(
+        "--score-ray",
+        action="store_true",
+        help="score on a local Ray (127.0.0.1, 4 logical CPUs): the CPU column is the driver's",
     )
     parser.add_argument("--batch-size", type=int, default=512, help="runtime.batch_size of run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -314,17 +404,16 @@ def main() -> None:
             rows = [r for n in args.sizes for r in run_size(n, f"{tmp}/run-{n}", args, env)]
         report("local disk", rows)
     if args.s3 or args.s3_only:
-        import boto3
-        from moto.server import ThreadedMotoServer
+        from tests.s3_server import CountingMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
         env.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
         os.environ.update(AWS_ENV, AWS_DEFAULT_REGION="us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server = CountingMotoServer()
         server.start()
         try:
             host, port = server.get_host_and_port()
-            boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="bench")
+            server.create_bucket("bench")
             query = f"?endpoint_override={host}:{port}&scheme=http"
             rows = [
                 r for n in args.sizes for r in run_size(n, f"s3://bench/run-{n}{query}", args, env)

@@ -309,7 +309,9 @@ class Follower:
             running.append(pool)
         if not running:
             return
-        loop = ScoreLoop(self.store, running, self.settings.call_timeout_s)
+        loop = ScoreLoop(
+            self.store, running, self.settings.call_timeout_s, self.settings.flush_rows
+        )
         loop.run(follow=self._stop, abort=self._abort, idle_s=min(1.0, self.poll_s))
         for pool in running:
             pool.work = None  # the final pass gives each pool its own

@@ -11,7 +11,12 @@ quota's rate limiter and writes the cache. Actors set torch's threads to their C
 The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
 gets work before any gets a second chunk), waits with `ray.wait(timeout)`, and treats a call
 that outlives `call_timeout_s` like a dead actor: the actor is killed and replaced, the chunk
-retried elsewhere. Actors score; the driver writes the shards.
+retried elsewhere. Actors score and write the shards themselves (`ScorerActor.score_chunk`:
+rows held until ~8k, then one atomic shard); the driver gets back each row's job id and status
+and whether the actor's rows are now written. It counts a chunk as scored only once its
+actor says so; the chunks of an actor that dies or is replaced before that are scored again.
+When no chunk is left every actor writes what it holds (`flush`), and the stage compacts the
+shards (`harness.scoring.compact_scores`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from typing import Any
 from harness.backends import actor_error, cpu_threads
 from harness.invoke import check_interrupt
 from harness.score_feed import SYNCED_CACHES
-from harness.scoring import PoolSettings, Row, ScoringError, Share, Work, new_work
+from harness.scoring import (
+    PoolSettings,
+    Row,
+    ScoringError,
+    Share,
+    Work,
+    check_rows,
+    new_work,
+)
 from results.store import RunStore
 from workers.scorers.base import ScorerContext
 from workers.scorers.registry import load_scorer
@@ -57,6 +70,7 @@ class PoolActor:
     rows: int = 0
     end: str = "running"
     replaced: int = 0
+    unflushed: list[tuple[list[Row], int, list[Row]]] = field(default_factory=list)
 
     def summary(self, plan: PoolPlan) -> dict[str, Any]:
         keep = ("host", "node_id", "pid", "gpu_ids", "threads")
@@ -146,7 +160,12 @@ def score_on_ray(
                 )
                 for actor in pool.actors:
                     actor.handle.begin.remote(pool.work.total)
-        ScoreLoop(store, [p for p in pools if p.error is None], settings.call_timeout_s).run()
+        ScoreLoop(
+            store,
+            [p for p in pools if p.error is None],
+            settings.call_timeout_s,
+            settings.flush_rows,
+        ).run()
     finally:
         _withdraw_gpus()
         stats = {}
@@ -274,8 +293,15 @@ def start_pools(
 class ScoreLoop:
     """Feeds the pools' actors and handles what comes back, until no chunk is left."""
 
-    def __init__(self, store: RunStore, pools: list[Pool], call_timeout_s: float) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        pools: list[Pool],
+        call_timeout_s: float,
+        flush_rows: int | None = None,
+    ) -> None:
         self.store, self.pools, self.timeout = store, pools, call_timeout_s
+        self.flush_rows = flush_rows  # None: the actors' default (`scoring.FLUSH_ROWS`)
         self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
         self.run_uri = store.uri
         self.feeding = True  # False: only the calls in flight are waited for
@@ -286,15 +312,26 @@ class ScoreLoop:
         abort: threading.Event | None = None,
         idle_s: float = 1.0,
     ) -> None:
-        """Until no chunk is left. `follow`: the feeds are `FollowRows` of a generation still
-        going: feed what they find (looking again after `idle_s` when nothing is in flight)
-        until `follow` is set, then only wait for the calls in flight (the final pass does the
-        rest); `abort` set: return at once."""
+        """Until no chunk is left and every actor has written the rows it holds (an actor that
+        fails to has its chunks scored again). `follow`: the feeds are `FollowRows` of a
+        generation still going: feed what they find (looking again after `idle_s` when nothing
+        is in flight) until `follow` is set, then only wait for the calls in flight (the final
+        pass does the rest); `abort` set: return at once, writing nothing more."""
+        self.feeding = follow is None or not follow.is_set()
+        while True:
+            for pool in self.pools:
+                self._feed(pool)
+            self._drain(follow, abort, idle_s)
+            if abort is not None and abort.is_set():
+                return
+            if not self._flush_all():  # chunks of an actor that died come back: go on
+                return
+
+    def _drain(
+        self, follow: threading.Event | None, abort: threading.Event | None, idle_s: float
+    ) -> None:
         import ray
 
-        self.feeding = follow is None or not follow.is_set()
-        for pool in self.pools:
-            self._feed(pool)
         while self.calls or (follow is not None and not follow.is_set()):
             check_interrupt()
             if abort is not None and abort.is_set():
@@ -326,7 +363,7 @@ class ScoreLoop:
             if item is None:
                 return
             chunk, attempts = item
-            ref = actor.handle.score.remote(chunk)
+            ref = actor.handle.score_chunk.remote(chunk, self.flush_rows)
             if not actor.calls:
                 actor.running_since = time.monotonic()
             actor.calls.append(ref)
@@ -351,13 +388,57 @@ class ScoreLoop:
             self._chunk_failed(pool, chunk, attempts, actor_error(exc))
             self._replace(pool, actor, f"died: {actor_error(exc, 200)}")
         else:
+            rows = list(out["rows"])
             try:
-                pool.work.write(self.store, chunk, list(out))
-                actor.chunks += 1
-                actor.rows += len(chunk)
+                check_rows(pool.name, chunk, rows)
             except ScoringError as exc:
                 self._chunk_failed(pool, chunk, attempts, str(exc))
+            else:
+                actor.unflushed.append((chunk, attempts, rows))
+                if out["flushed"]:
+                    self._flushed(pool, actor)
         self._feed(pool)
+
+    def _flushed(self, pool: Pool, actor: PoolActor) -> None:
+        """The actor's held rows are written: its chunks count as scored."""
+        assert pool.work is not None
+        for chunk, _, rows in actor.unflushed:
+            pool.work.write(self.store, chunk, rows, written=True)
+            actor.chunks += 1
+            actor.rows += len(chunk)
+        actor.unflushed = []
+
+    def _flush_all(self) -> bool:
+        """Every actor writes the rows it holds; True when an actor failed to and its chunks
+        were put back to be scored again."""
+        import ray
+        from ray import exceptions as rex
+
+        pending = {
+            a.handle.flush.remote(): (pool, a)
+            for pool in self.pools
+            if pool.error is None
+            for a in pool.actors
+            if a.unflushed
+        }
+        if not pending:
+            return False
+        ready, late = ray.wait(list(pending), num_returns=len(pending), timeout=self.timeout)
+        requeued = False
+        for ref in ready:
+            pool, actor = pending[ref]
+            try:
+                ray.get(ref)
+            except rex.RayError as exc:  # died, or the write failed: score its chunks again
+                self._replace(pool, actor, f"flush failed: {ray_error(exc)[:200]}")
+                requeued = True
+            else:
+                self._flushed(pool, actor)
+        for ref in late:
+            pool, actor = pending[ref]
+            self._replace(pool, actor, f"flush took over {self.timeout:g}s")
+            requeued = True
+        return requeued
 
     def _chunk_failed(self, pool: Pool, chunk: list[Row], attempts: int, error: str) -> None:
         assert pool.work is not None
@@ -388,7 +469,9 @@ class ScoreLoop:
         for ref in actor.calls:
             _, _, chunk, attempts = self.calls.pop(ref)
             pool.work.retry.append((chunk, attempts))
-        actor.calls = []
+        for chunk, attempts, _ in actor.unflushed:  # scored, never written: score again
+            pool.work.retry.append((chunk, attempts))
+        actor.calls, actor.unflushed = [], []
         actor.end = why
         ray.kill(actor.handle, no_restart=True)
         pool.actors.remove(actor)

@@ -3,9 +3,12 @@
 For each scorer, the rows to score are the ok generation rows with no score row at the
 scorer's *current* version (so a new model revision or API version rescores everything, and
 a re-run with nothing new does no work). The rows stream from the generation shards
-(`harness.score_feed.OkRows`: one shard at a time, only the columns scorers read) in chunks;
-each chunk is written as an atomic shard as soon as it is scored, so an interrupted stage
-resumes where it stopped. Scoring never generates: a run without generations is an error.
+(`harness.score_feed.OkRows`: one shard at a time, only the columns scorers read) in chunks.
+Scored rows are written by whoever scored them (the actor; without Ray this process) as
+atomic shards of ~8k rows (`ScoreBuffer`: `FLUSH_ROWS`, or every `FLUSH_S` seconds), and the
+stage ends by compacting each scorer's shards to ~50k rows (`compact_scores`), so an
+interrupted stage resumes from what was written. Scoring never generates: a run without
+generations is an error.
 
 A chunk that fails (the scorer raised, its actor died, the call outlived
 `runtime.score_call_timeout_s`) is retried up to `runtime.score_chunk_retries` times; after
@@ -23,6 +26,7 @@ one scorer after the other. The driver imports no torch: scorer modules import i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +52,9 @@ if TYPE_CHECKING:
     from harness.score_follow import Followed
 
 Row = dict[str, Any]
+log = logging.getLogger("harness")
+FLUSH_ROWS = 8192  # score rows a writer holds before it writes them as one shard
+FLUSH_S = 60.0  # ... or once its oldest held row is this old (a slow, rate-limited scorer)
 GIVE_UP_IN_A_ROW = 5  # chunks given up one after the other: the scorer stops
 
 
@@ -79,6 +86,7 @@ class PoolSettings:
     call_timeout_s: float = 600.0
     chunk_retries: int = 2
     shares: Mapping[str, Share] = field(default_factory=dict)
+    flush_rows: int = FLUSH_ROWS  # score rows an actor holds before writing them as a shard
 
 
 def pool_settings(cfg: Any) -> PoolSettings:
@@ -111,6 +119,7 @@ class Work:
     first_error: str | None = None
     statuses: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.perf_counter)
+    buffer: ScoreBuffer | None = None  # without Ray: rows held here, written ~8k at a time
 
     def next_chunk(self) -> tuple[list[Row], int] | None:
         """A chunk to send (retries first) and its attempts so far; None when none is left."""
@@ -119,19 +128,17 @@ class Work:
         chunk = self.feed.next_chunk()
         return None if chunk is None else (chunk, 0)
 
-    def write(self, store: RunStore, chunk: list[Row], out: list[Row]) -> None:
-        """Check that every input row came back exactly once, then write the shard."""
-        want = sorted(r["job_id"] for r in chunk)
-        got = sorted(r["job_id"] for r in out)
-        if want != got:
-            lost = sorted(set(want) - set(got))[:3]
-            raise ScoringError(
-                f"scorer {self.name!r} returned {len(out)} rows for {len(chunk)} "
-                f"(one per row expected; e.g. missing {lost})"
-            )
-        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
-        if kept:
-            store.write_scores(self.name, SCORER_METRICS[self.name], kept)
+    def write(
+        self, store: RunStore, chunk: list[Row], out: list[Row], written: bool = False
+    ) -> None:
+        """Check that every input row came back exactly once, then write the shard (unless
+        `written`: an actor wrote it and `out` holds only each row's job id and status)."""
+        if written:
+            check_rows(self.name, chunk, out)
+        elif self.buffer is not None:
+            self.buffer.add(chunk, out)
+        else:
+            write_chunk(store, self.name, chunk, out)
         self.given_up_in_a_row = 0
         self.statuses.update(r["status"] for r in out)
         if self.progress is not None:  # empty rows are not failures
@@ -180,6 +187,93 @@ class Work:
             "elapsed_s": round(time.perf_counter() - self.started, 3),
             "scorer": scorer_stats,
         }
+
+
+def check_rows(name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
+    """Raises `ScoringError` unless `out` holds one row per row of `chunk` (by job id)."""
+    want = sorted(r["job_id"] for r in chunk)
+    got = sorted(r["job_id"] for r in out)
+    if want != got:
+        lost = sorted(set(want) - set(got))[:3]
+        raise ScoringError(
+            f"scorer {name!r} returned {len(out)} rows for {len(chunk)} "
+            f"(one per row expected; e.g. missing {lost})"
+        )
+
+
+def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
+    """Check the scorer's rows (`check_rows`) and write them as one atomic shard; rows with
+    status `missing` (cache-only Perspective) are not scores and are not written."""
+    check_rows(name, chunk, out)
+    kept = [r for r in out if r["status"] != "missing"]
+    if kept:
+        store.write_scores(name, SCORER_METRICS[name], kept)
+
+
+class ScoreBuffer:
+    """Score rows held by their writer (an actor, or the driver without Ray) and written as
+    one atomic shard once `flush_rows` rows are held or the oldest is `flush_s` old, so that
+    a stage writes a shard per ~8k rows instead of one per chunk. What is held and not yet
+    written is not a score: a writer that dies loses it, and its chunks are scored again
+    (`ScoreLoop` requeues every chunk of an actor that it has not seen flushed).
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        name: str,
+        flush_rows: int = FLUSH_ROWS,
+        flush_s: float = FLUSH_S,
+    ) -> None:
+        self.store, self.name = store, name
+        self.flush_rows, self.flush_s = max(1, flush_rows), flush_s
+        self.rows: list[Row] = []
+        self.since = 0.0
+        self.shards = 0
+
+    def add(self, chunk: Sequence[Row], out: Sequence[Row]) -> bool:
+        """Check the scorer's rows (`check_rows`), hold them; True when this wrote a shard."""
+        check_rows(self.name, chunk, out)
+        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
+        if kept and not self.rows:
+            self.since = time.monotonic()
+        held = len(self.rows)
+        self.rows.extend(kept)
+        if len(self.rows) >= self.flush_rows or (
+            self.rows and time.monotonic() - self.since >= self.flush_s
+        ):
+            try:
+                self.flush()
+            except BaseException:
+                del self.rows[held:]  # this chunk fails (and is retried); the rest stays held
+                raise
+            return True
+        return False
+
+    def flush(self) -> int:
+        """Write what is held as one shard; returns how many rows. A failed write keeps them."""
+        if self.rows:
+            self.store.write_scores(self.name, SCORER_METRICS[self.name], self.rows)
+            self.shards += 1
+        count, self.rows = len(self.rows), []
+        return count
+
+
+def compact_scores(store: RunStore, names: Sequence[str]) -> dict[str, int]:
+    """Compact each scorer's chunk shards (`RunStore.compact_scores`); name → shards merged.
+
+    A failure is logged, not raised: the chunk shards are whole, and the next pass compacts.
+    """
+    merged = {}
+    for name in names:
+        metric = SCORER_METRICS.get(name)  # plugins are registered by then; unknown: skipped
+        if metric is None:
+            continue
+        try:
+            merged[name] = store.compact_scores(name, metric)
+        except Exception as exc:  # noqa: BLE001 - the scores are on disk either way
+            log.warning("scorer %s: compacting its score shards failed: %s", name, exc)
+    return merged
 
 
 def new_work(
@@ -259,15 +353,32 @@ def score_run(
         ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
             every retry (the others still finish, and what was scored is on disk).
     """
+    names = [name for name, _ in scorers]
     try:
-        stats, failures = _score(
-            store, scorers, context, use_ray, batch_size, progress, start_timeout_s, pools, followed
-        )
-    finally:
-        if followed is not None:
-            followed.close()  # what no scorer of this pass took over (or an error came first)
+        try:
+            stats, failures = _score(
+                store,
+                scorers,
+                context,
+                use_ray,
+                batch_size,
+                progress,
+                start_timeout_s,
+                pools,
+                followed,
+            )
+        finally:
+            if followed is not None:
+                followed.close()  # what no scorer of this pass took over (or an error came first)
+    except Exception:
+        compact_scores(store, names)  # what was scored before the error (shards are whole)
+        raise
+    merged = compact_scores(store, names)
     if followed is not None:
         followed.add_to(stats)
+    for name, count in merged.items():
+        if name in stats:
+            stats[name]["compacted_shards"] = count
     if failures:
         lines = "\n".join(f"  {name}: {msg}" for name, msg in failures.items())
         raise ScoringError(f"{len(failures)} scorer(s) failed on {store.uri}:\n{lines}", stats)
@@ -344,8 +455,12 @@ def _score_in_process(
             failures[name] = f"cannot start: {type(exc).__name__}: {exc}"
             continue
         work = new_work(store, name, scorer.version, batch_size, progress, settings.chunk_retries)
+        work.buffer = ScoreBuffer(store, name)
         try:
-            _drive_plain(store, work, scorer.begin, scorer.score, mirror)
+            try:
+                _drive_plain(store, work, scorer.begin, scorer.score, mirror)
+            finally:
+                work.buffer.flush()  # what was scored, also before an error
         except Exception as exc:  # noqa: BLE001
             failures[name] = f"{type(exc).__name__}: {exc}"
         finally:

@@ -120,12 +120,7 @@ def _shard_metric(store: RunStore, name: str) -> str | None:
 
 
 def _mtimes(store: RunStore, *parts: str) -> list[float]:
-    out = []
-    for path in store.list_shards(*parts):
-        mtime = store.fs.get_file_info(path).mtime
-        if mtime is not None:
-            out.append(mtime.timestamp())
-    return out
+    return store.shard_mtimes(*parts)  # one listing, not a request per shard
 
 
 def _summary_state(store: RunStore, newest_score: float) -> str:

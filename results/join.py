@@ -63,14 +63,7 @@ def latest_version(store: RunStore, scorer: str) -> tuple[str, tuple[str, ...]]:
     Versions are opaque strings (model id + revision), so "latest" is by shard modification
     time, not by string order.
     """
-    newest: dict[str, float] = {}
-    for path in store.list_shards("scores", scorer):
-        mtime = store.fs.get_file_info(path).mtime
-        stamp = mtime.timestamp() if mtime is not None else 0.0
-        with store.fs.open_input_file(path) as fh:
-            versions = pq.read_table(fh, columns=["scorer_version"]).column("scorer_version")
-        for version in versions.unique().to_pylist():
-            newest[str(version)] = max(stamp, newest.get(str(version), float("-inf")))
+    newest = store.score_versions(scorer)  # one listing; compacted shards keep their times
     if not newest:
         raise JoinError(f"{store.uri}/scores/{scorer}: no score rows")
     ordered = sorted(newest, key=lambda v: (newest[v], v))

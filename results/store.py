@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,9 +39,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.spec import JobSpec, plan_columns
+from results import shards as shard_io
 from results.done import DoneIds
 from results.schema import GENERATION_SCHEMA, PLAN_SCHEMA, SCHEMA_VERSION, score_schema
-from results.shards import ShardReader, StoreError, atomic_output, put_bytes
+from results.shards import (
+    ShardReader,
+    StoreError,
+    atomic_output,
+    open_filesystem,
+    put_bytes,
+)
 
 __all__ = ["DoneIds", "RunStore", "StoreError", "shard_name"]
 
@@ -60,12 +68,16 @@ class RunStore:
     def __init__(self, root: str) -> None:
         self.uri = root
         if "://" in root:
-            self.fs, self.root = pafs.FileSystem.from_uri(root)
+            self.fs, self.root = open_filesystem(root)
             self.local = isinstance(self.fs, pafs.LocalFileSystem)
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
             self.local = True
-        self.reader = ShardReader(self.fs, self.root, self.uri)
+        self.reader = ShardReader(self.fs, self.root, self.uri, reopen=self._reopen)
+
+    def _reopen(self) -> pafs.FileSystem:
+        """A new filesystem client for this run (fresh connections: the damage probe)."""
+        return open_filesystem(self.uri)[0] if "://" in self.uri else pafs.LocalFileSystem()
 
     # ---- paths ---------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -125,11 +137,31 @@ class RunStore:
     def write_plan(self, rows: Sequence[dict[str, Any]]) -> str:
         return self.write_table("plan.parquet", pa.Table.from_pylist(list(rows), PLAN_SCHEMA))
 
+    def clean_temp(self) -> list[str]:
+        """Delete the temp files a killed writer left in RUN/ (`.tmp-…-plan.parquet`: a kill
+        between closing the temp object and copying it into place); returns their paths.
+
+        Only RUN/ itself: the driver writes there, under the run's lock, so no live writer
+        owns them (actors write shards in the stage folders, never here).
+        """
+        sel = pafs.FileSelector(self.root, allow_not_found=True)
+        stale = [
+            i.path
+            for i in self.fs.get_file_info(sel)
+            if i.type == pafs.FileType.File and i.base_name.startswith(".tmp-")
+        ]
+        for path in stale:
+            self.fs.delete_file(path)
+            log.info("removed %s (a temp file left by a killed writer)", path)
+        return stale
+
     def write_plan_tables(self, tables: Iterable[pa.Table]) -> int:
         """Stream tables of PLAN_SCHEMA into plan.parquet (one row group each); returns rows.
 
-        Memory stays at one table; the file appears only once every table is written.
+        Memory stays at one table; the file appears only once every table is written. Temp
+        files an earlier, killed writer left in RUN/ are removed first (`clean_temp`).
         """
+        self.clean_temp()
         rows = 0
         schema = _stamped(PLAN_SCHEMA.empty_table()).schema
         with self.open_atomic("plan.parquet") as out:
@@ -151,11 +183,28 @@ class RunStore:
         return _frame(self.reader.read_file(self.path("plan.parquet"), columns))
 
     def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
-        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk."""
-        with self.fs.open_input_file(self.path("plan.parquet")) as fh:
-            plan = pq.ParquetFile(fh)
-            for i in range(plan.num_row_groups):
-                yield plan.read_row_group(i, columns=columns)
+        """plan.parquet a row group (a planned chunk) at a time: memory of one chunk.
+
+        A transport fault reopens the file and goes on at the row group that failed
+        (`retry_io`'s attempts and waits, counted over the whole pass)."""
+        path, done, failures = self.path("plan.parquet"), 0, 0
+        delay = shard_io.RETRY_BACKOFF_S
+        while True:
+            try:
+                with self.fs.open_input_file(path) as fh:
+                    plan = pq.ParquetFile(fh)
+                    while done < plan.num_row_groups:
+                        table = plan.read_row_group(done, columns=columns)
+                        done += 1
+                        yield table
+                return
+            except OSError as exc:
+                failures += 1
+                if failures >= shard_io.READ_TRIES:
+                    raise StoreError(f"{path}: reading failed {failures} times: {exc}") from exc
+                log.warning("%s: read failed (%s); trying again in %.1fs", path, exc, delay)
+                time.sleep(delay)
+                delay *= 2
 
     # ---- generations ---------------------------------------------------------------------
     def write_generations(self, rows: Sequence[dict[str, Any]], kind: str = "") -> str:
@@ -219,24 +268,26 @@ class RunStore:
 
     def finished_ids(self) -> tuple[DoneIds, DoneIds]:
         """(ids with an ok row, ids with only error rows): one streamed scan of job_id/status,
-        holding ~23 bytes a finished job and one record batch."""
-        for attempt in (0, 1):
+        holding ~23 bytes a finished job and one record batch.
+
+        A failed read is tried again (`ShardReader.retrying`): shards damaged as stored are
+        quarantined first; a transient fault waits and reads again; nothing healthy is moved.
+        """
+
+        def read() -> tuple[DoneIds, DoneIds]:
             ok_parts, bad_parts = [], []
-            try:
-                for batch in self.reader.iter_batches(
-                    ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536
-                ):
-                    is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
-                    # as fixed-width NumPy right away: the Arrow batch is freed at once
-                    ok_parts.append(DoneIds.from_arrays([batch.column("job_id").filter(is_ok)]).ids)
-                    bad = batch.column("job_id").filter(pc.invert(is_ok))
-                    bad_parts.append(DoneIds.from_arrays([bad]).ids)
-                break
-            except StoreError:
-                if attempt or not self.reader.quarantine_unreadable(("generations",)):
-                    raise
-        ok = DoneIds.merge(ok_parts)
-        return ok, DoneIds.merge(bad_parts).minus(ok)
+            for batch in self.reader.iter_batches(
+                ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536
+            ):
+                is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+                # as fixed-width NumPy right away: the Arrow batch is freed at once
+                ok_parts.append(DoneIds.from_arrays([batch.column("job_id").filter(is_ok)]).ids)
+                bad = batch.column("job_id").filter(pc.invert(is_ok))
+                bad_parts.append(DoneIds.from_arrays([bad]).ids)
+            ok = DoneIds.merge(ok_parts)
+            return ok, DoneIds.merge(bad_parts).minus(ok)
+
+        return self.reader.retrying(read, parts=("generations",))
 
     def done_job_ids(self, include_errors: bool = True) -> set[str]:
         return set(self.done_ids(include_errors).to_list())
@@ -293,15 +344,20 @@ class RunStore:
         if len(small) < 2:
             return 0
         written: list[str] = []
-        for attempt in (0, 1):
-            try:
-                written = self._compact(small, target_rows)
-                break
-            except StoreError:
-                with ThreadPoolExecutor(8) as pool:  # this attempt's outputs: start again
-                    list(pool.map(self.delete, written))
-                if attempt or not self.reader.quarantine_unreadable(("generations",)):
-                    raise
+
+        def compact() -> None:
+            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
+                list(pool.map(self.delete, written))
+            written.clear()
+            existing = {i.path for i in self.reader.listing(("generations",))}
+            self._compact([p for p in small if p in existing], target_rows, written)
+
+        try:  # transient faults wait and retry; damaged shards are quarantined on the way
+            self.reader.retrying(compact, parts=("generations",))
+        except StoreError:
+            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
+                list(pool.map(self.delete, written))
+            raise
         existing = {i.path for i in self.reader.listing(("generations",))}
         small = [p for p in small if p in existing]  # not those quarantined on the way
         done = set(written)
@@ -311,10 +367,10 @@ class RunStore:
         log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
         return len(small)
 
-    def _compact(self, small: list[str], target_rows: int) -> list[str]:
-        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
+    def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
+        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time;
+        each path written is appended to `written` at once (a failure deletes them)."""
         both = self._failed_with_ok(small)
-        written: list[str] = []
         group: list[pa.RecordBatch] = []
         rows = 0
 
@@ -343,7 +399,6 @@ class RunStore:
                 group, rows = [], 0
         if group:
             flush()
-        return written
 
     def _failed_with_ok(self, paths: list[str]) -> DoneIds:
         """Ids with an error row *and* an ok row among `paths`: two streamed scans of
@@ -376,6 +431,132 @@ class RunStore:
         keys = (f"{r['job_id']}\x00{r['scorer_version']}" for r in rows)
         return self.write_table(f"scores/{scorer}/" + shard_name(keys), table)
 
+    def compact_scores(
+        self, scorer: str, metric: str, target_rows: int = COMPACT_TARGET_ROWS
+    ) -> int:
+        """Merge a scorer's chunk shards into `part-c-` shards of about `target_rows` rows, as
+        `compact_generations` does for generations; returns how many shards were merged.
+
+        A compacted shard holds one scorer version, one row per job id (the last in shard
+        order), sorted by job id; its footer records the newest modification time of the
+        chunk shards its version came from (`lidao_versions`), so that "the newest version"
+        (`score_versions`) means the same before and after. New shards are written first,
+        then the inputs deleted: a kill in between leaves rows twice, which reads deduplicate
+        by (job id, version). Chunk shards written after the listing are left for the next
+        compaction.
+        """
+        small = [
+            i
+            for i in self.reader.listing(("scores", scorer))
+            if not i.base_name.startswith("part-c-")
+        ]
+        if len(small) < 2:
+            return 0
+        written: list[str] = []
+
+        def compact() -> None:
+            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
+                list(pool.map(self.delete, written))
+            written.clear()
+            existing = {i.path for i in self.reader.listing(("scores", scorer))}
+            inputs = [i for i in small if i.path in existing]
+            self._compact_scores(scorer, score_schema(metric), inputs, target_rows, written)
+
+        try:
+            self.reader.retrying(compact, parts=("scores", scorer))
+        except StoreError:
+            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
+                list(pool.map(self.delete, written))
+            raise
+        existing = {i.path for i in self.reader.listing(("scores", scorer))}
+        done = set(written)
+        inputs = [i.path for i in small if i.path in existing and i.path not in done]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(self.delete, inputs))
+        self.reader.forget(("scores", scorer))
+        log.info(
+            "compacted %d %s score shards of %s into %d",
+            len(inputs),
+            scorer,
+            self.uri,
+            len(written),
+        )
+        return len(inputs)
+
+    def _compact_scores(
+        self,
+        scorer: str,
+        schema: pa.Schema,
+        small: list[pafs.FileInfo],
+        target_rows: int,
+        written: list[str],
+    ) -> None:
+        """Write the rows of `small` as compacted shards (`compact_scores`); each path written
+        is appended to `written` at once."""
+        groups: dict[str, list[pa.Table]] = {}
+        rows: dict[str, int] = {}
+        stamps: dict[str, float] = {}
+
+        def flush(version: str) -> None:
+            table = pa.concat_tables(groups.pop(version))
+            rows.pop(version)
+            frame = _frame(table).unique("job_id", keep="last", maintain_order=True)
+            table = frame.to_arrow().cast(schema).sort_by("job_id")
+            keys = (f"{j}\x00{version}" for j in table["job_id"].to_pylist())
+            name = "part-c-" + shard_name(keys)[len("part-") :]
+            meta = {b"lidao_versions": json.dumps({version: stamps[version]}).encode()}
+            written.append(
+                self.write_table(f"scores/{scorer}/{name}", table.replace_schema_metadata(meta))
+            )
+
+        mtimes = {i.path: _stamp(i) for i in small}
+        for path, table, _ in self.reader.read_shards([i.path for i in small], schema):
+            for version in pc.unique(table["scorer_version"]).drop_null().to_pylist():
+                part = table.filter(pc.equal(table["scorer_version"], version))
+                groups.setdefault(version, []).append(part)
+                rows[version] = rows.get(version, 0) + part.num_rows
+                stamps[version] = max(stamps.get(version, 0.0), mtimes[path])
+                if rows[version] >= target_rows:
+                    flush(version)
+        for version in list(groups):
+            flush(version)
+
+    def score_versions(self, scorer: str) -> dict[str, float]:
+        """Scorer version → when its newest rows were written (unix seconds): a chunk shard's
+        modification time, or what a compacted shard's footer recorded for its inputs.
+
+        One listing; a compacted shard costs one read of its footer, a chunk shard one read
+        of its `scorer_version` column (few requests after compaction).
+        """
+        newest: dict[str, float] = {}
+        key = pa.schema([("scorer_version", pa.string())])
+
+        def read() -> None:
+            newest.clear()
+            infos = self.reader.listing(("scores", scorer))  # again after a quarantine
+            stamps = {i.path: _stamp(i) for i in infos}
+            compacted = [i.path for i in infos if i.base_name.startswith("part-c-")]
+            chunks = [i.path for i in infos if not i.base_name.startswith("part-c-")]
+            found: list[tuple[str, float]] = []
+            for path, _table, meta in self.reader.read_shards(compacted, key, columns=[]):
+                recorded = meta.get(b"lidao_versions")
+                if recorded:
+                    found += [(str(k), float(v)) for k, v in json.loads(recorded).items()]
+                else:  # compacted by hand or an older version: read its versions
+                    chunks.append(path)
+            for path, table, _ in self.reader.read_shards(chunks, key):
+                versions = pc.unique(table["scorer_version"]).drop_null().to_pylist()
+                found += [(str(v), stamps[path]) for v in versions]
+            for version, stamp in found:
+                newest[version] = max(stamp, newest.get(version, float("-inf")))
+
+        self.reader.retrying(read, parts=("scores", scorer))
+        return newest
+
+    def shard_mtimes(self, *parts: str) -> list[float]:
+        """Modification times (unix seconds) of the shards in RUN/<parts>: one listing."""
+        return [_stamp(i) for i in self.reader.listing(parts) if i.mtime is not None]
+
     def scorers(self) -> list[str]:
         sel = pafs.FileSelector(self.path("scores"), allow_not_found=True)
         return sorted(
@@ -394,6 +575,10 @@ class RunStore:
         return frame.unique(["job_id", "scorer_version"], keep="last", maintain_order=True).select(
             want
         )
+
+
+def _stamp(info: pafs.FileInfo) -> float:
+    return info.mtime.timestamp() if info.mtime is not None else 0.0
 
 
 def _stamped(table: pa.Table) -> pa.Table:

@@ -58,7 +58,8 @@ def test_score_adds_a_scorer_to_a_run_made_before_it_existed(tmp_path: Path) -> 
     assert sorted(vader["job_id"]) == [
         f"j{i:03d}" for i in range(6)
     ]  # error generations are not scored
-    assert len(store.list_shards("scores", "sentiment-vader")) == 2  # chunks of 4: 4 + 2 rows
+    # chunks of 4 rows, held by their writer and written as one shard (`ScoreBuffer`)
+    assert len(store.list_shards("scores", "sentiment-vader")) == 1
 
 
 def test_rerunning_does_no_work(tmp_path: Path) -> None:

@@ -288,7 +288,7 @@ def test_on_ray_the_final_pass_takes_over_the_actors_that_followed(
         use_ray=True,
         batch_size=2,
         poll_s=0.05,
-        settings=PoolSettings(),
+        settings=PoolSettings(flush_rows=2),  # each chunk written at once: seen mid-follow
         start_timeout_s=120,
     )
     follower.start()
@@ -312,6 +312,8 @@ def test_on_ray_the_final_pass_takes_over_the_actors_that_followed(
     [actor] = stats["actors"]  # one actor from the first shard to the last
     assert actor["rows"] == 9 and actor["end"] == "released"
     assert not followed.live
+    # the actor held its rows and wrote them itself: one shard per pass, compacted into one
+    assert len(store.list_shards("scores", "gender")) == 1
 
 
 def test_a_run_without_following_starts_no_thread(tmp_path: Path) -> None:

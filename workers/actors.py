@@ -92,7 +92,12 @@ class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
     A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`harness.scoring.scorer_context`).
+    context names a `cache_dir` (`harness.scoring.scorer_context`). `score_chunk` holds the
+    rows it scored (`harness.scoring.ScoreBuffer`) and writes them itself as one atomic shard
+    of ~8k rows (named by their job ids and the scorer version); it returns each row's job id
+    and status, and whether everything it scored so far is now written (`flushed`). The
+    driver never carries score rows, and requeues the chunks it has not seen flushed when the
+    actor dies.
     """
 
     def __init__(
@@ -107,6 +112,8 @@ class ScorerActor:
 
         set_threads(threads)
         self.mirror: Any = None
+        self.name, self.run_uri = name, run_uri
+        self.buffer: Any = None
         if run_uri is not None:
             from harness.scoring import scorer_context
 
@@ -137,7 +144,34 @@ class ScorerActor:
             self.mirror.maybe_put()
         return out
 
+    def score_chunk(
+        self, rows: list[dict[str, Any]], flush_rows: int | None = None
+    ) -> dict[str, Any]:
+        """Score `rows`, check one row came back per row, hold them (written once ~8k rows are
+        held); returns `{"rows": [{job_id, status}...], "flushed": bool}`."""
+        out = self.score(rows)
+        flushed = self._buffer(flush_rows).add(rows, out)
+        return {
+            "rows": [{"job_id": r["job_id"], "status": r["status"]} for r in out],
+            "flushed": flushed,
+        }
+
+    def flush(self) -> int:
+        """Write the held rows now (the stage's end); returns how many."""
+        return int(self.buffer.flush()) if self.buffer is not None else 0
+
+    def _buffer(self, flush_rows: int | None) -> Any:
+        if self.buffer is None:
+            from harness.scoring import FLUSH_ROWS, ScoreBuffer
+            from results.store import RunStore
+
+            if self.run_uri is None:
+                raise ValueError("ScorerActor.score_chunk needs the run's URI (run_uri)")
+            self.buffer = ScoreBuffer(RunStore(self.run_uri), self.name, flush_rows or FLUSH_ROWS)
+        return self.buffer
+
     def close(self) -> dict[str, Any]:
+        self.flush()  # nothing is held after the stage's own flush; a follower's leftovers
         stats = dict(self.scorer.close())
         if self.mirror is not None:
             self.mirror.maybe_put(force=True)
