@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import polars as pl
 
-from results.join import JoinError, join_run, latest_version, scorer_choice, scorer_metric
+from results.join import JoinError, join_run, latest_version, scorer_metric
 from results.schema import METRIC_FIELDS
 from results.store import RunStore
 
@@ -136,13 +136,17 @@ def load_samples(run: str, use: Sequence[str] | None = None) -> Samples:
     by_metric: dict[str, list[str]] = {}
     for name in present:
         by_metric.setdefault(scorer_metric(store, name), []).append(name)
-    chosen = scorer_choice(list(use or []))
-    for metric, name in chosen.items():
-        if name not in by_metric.get(metric, []):
+    chosen: dict[str, str] = {}
+    for name in use or []:
+        if name not in present:
             raise SamplesError(
                 f"--use-scorer {name}: no scores from it in {run} "
                 f"(scored by: {', '.join(present) or 'nothing'})"
             )
+        metric = scorer_metric(store, name)
+        if chosen.get(metric, name) != name:
+            raise SamplesError(f"--use-scorer: {chosen[metric]} and {name} both give {metric}")
+        chosen[metric] = name
     for metric, names in by_metric.items():
         chosen.setdefault(metric, names[0])
     joined = join_run(store, chosen)
@@ -428,7 +432,7 @@ def text_lines(frame: pl.DataFrame, samples: Samples, width: int, style: Style) 
         head = f"[{i}] {where} · seed {row['seed']} · {row['prompt_id']}"
         if row.get("pair_id"):
             head += f" (pair {row['pair_id']})"
-        yield style.bold(head)
+        yield from (style.bold(line) for line in textwrap.wrap(head, max(20, width)))
         yield from _field("prompt", row["prompt"] or "", width, style)
         if row["status"] == "ok":
             yield from _field("continuation", row["continuation"] or "", width, style)
@@ -450,7 +454,8 @@ def pair_lines(frame: pl.DataFrame, samples: Samples, width: int, style: Style) 
     colw = max(20, (width - 3 * (ncol - 1)) // ncol)
     keys = ["model", "method", "task", "seed"]
     for key, block in frame.group_by(keys, maintain_order=True):
-        yield style.bold(" · ".join(str(k) for k in key[:3]) + f" · seed {key[3]}")
+        head = " · ".join(str(k) for k in key[:3]) + f" · seed {key[3]}"
+        yield from (style.bold(line) for line in textwrap.wrap(head, max(20, width)))
         columns = []
         for group in groups:
             rows = block.filter(pl.col("prompt_group").fill_null("-") == group)
