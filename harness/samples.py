@@ -1,7 +1,8 @@
 """`samples RUN`: browse a run's generations with their scores, in the terminal or as JSONL / CSV.
 
 Reads the run directory through `results.store.RunStore` (local paths, s3://, gs://) and joins
-the generations with the scores as aggregation does (`results.join`): one value column set per
+the generations with the scores, choosing each scorer's version as aggregation does (the latest:
+`results.join.latest_version`) and only jobs of the current plan: one value column set per
 metric (`toxicity`, `label_x`, ...; where two scorers gave one metric, `--use-scorer` picks the
 plain one and the other's columns are `<scorer>.<column>`). Error rows are listed too, with
 their error and no scores. Never imports torch and never loads a model.
@@ -23,7 +24,7 @@ from typing import IO, Any
 
 import polars as pl
 
-from results.join import JoinError, join_run, latest_version, scorer_metric
+from results.join import JoinError, latest_version, scorer_metric
 from results.schema import METRIC_FIELDS
 from results.store import RunStore
 
@@ -45,7 +46,6 @@ GENERATION_COLUMNS = [
     "error",
     "method_params",
 ]
-SCORE_KEY_SUFFIXES = ("_scorer", "_version", "_status")
 LABEL_VIEWS = {"x": "label_x", "cx": "label_cx", "c": "label_c"}
 VIEW_NAMES = {"label_x": "a(x)", "label_cx": "a(c,x)", "label_c": "a(c)"}
 DEFAULT_ORDER = ["model", "method", "task", "prompt_id", "seed", "job_id"]
@@ -149,51 +149,57 @@ def load_samples(run: str, use: Sequence[str] | None = None) -> Samples:
         chosen[metric] = name
     for metric, names in by_metric.items():
         chosen.setdefault(metric, names[0])
-    joined = join_run(store, chosen)
-    notes = list(joined.notes)
-    frame = joined.frame
-    score_columns: list[str] = []
-    for metric in sorted(joined.sources):
-        score_columns += [name for name, _ in METRIC_FIELDS[metric]]
-    for metric, names in sorted(by_metric.items()):  # the other scorers of a metric
-        for name in names:
-            if name == chosen[metric]:
-                continue
-            columns, frame = _join_extra_scorer(store, frame, name, metric)
-            score_columns += columns
+    gens = store.read_generations(GENERATION_COLUMNS)  # not the token lists and losses
+    notes: list[str] = []
+    if store.exists("plan.parquet"):  # as aggregation: only jobs of the current plan
+        planned = gens.filter(pl.col("job_id").is_in(store.read_plan(["job_id"])["job_id"]))
+        if planned.height < gens.height:
             notes.append(
-                f"{metric}: {chosen[metric]} in `{metric}` columns, {name} as `{name}.*` "
-                "(--use-scorer picks)"
+                f"{gens.height - planned.height} generation row(s) outside the current plan: "
+                "not shown"
             )
-    failed = joined.failed.select([c for c in GENERATION_COLUMNS if c in joined.failed.columns])
-    frame = pl.concat([frame, failed], how="diagonal_relaxed")
-    keep = [c for c in GENERATION_COLUMNS if c in frame.columns]
-    keep += [c for c in frame.columns if c not in keep and _is_score_column(c, score_columns)]
-    frame = frame.select(keep).sort(DEFAULT_ORDER, nulls_last=True)
-    notes = [n for n in notes if "statistics are absent" not in n]  # said below, per scorer
+        gens = planned
+    frame = gens
+    score_columns: list[str] = []
+    for metric, names in sorted(by_metric.items()):
+        first = chosen[metric]
+        for name in [first, *(n for n in names if n != first)]:
+            columns, frame, said = _join_scorer(store, frame, name, metric, name == first)
+            score_columns += columns
+            notes += said
+            if name != first:
+                notes.append(
+                    f"{metric}: {first} in `{metric}` columns, {name} as `{name}.*` "
+                    "(--use-scorer picks)"
+                )
+    frame = frame.sort(DEFAULT_ORDER, nulls_last=True)
     notes += _missing_scorers(store, present, frame)
     return Samples(frame, score_columns, notes)
 
 
-def _is_score_column(name: str, score_columns: list[str]) -> bool:
-    if name in score_columns:
-        return True
-    return any(name == f"{m}{s}" for m in METRIC_FIELDS for s in SCORE_KEY_SUFFIXES)
-
-
-def _join_extra_scorer(
-    store: RunStore, frame: pl.DataFrame, scorer: str, metric: str
-) -> tuple[list[str], pl.DataFrame]:
-    """Add a second scorer of `metric` as `<scorer>.<column>` columns (its latest version)."""
-    version, _ = latest_version(store, scorer)
+def _join_scorer(
+    store: RunStore, frame: pl.DataFrame, scorer: str, metric: str, primary: bool
+) -> tuple[list[str], pl.DataFrame, list[str]]:
+    """Left-join the latest version of a scorer's rows: the metric's value columns and
+    `<metric>_scorer/_version/_status` (`primary`), else `<scorer>.<column>` values only."""
+    version, older = latest_version(store, scorer)
+    notes = [f"{scorer}: version {version!r} shown; older {list(older)} not"] if older else []
     values = [name for name, _ in METRIC_FIELDS[metric]]
     rows = (
         store.read_scores(scorer, metric)
         .filter(pl.col("scorer_version") == version)
         .unique("job_id", keep="last", maintain_order=True)
-        .select("job_id", *[pl.col(v).alias(f"{scorer}.{v}") for v in values])
     )
-    return [f"{scorer}.{v}" for v in values], frame.join(rows, on="job_id", how="left")
+    if primary:
+        named = [pl.col(v) for v in values] + [
+            pl.col(key).alias(f"{metric}_{key.removeprefix('scorer_')}")
+            for key in ("scorer", "scorer_version", "status")
+        ]
+        columns = values
+    else:
+        columns = [f"{scorer}.{v}" for v in values]
+        named = [pl.col(v).alias(c) for v, c in zip(values, columns, strict=True)]
+    return columns, frame.join(rows.select("job_id", *named), on="job_id", how="left"), notes
 
 
 def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -> list[str]:

@@ -327,3 +327,22 @@ def test_no_torch_and_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
     assert proc.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
     assert "rc 0 torch False" in err
+
+
+def test_only_the_current_plan_and_the_latest_score_version_are_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from results.schema import PLAN_SCHEMA
+
+    store = write_rows(str(tmp_path), [{"job_id": j, "toxicity": 0.2} for j in "abc"])
+    newer = [score_row(j, "toxicity", version="v2", toxicity=0.7) for j in "ab"]
+    os.utime(store.write_scores("toxicity", "toxicity", newer), (4e9, 4e9))  # written later
+    gens = store.read_generations()
+    store.write_plan(gens.filter(gens["job_id"] != "c").select(PLAN_SCHEMA.names).to_dicts())
+    rc, out, err = cli(capsys, str(tmp_path), "--format", "jsonl")
+    recs = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and ids(recs) == ["a", "b"]
+    assert [r["toxicity"] for r in recs] == [0.7, 0.7]
+    assert {r["toxicity_version"] for r in recs} == {"v2"}
+    assert "1 generation row(s) outside the current plan" in err
+    assert "version 'v2' shown; older ['v1'] not" in err
