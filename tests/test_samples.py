@@ -346,3 +346,24 @@ def test_only_the_current_plan_and_the_latest_score_version_are_shown(
     assert {r["toxicity_version"] for r in recs} == {"v2"}
     assert "1 generation row(s) outside the current plan" in err
     assert "version 'v2' shown; older ['v1'] not" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_bold_only_on_a_terminal_and_never_with_no_color(
+    run: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    shown = []
+    for no_color in (None, "1"):
+        if no_color:
+            monkeypatch.setenv("NO_COLOR", no_color)
+        term = _Terminal()
+        monkeypatch.setattr(sys, "stdout", term)
+        assert main(["samples", run, "--limit", "1"]) == 0
+        shown.append(term.getvalue())
+    assert "\033[1m[1] tiny-random/gpt2 · lidao" in shown[0] and "\033[2mprompt" in shown[0]
+    assert "\033[" not in shown[1] and "[1] tiny-random/gpt2 · lidao" in shown[1]
