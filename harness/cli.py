@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from harness.compare import add_compare_args, compare_main
 from harness.config import ConfigError, RunConfig, load_config, load_yaml, parse_config
 from harness.progress import setup_logging
+from harness.samples import add_samples_args
 from harness.token_prior import add_token_prior_args, token_prior_main
 from harness.train_head import add_train_head_args, train_head_main
 from jobs.datasets import DatasetError
@@ -497,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp = add("token-prior", "unigram token counts of a corpus (UDDIA's prior)")
     add_token_prior_args(tp)
     tp.set_defaults(func=token_prior_main)
+    add_samples_args(add("samples", "browse generations with their scores (filters, jsonl/csv)"))
     c = add("compare", "per-cell differences of two runs' summaries")
     add_compare_args(c)
     c.set_defaults(func=compare_main)
