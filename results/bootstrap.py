@@ -198,6 +198,7 @@ def _unit_arrays(
     value: np.ndarray,
     n_groups: int,
     unit_of: np.ndarray,
+    m: int | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Per-(group, unit) sums of the cell's rows, the input of the weighted statistics."""
     n_p, n_u = unit_of.size, int(unit_of.max()) + 1 if unit_of.size else 0
@@ -216,6 +217,11 @@ def _unit_arrays(
             n_groups, n_u
         )
 
+    if metric == "toxicity_cm":
+        if m is None:
+            raise ValueError("toxicity_cm needs m (rows per prompt and group)")
+        em, eligible = expected_max_cells(group[None, :], prompt, value, n_groups, n_p, m)
+        return by_unit(em[0]), by_unit(eligible[0].astype(np.float64))
     if metric == "toxicity":
         top = np.full(n_groups * n_p, -np.inf)
         np.maximum.at(top, cell, value)
@@ -234,12 +240,14 @@ def gap_samples(
     n_groups: int,
     weights: np.ndarray,
     unit_of: np.ndarray | None = None,
+    m: int | None = None,
 ) -> np.ndarray:
     """The bias gap × 100 of one cell: at the full sample, then at each resample.
 
     Args:
-        metric: sentiment (mean gap), regard (TV distance) or toxicity (EMT gap); any other
-            per-row score is treated like sentiment.
+        metric: sentiment (mean gap), regard (TV distance), toxicity (EMT gap) or toxicity_cm
+            (count-matched EMT gap, `m` rows per prompt and group); any other per-row score
+            is treated like sentiment.
         group: (N,) group index of each scored row, in [0, n_groups).
         prompt: (N,) index of each row's prompt, in [0, P).
         value: (N,) the score (finite); for regard the class index into REGARD_CLASSES (rows
@@ -255,44 +263,114 @@ def gap_samples(
     if unit_of is None:
         unit_of = np.arange(n_u)
     full = np.vstack([np.ones((1, n_u)), weights])
-    arrays = _unit_arrays(metric, group, prompt, value, n_groups, unit_of)
+    arrays = _unit_arrays(metric, group, prompt, value, n_groups, unit_of, m)
     if metric == "regard":
         return 100.0 * tv_gap(full, arrays[0])
-    if metric == "toxicity":
+    if metric in ("toxicity", "toxicity_cm"):
         return 100.0 * max_mean_gap(full, *arrays)
     return 100.0 * mean_gap(full, *arrays)
+
+
+# --- Count-matched EMT ---------------------------------------------------------------------
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    """log k! for k = 0..n."""
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
+
+
+def expected_max_cells(
+    labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int, m: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """E[max of m rows drawn without replacement] per (labelling, group, prompt), exactly.
+
+    With a cell's n values sorted ascending x_(1) ≤ … ≤ x_(n), the maximum of m of them drawn
+    without replacement is x_(i) with probability C(i − 1, m − 1) / C(n, m) (i ≥ m), so the
+    expectation is that weighted sum: no sampling.
+
+    Args:
+        labels: (R, N) group of each row under R labellings (the observed one: R = 1).
+        prompt: (N,) prompt index of each row, in [0, n_p).
+        value: (N,) finite scores.
+        m: rows drawn per (prompt, group).
+
+    Returns:
+        (R, G, P) expected maxima (0 where the cell has fewer than m rows) and (R, G, P)
+        eligibility (the cell has at least m rows).
+    """
+    n_r, n = labels.shape
+    size = n_r * n_groups * n_p
+    if n == 0 or n_p == 0:
+        return np.zeros((n_r, n_groups, n_p)), np.zeros((n_r, n_groups, n_p), dtype=bool)
+    order = np.lexsort((value, prompt))  # by prompt, then ascending value
+    lab, pp, vv = labels[:, order], prompt[order], value[order]
+    cell = (np.arange(n_r)[:, None] * n_groups + lab) * n_p + pp[None, :]
+    counts = np.bincount(cell.ravel(), minlength=size)
+    new = np.r_[True, pp[1:] != pp[:-1]]
+    starts, seg = np.flatnonzero(new), np.cumsum(new) - 1
+    rank = np.zeros(lab.shape, dtype=np.int64)  # 1-based rank within the (r, g, p) cell
+    for g in range(n_groups):
+        ind = lab == g
+        cs = np.cumsum(ind, axis=1)
+        before = np.where(starts > 0, cs[:, np.maximum(starts - 1, 0)], 0)  # (R, prompts)
+        rank = np.where(ind, cs - before[:, seg], rank)
+    n_cell = counts[cell]
+    ok = (rank >= m) & (n_cell >= m)
+    lf = _log_factorials(int(n_cell.max()))
+    r_, n_ = np.where(ok, rank, m), np.where(ok, n_cell, m)
+    log_w = (lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m])
+    w = np.where(ok, np.exp(log_w), 0.0)
+    sums = np.bincount(cell.ravel(), weights=(w * vv[None, :]).ravel(), minlength=size)
+    shape = (n_r, n_groups, n_p)
+    return sums.reshape(shape), (counts >= m).reshape(shape)
+
+
+def matched_rows(counts: list[np.ndarray]) -> int:
+    """m of the count-matched EMT: the smallest lower quartile, over the given arrays, of
+    the non-zero per-(prompt, group) row counts (at least 1).
+
+    Args:
+        counts: one array per (view, group) of the row counts of the (method, prompt) cells.
+    """
+    quartiles = [int(np.quantile(c[c > 0], 0.25, method="lower")) for c in counts if np.any(c > 0)]
+    return max(1, min(quartiles)) if quartiles else 1
+
+
+# --- Tests of "no difference between the groups" ------------------------------------------
 
 
 def _permuted_labels(
     group: np.ndarray, strata: np.ndarray | None, n_perm: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """(n_perm, N) group labels shuffled within each stratum (all rows when None)."""
+    """(n_perm, N) copies of `group` shuffled within each stratum (all entries when None)."""
     n = group.size
     keys = rng.random((n_perm, n))
     if strata is not None:
-        keys += strata[None, :].astype(np.float64)  # strata stay in place, rows move within
         order = np.argsort(strata, kind="stable")
-        # Rows sorted by stratum: argsort of keys permutes within each stratum's block.
-        perm = np.argsort(keys[:, order], axis=1)
+        # Sorted by stratum, a key offset by the stratum keeps each entry inside its block.
+        perm = np.argsort(keys[:, order] + strata[order][None, :].astype(np.float64), axis=1)
         shuffled = np.empty((n_perm, n), dtype=group.dtype)
         shuffled[:, order] = group[order][perm]
         return shuffled
     return np.asarray(group[np.argsort(keys, axis=1)])
 
 
-def permuted_gaps(
+def label_gaps(
     metric: str,
-    group: np.ndarray,
+    labels: np.ndarray,
     prompt: np.ndarray,
     value: np.ndarray,
     n_groups: int,
-    n_perm: int,
-    rng: np.random.Generator,
-    strata: np.ndarray | None = None,
+    m: int | None = None,
 ) -> np.ndarray:
-    """(n_perm,) gaps × 100 with the rows' group labels shuffled (within `strata`)."""
-    labels = _permuted_labels(group, strata, n_perm, rng)  # (R, N)
+    """(R,) gaps × 100 of the rows under R labellings `labels` (R, N), full sample.
+
+    `metric`: sentiment (or any per-row score), regard (TV), toxicity (EMT gap) or
+    toxicity_cm (count-matched EMT gap over `m` rows per prompt and group).
+    """
+    n_perm = labels.shape[0]
     base = np.arange(n_perm)[:, None]
+    n_p = int(prompt.max()) + 1 if prompt.size else 0
     if metric == "regard":
         n_c = len(REGARD_CLASSES)
         flat = (base * n_groups + labels) * n_c + value.astype(np.int64)[None, :]
@@ -301,8 +379,14 @@ def permuted_gaps(
         with np.errstate(invalid="ignore", divide="ignore"):
             shares = counts / counts.sum(axis=2, keepdims=True)
         return 100.0 * _tv(shares)
+    if metric == "toxicity_cm":
+        if m is None:
+            raise ValueError("toxicity_cm needs m (rows per prompt and group)")
+        sums, eligible = expected_max_cells(labels, prompt, value, n_groups, n_p, m)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            emt = sums.sum(axis=2) / eligible.sum(axis=2)
+        return 100.0 * contrast(emt)
     if metric == "toxicity":
-        n_p = int(prompt.max()) + 1 if prompt.size else 0
         cell = ((base * n_groups + labels) * n_p + prompt[None, :]).ravel()
         flat_top = np.full(n_perm * n_groups * n_p, -np.inf)
         np.maximum.at(flat_top, cell, np.broadcast_to(value, labels.shape).ravel())
@@ -320,6 +404,22 @@ def permuted_gaps(
     return 100.0 * contrast(means)
 
 
+def permuted_gaps(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    n_perm: int,
+    rng: np.random.Generator,
+    strata: np.ndarray | None = None,
+    m: int | None = None,
+) -> np.ndarray:
+    """(n_perm,) gaps × 100 with the rows' group labels shuffled within `strata` (rows)."""
+    labels = _permuted_labels(group, strata, n_perm, rng)
+    return label_gaps(metric, labels, prompt, value, n_groups, m)
+
+
 def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
     """(1 + #{|T*| ≥ |T|}) / (1 + R); one-sided on T for non-negative statistics.
 
@@ -334,6 +434,93 @@ def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
     return float((1 + np.sum(s >= t - tol)) / (1 + valid.size))
 
 
-def strata_of(prompt: np.ndarray, unit_of: np.ndarray, paired: bool) -> np.ndarray | None:
-    """Permutation strata of the rows: their pair when the data are paired, else none."""
-    return unit_of[prompt] if paired else None
+def prompt_labelled(group: np.ndarray, prompt: np.ndarray) -> bool:
+    """Whether every prompt's rows carry one group (the group is the prompt's, not the row's)."""
+    if group.size == 0:
+        return True
+    label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+    label[prompt] = group
+    return bool(np.all(label[prompt] == group))
+
+
+# Names of the tests (the summary's `test` column).
+PAIR_SWAP = "pair-swap"
+PROMPT_SHUFFLE = "prompt-shuffle"
+WITHIN_PROMPT = "within-prompt"
+BOOTSTRAP = "bootstrap"
+
+
+def null_labels(
+    group: np.ndarray,
+    prompt: np.ndarray,
+    unit_of: np.ndarray,
+    paired: bool,
+    n_perm: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, str]:
+    """(n_perm, N) row labels under "no difference between the groups", and the test's name.
+
+    - Every prompt's rows in one group (views a(c) and file, or one sample per prompt): the
+      labels are the prompts'. Paired data: the prompts of each pair exchange their labels
+      (a random permutation within the pair, for two prompts a swap with probability 1/2);
+      unpaired: the prompt labels are permuted over all prompts. A prompt keeps all its rows.
+    - Otherwise (a(x), a(c,x): the label is the row's): the row labels are shuffled within each
+      prompt, so each prompt keeps its rows and its number of rows per group.
+    """
+    if prompt_labelled(group, prompt):
+        used = np.unique(prompt)
+        label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
+        label[prompt] = group
+        strata = unit_of[used] if paired else None
+        perm = _permuted_labels(label[used], strata, n_perm, rng)
+        return perm[:, np.searchsorted(used, prompt)], PAIR_SWAP if paired else PROMPT_SHUFFLE
+    return _permuted_labels(group, prompt, n_perm, rng), WITHIN_PROMPT
+
+
+class GapTest(NamedTuple):
+    p_value: float  # NaN: no test
+    test: str | None  # PAIR_SWAP, PROMPT_SHUFFLE or WITHIN_PROMPT
+    null_mean: float  # mean gap over the labellings of the null (the plug-in's value at 0)
+    note: str | None
+
+
+def gap_test(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    observed: float,
+    n_perm: int,
+    rng: np.random.Generator,
+    unit_of: np.ndarray,
+    paired: bool,
+    m: int | None = None,
+) -> GapTest:
+    """Permutation test of one cell's gap (see `null_labels` for which labels move).
+
+    p = (1 + #{|T*| ≥ |T|}) / (1 + R), two-sided for signed gaps, one-sided on the distance for
+    TV and K ≥ 3 ranges.
+    """
+    if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
+        return GapTest(float("nan"), None, float("nan"), None)
+    labels, test = null_labels(group, prompt, unit_of, paired, n_perm, rng)
+    perm = label_gaps(metric, labels, prompt, value, n_groups, m)
+    p = permutation_p(observed, perm, is_signed(metric, n_groups))
+    valid = perm[~np.isnan(perm)]
+    null_mean = float(valid.mean()) if valid.size else float("nan")
+    note = None
+    if bool(np.all(labels == group[None, :])):
+        note = (
+            "no pair holds prompts of two groups: the label swap cannot move a label (p = 1)"
+            if test == PAIR_SWAP
+            else "the permutation cannot move a label (p = 1)"
+        )
+    return GapTest(p, test, null_mean, note)
+
+
+def bias_corrected_tv(observed: float, null_mean: float) -> float:
+    """TV distance less its mean under the test's null, floored at 0 (docs/statistics.md)."""
+    if not (np.isfinite(observed) and np.isfinite(null_mean)):
+        return float("nan")
+    return max(0.0, observed - null_mean)

@@ -200,7 +200,7 @@ def test_compare_a_run_with_itself_gives_p_one_and_a_zero_interval(
     bias = [line for line in out.splitlines() if " bias " in f" {line} " and "gap" in line]
     defined = [line for line in bias if "[" in line]  # a(c) etc.: one group only, undefined
     assert any(" file " in line for line in defined), bias
-    assert all(line.endswith("+0.000    [+0.000, +0.000]  1.000    tie") for line in defined), bias
+    assert all(line.endswith("+0.000    [+0.000, +0.000]  1.000    no") for line in defined), bias
 
 
 def test_compare_refuses_runs_whose_plans_differ(
