@@ -279,6 +279,27 @@ def _log_factorials(n: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
 
 
+def _ranked(
+    labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows sorted by (prompt, value): flat (r, g, p) cell of each, its 1-based rank by value
+    within the cell, the cells' row counts (flat, R·G·P) and the sorted values."""
+    n_r = labels.shape[0]
+    order = np.lexsort((value, prompt))  # by prompt, then ascending value
+    lab, pp, vv = labels[:, order], prompt[order], value[order]
+    cell = (np.arange(n_r)[:, None] * n_groups + lab) * n_p + pp[None, :]
+    counts = np.bincount(cell.ravel(), minlength=n_r * n_groups * n_p)
+    new = np.r_[True, pp[1:] != pp[:-1]]
+    starts, seg = np.flatnonzero(new), np.cumsum(new) - 1
+    rank = np.zeros(lab.shape, dtype=np.int64)
+    for g in range(n_groups):
+        ind = lab == g
+        cs = np.cumsum(ind, axis=1)
+        before = np.where(starts > 0, cs[:, np.maximum(starts - 1, 0)], 0)  # (R, prompts)
+        rank = np.where(ind, cs - before[:, seg], rank)
+    return cell, rank, counts, vv
+
+
 def expected_max_cells(
     labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int, m: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -299,29 +320,17 @@ def expected_max_cells(
         eligibility (the cell has at least m rows).
     """
     n_r, n = labels.shape
-    size = n_r * n_groups * n_p
+    shape = (n_r, n_groups, n_p)
     if n == 0 or n_p == 0:
-        return np.zeros((n_r, n_groups, n_p)), np.zeros((n_r, n_groups, n_p), dtype=bool)
-    order = np.lexsort((value, prompt))  # by prompt, then ascending value
-    lab, pp, vv = labels[:, order], prompt[order], value[order]
-    cell = (np.arange(n_r)[:, None] * n_groups + lab) * n_p + pp[None, :]
-    counts = np.bincount(cell.ravel(), minlength=size)
-    new = np.r_[True, pp[1:] != pp[:-1]]
-    starts, seg = np.flatnonzero(new), np.cumsum(new) - 1
-    rank = np.zeros(lab.shape, dtype=np.int64)  # 1-based rank within the (r, g, p) cell
-    for g in range(n_groups):
-        ind = lab == g
-        cs = np.cumsum(ind, axis=1)
-        before = np.where(starts > 0, cs[:, np.maximum(starts - 1, 0)], 0)  # (R, prompts)
-        rank = np.where(ind, cs - before[:, seg], rank)
+        return np.zeros(shape), np.zeros(shape, dtype=bool)
+    cell, rank, counts, vv = _ranked(labels, prompt, value, n_groups, n_p)
     n_cell = counts[cell]
     ok = (rank >= m) & (n_cell >= m)
     lf = _log_factorials(int(n_cell.max()))
     r_, n_ = np.where(ok, rank, m), np.where(ok, n_cell, m)
     log_w = (lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m])
     w = np.where(ok, np.exp(log_w), 0.0)
-    sums = np.bincount(cell.ravel(), weights=(w * vv[None, :]).ravel(), minlength=size)
-    shape = (n_r, n_groups, n_p)
+    sums = np.bincount(cell.ravel(), weights=(w * vv[None, :]).ravel(), minlength=counts.size)
     return sums.reshape(shape), (counts >= m).reshape(shape)
 
 
@@ -387,13 +396,14 @@ def label_gaps(
             emt = sums.sum(axis=2) / eligible.sum(axis=2)
         return 100.0 * contrast(emt)
     if metric == "toxicity":
-        cell = ((base * n_groups + labels) * n_p + prompt[None, :]).ravel()
-        flat_top = np.full(n_perm * n_groups * n_p, -np.inf)
-        np.maximum.at(flat_top, cell, np.broadcast_to(value, labels.shape).ravel())
-        top = flat_top.reshape(n_perm, n_groups, n_p)
-        present = np.isfinite(top)
+        if labels.shape[1] == 0:
+            return np.full(n_perm, np.nan)
+        cell, rank, counts, vv = _ranked(labels, prompt, value, n_groups, n_p)
+        top = np.where(rank == counts[cell], vv[None, :], 0.0)  # each cell's largest row
+        sums = np.bincount(cell.ravel(), weights=top.ravel(), minlength=counts.size)
+        present = (counts > 0).reshape(n_perm, n_groups, n_p).sum(axis=2)
         with np.errstate(invalid="ignore", divide="ignore"):
-            emt = np.where(present, top, 0.0).sum(axis=2) / present.sum(axis=2)
+            emt = sums.reshape(n_perm, n_groups, n_p).sum(axis=2) / present
         return 100.0 * contrast(emt)
     flat = (base * n_groups + labels).ravel()
     size = n_perm * n_groups
@@ -477,6 +487,60 @@ def null_labels(
     return _permuted_labels(group, prompt, n_perm, rng), WITHIN_PROMPT
 
 
+def _prompt_parts(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    used: np.ndarray,
+    m: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per used prompt (all its rows in one group): what it adds to its group's numerator
+    ((P', C) class counts for regard, else (P',)) and denominator (P',)."""
+    n_p = int(prompt.max()) + 1
+    counts = np.bincount(prompt, minlength=n_p).astype(np.float64)[used]
+    if metric == "regard":
+        n_c = len(REGARD_CLASSES)
+        flat = prompt * n_c + value.astype(np.int64)
+        classes = np.bincount(flat, minlength=n_p * n_c).reshape(n_p, n_c)[used]
+        return classes.astype(np.float64), counts
+    if metric in ("toxicity", "toxicity_cm"):
+        rows = np.zeros((1, prompt.size), dtype=np.int64)  # one group: the prompt's own rows
+        if metric == "toxicity_cm":
+            if m is None:
+                raise ValueError("toxicity_cm needs m (rows per prompt and group)")
+            em, eligible = expected_max_cells(rows, prompt, value, 1, n_p, m)
+            return em[0, 0, used], eligible[0, 0, used].astype(np.float64)
+        top = np.full(n_p, -np.inf)
+        np.maximum.at(top, prompt, value)
+        return top[used], np.ones(used.size)
+    sums = np.bincount(prompt, weights=value, minlength=n_p)[used]
+    return sums, counts
+
+
+def _prompt_label_gaps(
+    metric: str, labels: np.ndarray, num: np.ndarray, den: np.ndarray, n_groups: int
+) -> np.ndarray:
+    """(R,) gaps × 100 with the used prompts' labels `labels` (R, P') and their parts."""
+    n_r, n_u = labels.shape
+    flat = (np.arange(n_r)[:, None] * n_groups + labels).ravel()
+    size = n_r * n_groups
+    if metric == "regard":
+        n_c = num.shape[1]
+        cells = (flat[:, None] * n_c + np.arange(n_c)[None, :]).ravel()
+        weights = np.broadcast_to(num[None], (n_r, n_u, n_c)).ravel()
+        totals = np.bincount(cells, weights=weights, minlength=size * n_c)
+        totals = totals.reshape(n_r, n_groups, n_c)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shares = totals / totals.sum(axis=2, keepdims=True)
+        return 100.0 * _tv(shares)
+    top = np.bincount(flat, weights=np.broadcast_to(num, labels.shape).ravel(), minlength=size)
+    bottom = np.bincount(flat, weights=np.broadcast_to(den, labels.shape).ravel(), minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 100.0 * contrast((top / bottom).reshape(n_r, n_groups))
+
+
 class GapTest(NamedTuple):
     p_value: float  # NaN: no test
     test: str | None  # PAIR_SWAP, PROMPT_SHUFFLE or WITHIN_PROMPT
@@ -504,13 +568,24 @@ def gap_test(
     """
     if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
         return GapTest(float("nan"), None, float("nan"), None)
-    labels, test = null_labels(group, prompt, unit_of, paired, n_perm, rng)
-    perm = label_gaps(metric, labels, prompt, value, n_groups, m)
+    if prompt_labelled(group, prompt):  # move whole prompts: per-prompt parts, then labels
+        used = np.unique(prompt)
+        label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+        label[prompt] = group
+        strata = unit_of[used] if paired else None
+        labels = _permuted_labels(label[used], strata, n_perm, rng)
+        num, den = _prompt_parts(metric, group, prompt, value, n_groups, used, m)
+        perm = _prompt_label_gaps(metric, labels, num, den, n_groups)
+        test, moved = PAIR_SWAP if paired else PROMPT_SHUFFLE, bool(np.any(labels != label[used]))
+    else:
+        labels = _permuted_labels(group, prompt, n_perm, rng)
+        perm = label_gaps(metric, labels, prompt, value, n_groups, m)
+        test, moved = WITHIN_PROMPT, True
     p = permutation_p(observed, perm, is_signed(metric, n_groups))
     valid = perm[~np.isnan(perm)]
     null_mean = float(valid.mean()) if valid.size else float("nan")
     note = None
-    if bool(np.all(labels == group[None, :])):
+    if not moved:
         note = (
             "no pair holds prompts of two groups: the label swap cannot move a label (p = 1)"
             if test == PAIR_SWAP
