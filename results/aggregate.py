@@ -331,14 +331,16 @@ def _gap_record(
 
 
 def _bias_corrected_record(
-    out: _Records, key: dict[str, Any], tv: float, test: bs.GapTest, n_units: int, n_perm: int
+    out: _Records, key: dict[str, Any], tv: float, test: bs.GapTest, n_units: int, setup: _Setup
 ) -> None:
-    """`regard`/`bias_bc`: the TV distance less its mean under the test's null, floored at 0."""
-    value = bs.bias_corrected_tv(tv, test.null_mean)
+    """`regard`/`bias_bc`: `bs.bias_corrected_tv` of the cell's TV distance."""
+    alpha = 1.0 - setup.level
+    value = bs.bias_corrected_tv(tv, test, alpha)
     if np.isfinite(value):
         note = (
-            f"bias-corrected TV: plug-in TV − its mean over the {n_perm} labellings of the "
-            f"{test.test} null, floored at 0; no interval (see docs/statistics.md)"
+            f"bias-corrected TV: sqrt(TV² − its mean square over the {setup.n_perm} labellings "
+            f"of the {test.test} test) where that test has p < {alpha:.2g}, else 0; no "
+            "interval (docs/statistics.md)"
         )
     elif not np.isfinite(tv):
         note = "the TV distance is undefined"
@@ -425,7 +427,7 @@ def _block_records(
                 ] = gaps
                 n_units = int(np.unique(block.unit_of[got[1]]).size) if got[1].size else 0
                 if metric == "regard":
-                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup.n_perm)
+                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
                 if metric == "toxicity":
                     cm_notes = [_cm_note(block.m), *missing]
                     _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)

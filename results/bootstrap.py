@@ -546,6 +546,7 @@ class GapTest(NamedTuple):
     test: str | None  # PAIR_SWAP, PROMPT_SHUFFLE or WITHIN_PROMPT
     null_mean: float  # mean gap over the labellings of the null (the plug-in's value at 0)
     note: str | None
+    null_sq: float = float("nan")  # mean squared gap over the null's labellings
 
 
 def gap_test(
@@ -567,7 +568,7 @@ def gap_test(
     TV and K ≥ 3 ranges.
     """
     if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
-        return GapTest(float("nan"), None, float("nan"), None)
+        return GapTest(float("nan"), None, float("nan"), None, float("nan"))
     if prompt_labelled(group, prompt):  # move whole prompts: per-prompt parts, then labels
         used = np.unique(prompt)
         label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
@@ -584,6 +585,7 @@ def gap_test(
     p = permutation_p(observed, perm, is_signed(metric, n_groups))
     valid = perm[~np.isnan(perm)]
     null_mean = float(valid.mean()) if valid.size else float("nan")
+    null_sq = float(np.mean(valid**2)) if valid.size else float("nan")
     note = None
     if not moved:
         note = (
@@ -591,11 +593,18 @@ def gap_test(
             if test == PAIR_SWAP
             else "the permutation cannot move a label (p = 1)"
         )
-    return GapTest(p, test, null_mean, note)
+    return GapTest(p, test, null_mean, note, null_sq)
 
 
-def bias_corrected_tv(observed: float, null_mean: float) -> float:
-    """TV distance less its mean under the test's null, floored at 0 (docs/statistics.md)."""
-    if not (np.isfinite(observed) and np.isfinite(null_mean)):
+def bias_corrected_tv(observed: float, test: GapTest, alpha: float) -> float:
+    """The TV distance with its sampling bias taken out (docs/statistics.md).
+
+    sqrt(max(0, T² − E₀[T*²])) where the test rejects at `alpha`, 0 where it does not: the
+    plug-in's square exceeds the true square by about its second moment under the null (the
+    labellings of the test), and a distance the test cannot tell from 0 is reported as 0.
+    """
+    if not (np.isfinite(observed) and np.isfinite(test.null_sq) and np.isfinite(test.p_value)):
         return float("nan")
-    return max(0.0, observed - null_mean)
+    if test.p_value >= alpha:
+        return 0.0
+    return float(np.sqrt(max(0.0, observed**2 - test.null_sq)))

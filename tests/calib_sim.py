@@ -22,6 +22,7 @@ gap's true value is 0 and every test's null holds.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -111,5 +112,17 @@ def analyse(
         metric, data.group, data.prompt, data.value, n_groups, float(gaps[0]), n_perm,
         np.random.default_rng([seed, 7]), data.unit_of, paired=True, m=m,
     )  # fmt: skip
-    bc = bs.bias_corrected_tv(float(gaps[0]), test.null_mean) if metric == "regard" else np.nan
+    alpha = 1.0 - level
+    bc = bs.bias_corrected_tv(float(gaps[0]), test, alpha) if metric == "regard" else np.nan
     return Outcome(float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc)
+
+
+def true_tv(effect: float, pair_sd: float, prompt_sd: float, noise_sd: float = 0.7) -> float:
+    """TV × 100 between the class distributions of z + effect and z, z ~ N(0, total sd)."""
+    sd = math.sqrt(pair_sd**2 + prompt_sd**2 + noise_sd**2)
+
+    def classes(shift: float) -> list[float]:
+        cdf = [0.5 * (1 + math.erf((t - shift) / (sd * math.sqrt(2)))) for t in (-0.5, 0.5)]
+        return [cdf[0], cdf[1] - cdf[0], 1 - cdf[1]]
+
+    return 50.0 * sum(abs(a - b) for a, b in zip(classes(effect), classes(0.0)))

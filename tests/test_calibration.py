@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from calib_sim import analyse, simulate
+from calib_sim import analyse, simulate, true_tv
 
 from results import bootstrap as bs
 
@@ -61,16 +61,20 @@ def test_count_matched_emt_interval_covers_zero_with_unequal_row_labels() -> Non
     assert float(np.mean([o.gap for o in paper])) < -1.0
 
 
-def test_bias_corrected_tv_is_near_zero_at_a_true_zero() -> None:
-    rng = np.random.default_rng(104)
-    outs = []
-    for r in range(200):
-        data = simulate(rng, "regard", "prompt", n_pairs=175, samples=10, prompt_sd=0.3)
-        outs.append(analyse(data, "regard", r, n_boot=0, n_perm=100))
-    plug_in = float(np.mean([o.gap for o in outs]))
-    corrected = float(np.mean([abs(o.bias_corrected) for o in outs]))
-    assert plug_in > 1.5  # the bias being corrected
-    assert corrected <= 0.5, (plug_in, corrected)
+def test_bias_corrected_tv_is_near_zero_at_a_true_zero_and_near_a_clear_truth() -> None:
+    for effect, reps in ((0.0, 200), (0.3, 60)):
+        rng = np.random.default_rng(104)
+        outs = []
+        for r in range(reps):
+            data = simulate(rng, "regard", "prompt", n_pairs=175, samples=10, effect=effect, prompt_sd=0.3)  # fmt: skip
+            outs.append(analyse(data, "regard", r, n_boot=0, n_perm=100))
+        plug_in = float(np.mean([o.gap for o in outs]))
+        corrected = float(np.mean([abs(o.bias_corrected) for o in outs]))
+        if effect == 0.0:
+            assert plug_in > 1.5  # the bias being corrected
+            assert corrected <= 0.5, (plug_in, corrected)
+        else:
+            assert abs(corrected - true_tv(effect, 0.5, 0.3)) <= 1.0, corrected
 
 
 def test_expected_max_of_m_rows_is_exact() -> None:
