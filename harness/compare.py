@@ -119,8 +119,9 @@ def shared_units(
 ) -> tuple[dict[tuple[str, str], list[str]], bool, list[str]]:
     """The resampling units both runs have rows of, per (model, task), after the filter.
 
-    Returns (model, task) → sorted shared units, whether the units are pairs, and one warning
-    per (model, task) where some unit has rows in one run only (those are dropped from both).
+    Returns (model, task) → sorted shared units (only the blocks both runs have), whether the
+    units are pairs, and one warning per (model, task) where some unit has rows in one run only
+    (those are dropped from both).
     """
     from results.aggregate import block_units, is_paired
     from results.join import join_run
@@ -130,8 +131,8 @@ def shared_units(
     ua, ub = (block_units(f, ppl_max, paired) for f in frames)
     kind = "pair" if paired else "prompt"
     shared, warnings = {}, []
-    for block in sorted(set(ua) | set(ub)):
-        a, b = ua.get(block, set()), ub.get(block, set())
+    for block in sorted(set(ua) & set(ub)):  # a (model, task) of one run has nothing to pair
+        a, b = ua[block], ub[block]
         shared[block] = sorted(a & b)
         only_a, only_b = len(a - b), len(b - a)
         if only_a or only_b:

@@ -547,9 +547,9 @@ def summarize(
         ppl_max: generations with a (finite) perplexity above this are dropped first.
         n_perm: permutations of each gap's test (default: min(n_boot, 200); 0: no p-values).
         paired: resample whole pairs (`pair_id`); default: when some pair has several prompts.
-        units: (model, task) → the units to resample, in order (`harness compare` gives both
-            runs the units they share, so their resamples line up); rows of other units are
-            dropped. Default: each block's own units, sorted.
+        units: (model, task) → the units to resample (`harness compare` gives both runs the
+            units they share, so their resamples line up); rows of other units are dropped.
+            A (model, task) not in it, and the default: the block's own units, sorted.
     """
     notes: list[str] = []
     frame, failed = add_variant(frame, failed)
@@ -598,8 +598,8 @@ def summarize(
         kept.select(needed).group_by(["model", "task"], maintain_order=True)
     ):
         names = None
-        if units is not None:
-            names = sorted(units.get((str(model), str(task)), ()))
+        if units is not None and (str(model), str(task)) in units:
+            names = sorted(units[(str(model), str(task))])
             rows = rows.filter(unit_key(paired).is_in(names))
             if rows.is_empty():
                 continue
