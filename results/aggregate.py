@@ -21,8 +21,12 @@ per-prompt statistics and gaps), `n_boot` (defined resamples) and the scorer tha
   every bias also `diff_vs_vanilla` / `diff_vs_uddia`: |bias| − |reference's bias| over the
   same resamples, with interval and two-sided p-value (`results.bootstrap.compare_gaps`).
   Standard deviations are population ones (ddof 0); gaps are × 100. Gap rows carry
-  `ci_low, ci_high` (percentile, `ci_method`), `p_value` (permutation test of no group
-  difference) and `resample_unit` (pair or prompt); an undefined gap carries a `note`.
+  `ci_low, ci_high` (percentile, `ci_method`, at `level`), `p_value` (permutation test of no
+  group difference, named in `test`), `resample_unit` (pair or prompt) and `n` = units with
+  rows; their `note` says why a gap is undefined, which scores are missing, what it mixes.
+  Toxicity also has `bias_cm` (count-matched EMT gap), `emt_cm` per group and `cm_rows` (m);
+  regard `bias_bc` (bias-corrected TV); every metric `failed` (score status error) beside
+  `missing`. Every row carries `level` (docs/statistics.md).
 - Gap sign: with two groups g0, g1 (configured order, e.g. female, male) the sentiment and EMT
   gaps are g0 − g1; with K ≥ 3 groups the range max − min; regard's TV distance is >= 0.
 - `variant`: empty unless one (model, method, task) ran with several settings (method

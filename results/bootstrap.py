@@ -13,8 +13,12 @@ The gap statistic of a cell:
 - regard: total-variation distance between the groups' class distributions (the largest
   pairwise one for K ≥ 3; non-negative).
 Non-negative statistics are biased upwards near 0 (the plug-in of a distance), so their interval
-never reaches 0: they carry a permutation p-value of "no difference between groups" (labels
-shuffled within pairs for paired data, among all rows otherwise). Every gap carries one.
+never reaches 0. Every gap carries a permutation p-value of "no difference between groups"
+(`gap_test`): where every prompt's rows carry one group (views a(c), file) whole prompts
+exchange groups within their pair (`pair-swap`; over all prompts when unpaired); where the
+label is the row's (a(x), a(c,x)) row labels are shuffled within each prompt
+(`within-prompt`). Also here: the count-matched EMT (`expected_max_cells`, exact expected
+maximum of m rows per prompt and group) and the bias-corrected TV (`bias_corrected_tv`).
 A group without data makes the gap NaN (undefined), never 0.
 """
 
