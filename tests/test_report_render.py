@@ -35,8 +35,8 @@ def binary(name: str) -> str:
 @pytest.fixture(scope="module")
 def awkward(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Three tasks, two models (one with specials in its id), a method in two variants
-    (JSON params), 3 pairs (few units everywhere), and a toxicity scorer that failed on most
-    female rows of one cell."""
+    (JSON params), 3 pairs (few units everywhere), a toxicity scorer that failed on most
+    female rows of one cell; aggregated at level 0.9."""
     rng = np.random.default_rng(3)
     rows = []
     methods = [
@@ -65,7 +65,7 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 }
             )  # fmt: skip
     store = write_rows(str(tmp_path_factory.mktemp("awkward") / "run"), rows)
-    return aggregate_run(store, n_boot=100)
+    return aggregate_run(store, n_boot=100, level=0.9)
 
 
 def word_boxes(
@@ -169,7 +169,7 @@ def test_report_compiles_with_pdflatex_and_lualatex_and_no_text_overlaps(
         pages = word_boxes(pdf)
         text = " ".join(w[4] for _, _, words in pages for w in words)
         odd = ODD_MODEL if engine == "lualatex" else ODD_MODEL.replace("_", " ")  # OT1's \_
-        for want in (odd, "+LIDAO-m [tau=0.5]", "+LIDAO-m [tau=1.0]", "|bias|", "(p < 0.05)"):
+        for want in (odd, "+LIDAO-m [tau=0.5]", "+LIDAO-m [tau=1.0]", "|bias|", "(p < 0.1)"):
             assert want in text, (engine, want)
         assert "Bias cm" in text and "Bias bc" in text and "n.d." in text
         assert "Warnings of Table 1." in text and "female 6/9 (6 failed)" in text
@@ -190,6 +190,19 @@ def test_report_compiles_with_pdflatex_and_lualatex_and_no_text_overlaps(
         for shot in shots:
             grey = np.asarray(Image.open(shot).convert("L"))
             assert (grey < 250).mean() > 0.005, shot.name  # ink on every page
+
+
+def test_the_level_reaches_every_title_and_mark(awkward: Any) -> None:
+    report = Path(awkward.paths["tables.md"]).parent
+    md = (report / "tables.md").read_text()
+    assert md.count("level 90%)") == 5  # four views and the paired comparisons
+    tex = (report / "tables.tex").read_text()
+    assert tex.count("(level 90\\%)") == 4 and "at level 90\\% (p \\textless{} 0.1)" in tex
+    page = (report / "index.html").read_text()
+    assert page.count("(level 90%)") == 5 and "90% interval" in page
+    for text in (md, tex, page):
+        assert not re.search(r"95\\?%|(<|textless\{\}) 0\.05", text)  # none left
+    assert Path(awkward.paths["tradeoff.svg"]).read_text().count("90% bootstrap interval") == 1
 
 
 def text_boxes(fig: Any) -> list[tuple[float, float, float, float, str]]:
@@ -235,7 +248,7 @@ def test_figures_have_no_overlapping_text_and_come_in_three_formats(awkward: Any
             name
         )
         texts = [b[4] for b in boxes]
-        assert any("95% bootstrap interval" in t for t in texts), name  # the level in the title
+        assert any("90% bootstrap interval" in t for t in texts), name  # the level in the title
         assert "vanilla" in texts, name
         assert "+LIDAO-m [tau=0.5]" in texts, name  # the tables' names
     # The written files: PNG, PDF and SVG, the same bytes from the same cells (no dates, no
