@@ -545,6 +545,23 @@ def _prompt_label_gaps(
         return 100.0 * contrast((top / bottom).reshape(n_r, n_groups))
 
 
+def _few_swaps(label: np.ndarray, pair: np.ndarray, below: int = 8) -> str | None:
+    """A note when fewer than `below` pairs hold prompts of two groups: the swap then has at
+    most 2^k distinct labellings (k such pairs) and p cannot go below about 2 / 2^k."""
+    n_pairs = int(pair.max()) + 1 if pair.size else 0
+    lo = np.full(n_pairs, np.iinfo(np.int64).max)
+    hi = np.full(n_pairs, -1)
+    np.minimum.at(lo, pair, label.astype(np.int64))
+    np.maximum.at(hi, pair, label.astype(np.int64))
+    k = int(np.sum((hi >= 0) & (lo != hi)))
+    if 0 < k < below:
+        return (
+            f"only {k} pair(s) hold prompts of two groups: the swap has at most {2**k} "
+            f"labellings, so p cannot go below about {min(1.0, 2 / 2**k):.2g}"
+        )
+    return None
+
+
 class GapTest(NamedTuple):
     p_value: float  # NaN: no test
     test: str | None  # PAIR_SWAP, PROMPT_SHUFFLE or WITHIN_PROMPT
@@ -582,15 +599,18 @@ def gap_test(
         num, den = _prompt_parts(metric, group, prompt, value, n_groups, used, m)
         perm = _prompt_label_gaps(metric, labels, num, den, n_groups)
         test, moved = PAIR_SWAP if paired else PROMPT_SHUFFLE, bool(np.any(labels != label[used]))
+        few = _few_swaps(label[used], unit_of[used]) if paired else None
     else:
         labels = _permuted_labels(group, prompt, n_perm, rng)
         perm = label_gaps(metric, labels, prompt, value, n_groups, m)
-        test, moved = WITHIN_PROMPT, True
+        test, moved, few = WITHIN_PROMPT, True, None
     p = permutation_p(observed, perm, is_signed(metric, n_groups))
     valid = perm[~np.isnan(perm)]
     null_mean = float(valid.mean()) if valid.size else float("nan")
     null_sq = float(np.mean(valid**2)) if valid.size else float("nan")
     note = None
+    if few:
+        note = few
     if not moved:
         note = (
             "no pair holds prompts of two groups: the label swap cannot move a label (p = 1)"

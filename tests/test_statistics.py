@@ -180,3 +180,12 @@ def test_k3_gap_is_the_range_and_an_empty_group_makes_it_undefined() -> None:
     assert gaps[0] == pytest.approx(100 * (0.8 - 0.2))
     absent = bs.gap_samples("sentiment", group[:4], prompt[:4], value[:4], 3, w)
     assert np.isnan(absent).all()
+
+
+def test_a_pair_swap_over_few_pairs_says_how_small_p_can_get() -> None:
+    group = np.array([0, 1, 0, 1, 0, 1])  # three pairs, one row per prompt
+    prompt = np.arange(6)
+    value = np.array([0.9, 0.1, 0.8, 0.2, 0.7, 0.3])
+    test = bs.gap_test("sentiment", group, prompt, value, 2, 60.0, 200, _rng(0), prompt // 2, True)
+    assert test.test == bs.PAIR_SWAP and test.p_value >= 2 / 8
+    assert test.note is not None and "only 3 pair(s)" in test.note and "0.25" in test.note
