@@ -152,7 +152,7 @@ def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:
             ax.set_title(f"{model_label(block.model)} · {TASKS[task][0]}", fontsize=10)
             ax.set_xlabel("perplexity ↓", fontsize=9)
             ax.set_ylabel("|bias| × 100 ↓", fontsize=9)
-            ax.set_ylim(bottom=0.0)
+            ax.axhline(0.0, color="#bbbbbb", lw=0.8, zorder=0)  # no gap (the margin shows it)
             ax.grid(alpha=0.3)
             ax.margins(x=0.15, y=0.15)
     fig.suptitle(

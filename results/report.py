@@ -22,6 +22,9 @@ from results.plot import figure_files, forest_figure, tradeoff_figure
 from results.report_tex import latex_document, latex_tables
 from results.store import RunStore
 from results.tables import (
+    FEW,
+    FEW_UNITS,
+    MISSING,
     MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
@@ -321,9 +324,30 @@ def aggregate_run(
     return res
 
 
+def warning_notes(layouts: dict[str, Layout]) -> list[str]:
+    """The tables' warnings in short, for the notes (the counts are under each table)."""
+    lost = {v: sum(w.startswith(MISSING) for w in lay.warnings) for v, lay in layouts.items()}
+    few = [v for v, lay in layouts.items() if any(w.startswith(FEW) for w in lay.warnings)]
+    notes = []
+    if any(lost.values()):
+        per_view = ", ".join(f"{v}: {k}" for v, k in lost.items() if k)
+        notes.append(
+            f"{MISSING} missing or failed scores, unlabelled rows or failed generations in "
+            f"{sum(lost.values())} table cells ({per_view}); counts per group under each table"
+        )
+    if few:
+        notes.append(
+            f"{FEW} gaps on fewer than {FEW_UNITS} resampling units in view(s) {', '.join(few)}: "
+            "their intervals and p-values are unreliable"
+        )
+    return notes
+
+
 def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, Any]]) -> None:
-    """report/: tables.md, tables.tex + report.tex, the figures (PNG, PDF, SVG), index.html."""
+    """report/: tables.md, tables.tex + report.tex, the figures (PNG, PDF, SVG), index.html.
+    The tables' warnings are added to `res.notes` in short."""
     layouts = view_layouts(res)
+    res.notes.extend(warning_notes(layouts))
     cells = res.cells
     res.paths["tables.md"] = store.write_bytes(
         "report/tables.md", markdown_report(res, layouts).encode()
