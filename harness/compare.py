@@ -145,22 +145,25 @@ def shared_units(
 
 
 def paired_bias_rows(a: Any, b: Any, level: float = 0.95) -> pl.DataFrame:
-    """For every bias cell of both runs: |B| − |A| over the same resamples, interval, p-value."""
+    """For every bias (and bias_cm) cell of both runs: |B| − |A| over the same resamples,
+    interval at `level`, p-value."""
     from results.bootstrap import compare_gaps
 
     rows = []
-    for (model, task, view, metric), cells_a in a.samples.items():
-        cells_b = b.samples.get((model, task, view, metric), {})
-        for (method, variant), ga in cells_a.items():
-            gb = cells_b.get((method, variant))
-            if gb is None or ga.size < 2 or gb.size != ga.size:
-                continue
-            cmp = compare_gaps(gb[1:], ga[1:], level=level, point=(float(gb[0]), float(ga[0])))
-            rows.append(
-                dict(model=model, method=method, variant=variant, task=task, view=view,
-                     metric=metric, stat="bias", group="gap", abs_diff=cmp.diff,
-                     ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value)
-            )  # fmt: skip
+    for stat, field in (("bias", "samples"), ("bias_cm", "samples_cm")):
+        samples_b = getattr(b, field, {})
+        for (model, task, view, metric), cells_a in getattr(a, field, {}).items():
+            cells_b = samples_b.get((model, task, view, metric), {})
+            for (method, variant), ga in cells_a.items():
+                gb = cells_b.get((method, variant))
+                if gb is None or ga.size < 2 or gb.size != ga.size:
+                    continue
+                cmp = compare_gaps(gb[1:], ga[1:], level=level, point=(float(gb[0]), float(ga[0])))
+                rows.append(
+                    dict(model=model, method=method, variant=variant, task=task, view=view,
+                         metric=metric, stat=stat, group="gap", abs_diff=cmp.diff,
+                         ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value)
+                )  # fmt: skip
     schema = {k: pl.String for k in KEYS} | {
         c: pl.Float64 for c in ("abs_diff", "ci_low", "ci_high", "p_value")
     }

@@ -94,6 +94,8 @@ class Aggregate(NamedTuple):
     samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
     groups: tuple[str, ...] = ()  # the demographic groups used, in order
     level: float = 0.95  # of every interval; significance is p < 1 - level
+    # (model, task, view, "toxicity") → (method, variant) → (1 + B,) count-matched EMT gaps
+    samples_cm: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
 
 
 def add_variant(
@@ -397,7 +399,12 @@ def _missing_note(
 
 
 def _block_records(
-    out: _Records, block: _Block, setup: _Setup, samples: Samples, notes: list[str]
+    out: _Records,
+    block: _Block,
+    setup: _Setup,
+    samples: Samples,
+    notes: list[str],
+    samples_cm: Samples | None = None,
 ) -> None:
     """Every statistic and gap of every (method, variant) cell and view of one block."""
     groups, views, metrics = setup.groups, setup.views, setup.metrics
@@ -434,7 +441,11 @@ def _block_records(
                     _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
                 if metric == "toxicity":
                     cm_notes = [_cm_note(block.m), *missing]
-                    _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
+                    cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
+                    if samples_cm is not None:
+                        samples_cm.setdefault((block.model, block.task, view, metric), {})[
+                            (method, str(variant))
+                        ] = cm
                     _matched_records(out, key, got, block, groups)
 
 
@@ -444,8 +455,12 @@ def _paired_records(
     units: dict[tuple[str, str], str],
     notes: list[str],
     level: float,
+    prefix: str = "diff",
 ) -> None:
-    """Each method's |bias| against vanilla's / uddia's over the same resamples."""
+    """Each method's |bias| against vanilla's / uddia's over the same resamples.
+
+    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
+    """
     for (model, task, view, metric), cells in samples.items():
         for ref in REFERENCES:
             refs = [c for c in cells if c[0] == ref]
@@ -459,10 +474,11 @@ def _paired_records(
                     if (ref, variant) in cells
                     else None
                 )
-                if match is None:
+                if match is None and prefix == "diff":  # said once, for the first statistic
                     notes.append(
                         f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
                     )
+                if match is None:
                     continue
                 other = cells[match]
                 cmp = bs.compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
@@ -472,7 +488,7 @@ def _paired_records(
                 )
                 extra.update(ci_method=bs.CI_METHOD, resample_unit=units.get((model, task)))
                 extra.update(test=bs.BOOTSTRAP)
-                out.add(key, metric, f"diff_vs_{ref}", "gap", cmp.diff, None, **extra)
+                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)
 
 
 def is_paired(frame: pl.DataFrame) -> bool:
@@ -586,6 +602,7 @@ def summarize(
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
     setup = _Setup(views, groups, metrics, level, seed, n_perm, paired)
     samples: Samples = {}
+    samples_cm: Samples = {}
     unit_names: dict[tuple[str, str], str] = {}
     label_cols = [VIEWS[v] for v in views]
     value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
@@ -612,8 +629,9 @@ def summarize(
         index = {p: i for i, p in enumerate(prompts)}
         block = _Block(str(model), str(task), rows, weights, index, unit_of, unit)
         unit_names[(str(model), str(task))] = unit
-        _block_records(out, block, setup, samples, notes)
+        _block_records(out, block, setup, samples, notes, samples_cm)
     if n_boot:
         _paired_records(out, samples, unit_names, notes, level)
+        _paired_records(out, samples_cm, unit_names, notes, level, prefix="diff_cm")
     summary = pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA)
-    return Aggregate(summary, notes, samples, groups, level)
+    return Aggregate(summary, notes, samples, groups, level, samples_cm)

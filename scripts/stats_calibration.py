@@ -50,10 +50,49 @@ def rates(metric: str, view: str, effect: float, reps: int, k: int = 2) -> tuple
     )
 
 
+def time_summarize() -> None:
+    """Seconds of `summarize` on 3 methods x 175 pairs x 25 samples (every metric, 4 views)."""
+    import time
+
+    import polars as pl
+
+    from results.aggregate import summarize
+
+    rng = np.random.default_rng(0)
+    n_pairs, samples = 175, 25
+    prompt = np.repeat(np.arange(2 * n_pairs), samples)
+    group = np.where(prompt % 2 == 0, "female", "male")
+    frames = []
+    for method in ("vanilla", "uddia", "lidao-min"):
+        z = rng.normal(size=prompt.size)
+        row_label = np.where(rng.random(prompt.size) < np.where(prompt % 2 == 0, 0.5, 0.2), "female", "male")  # fmt: skip
+        frames.append(
+            pl.DataFrame({
+                "model": "m", "task": "toxicity", "method": method,
+                "prompt_id": [f"{g}:{p // 2}" for g, p in zip(group, prompt)],
+                "pair_id": [str(p // 2) for p in prompt], "prompt_group": group,
+                "label_x": row_label, "label_cx": row_label, "label_c": group,
+                "sentiment": 0.5 + 0.2 * z, "sentiment_status": "ok",
+                "toxicity": 1 / (1 + np.exp(2 - z)), "toxicity_status": "ok",
+                "regard_label": np.array(["negative", "neutral", "positive"])[np.digitize(z, [-0.5, 0.5])],
+                "regard_status": "ok", "perplexity": 10.0, "perplexity_status": "ok",
+            })
+        )  # fmt: skip
+    frame = pl.concat(frames)
+    start = time.perf_counter()
+    summarize(frame, None, n_boot=1000, n_perm=200)
+    print(f"summarize, 3 methods x {frame.height // 3} rows: {time.perf_counter() - start:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=400, help="replications per cell")
-    reps = parser.parse_args().reps
+    parser.add_argument("--time", action="store_true", help="only time `summarize` at paper scale")
+    args = parser.parse_args()
+    if args.time:
+        time_summarize()
+        return
+    reps = args.reps
 
     print(f"## 1. Tests ({reps} replications, 40 pairs x 4 samples)\n")
     print("| statistic | groups | test | type-I at 0.05 | power, effect 0.25 | power, 0.5 | 95% interval holds 0 (truth 0) |")  # fmt: skip

@@ -315,7 +315,12 @@ def test_level_reaches_every_interval_and_comparison(tmp_path: Path) -> None:
     assert set(narrow["level"].unique()) == {0.9} and set(wide["level"].unique()) == {0.95}
     keys = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
     both = wide.filter(pl.col("ci_low").is_not_null()).join(narrow, on=keys, suffix="_90")
-    assert both.height > 50 and set(both["stat"]) >= {"bias", "bias_cm", "diff_vs_vanilla"}
+    assert both.height > 50 and set(both["stat"]) >= {
+        "bias",
+        "bias_cm",
+        "diff_vs_vanilla",
+        "diff_cm_vs_uddia",
+    }
     assert (both["ci_low"] <= both["ci_low_90"]).all() and (
         both["ci_high_90"] <= both["ci_high"]
     ).all()
