@@ -16,6 +16,7 @@ import polars as pl
 
 from results import report_html
 from results.aggregate import summarize
+from results.cells import counts_table, filter_table, ordered, paired_table, table_cells
 from results.join import join_run
 from results.paper import compare_with_paper
 from results.plot import figure_files, forest_figure, tradeoff_figure
@@ -31,14 +32,9 @@ from results.tables import (
     Field,
     Layout,
     Samples,
-    counts_table,
-    filter_table,
     layout,
     legend,
     level_text,
-    ordered,
-    paired_table,
-    table_cells,
 )
 
 

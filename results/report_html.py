@@ -18,18 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from results.tables import (
-    MULTIPLICITY,
-    TASKS,
-    VIEW_TITLES,
-    Field,
-    Layout,
-    counts_table,
-    filter_table,
-    legend,
-    level_text,
-    paired_table,
-)
+from results.cells import counts_table, filter_table, paired_table
+from results.tables import MULTIPLICITY, TASKS, VIEW_TITLES, Field, Layout, legend, level_text
 
 if TYPE_CHECKING:
     from results.report import AggregateResult

@@ -29,189 +29,15 @@ import numpy as np
 import polars as pl
 
 from results.bootstrap import Comparison, compare_gaps
-
-# task → (header, score metric, score stat, spread stat, higher is better)
-TASKS = {
-    "sentiment": ("Sentiment", "Sent", "sentiment", "mean", "std", True),
-    "regard": ("Regard", "NNRe", "regard", "nnre", "value_std", True),
-    "toxicity": ("Toxicity", "Toxi", "toxicity", "mean", "std", False),
-}
-METHOD_ORDER = [
-    "vanilla",
-    "gedi",
-    "dexperts",
-    "pplm",
-    "uddia",
-    "lidao-min",
-    "lidao-prod",
-    "elidao-min",
-    "elidao-prod",
-]
-METHOD_NAMES = {
-    "gedi": "GeDi", "dexperts": "DExperts", "pplm": "PPLM", "uddia": "UDDIA",
-    "lidao-min": "LIDAO-m", "lidao-prod": "LIDAO-p", "elidao-min": "eLIDAO-m", "elidao-prod": "eLIDAO-p",
-}  # fmt: skip
-MODEL_NAMES = {
-    "gpt2-large": "GPT-2",
-    "facebook/opt-6.7b": "OPT",
-    "tiiuae/falcon-7b-instruct": "Falcon",
-}
-CELL_KEYS = ["model", "method", "variant", "task", "view"]
-# The gap columns of a task: the paper's (`bias`) and, where the summary has it, the estimate
-# that removes what the paper's mixes in: stat → (header, what it is, for the legend).
-BIAS_STATS = {
-    "bias": ("Bias", ""),
-    "bias_cm": (
-        "Bias cm",
-        "count-matched EMT gap: the expected maximum over the same number m of rows per prompt "
-        "and group (m below the value); the paper's EMT gap beside it mixes bias with how many "
-        "rows each group has per prompt",
-    ),
-    "bias_bc": (
-        "Bias bc",
-        "bias-corrected TV distance: the plug-in TV minus its mean under the test's permutation "
-        "null, floored at 0 (no interval); the paper's plug-in TV beside it is biased upward, "
-        "most at few rows",
-    ),
-}
-FEW_UNITS = 20  # fewer resampling units than this: the interval and p-value are unreliable
-NOT_GROUPS = {"none", "unscored", "labelled", "all", "gap"}
-
-
-def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) -> pl.DataFrame:
-    rows = summary.filter(
-        (pl.col("metric") == metric) & (pl.col("stat") == stat) & (pl.col("group") == group)
-    )
-    cols = [pl.col("value").alias(name)]
-    if stat in BIAS_STATS:
-        test = pl.col("test") if "test" in summary.columns else pl.lit(None, dtype=pl.String)
-        cols += [
-            pl.col("ci_low").alias(f"{name}_low"),
-            pl.col("ci_high").alias(f"{name}_high"),
-            pl.col("p_value").alias(f"{name}_p"),
-            pl.col("n").alias(f"{name}_n"),
-            pl.col("note").alias(f"{name}_note"),
-            test.alias(f"{name}_test"),
-        ]
-    return rows.select(*CELL_KEYS, *cols)
-
-
-def _group_stat(summary: pl.DataFrame, metric: str, stat: str, name: str) -> pl.DataFrame:
-    rows = summary.filter(
-        (pl.col("metric") == metric)
-        & (pl.col("stat") == stat)
-        & ~pl.col("group").is_in(list(NOT_GROUPS))
-    )
-    return rows.select(*CELL_KEYS, "group", pl.col("value").cast(pl.Int64).alias(name))
-
-
-def _missing(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
-    """Per cell and view: `missing` ("female 9/18 (9 failed), male 0/18": rows of each group
-    without a finite score of all its rows, those whose scorer failed; only where some are
-    missing) and `unlabelled` (rows the gender scorer gave no label)."""
-    on = [*CELL_KEYS, "group"]
-    per_group = (
-        _group_stat(summary, metric, "missing", "lost")
-        .join(_group_stat(summary, "count", "n", "rows"), on=on, how="left", nulls_equal=True)
-        .join(_group_stat(summary, metric, "failed", "failed"), on=on, how="left", nulls_equal=True)
-    )
-    failed = pl.when(pl.col("failed") > 0).then(
-        pl.concat_str(pl.lit(" ("), pl.col("failed"), pl.lit(" failed)"))
-    )
-    text = (
-        per_group.with_columns(
-            pl.concat_str(
-                pl.col("group"),
-                pl.lit(" "),
-                pl.col("lost"),
-                pl.lit("/"),
-                pl.col("rows").fill_null(pl.col("lost")),
-                failed.otherwise(pl.lit("")),
-            ).alias("part")
-        )  # fmt: skip
-        .group_by(CELL_KEYS, maintain_order=True)
-        .agg(
-            pl.when(pl.col("lost").sum() > 0)
-            .then(pl.col("part").str.join(", "))
-            .otherwise(None)
-            .first()
-            .alias("missing")
-        )
-    )
-    unlabelled = summary.filter(
-        (pl.col("metric") == "count") & (pl.col("group") == "unscored") & (pl.col("value") > 0)
-    ).select(*CELL_KEYS, pl.col("value").cast(pl.Int64).alias("unlabelled"))
-    return text.join(unlabelled, on=CELL_KEYS, how="full", coalesce=True, nulls_equal=True)
-
-
-CELL_VALUES = ["score", "score_sd", "ppl", "other", "missing", "unlabelled", "gen_errors"]
-CELL_VALUES += ["cm_rows"] + [
-    f"{s}{suffix}"
-    for s in BIAS_STATS
-    for suffix in ("", "_low", "_high", "_p", "_n", "_note", "_test")
-]
-_STRING_VALUES = {"missing"} | {f"{s}_{x}" for s in BIAS_STATS for x in ("note", "test")}
-_INT_VALUES = {"unlabelled", "gen_errors"}
-
-
-def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
-    """One row per (model, method, variant, task, view) of a known task: score, score_sd,
-    ppl, other (share of `other` regard), per gap stat of `BIAS_STATS` its value, `_low`,
-    `_high`, `_p` (p-value), `_n` (resampling units), `_note`; `missing` / `unlabelled` /
-    `gen_errors` for the warnings (nulls where not scored / none).
-    Score, its spread, PPL and `other` are over every kept generation (group `all`): the same
-    in every view; only the gaps and the missing scores depend on the view."""
-    parts = []
-    for task, (_, _, metric, stat, spread, _) in TASKS.items():
-        keys = (
-            summary.filter((pl.col("task") == task) & (pl.col("view") != "-"))
-            .select(CELL_KEYS)
-            .unique()
-        )
-        sub = summary.filter(pl.col("task") == task)
-        errors = sub.filter(
-            (pl.col("metric") == "filter") & (pl.col("stat") == "generation_errors")
-        )
-        cell = keys
-        for frame in (
-            _pick(sub, metric, stat, "all", "score"),
-            _pick(sub, metric, spread, "all", "score_sd"),
-            *(_pick(sub, metric, s, "gap", s) for s in BIAS_STATS),
-            _pick(sub, "perplexity", "mean", "all", "ppl"),
-            _pick(sub, "regard", "share_other", "all", "other"),
-            _pick(sub, "toxicity", "cm_rows", "gap", "cm_rows"),
-            _missing(sub, metric),
-        ):
-            cell = cell.join(frame, on=CELL_KEYS, how="left", nulls_equal=True)
-        cell = cell.join(
-            errors.select(*CELL_KEYS[:4], pl.col("value").cast(pl.Int64).alias("gen_errors")),
-            on=CELL_KEYS[:4],
-            how="left",
-            nulls_equal=True,
-        )
-        if task != "regard":
-            cell = cell.drop("other", strict=False)
-        for col in CELL_VALUES:
-            if col not in cell.columns:
-                kind = (
-                    pl.String
-                    if col in _STRING_VALUES
-                    else pl.Int64
-                    if col in _INT_VALUES
-                    else pl.Float64
-                )
-                cell = cell.with_columns(pl.lit(None, dtype=kind).alias(col))
-        parts.append(cell.select(*CELL_KEYS, *CELL_VALUES))
-    return pl.concat(parts, how="vertical_relaxed").sort(CELL_KEYS) if parts else pl.DataFrame()
-
-
-def method_rank(method: str) -> tuple[int, str]:
-    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
-
-
-def model_rank(model: str) -> tuple[int, str]:
-    order = list(MODEL_NAMES)
-    return (order.index(model) if model in order else len(order), model)
+from results.cells import (
+    BIAS_STATS,
+    FEW_UNITS,
+    METHOD_NAMES,
+    MODEL_NAMES,
+    TASKS,
+    method_rank,
+    model_rank,
+)
 
 
 def short_variant(variant: str) -> str:
@@ -402,6 +228,59 @@ def few_warning(few: list[tuple[str, int]], total: int, unit: str) -> str:
     return line + (": " + "; ".join(f"{c} ({n})" for c, n in few) if len(few) <= 8 else "")
 
 
+@dataclass
+class _Tally:
+    """What a layout collects while it fills its cells: warnings, tests, few-unit gaps."""
+
+    warnings: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    few: list[tuple[str, int]] = field(default_factory=list)
+    gaps: int = 0
+
+
+def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally) -> list[Field]:
+    """The fields of one row's cell (one task's columns) from its `table_cells` row."""
+    lost = _lost(r)
+    if lost:
+        tally.warnings.append(f"{MISSING} {named} · {TASKS[columns[0].task][0]}: {lost}")
+    out = []
+    for col in columns:
+        if col.kind == "score":
+            out.append(Field(r.get("score"), sd=r.get("score_sd"), other=r.get("other")))
+            continue
+        if col.kind == "ppl":
+            out.append(Field(r.get("ppl")))
+            continue
+        s, value = col.stat, r.get(col.stat)
+        n, m = r.get(f"{s}_n"), r.get("cm_rows")
+        flags = ""
+        if value is not None:
+            flags = MISSING if lost else ""
+            tally.gaps += 1
+            tally.tests += [str(r[f"{s}_test"])] if r.get(f"{s}_test") else []
+            if n is not None and n < FEW_UNITS:
+                flags = FEW + flags
+                tally.few.append((f"{named} · {col.header} ({TASKS[col.task][0]})", int(n)))
+        out.append(
+            Field(
+                value, low=r.get(f"{s}_low"), high=r.get(f"{s}_high"), p=r.get(f"{s}_p"),
+                n=None if n is None else int(n), flags=flags,
+                detail=f"m={m:g}" if s == "bias_cm" and m is not None else "",
+            )
+        )  # fmt: skip
+    return out
+
+
+def _view_columns(sub: pl.DataFrame, tasks: list[str]) -> list[Column]:
+    """Every task's columns; a gap stat beyond the paper's where the view has values for it."""
+    columns: list[Column] = []
+    for task in tasks:
+        tsub = sub.filter(pl.col("task") == task)
+        present = [s for s in BIAS_STATS if s in tsub.columns and tsub[s].is_not_null().any()]
+        columns += task_columns(task, ["bias", *present])
+    return columns
+
+
 def layout(
     cells: pl.DataFrame,
     view: str,
@@ -416,20 +295,8 @@ def layout(
     is marked. A gap column beyond the paper's appears where the summary has values for it."""
     sub = cells.filter(pl.col("view") == view)
     tasks = [t for t in TASKS if t in set(sub["task"].to_list())]
-    columns: list[Column] = []
-    for task in tasks:
-        tsub = sub.filter(pl.col("task") == task)
-        columns += task_columns(
-            task,
-            [
-                s
-                for s in BIAS_STATS
-                if s == "bias" or s in tsub.columns and tsub[s].is_not_null().any()
-            ],
-        )
-    blocks, warnings, tests = [], [], []
-    few: list[tuple[str, int]] = []
-    n_gaps = 0
+    columns = _view_columns(sub, tasks)
+    blocks, tally = [], _Tally()
     for model in sorted(set(sub["model"].to_list()), key=model_rank):
         msub = sub.filter(pl.col("model") == model)
         keys = sorted(
@@ -437,60 +304,32 @@ def layout(
             key=lambda k: (method_rank(k[0]), k[1]),
         )
         rows = [Row(row_label(model, m, v), m, v) for m, v in keys]
+        debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
         for task in tasks:
             values = {
                 (r["method"], r["variant"]): r
                 for r in msub.filter(pl.col("task") == task).iter_rows(named=True)
             }
             got = [values.get(k, {}) for k in keys]
+            mine = [c for c in columns if c.task == task]
             for row, r in zip(rows, got):
                 named = (
                     row.label if row.method == "vanilla" else f"{model_label(model)} {row.label}"
                 )
-                lost = _lost(r)
-                if lost:
-                    warnings.append(f"{MISSING} {named} · {TASKS[task][0]}: {lost}")
-                for col in (c for c in columns if c.task == task):
-                    if col.kind == "score":
-                        row.fields.append(
-                            Field(r.get("score"), sd=r.get("score_sd"), other=r.get("other"))
-                        )
-                    elif col.kind == "ppl":
-                        row.fields.append(Field(r.get("ppl")))
-                    else:
-                        s = col.stat
-                        n, m = r.get(f"{s}_n"), r.get("cm_rows")
-                        if r.get(s) is not None and r.get(f"{s}_test"):
-                            tests.append(str(r[f"{s}_test"]))
-                        flags = MISSING if lost else ""
-                        if r.get(s) is not None:
-                            n_gaps += 1
-                            if n is not None and n < FEW_UNITS:
-                                flags = FEW + flags
-                                few.append((f"{named} · {col.header} ({TASKS[task][0]})", int(n)))
-                        row.fields.append(
-                            Field(
-                                r.get(s), low=r.get(f"{s}_low"), high=r.get(f"{s}_high"),
-                                p=r.get(f"{s}_p"), n=None if n is None else int(n),
-                                flags=flags if r.get(s) is not None else "",
-                                detail=f"m={m:g}" if s == "bias_cm" and m is not None else "",
-                            )
-                        )  # fmt: skip
-            debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
+                row.fields += _fields(mine, r, named, tally)
+            bias_col = columns.index(next(c for c in mine if c.stat == "bias"))
+            ppl_col = columns.index(next(c for c in mine if c.kind == "ppl"))
             compare = sample_comparer(samples, model, task, view, level)
-            at = {c: columns.index(c) for c in columns if c.task == task}
-            bias_col = next(i for c, i in at.items() if c.kind == "bias" and c.stat == "bias")
-            ppl_col = next(i for c, i in at.items() if c.kind == "ppl")
-            bias_values = [got[i].get("bias") for i in debiased]
-            keyed = [keys[i] for i in debiased]
-            for i, mark in zip(debiased, bias_marks(keyed, bias_values, compare, 1 - level)):
+            bias = [got[i].get("bias") for i in debiased]
+            marks = bias_marks([keys[i] for i in debiased], bias, compare, 1 - level)
+            for i, mark in zip(debiased, marks):
                 rows[i].fields[bias_col].mark = mark
             for i, mark in zip(debiased, _marks([got[i].get("ppl") for i in debiased])):
                 rows[i].fields[ppl_col].mark = mark
         blocks.append(Block(model, rows))
-    if few:
-        warnings.insert(0, few_warning(few, n_gaps, unit))
-    return Layout(tasks, columns, blocks, warnings, list(dict.fromkeys(tests)))
+    if tally.few:
+        tally.warnings.insert(0, few_warning(tally.few, tally.gaps, unit))
+    return Layout(tasks, columns, blocks, tally.warnings, list(dict.fromkeys(tally.tests)))
 
 
 VIEW_TITLES = {
@@ -499,64 +338,6 @@ VIEW_TITLES = {
     "a(c)": "Bias over the gender of the prompt, a(c)",
     "file": "Bias over the prompt file the prompt came from",
 }
-
-
-def ordered(frame: pl.DataFrame) -> pl.DataFrame:
-    """Rows in report order: paper models first, then task, method (paper order), view."""
-    views = ["a(x)", "a(c,x)", "a(c)", "file", "-"]
-    keys = {
-        "_m": pl.col("model").map_elements(lambda m: model_rank(m)[0], return_dtype=pl.Int64),
-        "_k": pl.col("method").map_elements(lambda m: method_rank(m)[0], return_dtype=pl.Int64),
-    }
-    if "view" in frame.columns:
-        keys["_v"] = pl.col("view").map_elements(
-            lambda v: views.index(v) if v in views else 9, return_dtype=pl.Int64
-        )
-    keys["_t"] = pl.col("task").map_elements(
-        lambda t: list(TASKS).index(t) if t in TASKS else 9, return_dtype=pl.Int64
-    )
-    by = ["_m", "model", "_t", "task", "_k", "method", "variant", *(["_v"] if "_v" in keys else [])]
-    return frame.with_columns(**keys).sort(by).drop(list(keys))
-
-
-def counts_table(summary: pl.DataFrame) -> pl.DataFrame:
-    """Rows per group of every cell and view (wide), after the perplexity filter."""
-    rows = summary.filter(pl.col("metric") == "count")
-    if rows.is_empty():
-        return rows
-    order = list(dict.fromkeys(rows["group"].to_list()))
-    wide = rows.pivot("group", index=CELL_KEYS, values="value", aggregate_function="first")
-    return ordered(wide.select(*CELL_KEYS, *order).with_columns(pl.col(order).cast(pl.Int64)))
-
-
-def filter_table(summary: pl.DataFrame) -> pl.DataFrame:
-    rows = summary.filter(pl.col("metric") == "filter")
-    if rows.is_empty():
-        return rows
-    wide = rows.pivot("stat", index=["model", "method", "variant", "task"], values="value")
-    return ordered(
-        wide.with_columns(pl.exclude("model", "method", "variant", "task").cast(pl.Int64))
-    )
-
-
-def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
-    """|bias| − |vanilla's| and − |uddia's| over the same resamples, with the interval (at the
-    summary's level) and two-sided p-value, for each task's own metric (the others are in the summary)."""
-    rows = summary.filter(
-        pl.col("stat").str.starts_with("diff_vs_") & (pl.col("metric") == pl.col("task"))
-    )
-    if rows.is_empty():
-        return rows
-    out = rows.select(
-        *CELL_KEYS,
-        pl.col("stat").str.replace("diff_vs_", "").alias("against"),
-        pl.col("value").alias("diff"),
-        pl.col("ci_low"),
-        pl.col("ci_high"),
-        pl.col("p_value"),
-        pl.col("resample_unit").alias("unit"),
-    )
-    return ordered(out)
 
 
 MULTIPLICITY = (

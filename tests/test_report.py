@@ -22,11 +22,12 @@ from fake_run import synthetic_run
 from test_report_render import overlaps
 
 from harness.compare import add_compare_args, compare_main
+from results.cells import table_cells
 from results.paper import load_paper_tables
 from results.plot import pareto_front, tradeoff_png
 from results.report import aggregate_run, markdown_table
 from results.report_tex import latex_table
-from results.tables import _marks, layout, table_cells
+from results.tables import _marks, layout
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
