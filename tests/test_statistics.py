@@ -189,3 +189,14 @@ def test_a_pair_swap_over_few_pairs_says_how_small_p_can_get() -> None:
     test = bs.gap_test("sentiment", group, prompt, value, 2, 60.0, 200, _rng(0), prompt // 2, True)
     assert test.test == bs.PAIR_SWAP and test.p_value >= 2 / 8
     assert test.note is not None and "only 3 pair(s)" in test.note and "0.25" in test.note
+
+
+def test_unpaired_prompt_labels_are_permuted_over_all_prompts() -> None:
+    group = np.array([0, 0, 1, 1, 0, 0, 1, 1])
+    prompt = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    labels, test = bs.null_labels(group, prompt, np.arange(4), False, 200, _rng(1))
+    assert test == bs.PROMPT_SHUFFLE
+    assert np.all(labels[:, ::2] == labels[:, 1::2])  # a prompt's rows keep one label
+    assert np.all(labels.sum(axis=1) == group.sum())  # two prompts per group, as observed
+    # Prompts 0 and 2 (both group 0) end up in different groups in some labellings: not pairs.
+    assert np.any(labels[:, 0] != labels[:, 4])
