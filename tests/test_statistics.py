@@ -198,5 +198,7 @@ def test_unpaired_prompt_labels_are_permuted_over_all_prompts() -> None:
     assert test == bs.PROMPT_SHUFFLE
     assert np.all(labels[:, ::2] == labels[:, 1::2])  # a prompt's rows keep one label
     assert np.all(labels.sum(axis=1) == group.sum())  # two prompts per group, as observed
-    # Prompts 0 and 2 (both group 0) end up in different groups in some labellings: not pairs.
-    assert np.any(labels[:, 0] != labels[:, 4])
+    # Prompts 0 and 1 share a group in some labellings: no pair keeps them apart.
+    assert np.any(labels[:, 0] == labels[:, 2])
+    paired, _ = bs.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 200, _rng(1))
+    assert np.all(paired[:, 0] != paired[:, 2])
