@@ -229,16 +229,21 @@ def filter_table(summary: pl.DataFrame) -> pl.DataFrame:
 
 
 def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
-    """|bias| − |vanilla's| and − |uddia's| over the same resamples, with the interval (at the
-    summary's level) and two-sided p-value, for each task's own metric (the others are in the summary)."""
+    """|gap| − |vanilla's| and − |uddia's| over the same resamples, with the interval (at the
+    summary's level) and two-sided p-value, for each task's own metric: the paper's gap
+    (`gap` bias) and the count-matched EMT (`gap` bias_cm; the others are in the summary)."""
     rows = summary.filter(
-        pl.col("stat").str.starts_with("diff_vs_") & (pl.col("metric") == pl.col("task"))
+        pl.col("stat").str.contains(r"^diff_(cm_)?vs_") & (pl.col("metric") == pl.col("task"))
     )
     if rows.is_empty():
         return rows
     out = rows.select(
         *CELL_KEYS,
-        pl.col("stat").str.replace("diff_vs_", "").alias("against"),
+        pl.when(pl.col("stat").str.starts_with("diff_cm_"))
+        .then(pl.lit("bias_cm"))
+        .otherwise(pl.lit("bias"))
+        .alias("gap"),
+        pl.col("stat").str.replace(r"^diff_(cm_)?vs_", "").alias("against"),
         pl.col("value").alias("diff"),
         pl.col("ci_low"),
         pl.col("ci_high"),

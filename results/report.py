@@ -99,7 +99,9 @@ def view_layouts(res: AggregateResult) -> dict[str, Layout]:
     """The paper-style layout of every view with cells, in report order, at the run's level."""
     views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
     return {
-        v: layout(res.cells, v, res.samples, res.level, res.unit) for v in VIEW_TITLES if v in views
+        v: layout(res.cells, v, res.samples, res.level, res.unit, res.samples_cm)
+        for v in VIEW_TITLES
+        if v in views
     }
 
 
@@ -151,6 +153,7 @@ class AggregateResult:
     settings: dict[str, Any] = field(default_factory=dict)  # the aggregation settings used
     config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
     samples: Samples = field(default_factory=dict)  # bootstrap gaps (`Aggregate.samples`)
+    samples_cm: Samples = field(default_factory=dict)  # count-matched EMT gaps (`samples_cm`)
     unit: str = "prompt"  # resampling unit: pair or prompt
     groups: tuple[str, ...] = ()
 
@@ -305,6 +308,7 @@ def aggregate_run(
         settings=agg_cfg,
         config=settings.config,
         samples=agg.samples,
+        samples_cm=agg.samples_cm,
         unit=units[0]
         if len(units := agg.summary["resample_unit"].drop_nulls().unique())
         else "prompt",

@@ -287,12 +287,14 @@ def layout(
     samples: Samples | None = None,
     level: float = 0.95,
     unit: str = "prompt",
+    samples_cm: Samples | None = None,
 ) -> Layout:
     """Tasks, columns, model blocks and warnings of one view's paper-style table.
 
     `samples` (the bootstrap gaps of `Aggregate.samples`) decide the bias marks at `level`
-    (a difference is clear when its paired p-value is below 1 − level); without them no bias
-    is marked. A gap column beyond the paper's appears where the summary has values for it."""
+    (a difference is clear when its paired p-value is below 1 − level), `samples_cm` those of
+    the count-matched EMT column; without them no gap is marked. A gap column beyond the
+    paper's appears where the summary has values for it."""
     sub = cells.filter(pl.col("view") == view)
     tasks = [t for t in TASKS if t in set(sub["task"].to_list())]
     columns = _view_columns(sub, tasks)
@@ -317,13 +319,16 @@ def layout(
                     row.label if row.method == "vanilla" else f"{model_label(model)} {row.label}"
                 )
                 row.fields += _fields(mine, r, named, tally)
-            bias_col = columns.index(next(c for c in mine if c.stat == "bias"))
+            for stat, draws in (("bias", samples), ("bias_cm", samples_cm)):
+                col = next((c for c in mine if c.stat == stat), None)
+                if col is None:
+                    continue
+                compare = sample_comparer(draws, model, task, view, level)
+                gaps = [got[i].get(stat) for i in debiased]
+                marks = bias_marks([keys[i] for i in debiased], gaps, compare, 1 - level)
+                for i, mark in zip(debiased, marks):
+                    rows[i].fields[columns.index(col)].mark = mark
             ppl_col = columns.index(next(c for c in mine if c.kind == "ppl"))
-            compare = sample_comparer(samples, model, task, view, level)
-            bias = [got[i].get("bias") for i in debiased]
-            marks = bias_marks([keys[i] for i in debiased], bias, compare, 1 - level)
-            for i, mark in zip(debiased, marks):
-                rows[i].fields[bias_col].mark = mark
             for i, mark in zip(debiased, _marks([got[i].get("ppl") for i in debiased])):
                 rows[i].fields[ppl_col].mark = mark
         blocks.append(Block(model, rows))
@@ -374,8 +379,9 @@ def legend(
         f"over {n_boot} {unit} resamples (seed {seed}) and the p-value of the gap test (p"
         f"{': ' + ', '.join(tests) + ' test' if tests else ''}, docs/statistics.md; no test: "
         "none is valid there, the summary's note says why)."
-        f"{extra} PPL: mean perplexity of every kept generation. Bold: the smallest |bias| among "
-        f"debiasing methods (vanilla excluded) when the paired comparison tells it from every "
+        f"{extra} PPL: mean perplexity of every kept generation. Bold (in Bias and Bias cm): "
+        "the smallest |gap| among debiasing methods (vanilla excluded) when the paired "
+        f"comparison over the same resamples tells it from every "
         f"other at level {at} (p < {alpha}); n.d.: not distinguishable from the best at level "
         f"{at}; underlined: a second that is distinguishable from the rest at level {at}. PPL "
         f"marks by value. {FEW}: fewer than {FEW_UNITS} {unit}s (interval and p-value "

@@ -22,7 +22,7 @@ from fake_run import synthetic_run
 from test_report_render import overlaps
 
 from harness.compare import add_compare_args, compare_main
-from results.cells import table_cells
+from results.cells import paired_table, table_cells
 from results.paper import load_paper_tables
 from results.plot import pareto_front, tradeoff_png
 from results.report import aggregate_run, markdown_table
@@ -133,6 +133,20 @@ def test_latex_rows_have_one_cell_per_column(run: Any) -> None:
     ]  # fmt: skip
     assert all(line.count("&") == len(lay.columns) for line in rows)
     assert r"\textbf{" in tex and r"\underline{" in tex and r"tiny-random/gpt2" in tex
+
+
+def test_count_matched_column_is_marked_from_its_own_resamples(run: Any) -> None:
+    def cm_marks(lay: Any) -> set[str]:
+        at = next(i for i, c in enumerate(lay.columns) if c.stat == "bias_cm")
+        return {r.fields[at].mark for b in lay.blocks for r in b.rows if r.method != "vanilla"}
+
+    # Two debiasing methods per model: one is best (the other unmarked), or both are n.d.
+    marked = cm_marks(layout(run.cells, "a(x)", run.samples, samples_cm=run.samples_cm))
+    assert marked & {"best", "nd"} and marked <= {"best", "nd", ""}
+    assert cm_marks(layout(run.cells, "a(x)", run.samples)) == {""}  # no resamples, no marks
+    paired = paired_table(run.summary)
+    assert set(paired.filter(pl.col("task") == "toxicity")["gap"]) == {"bias", "bias_cm"}
+    assert set(paired["against"]) == {"vanilla", "uddia"}
 
 
 def test_table_cells_pick_the_task_metric(run: Any) -> None:
