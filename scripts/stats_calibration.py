@@ -37,11 +37,23 @@ LABEL = {
 }
 
 
-def rates(metric: str, view: str, effect: float, reps: int, k: int = 2) -> tuple[float, float]:
-    """(rejection rate at 0.05, share of 95% intervals holding 0)."""
+def rates(
+    metric: str, view: str, effect: float, reps: int, k: int = 2, paired: bool = True
+) -> tuple[float, float]:
+    """(rejection rate at 0.05, share of 95% intervals holding 0).
+
+    Unpaired: no pair effect, and the prompts analysed as their own units.
+    """
     rng = np.random.default_rng(1000)
+    pair_sd = 0.5 if paired else 0.0
     outs = [
-        analyse(simulate(rng, metric, view, effect=effect, k=k), metric, r, n_groups=k)
+        analyse(
+            simulate(rng, metric, view, effect=effect, k=k, pair_sd=pair_sd),
+            metric,
+            r,
+            n_groups=k,
+            paired=paired,
+        )  # fmt: skip
         for r in range(reps)
     ]
     return (
@@ -105,6 +117,12 @@ def main() -> None:
             p50, _ = rates(metric, view, 0.5, reps)
             hold = "— (distance ≥ 0)" if metric == "regard" else f"{cover:.3f}"
             print(f"| {LABEL[metric]} | {view} | {test} | {type1:.3f} | {p25:.3f} | {p50:.3f} | {hold} |")  # fmt: skip
+    for metric in ("sentiment", "toxicity", "regard"):
+        type1, cover = rates(metric, "prompt", 0.0, reps, paired=False)
+        p25, _ = rates(metric, "prompt", 0.25, reps, paired=False)
+        p50, _ = rates(metric, "prompt", 0.5, reps, paired=False)
+        hold = "— (distance ≥ 0)" if metric == "regard" else f"{cover:.3f}"
+        print(f"| {LABEL[metric]} | prompt, unpaired | prompt-shuffle | {type1:.3f} | {p25:.3f} | {p50:.3f} | {hold} |")  # fmt: skip
     type1, _ = rates("sentiment", "prompt", 0.0, reps, k=3)
     p50, _ = rates("sentiment", "prompt", 0.5, reps, k=3)
     print(f"| sentiment range, K = 3 | prompt | pair-swap (3 prompts per set) | {type1:.3f} | – | {p50:.3f} | — |")  # fmt: skip

@@ -99,8 +99,14 @@ def analyse(
     n_perm: int = 100,
     level: float = 0.95,
     n_groups: int = 2,
+    paired: bool = True,
 ) -> Outcome:
-    """What `summarize` reports for one cell: gap, pair-resampled interval, test, bias-corrected TV."""
+    """What `summarize` reports for one cell: gap, pair-resampled interval, test, bias-corrected TV.
+
+    `paired=False`: analysed as unpaired prompts (each prompt its own unit).
+    """
+    if not paired:
+        data = data._replace(unit_of=np.arange(data.unit_of.size))
     n_pairs = int(data.unit_of.max()) + 1
     weights = bs.unit_weights(n_pairs, n_boot, seed, "calibration")
     m = matched_m(data, n_groups) if metric == "toxicity_cm" else None
@@ -110,7 +116,7 @@ def analyse(
     ci = bs.percentile_ci(gaps[1:], level) if n_boot else bs.Interval(np.nan, np.nan, 0)
     test = bs.gap_test(
         metric, data.group, data.prompt, data.value, n_groups, float(gaps[0]), n_perm,
-        np.random.default_rng([seed, 7]), data.unit_of, paired=True, m=m,
+        np.random.default_rng([seed, 7]), data.unit_of, paired=paired, m=m,
     )  # fmt: skip
     alpha = 1.0 - level
     bc = bs.bias_corrected_tv(float(gaps[0]), test, alpha) if metric == "regard" else np.nan
