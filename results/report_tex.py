@@ -238,6 +238,13 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
     return "\n".join(parts)
 
 
+FIGURES = {
+    "forest": "Bias of each method with its interval, every view",
+    "tradeoff": "Fairness–fluency trade-off, view a(x)",
+    "tradeoff_acx": "Fairness–fluency trade-off, view a(c,x)",
+}
+
+
 def latex_document(res: AggregateResult, figures: list[str], multiplicity: str) -> str:
     """report/report.tex: notes, `\\input{tables.tex}` and the figures (PDF), compiled in
     report/ (`pdflatex report.tex` or `lualatex report.tex`)."""
@@ -264,7 +271,8 @@ def latex_document(res: AggregateResult, figures: list[str], multiplicity: str) 
             out += [
                 r"\begin{figure}[htbp]\centering",
                 rf"\includegraphics[width=\linewidth,height=0.85\textheight,keepaspectratio]{{{name}}}",
-                rf"\caption{{{tex_escape(name)}}}\label{{fig:harness:{name.split('.')[0]}}}",
+                rf"\caption{{{tex_escape(FIGURES.get(name.split('.')[0], name))} "
+                rf"(\texttt{{{tex_escape(name)}}})}}\label{{fig:harness:{name.split('.')[0]}}}",
                 r"\end{figure}",
             ]
     return "\n".join([*out, r"\end{document}"]) + "\n"
