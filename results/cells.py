@@ -45,9 +45,9 @@ BIAS_STATS = {
     ),
     "bias_bc": (
         "Bias bc",
-        "bias-corrected TV distance: the plug-in TV minus its mean under the test's permutation "
-        "null, floored at 0 (no interval); the paper's plug-in TV beside it is biased upward, "
-        "most at few rows",
+        "bias-corrected TV distance: sqrt(TV² − its mean square over the test's labellings) "
+        "where the TV test rejects at the level, else 0 (no interval; docs/statistics.md); the "
+        "paper's plug-in TV beside it is biased upward, most at few rows",
     ),
 }
 FEW_UNITS = 20  # fewer resampling units than this: the interval and p-value are unreliable

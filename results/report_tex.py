@@ -64,6 +64,8 @@ TEX_CHARS = {
     FEW: r"\textsuperscript{\dag}",
     MISSING: r"\textsuperscript{\ddag}",
     "°": r"\textsuperscript{o}",
+    "²": r"\textsuperscript{2}",
+    "³": r"\textsuperscript{3}",
     "µ": r"$\mu$",
     "\u00a0": "~",
     "ß": r"\ss{}",

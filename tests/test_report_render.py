@@ -172,6 +172,7 @@ def test_report_compiles_with_pdflatex_and_lualatex_and_no_text_overlaps(
         for want in (odd, "+LIDAO-m [tau=0.5]", "+LIDAO-m [tau=1.0]", "|bias|", "(p < 0.1)"):
             assert want in text, (engine, want)
         assert "Bias cm" in text and "Bias bc" in text and "n.d." in text
+        assert "[U+" not in text  # every character the report prints has its command
         assert "Warnings of Table 1." in text and "female 6/9 (6 failed)" in text
         for n, (width, height, words) in enumerate(pages, 1):
             outside = [w for w in words if w[0] < 0 or w[1] < 0 or w[2] > width or w[3] > height]
