@@ -104,8 +104,12 @@ def _char(ch: str) -> str:
 
 
 def tex_escape(text: str) -> str:
-    """Plain text for LaTeX (pdflatex with OT1 or T1 fonts, lualatex): see the module doc."""
-    return "".join(_char(ch) for ch in text)
+    """Plain text for LaTeX (pdflatex with OT1 or T1 fonts, lualatex): see the module doc.
+    A `-` before another is broken off (`-{}`): TeX's fonts join `--` into a dash."""
+    return "".join(
+        "-{}" if ch == "-" and text[i + 1 : i + 2] == "-" else _char(ch)
+        for i, ch in enumerate(text)
+    )
 
 
 def tex_num(x: float, digits: int = 2) -> str:

@@ -22,7 +22,7 @@ from results.report import aggregate_run
 from results.report_tex import tex_escape
 
 ODD_MODEL = "org/tiny_model&co%#1"  # a model id with TeX's specials in it
-TEXT = '{"tau": 0.5} p < 0.05 |bias| ≈ −1.5 ± 2 × 3 R&D 50% #1 $5 a_b é'
+TEXT = '{"tau": 0.5} p < 0.05 |bias| ≈ −1.5 ± 2 × 3 R&D 50% #1 $5 a_b é --ppl-max'
 
 
 def binary(name: str) -> str:
