@@ -105,9 +105,10 @@ def _char(ch: str) -> str:
 
 def tex_escape(text: str) -> str:
     """Plain text for LaTeX (pdflatex with OT1 or T1 fonts, lualatex): see the module doc.
-    A `-` before another is broken off (`-{}`): TeX's fonts join `--` into a dash."""
+    A `-` before another is kept apart by `\\/` (TeX's fonts join `--` into a dash; lualatex
+    joins it across `{}`)."""
     return "".join(
-        "-{}" if ch == "-" and text[i + 1 : i + 2] == "-" else _char(ch)
+        "-\\/" if ch == "-" and text[i + 1 : i + 2] == "-" else _char(ch)
         for i, ch in enumerate(text)
     )
 
