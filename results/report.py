@@ -123,7 +123,7 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
         ]
     out += [
         "",
-        f"## Paired comparisons: |bias| − the reference's |bias| (same resamples, level {at})",
+        f"## Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})",
         "",
     ]
     out += [frame_markdown(paired_table(res.summary))]

@@ -302,7 +302,7 @@ def render(
             "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
         )
     parts += [
-        "<h2>Paired comparisons: |bias| − the reference's |bias| over the same resamples "
+        "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
         f"(level {at})</h2>"
     ]
     parts += [frame_html(paired_table(res.summary), "diff")]
