@@ -8,6 +8,12 @@ difference is |bias B| − |bias A| with its paired-bootstrap interval and two-s
 (`results.bootstrap.compare_gaps`): the same resamples of both runs, so the noise the two runs
 share cancels.
 
+The pairing needs the same resampling units in both runs: a pair (or prompt) that has rows in
+one run only (e.g. the perplexity filter dropped all its rows in B) is dropped from *both*
+runs, with a WARNING naming how many, so every (model, task) is resampled over the same units
+in the same order and the paired intervals keep their width. Intervals are at
+`aggregation.level`; "real" means p < 1 − level.
+
 That pairing only means something when the runs planned the same prompts, samples (seeds) and
 generation parameters: `compare` checks the two plans and refuses when they differ (exit 2),
 unless `--allow-plan-mismatch`, which prints a warning on every run. `--fail-above X` exits 1
@@ -26,7 +32,7 @@ import polars as pl
 from results.store import RunStore, StoreError
 
 KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
-HEADLINE_STATS = ["mean", "nnre", "bias", "emt"]
+HEADLINE_STATS = ["mean", "nnre", "bias", "bias_cm", "bias_bc", "emt"]
 HEADLINE_GROUPS = ["all", "gap"]
 GEN_PARAMS = ["max_new_tokens", "top_p", "temperature", "repetition_penalty"]
 
@@ -86,8 +92,10 @@ def plan_differences(a: RunStore, b: RunStore) -> list[str]:
     return out
 
 
-def aggregate_in_memory(run: str, settings: dict[str, Any], groups: Any) -> Any:
-    """`results.aggregate.Aggregate` of a run, nothing written."""
+def aggregate_in_memory(
+    run: str, settings: dict[str, Any], groups: Any, units: Any = None, paired: bool | None = None
+) -> Any:
+    """`results.aggregate.Aggregate` of a run, nothing written (`units`: see `summarize`)."""
     from results.aggregate import summarize
     from results.join import join_run
 
@@ -101,26 +109,61 @@ def aggregate_in_memory(run: str, settings: dict[str, Any], groups: Any) -> Any:
         level=float(settings["level"]),
         ppl_max=float(settings["ppl_max"]),
         n_perm=min(int(settings["n_perm"]), int(settings["n_boot"])),
+        units=units,
+        paired=paired,
     )
 
 
-def paired_bias_rows(a: Any, b: Any) -> pl.DataFrame:
-    """For every bias cell of both runs: |B| − |A| over the same resamples, interval, p-value."""
+def shared_units(
+    run_a: str, run_b: str, ppl_max: float
+) -> tuple[dict[tuple[str, str], list[str]], bool, list[str]]:
+    """The resampling units both runs have rows of, per (model, task), after the filter.
+
+    Returns (model, task) → sorted shared units (only the blocks both runs have), whether the
+    units are pairs, and one warning per (model, task) where some unit has rows in one run only
+    (those are dropped from both).
+    """
+    from results.aggregate import block_units, is_paired
+    from results.join import join_run
+
+    frames = [join_run(RunStore(r)).frame for r in (run_a, run_b)]
+    paired = is_paired(frames[0]) or is_paired(frames[1])
+    ua, ub = (block_units(f, ppl_max, paired) for f in frames)
+    kind = "pair" if paired else "prompt"
+    shared, warnings = {}, []
+    for block in sorted(set(ua) & set(ub)):  # a (model, task) of one run has nothing to pair
+        a, b = ua[block], ub[block]
+        shared[block] = sorted(a & b)
+        only_a, only_b = len(a - b), len(b - a)
+        if only_a or only_b:
+            warnings.append(
+                f"{block[0]}/{block[1]}: {only_a + only_b} {kind}(s) have rows in one run only "
+                f"({only_a} only in A, {only_b} only in B, after the perplexity filter): dropped "
+                f"from both runs so the resamples stay paired ({len(shared[block])} {kind}s kept)"
+            )
+    return shared, paired, warnings
+
+
+def paired_bias_rows(a: Any, b: Any, level: float = 0.95) -> pl.DataFrame:
+    """For every bias (and bias_cm) cell of both runs: |B| − |A| over the same resamples,
+    interval at `level`, p-value."""
     from results.bootstrap import compare_gaps
 
     rows = []
-    for (model, task, view, metric), cells_a in a.samples.items():
-        cells_b = b.samples.get((model, task, view, metric), {})
-        for (method, variant), ga in cells_a.items():
-            gb = cells_b.get((method, variant))
-            if gb is None or ga.size < 2 or gb.size != ga.size:
-                continue
-            cmp = compare_gaps(gb[1:], ga[1:], point=(float(gb[0]), float(ga[0])))
-            rows.append(
-                dict(model=model, method=method, variant=variant, task=task, view=view,
-                     metric=metric, stat="bias", group="gap", abs_diff=cmp.diff,
-                     ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value)
-            )  # fmt: skip
+    for stat, field in (("bias", "samples"), ("bias_cm", "samples_cm")):
+        samples_b = getattr(b, field, {})
+        for (model, task, view, metric), cells_a in getattr(a, field, {}).items():
+            cells_b = samples_b.get((model, task, view, metric), {})
+            for (method, variant), ga in cells_a.items():
+                gb = cells_b.get((method, variant))
+                if gb is None or ga.size < 2 or gb.size != ga.size:
+                    continue
+                cmp = compare_gaps(gb[1:], ga[1:], level=level, point=(float(gb[0]), float(ga[0])))
+                rows.append(
+                    dict(model=model, method=method, variant=variant, task=task, view=view,
+                         metric=metric, stat=stat, group="gap", abs_diff=cmp.diff,
+                         ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value)
+                )  # fmt: skip
     schema = {k: pl.String for k in KEYS} | {
         c: pl.Float64 for c in ("abs_diff", "ci_low", "ci_high", "p_value")
     }
@@ -168,8 +211,11 @@ def _fmt(v: Any, signed: bool = False) -> str:
     return str(v)
 
 
-def print_table(rows: pl.DataFrame) -> None:
-    """Aligned text columns: keys, a, b, diff, and for bias rows |B|−|A| [interval] p."""
+def print_table(rows: pl.DataFrame, level: float = 0.95) -> None:
+    """Aligned text columns: keys, a, b, diff, and for bias rows |B|−|A| [interval] p.
+
+    `real`: "yes" when p < 1 − level, else "no" (not distinguishable at that level).
+    """
     cols = [*KEYS, "a", "b", "diff", "abs_diff", "interval", "p_value", "real"]
     text = [cols]
     for r in rows.iter_rows(named=True):
@@ -178,7 +224,7 @@ def print_table(rows: pl.DataFrame) -> None:
             if r["ci_low"] is not None and r["ci_high"] is not None
             else "–"
         )
-        real = "–" if r["p_value"] is None else "yes" if r["p_value"] < 0.05 else "tie"
+        real = "–" if r["p_value"] is None else "yes" if r["p_value"] < 1 - level else "no"
         line = [str(r[c] or "") for c in KEYS]
         line += [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], True), _fmt(r["abs_diff"], True)]
         line += [interval, _fmt(r["p_value"]), real]
@@ -213,23 +259,34 @@ def compare_main(args: argparse.Namespace) -> int:
         settings = dict(settings_a.aggregation)
         given = {"seed": args.seed, "n_boot": args.n_boot, "ppl_max": args.ppl_max}
         settings.update({k: v for k, v in given.items() if v is not None})
-        agg_a = aggregate_in_memory(args.run_a, settings, settings_a.groups)
-        agg_b = aggregate_in_memory(args.run_b, settings, settings_a.groups)
+        units, paired, unit_warnings = shared_units(
+            args.run_a, args.run_b, float(settings["ppl_max"])
+        )
+        for line in unit_warnings:
+            print(f"WARNING: {line}", file=sys.stderr)
+        agg_a = aggregate_in_memory(args.run_a, settings, settings_a.groups, units, paired)
+        agg_b = aggregate_in_memory(args.run_b, settings, settings_a.groups, units, paired)
     except (StoreError, ValueError, OSError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     print(
         f"note: both runs aggregated in memory (seed {settings['seed']}, "
-        f"{settings['n_boot']} resamples, ppl_max {settings['ppl_max']:g}); nothing written"
+        f"{settings['n_boot']} resamples, ppl_max {settings['ppl_max']:g}, "
+        f"level {float(settings['level']):g}); nothing written"
     )
-    diffs = compare_summaries(agg_a.summary, agg_b.summary, paired_bias_rows(agg_a, agg_b))
+    level = float(settings["level"])
+    diffs = compare_summaries(agg_a.summary, agg_b.summary, paired_bias_rows(agg_a, agg_b, level))
     rows = select_rows(diffs, args)
     print(f"A = {args.run_a}\nB = {args.run_b}\n")
-    print_table(rows)
+    print_table(rows, level)
     only_a = rows.filter(pl.col("b").is_null() & pl.col("a").is_not_null()).height
     only_b = rows.filter(pl.col("a").is_null() & pl.col("b").is_not_null()).height
     print(f"\n{rows.height} cells shown; only in A: {only_a}, only in B: {only_b}")
-    print("bias rows: abs_diff = |bias B| − |bias A| over the same resamples; real: p < 0.05")
+    print(
+        f"bias rows: abs_diff = |bias B| − |bias A| over the same resamples, "
+        f"{100 * level:g}% interval; real: p < {1 - level:.2g} (no: not distinguishable at "
+        f"level {level:g})"
+    )
     if args.fail_above is not None:
         missing = diffs.filter(pl.col("a").is_not_null() & pl.col("b").is_null()).height
         if missing:

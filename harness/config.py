@@ -165,9 +165,9 @@ class AggregationConfig(Strict):
 
     ppl_max: float = Field(200.0, gt=0)  # generations with a perplexity above are dropped
     n_boot: int = Field(1000, ge=0)  # bootstrap resamples; 0: no intervals
-    n_perm: int = Field(200, ge=0)  # permutations of each gap's test; 0: no p-values
+    n_perm: int = Field(200, ge=0)  # labellings of each gap's test; 0: no p-values, no bias_bc
     seed: int = 0  # seeds resamples and permutations, per (model, task)
-    level: float = Field(0.95, gt=0, lt=1)  # confidence level of the percentile intervals
+    level: float = Field(0.95, gt=0, lt=1)  # of every interval; marks use p < 1 - level
 
 
 class RunConfig(Strict):

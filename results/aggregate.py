@@ -21,8 +21,12 @@ per-prompt statistics and gaps), `n_boot` (defined resamples) and the scorer tha
   every bias also `diff_vs_vanilla` / `diff_vs_uddia`: |bias| − |reference's bias| over the
   same resamples, with interval and two-sided p-value (`results.bootstrap.compare_gaps`).
   Standard deviations are population ones (ddof 0); gaps are × 100. Gap rows carry
-  `ci_low, ci_high` (percentile, `ci_method`), `p_value` (permutation test of no group
-  difference) and `resample_unit` (pair or prompt); an undefined gap carries a `note`.
+  `ci_low, ci_high` (percentile, `ci_method`, at `level`), `p_value` (permutation test of no
+  group difference, named in `test`), `resample_unit` (pair or prompt) and `n` = units with
+  rows; their `note` says why a gap is undefined, which scores are missing, what it mixes.
+  Toxicity also has `bias_cm` (count-matched EMT gap), `emt_cm` per group and `cm_rows` (m);
+  regard `bias_bc` (bias-corrected TV); every metric `failed` (score status error) beside
+  `missing`. Every row carries `level` (docs/statistics.md).
 - Gap sign: with two groups g0, g1 (configured order, e.g. female, male) the sentiment and EMT
   gaps are g0 − g1; with K ≥ 3 groups the range max − min; regard's TV distance is >= 0.
 - `variant`: empty unless one (model, method, task) ran with several settings (method
@@ -89,6 +93,9 @@ class Aggregate(NamedTuple):
     # (model, task, view, metric) → (method, variant) → (1 + B,) gaps: full sample, resamples
     samples: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
     groups: tuple[str, ...] = ()  # the demographic groups used, in order
+    level: float = 0.95  # of every interval; significance is p < 1 - level
+    # (model, task, view, "toxicity") → (method, variant) → (1 + B,) count-matched EMT gaps
+    samples_cm: dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]] = {}
 
 
 def add_variant(
@@ -178,9 +185,10 @@ def _finite(x: float | None) -> float | None:
 class _Records:
     """Collects summary rows; `key` holds model/method/variant/task/view of the current cell."""
 
-    def __init__(self, sources: dict[str, tuple[str | None, str | None]]) -> None:
+    def __init__(self, sources: dict[str, tuple[str | None, str | None]], level: float) -> None:
         self.rows: list[dict[str, Any]] = []
         self.sources = sources
+        self.level = level
 
     def add(
         self,
@@ -197,6 +205,7 @@ class _Records:
         row = dict(key, metric=metric, stat=stat, group=group, value=_finite(value), n=n)
         row.update(ci_low=None, ci_high=None, n_boot=None, scorer=scorer, scorer_version=version)
         row.update(p_value=None, ci_method=None, resample_unit=None, note=None)
+        row.update(level=self.level, test=None)
         floats = ("ci_low", "ci_high", "p_value")
         row.update({k: _finite(v) if k in floats else v for k, v in extra.items()})
         self.rows.append(row)
@@ -240,6 +249,7 @@ class _Block(NamedTuple):
     prompt_index: dict[str, int]  # prompt id → its index
     unit_of: np.ndarray  # (P,) unit of each prompt
     unit: str  # "pair" or "prompt"
+    m: int = 1  # rows per prompt and group of the count-matched EMT
 
 
 class _Setup(NamedTuple):
@@ -251,6 +261,7 @@ class _Setup(NamedTuple):
     level: float
     seed: int
     n_perm: int
+    paired: bool = False
 
 
 Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
@@ -267,6 +278,20 @@ def _undefined_reason(g: np.ndarray, groups: tuple[str, ...], view: str) -> str:
     return "the gap is undefined (a group has no rows of a comparable kind)"
 
 
+EMT_NOTE = (
+    "paper's EMT: a group's per-prompt maximum grows with its number of rows at the prompt, so "
+    "this gap mixes toxicity with the groups' row counts (bias_cm matches them)"
+)
+TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
+
+
+def _cm_note(m: int) -> str:
+    return (
+        f"count-matched EMT: expected max over m={m} rows drawn per prompt and group, averaged "
+        f"over the prompts where the group has at least {m} rows"
+    )
+
+
 def _gap_record(
     out: _Records,
     key: dict[str, Any],
@@ -274,13 +299,20 @@ def _gap_record(
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
     block: _Block,
     setup: _Setup,
-) -> np.ndarray:
-    """The gap row of one cell, view and metric; returns its (1 + B) samples."""
+    caveats: Sequence[str] = (),
+) -> tuple[np.ndarray, bs.GapTest]:
+    """The gap row of one cell, view and metric; returns its (1 + B) samples and its test.
+
+    `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
+    """
     g, p, v = inputs
     n_groups = len(setup.groups)
-    gaps = bs.gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of)
+    m = block.m if metric == "toxicity_cm" else None
+    gaps = bs.gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
     n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
     extra: dict[str, Any] = {"resample_unit": block.unit}
+    notes: list[str] = []
+    test = bs.GapTest(float("nan"), None, float("nan"), None)
     if np.isfinite(gaps[0]):
         if block.weights.shape[0]:
             ci = bs.percentile_ci(gaps[1:], setup.level)
@@ -288,19 +320,91 @@ def _gap_record(
         if setup.n_perm:
             stream = f"{block.model}|{block.task}|{key['method']}|{key['variant']}|{key['view']}|{metric}"
             rng = bs._rng(setup.seed, "perm|" + stream)
-            strata = bs.strata_of(p, block.unit_of, block.unit == "pair")
-            perm = bs.permuted_gaps(metric, g, p, v, n_groups, setup.n_perm, rng, strata)
-            extra["p_value"] = bs.permutation_p(
-                float(gaps[0]), perm, bs.is_signed(metric, n_groups)
-            )
+            test = bs.gap_test(
+                metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
+                block.unit_of, setup.paired, m,
+            )  # fmt: skip
+            extra.update(p_value=test.p_value, test=test.test)
+            notes += [test.note] if test.note else []
+        else:
+            notes.append("no p-value: aggregation.n_perm is 0")
     else:
-        extra["note"] = _undefined_reason(g, setup.groups, key["view"])
-    out.add(key, metric, "bias", "gap", gaps[0], n_units, **extra)
-    return gaps
+        notes.append(_undefined_reason(g, setup.groups, key["view"]))
+    notes += list(caveats)
+    name, stat = ("toxicity", "bias_cm") if metric == "toxicity_cm" else (metric, "bias")
+    out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None, **extra)
+    return gaps, test
+
+
+def _bias_corrected_record(
+    out: _Records, key: dict[str, Any], tv: float, test: bs.GapTest, n_units: int, setup: _Setup
+) -> None:
+    """`regard`/`bias_bc`: `bs.bias_corrected_tv` of the cell's TV distance."""
+    alpha = 1.0 - setup.level
+    value = bs.bias_corrected_tv(tv, test, alpha)
+    if np.isfinite(value):
+        note = (
+            f"bias-corrected TV: sqrt(TV² − its mean square over the {setup.n_perm} labellings "
+            f"of the {test.test} test) where that test has p < {alpha:.2g}, else 0; no "
+            "interval (docs/statistics.md)"
+        )
+    elif not np.isfinite(tv):
+        note = "the TV distance is undefined"
+    else:
+        note = "no bias correction: no permutation null (aggregation.n_perm is 0)"
+    extra = dict(p_value=test.p_value, test=test.test) if np.isfinite(value) else {}
+    out.add(key, "regard", "bias_bc", "gap", value, n_units, note=note, **extra)
+
+
+def _matched_records(
+    out: _Records,
+    key: dict[str, Any],
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    block: _Block,
+    groups: tuple[str, ...],
+) -> None:
+    """`toxicity`/`emt_cm` per group (n: prompts used) and `cm_rows` (m) of one cell."""
+    g, p, v = inputs
+    n_p = block.unit_of.size
+    sums, eligible = bs.expected_max_cells(g[None, :], p, v, len(groups), n_p, block.m)
+    for i, group in enumerate(groups):
+        used = int(eligible[0, i].sum())
+        value = float(sums[0, i].sum() / used) if used else None
+        out.add(key, "toxicity", "emt_cm", group, value, used, note=_cm_note(block.m))
+    out.add(key, "toxicity", "cm_rows", "gap", block.m, block.m, note=_cm_note(block.m))
+
+
+def _block_m(gaps_in: dict[str, dict[tuple[Any, ...], Any]], n_groups: int, n_p: int) -> int:
+    """m of the block's count-matched EMT (`bs.matched_rows` over its views and groups)."""
+    by: dict[tuple[str, int], list[np.ndarray]] = {}
+    for (_, _, view), (g, p, _) in gaps_in.get("toxicity", {}).items():
+        counts = np.bincount(g * n_p + p, minlength=n_groups * n_p).reshape(n_groups, n_p)
+        for i in range(n_groups):
+            by.setdefault((view, i), []).append(counts[i])
+    return bs.matched_rows([np.concatenate(c) for c in by.values()])
+
+
+def _missing_note(
+    key: dict[str, Any], metric: str, groups: tuple[str, ...], counts: Lookup, stats: Lookup
+) -> list[str]:
+    """'missing scores: female 9 of 18 rows, male 0 of 18' when a group's row lacks a score."""
+    cell = (key["method"], key["variant"], key["view"])
+    parts, any_missing = [], False
+    for group in groups:
+        total = counts.get((*cell, group), {}).get("len", 0)
+        missing = int(stats.get((*cell, group), {}).get("missing") or 0)
+        any_missing |= missing > 0
+        parts.append(f"{group} {missing} of {total} rows")
+    return [f"missing scores: {', '.join(parts)}"] if any_missing else []
 
 
 def _block_records(
-    out: _Records, block: _Block, setup: _Setup, samples: Samples, notes: list[str]
+    out: _Records,
+    block: _Block,
+    setup: _Setup,
+    samples: Samples,
+    notes: list[str],
+    samples_cm: Samples | None = None,
 ) -> None:
     """Every statistic and gap of every (method, variant) cell and view of one block."""
     groups, views, metrics = setup.groups, setup.views, setup.metrics
@@ -311,6 +415,7 @@ def _block_records(
     gaps_in = {
         m: gap_inputs(long, m, groups, block.prompt_index) for m in BIAS_METRICS if m in metrics
     }
+    block = block._replace(m=_block_m(gaps_in, len(groups), block.unit_of.size))
     for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
         for view in views:
             key = dict(
@@ -320,7 +425,9 @@ def _block_records(
             _cell_records(out, key, counts, stats, [*groups, "none", *unscored, "labelled", "all"])
             for metric, inputs in gaps_in.items():
                 got = inputs.get((method, variant, view), NO_ROWS)
-                gaps = _gap_record(out, key, metric, got, block, setup)
+                missing = _missing_note(key, metric, groups, counts, stats[metric])
+                caveat = {"toxicity": [EMT_NOTE], "regard": [TV_NOTE]}.get(metric, [])
+                gaps, test = _gap_record(out, key, metric, got, block, setup, caveat + missing)
                 if not np.isfinite(gaps[0]) and metric == block.task:
                     reason = _undefined_reason(got[0], groups, view)
                     notes.append(
@@ -329,12 +436,31 @@ def _block_records(
                 samples.setdefault((block.model, block.task, view, metric), {})[
                     (method, str(variant))
                 ] = gaps
+                n_units = int(np.unique(block.unit_of[got[1]]).size) if got[1].size else 0
+                if metric == "regard":
+                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
+                if metric == "toxicity":
+                    cm_notes = [_cm_note(block.m), *missing]
+                    cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
+                    if samples_cm is not None:
+                        samples_cm.setdefault((block.model, block.task, view, metric), {})[
+                            (method, str(variant))
+                        ] = cm
+                    _matched_records(out, key, got, block, groups)
 
 
 def _paired_records(
-    out: _Records, samples: Samples, units: dict[tuple[str, str], str], notes: list[str]
+    out: _Records,
+    samples: Samples,
+    units: dict[tuple[str, str], str],
+    notes: list[str],
+    level: float,
+    prefix: str = "diff",
 ) -> None:
-    """Each method's |bias| against vanilla's / uddia's over the same resamples."""
+    """Each method's |bias| against vanilla's / uddia's over the same resamples.
+
+    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
+    """
     for (model, task, view, metric), cells in samples.items():
         for ref in REFERENCES:
             refs = [c for c in cells if c[0] == ref]
@@ -348,19 +474,21 @@ def _paired_records(
                     if (ref, variant) in cells
                     else None
                 )
-                if match is None:
+                if match is None and prefix == "diff":  # said once, for the first statistic
                     notes.append(
                         f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
                     )
+                if match is None:
                     continue
                 other = cells[match]
-                cmp = bs.compare_gaps(gaps[1:], other[1:], point=(gaps[0], other[0]))
+                cmp = bs.compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
                 key = dict(model=model, method=method, variant=variant, task=task, view=view)
                 extra: dict[str, Any] = dict(
                     ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
                 )
                 extra.update(ci_method=bs.CI_METHOD, resample_unit=units.get((model, task)))
-                out.add(key, metric, f"diff_vs_{ref}", "gap", cmp.diff, None, **extra)
+                extra.update(test=bs.BOOTSTRAP)
+                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)
 
 
 def is_paired(frame: pl.DataFrame) -> bool:
@@ -375,18 +503,42 @@ def is_paired(frame: pl.DataFrame) -> bool:
     return bool(per_pair.height and per_pair["k"].max() > 1)  # type: ignore[operator]
 
 
-def _units(rows: pl.DataFrame, paired: bool) -> tuple[list[str], np.ndarray, int]:
-    """(sorted prompt ids, unit of each prompt, number of units) of one block."""
-    pairs = rows.select("prompt_id", "pair_id").unique().sort("prompt_id")
+def unit_key(paired: bool) -> pl.Expr:
+    """A row's resampling unit: its pair (its prompt where it has none) or its prompt."""
+    return pl.coalesce("pair_id", "prompt_id") if paired else pl.col("prompt_id")
+
+
+def _units(
+    rows: pl.DataFrame, paired: bool, names: Sequence[str] | None = None
+) -> tuple[list[str], np.ndarray, int]:
+    """(sorted prompt ids, unit of each prompt, number of units) of one block.
+
+    `names`: the block's units, in order (default: the sorted units of `rows`); rows of other
+    units must have been dropped.
+    """
+    pairs = rows.select("prompt_id", unit_key(paired).alias("unit")).unique().sort("prompt_id")
     prompts = pairs["prompt_id"].to_list()
-    if not paired:
-        return prompts, np.arange(len(prompts)), len(prompts)
-    keys = [p if q is None else q for p, q in zip(prompts, pairs["pair_id"].to_list())]
     if len(set(prompts)) != len(prompts):
         raise ValueError("a prompt id belongs to several pair ids")
-    names = sorted(set(keys))
+    keys = pairs["unit"].to_list()
+    names = sorted(set(keys)) if names is None else list(names)
     index = {k: i for i, k in enumerate(names)}
     return prompts, np.array([index[k] for k in keys], dtype=np.int64), len(names)
+
+
+def block_units(
+    frame: pl.DataFrame, ppl_max: float = PPL_MAX, paired: bool | None = None
+) -> dict[tuple[str, str], set[str]]:
+    """(model, task) → the resampling units with rows after the perplexity filter."""
+    kept, _ = ppl_filter(frame, ppl_max)
+    if "pair_id" not in kept.columns:
+        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
+    paired = is_paired(frame) if paired is None else paired
+    keyed = kept.select("model", "task", unit_key(paired).alias("unit")).unique()
+    out: dict[tuple[str, str], set[str]] = {}
+    for model, task, unit in keyed.iter_rows():
+        out.setdefault((str(model), str(task)), set()).add(str(unit))
+    return out
 
 
 def summarize(
@@ -399,6 +551,7 @@ def summarize(
     ppl_max: float = PPL_MAX,
     n_perm: int | None = None,
     paired: bool | None = None,
+    units: dict[tuple[str, str], Sequence[str]] | None = None,
 ) -> Aggregate:
     """Every statistic of every (model, method, variant, task, view) cell, long format.
 
@@ -414,10 +567,13 @@ def summarize(
         ppl_max: generations with a (finite) perplexity above this are dropped first.
         n_perm: permutations of each gap's test (default: min(n_boot, 200); 0: no p-values).
         paired: resample whole pairs (`pair_id`); default: when some pair has several prompts.
+        units: (model, task) → the units to resample (`harness compare` gives both runs the
+            units they share, so their resamples line up); rows of other units are dropped.
+            A (model, task) not in it, and the default: the block's own units, sorted.
     """
     notes: list[str] = []
     frame, failed = add_variant(frame, failed)
-    out = _Records(_sources(frame))
+    out = _Records(_sources(frame), level)
     counts = filter_counts(frame, failed, ppl_max)
     dropped_col = f"dropped_ppl>{ppl_max:g}"
     for r in counts.iter_rows(named=True):
@@ -444,9 +600,10 @@ def summarize(
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
     metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
-    setup = _Setup(views, groups, metrics, level, seed, n_perm)
+    setup = _Setup(views, groups, metrics, level, seed, n_perm, paired)
     samples: Samples = {}
-    units: dict[tuple[str, str], str] = {}
+    samples_cm: Samples = {}
+    unit_names: dict[tuple[str, str], str] = {}
     label_cols = [VIEWS[v] for v in views]
     value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
     value_cols += ["regard_label"] if "regard" in metrics else []
@@ -461,12 +618,20 @@ def summarize(
     for (model, task), rows in sorted(
         kept.select(needed).group_by(["model", "task"], maintain_order=True)
     ):
-        prompts, unit_of, n_units = _units(rows, paired)
+        names = None
+        if units is not None and (str(model), str(task)) in units:
+            names = sorted(units[(str(model), str(task))])
+            rows = rows.filter(unit_key(paired).is_in(names))
+            if rows.is_empty():
+                continue
+        prompts, unit_of, n_units = _units(rows, paired, names)
         weights = bs.unit_weights(n_units, n_boot, seed, f"{model}|{task}")
         index = {p: i for i, p in enumerate(prompts)}
         block = _Block(str(model), str(task), rows, weights, index, unit_of, unit)
-        units[(str(model), str(task))] = unit
-        _block_records(out, block, setup, samples, notes)
+        unit_names[(str(model), str(task))] = unit
+        _block_records(out, block, setup, samples, notes, samples_cm)
     if n_boot:
-        _paired_records(out, samples, units, notes)
-    return Aggregate(pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA), notes, samples, groups)
+        _paired_records(out, samples, unit_names, notes, level)
+        _paired_records(out, samples_cm, unit_names, notes, level, prefix="diff_cm")
+    summary = pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA)
+    return Aggregate(summary, notes, samples, groups, level, samples_cm)

@@ -16,22 +16,25 @@ import polars as pl
 
 from results import report_html
 from results.aggregate import summarize
+from results.cells import counts_table, filter_table, ordered, paired_table, table_cells
 from results.join import join_run
 from results.paper import compare_with_paper
-from results.plot import forest_png, tradeoff_png
+from results.plot import figure_files, forest_figure, tradeoff_figure
+from results.report_tex import latex_document, latex_tables
 from results.store import RunStore
 from results.tables import (
+    FEW,
+    FEW_UNITS,
+    MISSING,
+    MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
     Field,
+    Layout,
     Samples,
-    counts_table,
-    filter_table,
     layout,
     legend,
-    ordered,
-    paired_table,
-    table_cells,
+    level_text,
 )
 
 
@@ -39,94 +42,46 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
-def md_field(f: Field) -> str:
+def md_p(p: float | None) -> str:
+    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def md_field(f: Field, kind: str = "") -> str:
+    """One cell: value (± sd, share of other), mark, flags; a bias its interval and p."""
     text = _num(f.value)
-    if f.value is not None and f.sd is not None:
+    if f.value is None:
+        return text
+    if f.sd is not None:
         text += f" ± {f.sd:.2f}"
-    if f.value is not None and f.other is not None:
+    if f.other is not None:
         text += f" (other {f.other:.0%})"
-    if f.value is not None and f.low is not None and f.high is not None:
+    text = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}.get(
+        f.mark, text
+    )
+    text += f.flags
+    if f.low is not None and f.high is not None:
         text += f" [{f.low:.2f}, {f.high:.2f}]"
-    return {"best": f"**{text}**", "second": f"<u>{text}</u>", "tie": f"{text} ≈"}.get(f.mark, text)
+    if kind == "bias":
+        text += f" {md_p(f.p)}" + (f" {f.detail}" if f.detail else "")
+    return text
 
 
-def markdown_table(cells: pl.DataFrame, view: str, samples: Samples | None = None) -> str:
-    tasks, blocks = layout(cells, view, samples)
-    if not blocks:
-        return f"_No cells for view {view}._\n"
+def markdown_table(lay: Layout) -> str:
+    """A view's paper-style table, then its warnings (one bullet per flagged cell)."""
+    if not lay.blocks:
+        return "_No cells for this view._\n"
     head = ["Model / method"]
-    for t in tasks:
-        name, score, *_, higher = TASKS[t]
-        head += [f"{name}: {score} {'↑' if higher else '↓'}", "Bias ↓", "PPL ↓"]
+    for col in lay.columns:
+        head.append(f"{TASKS[col.task][0]}: {col.header} {'↑' if col.higher else '↓'}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for block in blocks:
+    kinds = [c.kind for c in lay.columns]
+    for block in lay.blocks:
         for row in block.rows:
-            lines.append("| " + " | ".join([row.label, *(md_field(f) for f in row.fields)]) + " |")
+            cells = [row.label, *(md_field(f, k) for f, k in zip(row.fields, kinds))]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if lay.warnings:
+        lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
     return "\n".join(lines) + "\n"
-
-
-def tex_escape(text: str) -> str:
-    """Plain text for LaTeX: specials escaped, the report's few non-ASCII signs as macros."""
-    for a, b in (
-        ("\\", r"\textbackslash{}"),
-        ("&", r"\&"),
-        ("%", r"\%"),
-        ("_", r"\_"),
-        ("#", r"\#"),
-        ("$", r"\$"),
-        ("±", r"$\pm$"),  # after "$": these add math mode on purpose
-        ("×", r"$\times$"),
-        ("—", "---"),
-        ("–", "--"),
-    ):
-        text = text.replace(a, b)
-    return text
-
-
-def tex_field(f: Field) -> str:
-    text = "-" if f.value is None else f"{f.value:.2f}"
-    if f.value is not None and f.sd is not None:
-        text += f"$\\pm${f.sd:.2f}"
-    if f.mark == "tie":
-        text += r"$\approx$"
-    elif f.mark:
-        text = (r"\textbf{%s}" if f.mark == "best" else r"\underline{%s}") % text
-    if f.value is not None and f.low is not None and f.high is not None:
-        text += f" {{\\scriptsize [{f.low:.2f}, {f.high:.2f}]}}"
-    return text
-
-
-def latex_table(
-    cells: pl.DataFrame, view: str, caption: str, samples: Samples | None = None
-) -> str:
-    """A booktabs `table*` like the paper's (needs booktabs)."""
-    tasks, blocks = layout(cells, view, samples)
-    if not blocks:
-        return f"% no cells for view {view}\n"
-    spec = "@{}l " + " c ".join("ccc" for _ in tasks) + "@{}"
-    top = " & & ".join(rf"\multicolumn{{3}}{{c}}{{{TASKS[t][0]}}}" for t in tasks)
-    rules = " ".join(rf"\cmidrule{{{2 + 4 * i}-{4 + 4 * i}}}" for i in range(len(tasks)))
-    arrows = [
-        f"{TASKS[t][1]} ($\\{'uparrow' if TASKS[t][5] else 'downarrow'}$) & Bias ($\\downarrow$) & PPL ($\\downarrow$)"
-        for t in tasks
-    ]
-    out = [
-        r"\begin{table*}[htb!]",
-        r"\centering",
-        rf"\caption{{{caption}}}",
-        rf"\begin{{tabular}}{{{spec}}}",
-        r"\toprule",
-    ]
-    out += [f" & {top} \\\\", rules, " & " + " & & ".join(arrows) + r" \\", r"\midrule"]
-    for b, block in enumerate(blocks):
-        for row in block.rows:
-            groups = [
-                " & ".join(tex_field(f) for f in row.fields[3 * i : 3 * i + 3])
-                for i in range(len(tasks))
-            ]
-            out.append(tex_escape(row.label) + " & " + " & & ".join(groups) + r" \\")
-        out.append(r"\midrule" if b < len(blocks) - 1 else r"\bottomrule")
-    return "\n".join(out + [r"\end{tabular}", r"\end{table*}"]) + "\n"
 
 
 def frame_markdown(frame: pl.DataFrame) -> str:
@@ -140,25 +95,37 @@ def frame_markdown(frame: pl.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_report(res: AggregateResult) -> str:
+def view_layouts(res: AggregateResult) -> dict[str, Layout]:
+    """The paper-style layout of every view with cells, in report order, at the run's level."""
+    views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
+    return {
+        v: layout(res.cells, v, res.samples, res.level, res.unit, res.samples_cm)
+        for v in VIEW_TITLES
+        if v in views
+    }
+
+
+def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = None) -> str:
     """report/tables.md: notes, one paper-style table per view, counts, comparisons."""
-    views = (
-        [v for v in VIEW_TITLES if v in set(res.cells["view"].to_list())]
-        if not res.cells.is_empty()
-        else []
-    )
-    out = [f"# Aggregate report: {res.run}", "", "## Notes", ""]
+    layouts = view_layouts(res) if layouts is None else layouts
+    at = level_text(res.level)
+    out = [f"# Aggregate report: {res.run}", "", f"Level: {at}. {MULTIPLICITY}", "", "## Notes", ""]
     out += [f"- {n}" for n in res.notes] or ["- none"]
-    for view in views:
+    for view, lay in layouts.items():
+        stats = [c.stat for c in lay.columns if c.kind == "bias"]
         out += [
             "",
-            f"## {VIEW_TITLES[view]}",
+            f"## {VIEW_TITLES[view]} (level {at})",
             "",
-            legend(res.n_boot, res.seed, res.unit, res.level, res.groups),
+            legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests),
             "",
-            markdown_table(res.cells, view, res.samples),
+            markdown_table(lay),
         ]
-    out += ["", "## Paired comparisons: |bias| − the reference's |bias| (same resamples)", ""]
+    out += [
+        "",
+        f"## Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})",
+        "",
+    ]
     out += [frame_markdown(paired_table(res.summary))]
     out += ["", "## The paper's values beside ours", "", frame_markdown(res.paper)]
     out += [
@@ -169,16 +136,6 @@ def markdown_report(res: AggregateResult) -> str:
     ]
     out += ["", "## Rows per group", "", frame_markdown(counts_table(res.summary))]
     return "\n".join(out)
-
-
-def latex_report(res: AggregateResult) -> str:
-    parts = [f"% lidao-harness tables of {tex_escape(res.run)}; needs \\usepackage{{booktabs}}\n"]
-    for view in VIEW_TITLES:
-        if not res.cells.is_empty() and view in set(res.cells["view"].to_list()):
-            text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
-            caption = tex_escape(f"{VIEW_TITLES[view]}. {text}")
-            parts.append(latex_table(res.cells, view, caption, res.samples))
-    return "\n".join(parts)
 
 
 @dataclass
@@ -196,6 +153,7 @@ class AggregateResult:
     settings: dict[str, Any] = field(default_factory=dict)  # the aggregation settings used
     config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
     samples: Samples = field(default_factory=dict)  # bootstrap gaps (`Aggregate.samples`)
+    samples_cm: Samples = field(default_factory=dict)  # count-matched EMT gaps (`samples_cm`)
     unit: str = "prompt"  # resampling unit: pair or prompt
     groups: tuple[str, ...] = ()
 
@@ -350,6 +308,7 @@ def aggregate_run(
         settings=agg_cfg,
         config=settings.config,
         samples=agg.samples,
+        samples_cm=agg.samples_cm,
         unit=units[0]
         if len(units := agg.summary["resample_unit"].drop_nulls().unique())
         else "prompt",
@@ -361,17 +320,57 @@ def aggregate_run(
     buf = io.BytesIO()
     agg.summary.write_csv(buf)
     res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
-    res.paths["tables.md"] = store.write_bytes("report/tables.md", markdown_report(res).encode())
-    res.paths["tables.tex"] = store.write_bytes("report/tables.tex", latex_report(res).encode())
-    images = {}
-    for view, name in (("a(x)", "tradeoff.png"), ("a(c,x)", "tradeoff_acx.png")):
+    write_report(store, res, _sample_rows(joined.frame, store))
+    return res
+
+
+def warning_notes(layouts: dict[str, Layout]) -> list[str]:
+    """The tables' warnings in short, for the notes (the counts are under each table)."""
+    lost = {v: sum(w.startswith(MISSING) for w in lay.warnings) for v, lay in layouts.items()}
+    few = [v for v, lay in layouts.items() if any(w.startswith(FEW) for w in lay.warnings)]
+    notes = []
+    if any(lost.values()):
+        per_view = ", ".join(f"{v}: {k}" for v, k in lost.items() if k)
+        notes.append(
+            f"{MISSING} missing or failed scores, unlabelled rows or failed generations in "
+            f"{sum(lost.values())} table cells ({per_view}); counts per group under each table"
+        )
+    if few:
+        notes.append(
+            f"{FEW} gaps on fewer than {FEW_UNITS} resampling units in view(s) {', '.join(few)}: "
+            "their intervals and p-values are unreliable"
+        )
+    return notes
+
+
+def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, Any]]) -> None:
+    """report/: tables.md, tables.tex + report.tex, the figures (PNG, PDF, SVG), index.html.
+    The tables' warnings are added to `res.notes` in short."""
+    layouts = view_layouts(res)
+    res.notes.extend(warning_notes(layouts))
+    cells = res.cells
+    res.paths["tables.md"] = store.write_bytes(
+        "report/tables.md", markdown_report(res, layouts).encode()
+    )
+    figures = {}
+    for view, name in (("a(x)", "tradeoff"), ("a(c,x)", "tradeoff_acx")):
         in_view = cells.filter(pl.col("view") == view) if not cells.is_empty() else cells
         if not in_view.is_empty() and in_view["ppl"].is_not_null().any():
-            images[name] = tradeoff_png(cells, view)
-            res.paths[name] = store.write_bytes(f"report/{name}", images[name])
+            figures[name] = tradeoff_figure(cells, view, res.level)
     if not cells.is_empty() and cells["bias"].is_not_null().any():
-        images["forest.png"] = forest_png(cells)
-        res.paths["forest.png"] = store.write_bytes("report/forest.png", images["forest.png"])
-    html = report_html.render(res, images, _sample_rows(joined.frame, store))
+        figures["forest"] = forest_figure(cells, res.level)
+    images = {}
+    for name, fig in figures.items():
+        files = figure_files(fig)
+        for fmt, data in files.items():
+            res.paths[f"{name}.{fmt}"] = store.write_bytes(f"report/{name}.{fmt}", data)
+        images[f"{name}.png"] = files["png"]
+    res.paths["tables.tex"] = store.write_bytes(
+        "report/tables.tex", latex_tables(res, layouts, MULTIPLICITY).encode()
+    )
+    pdfs = [f"{n}.pdf" for n in ("forest", "tradeoff", "tradeoff_acx") if n in figures]
+    res.paths["report.tex"] = store.write_bytes(
+        "report/report.tex", latex_document(res, pdfs, MULTIPLICITY).encode()
+    )
+    html = report_html.render(res, images, samples, layouts)
     res.paths["index.html"] = store.write_bytes("report/index.html", html.encode())
-    return res

@@ -18,31 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from results.tables import (
-    TASKS,
-    VIEW_TITLES,
-    Field,
-    Samples,
-    counts_table,
-    filter_table,
-    layout,
-    legend,
-    paired_table,
-)
+from results.cells import counts_table, filter_table, paired_table
+from results.tables import MULTIPLICITY, TASKS, VIEW_TITLES, Field, Layout, legend, level_text
 
 if TYPE_CHECKING:
     from results.report import AggregateResult
 
 CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1300px;padding:0 1em;color:#222}
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
-td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+td,th{padding:3px 5px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 td:first-child,th:first-child,td.t{text-align:left}
-thead th{border-bottom:2px solid #999}
+thead th{border-bottom:2px solid #999}th[colspan]{text-align:center}
 tbody.model{border-top:2px solid #999}tbody.model tr.ref{background:#f1f7ff}
 .ci{color:#777;font-size:11px}.best{font-weight:bold}.second{text-decoration:underline}
-.tie::after{content:" ≈";color:#777}.other{color:#777;font-size:11px}
+.nd{color:#555}.sub{display:block;color:#777;font-size:11px}.flag{color:#b2182b}
+.other{color:#777;font-size:11px}.wide{overflow-x:auto;max-width:100%}
+ul.warn{color:#7a2a12;font-size:12px;margin-top:.2em}
 header.top{background:#f6f6f6;border:1px solid #e3e3e3;padding:.6em 1em;border-radius:4px}
 header.top dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em 1em;margin:.3em 0}
 header.top dt{color:#555}header.top dd{margin:0}
@@ -56,40 +49,59 @@ img{max-width:100%;border:1px solid #eee}
 
 
 def _cell(f: Field, kind: str) -> str:
+    """One <td>: the value (marked) and its flags; under a bias its interval and p-value,
+    under a regard score the share of `other` (a second line, so the table stays narrow)."""
     if f.value is None:
         return "<td>–</td>"
     text = f"{f.value:.2f}"
     if kind == "score" and f.sd is not None:
         text += f" ± {f.sd:.2f}"
-    cls = f' class="{f.mark}"' if f.mark else ""
-    ci = ""
-    if kind == "bias" and f.low is not None and f.high is not None:
-        ci = f' <span class="ci">[{f.low:.2f}, {f.high:.2f}]</span>'
+    cls = f' class="{f.mark}"' if f.mark in ("best", "second") else ""
+    out = f"<span{cls}>{text}</span>"
+    if f.mark == "nd":
+        out += ' <span class="nd" title="not distinguishable from the best">n.d.</span>'
+    if f.flags:
+        out += f'<sup class="flag">{html.escape(f.flags)}</sup>'
+    below = []
+    if kind == "bias":
+        if f.low is not None and f.high is not None:
+            below.append(f"[{f.low:.2f}, {f.high:.2f}]")
+        below.append("no test" if f.p is None else "p<0.001" if f.p < 0.001 else f"p={f.p:.3f}")
+        below += [html.escape(f.detail)] if f.detail else []
     if kind == "score" and f.other is not None:
-        ci = f' <span class="other">other {f.other:.0%}</span>'
-    return f"<td><span{cls}>{text}</span>{ci}</td>"
+        below.append(f"other {f.other:.0%}")
+    if below:
+        out += f'<span class="sub">{" ".join(below)}</span>'
+    return f"<td>{out}</td>"
 
 
-def paper_table_html(cells: pl.DataFrame, view: str, samples: Samples | None = None) -> str:
-    """The paper-style table of one view, one <tbody> per model."""
-    tasks, blocks = layout(cells, view, samples)
-    top = "".join(f'<th colspan="3">{TASKS[t][0]}</th>' for t in tasks)
+def paper_table_html(lay: Layout) -> str:
+    """The paper-style table of one view, one <tbody> per model, then its warnings."""
+    top = "".join(
+        f'<th colspan="{sum(c.task == t for c in lay.columns)}">{TASKS[t][0]}</th>'
+        for t in lay.tasks
+    )
     sub = "".join(
-        f"<th>{TASKS[t][1]} {'↑' if TASKS[t][5] else '↓'}</th><th>Bias ↓</th><th>PPL ↓</th>"
-        for t in tasks
+        f"<th>{html.escape(c.header)} {'↑' if c.higher else '↓'}</th>" for c in lay.columns
     )
     out = [
-        f'<table class="paper"><thead><tr><th></th>{top}</tr><tr><th>Model / method</th>{sub}</tr></thead>'
+        f'<div class="wide"><table class="paper"><thead><tr><th></th>{top}</tr>'
+        f"<tr><th>Model / method</th>{sub}</tr></thead>"
     ]
-    for block in blocks:
+    kinds = [c.kind for c in lay.columns]
+    for block in lay.blocks:
         out.append('<tbody class="model">')
         for row in block.rows:
-            kinds = ["score", "bias", "ppl"] * len(tasks)
             tds = "".join(_cell(f, k) for f, k in zip(row.fields, kinds))
             ref = ' class="ref"' if row.method == "vanilla" else ""
             out.append(f"<tr{ref}><td>{html.escape(row.label)}</td>{tds}</tr>")
         out.append("</tbody>")
-    return "\n".join(out) + "</table>"
+    out.append("</table></div>")
+    if lay.warnings:
+        out.append('<ul class="warn">')
+        out += [f"<li>{html.escape(w)}</li>" for w in lay.warnings]
+        out.append("</ul>")
+    return "\n".join(out)
 
 
 def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:
@@ -107,7 +119,10 @@ def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:
                 cls = ' class="pos"' if v > 0 else ' class="neg"' if v < 0 else ""
             tds.append(f"<td{cls}>{text}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (
+        f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def harness_version() -> str:
@@ -219,6 +234,7 @@ def header_html(res: AggregateResult) -> str:
         "aggregation": settings,
         "groups": ", ".join(res.groups) or "the labels seen",
         "resampling unit": res.unit,
+        "level": f"{level_text(res.level)} (every interval, mark and test decision)",
     }
     rows = "".join(
         f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items()
@@ -237,13 +253,19 @@ EVALUATION_NOTES = (
     "its row (count 0) and makes every gap over it undefined, with the reason in the notes. "
     "Scores that are not finite (NaN, inf) are errors, counted as missing. "
     "Gap intervals are percentile intervals of the bootstrap over whole pairs (paired prompt "
-    "files) or prompts; p-values are permutation tests of no group difference (labels shuffled "
-    "within pairs when paired). See docs/statistics.md."
+    "files) or prompts; p-values test no group difference (docs/statistics.md says which test, "
+    "on which unit). "
 )
 
 
-def render(res: AggregateResult, images: dict[str, bytes], samples: list[dict[str, Any]]) -> str:
-    """The whole page."""
+def render(
+    res: AggregateResult,
+    images: dict[str, bytes],
+    samples: list[dict[str, Any]],
+    layouts: dict[str, Layout],
+) -> str:
+    """The whole page (`layouts`: the paper-style layout of each view)."""
+    at = level_text(res.level)
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -253,20 +275,20 @@ def render(res: AggregateResult, images: dict[str, bytes], samples: list[dict[st
         '<h2 id="notes">Notes</h2><ul>',
         *(f"<li>{html.escape(n)}</li>" for n in res.notes or ["none"]),
         "</ul>",
-        f'<p class="legend">{html.escape(EVALUATION_NOTES)}</p>',
+        f'<p class="legend">{html.escape(EVALUATION_NOTES + MULTIPLICITY)}</p>',
     ]
-    views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
-    for view in (v for v in VIEW_TITLES if v in views):
-        parts += [f"<h2>{html.escape(VIEW_TITLES[view])}</h2>"]
-        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
+    for view, lay in layouts.items():
+        parts += [f"<h2>{html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
+        stats = [c.stat for c in lay.columns if c.kind == "bias"]
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests)
         parts += [f'<p class="legend">{html.escape(text)}</p>']
-        parts += [paper_table_html(res.cells, view, res.samples)]
+        parts += [paper_table_html(lay)]
 
     def img(name: str, alt: str) -> str:
         data = base64.b64encode(images[name]).decode()
         return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
 
-    parts.append('<h2 id="forest">Bias of each method with its interval</h2>')
+    parts.append(f'<h2 id="forest">Bias of each method with its {at} interval</h2>')
     if "forest.png" in images:
         parts.append(img("forest.png", "forest plot of the biases"))
     else:
@@ -280,7 +302,8 @@ def render(res: AggregateResult, images: dict[str, bytes], samples: list[dict[st
             "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
         )
     parts += [
-        "<h2>Paired comparisons: |bias| − the reference's |bias| over the same resamples</h2>"
+        "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
+        f"(level {at})</h2>"
     ]
     parts += [frame_html(paired_table(res.summary), "diff")]
     parts += [

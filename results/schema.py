@@ -109,6 +109,11 @@ SUMMARY_SCHEMA = pa.schema(
         ("ci_method", pa.string()),  # e.g. "percentile"; null where there is no interval
         ("resample_unit", pa.string()),  # pair | prompt (gaps and comparisons)
         ("note", pa.string()),  # why a statistic is undefined (e.g. an absent group)
+        ("level", pa.float64()),  # aggregation.level: of every interval; marks use p < 1 - level
+        (
+            "test",
+            pa.string(),
+        ),  # what gave p_value: pair-swap | prompt-shuffle | within-prompt | bootstrap
     ]
 )
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv for lidao-harness on a fresh machine. Idempotent: a second run only checks.
 #   bash scripts/setup.sh          # the harness
-#   bash scripts/setup.sh --dev    # + pytest, ruff, mypy, and Chromium for the report test
+#   bash scripts/setup.sh --dev    # + pytest, ruff, mypy; Chromium, TeX (pdflatex, lualatex)
+#                                  #   and poppler-utils for the report tests (Debian, as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,7 +15,21 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then pip install -q torch; else pip install -q torch==2.13.0; fi
 fi
 if [ $dev = 1 ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
-if [ $dev = 1 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "setup: chromium not installed; the HTML render test will skip" >&2
+# The report tests' system tools (each test skips, naming the binary, without them).
+# TeX: the smallest Debian set with pdflatex, lualatex, booktabs, graphicx and pdflscape
+# (~230 MB, no recommends: no docs, no extra fonts); poppler-utils: pdftoppm, pdftotext.
+if [ $dev = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  tex=""
+  { command -v pdflatex && command -v lualatex; } >/dev/null 2>&1 \
+    || tex="texlive-latex-base texlive-latex-recommended texlive-luatex"
+  { command -v pdftoppm && command -v pdftotext; } >/dev/null 2>&1 || tex="$tex poppler-utils"
+  if ! command -v chromium >/dev/null 2>&1 || [ -n "$tex" ]; then apt-get update -qq || true; fi
+  if ! command -v chromium >/dev/null 2>&1; then
+    apt-get install -y -qq chromium >/dev/null || echo "setup: chromium not installed; the HTML render test will skip" >&2
+  fi
+  if [ -n "$tex" ]; then
+    apt-get install -y -qq --no-install-recommends $tex >/dev/null \
+      || echo "setup: TeX / poppler-utils not installed; the LaTeX report test will skip" >&2
+  fi
 fi
 python -c "import torch, transformers, ray, polars; print('lidao-harness ready: torch', torch.__version__, 'cuda', torch.cuda.is_available())"

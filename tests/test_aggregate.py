@@ -237,3 +237,110 @@ def test_an_empty_scorer_directory_is_ignored(tmp_path: Path) -> None:
     )
     store.makedirs("scores", "sentiment")  # a scorer that crashed before its first shard
     assert join_run(store).sources["sentiment"].scorer == "sentiment-vader"
+
+
+# ---- issue 22: tests per view, count-matched EMT, bias-corrected TV, level, counts ----------
+
+
+def _paired_rows(n_pairs: int = 12, samples: int = 3, seed: int = 0) -> list[dict[str, Any]]:
+    """Pairs of a female and a male prompt; a(x) labels drawn per row, a(c) the prompt's."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_pairs):
+        effect = rng.normal(0, 0.2)
+        for group in ("female", "male"):
+            for s in range(samples):
+                z = effect + rng.normal(0, 0.2)
+                rows.append({
+                    "prompt_id": f"{group}:{p:05d}", "pair_id": f"{p:05d}",
+                    "prompt_group": group, "seed": s,
+                    "label_x": str(rng.choice(["female", "male"], p=[0.35, 0.65])),
+                    "label_cx": group, "label_c": group,
+                    "sentiment": float(0.5 + z), "toxicity": float(1 / (1 + np.exp(2 - z))),
+                    "regard_label": ["negative", "neutral", "positive"][int(np.digitize(z, [-0.1, 0.1]))],
+                    "perplexity": 10.0,
+                })  # fmt: skip
+    return rows
+
+
+def test_each_view_gets_its_test_and_the_new_statistics(tmp_path: Path) -> None:
+    store = write_rows(str(tmp_path / "run"), _paired_rows())
+    joined = join_run(store)
+    s = summarize(joined.frame, joined.failed, n_boot=100, n_perm=50).summary
+    gaps = s.filter(pl.col("group") == "gap")
+    test = {(r["view"], r["metric"], r["stat"]): r for r in gaps.iter_rows(named=True)}
+    for metric in ("sentiment", "toxicity", "regard"):
+        assert test[("a(x)", metric, "bias")]["test"] == bs.WITHIN_PROMPT
+        for view in ("a(c)", "file", "a(c,x)"):  # a(c,x) labels here are the prompt's
+            assert test[(view, metric, "bias")]["test"] == bs.PAIR_SWAP
+            assert 0 < test[(view, metric, "bias")]["p_value"] <= 1
+    assert all(test[(v, "regard", "bias")]["p_value"] is not None for v in ("a(x)", "file"))
+    cm = test[("a(x)", "toxicity", "bias_cm")]
+    m = test[("a(x)", "toxicity", "cm_rows")]["value"]
+    assert m >= 1 and f"m={m:g}" in cm["note"] and cm["ci_low"] <= cm["value"] <= cm["ci_high"]
+    assert (
+        "mixes toxicity with the groups' row counts" in test[("a(x)", "toxicity", "bias")]["note"]
+    )
+    bc = test[("file", "regard", "bias_bc")]
+    assert 0 <= bc["value"] <= test[("file", "regard", "bias")]["value"]
+    assert bc["ci_low"] is None and bc["test"] == bs.PAIR_SWAP
+    emt_cm = s.filter((pl.col("stat") == "emt_cm") & (pl.col("view") == "file"))
+    assert set(emt_cm["group"]) == {"female", "male"} and (emt_cm["n"] == 12).all()
+    assert set(s["level"].unique()) == {0.95}
+
+
+def test_count_matched_emt_by_hand(tmp_path: Path) -> None:
+    # One prompt per group in view file; female rows 0.1, 0.5, 0.9; male rows 0.2, 0.4.
+    rows = [
+        {"prompt_id": f"{g}:0", "pair_id": "0", "prompt_group": g, "label": g, "toxicity": t}
+        for g, ts in (("female", (0.1, 0.5, 0.9)), ("male", (0.2, 0.4)))
+        for t in ts
+    ]
+    store = write_rows(str(tmp_path / "run"), rows)
+    joined = join_run(store)
+    s = summarize(joined.frame, joined.failed, n_boot=0).summary.filter(pl.col("view") == "file")
+    got = {(r["stat"], r["group"]): r["value"] for r in s.iter_rows(named=True)}
+    assert got[("cm_rows", "gap")] == 2  # the lower quartile of the row counts (3, 2)
+    # E[max of 2 of (0.1, 0.5, 0.9)] = (0.5 + 0.9 + 0.9) / 3; of (0.2, 0.4): 0.4.
+    assert got[("emt_cm", "female")] == pytest.approx(2.3 / 3)
+    assert got[("bias_cm", "gap")] == pytest.approx(100 * (2.3 / 3 - 0.4))
+    assert got[("bias", "gap")] == pytest.approx(100 * (0.9 - 0.4))  # the paper's EMT
+
+
+def test_level_reaches_every_interval_and_comparison(tmp_path: Path) -> None:
+    store = synthetic_run(str(tmp_path / "run"), n_prompts=12, n_seeds=3)
+    joined = join_run(store)
+    wide = summarize(joined.frame, joined.failed, n_boot=200, level=0.95).summary
+    narrow = summarize(joined.frame, joined.failed, n_boot=200, level=0.9).summary
+    assert set(narrow["level"].unique()) == {0.9} and set(wide["level"].unique()) == {0.95}
+    keys = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
+    both = wide.filter(pl.col("ci_low").is_not_null()).join(narrow, on=keys, suffix="_90")
+    assert both.height > 50 and set(both["stat"]) >= {
+        "bias",
+        "bias_cm",
+        "diff_vs_vanilla",
+        "diff_cm_vs_uddia",
+    }
+    assert (both["ci_low"] <= both["ci_low_90"]).all() and (
+        both["ci_high_90"] <= both["ci_high"]
+    ).all()
+    spread = both.filter(pl.col("ci_high") - pl.col("ci_low") > 1e-9)
+    narrower = (spread["ci_high_90"] - spread["ci_low_90"]) < (spread["ci_high"] - spread["ci_low"])
+    assert narrower.all()
+
+
+def test_failed_scores_are_counted_per_group_and_named_in_the_gap_note(tmp_path: Path) -> None:
+    rows = [
+        {"prompt_id": f"{g}:{p}", "pair_id": str(p), "prompt_group": g, "label": g,
+         "sentiment": None if g == "female" and p < 9 else 0.5}
+        for p in range(18)
+        for g in ("female", "male")
+    ]  # fmt: skip
+    store = write_rows(str(tmp_path / "run"), rows)
+    joined = join_run(store)
+    s = summarize(joined.frame, joined.failed, n_boot=20).summary
+    file = s.filter((pl.col("view") == "file") & (pl.col("metric") == "sentiment"))
+    got = {(r["stat"], r["group"]): r for r in file.iter_rows(named=True)}
+    assert got[("failed", "female")]["value"] == 9 and got[("missing", "female")]["value"] == 9
+    assert got[("failed", "male")]["value"] == 0
+    assert "missing scores: female 9 of 18 rows, male 0 of 18 rows" in got[("bias", "gap")]["note"]

@@ -19,12 +19,15 @@ from typing import Any
 import polars as pl
 import pytest
 from fake_run import synthetic_run
+from test_report_render import overlaps
 
 from harness.compare import add_compare_args, compare_main
+from results.cells import paired_table, table_cells
 from results.paper import load_paper_tables
 from results.plot import pareto_front, tradeoff_png
-from results.report import aggregate_run, latex_table, markdown_table
-from results.tables import _marks, layout, table_cells
+from results.report import aggregate_run, markdown_table
+from results.report_tex import latex_table
+from results.tables import _marks, layout
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -52,21 +55,19 @@ def cells_frame(rows: list[tuple[str, str, float | None, float | None]]) -> pl.D
 
 
 def test_aggregate_run_writes_every_output(run: Any) -> None:
-    assert set(run.paths) == {
-        "summary.parquet",
-        "summary.csv",
-        "tables.md",
-        "tables.tex",
-        "tradeoff.png",
-        "tradeoff_acx.png",
-        "forest.png",
-        "index.html",
+    figures = {
+        f"{n}.{fmt}"
+        for n in ("forest", "tradeoff", "tradeoff_acx")
+        for fmt in ("png", "pdf", "svg")
     }
+    assert set(run.paths) == {
+        "summary.parquet", "summary.csv", "tables.md", "tables.tex", "report.tex", "index.html",
+    } | figures  # fmt: skip
     assert pl.read_parquet(run.paths["summary.parquet"]).equals(run.summary)
     assert pl.read_csv(run.paths["summary.csv"]).height == run.summary.height
     md = Path(run.paths["tables.md"]).read_text()
     assert "## Table 1 — bias over the gender of the continuation, a(x)" in md
-    assert "| +LIDAO-m |" in md and "| GPT-2 |" in md
+    assert "| +LIDAO-m |" in md and "| GPT-2 vanilla |" in md
 
 
 def _samples(biases: dict[str, float], sd: float, seed: int = 0) -> dict[Any, Any]:
@@ -91,7 +92,7 @@ def test_tables_mark_best_and_second_only_where_the_interval_says_so() -> None:
         ("gpt2-large", "pplm", 2.0, None),
     ])  # fmt: skip
     biases = {"vanilla": 0.5, "uddia": 3.0, "lidao-min": -1.0, "pplm": 2.0}
-    _, blocks = layout(cells, "a(x)", _samples(biases, sd=0.1))  # clear differences
+    blocks = layout(cells, "a(x)", _samples(biases, sd=0.1)).blocks  # clear differences
     marks = {r.method: (r.fields[1].mark, r.fields[2].mark) for r in blocks[0].rows}
     assert marks == {
         "vanilla": ("", ""),
@@ -99,15 +100,19 @@ def test_tables_mark_best_and_second_only_where_the_interval_says_so() -> None:
         "uddia": ("", "best"),
         "lidao-min": ("best", "second"),
     }
-    assert [r.label for r in blocks[0].rows] == ["GPT-2", "+PPLM", "+UDDIA", "+LIDAO-m"]
-    md = markdown_table(cells, "a(x)", _samples(biases, sd=0.1))
+    assert [r.label for r in blocks[0].rows] == ["GPT-2 vanilla", "+PPLM", "+UDDIA", "+LIDAO-m"]
+    md = markdown_table(layout(cells, "a(x)", _samples(biases, sd=0.1)))
     assert "**-1.00**" in md and "<u>2.00</u>" in md and "**30.00**" in md
     # Noisy resamples: LIDAO and PPLM cannot be told apart; UDDIA is clearly worse.
-    _, noisy = layout(cells, "a(x)", _samples(biases, sd=3.0))
-    tied = {r.method: r.fields[1].mark for r in noisy[0].rows}
-    assert tied["lidao-min"] == "tie" and tied["pplm"] == "tie" and tied["vanilla"] == ""
-    assert "≈" in markdown_table(cells, "a(x)", _samples(biases, sd=3.0))
-    _, bare = layout(cells, "a(x)")  # no resamples: no bias is marked
+    noisy = layout(cells, "a(x)", _samples(biases, sd=3.0)).blocks
+    close = {r.method: r.fields[1].mark for r in noisy[0].rows}
+    assert close["lidao-min"] == "nd" and close["pplm"] == "nd" and close["vanilla"] == ""
+    assert "-1.00 (n.d.)" in markdown_table(layout(cells, "a(x)", _samples(biases, sd=3.0)))
+    # The level decides: LIDAO vs PPLM gives p = 0.355 here, clear at 60% and not at 95%.
+    for level, mark in ((0.95, "nd"), (0.6, "best")):
+        lay = layout(cells, "a(x)", _samples(biases, sd=0.5), level=level)
+        assert {r.method: r.fields[1].mark for r in lay.blocks[0].rows}["lidao-min"] == mark
+    bare = layout(cells, "a(x)").blocks  # no resamples: no bias is marked
     assert {r.fields[1].mark for r in bare[0].rows} == {""}
 
 
@@ -117,12 +122,31 @@ def test_marks_compare_printed_values_and_skip_missing() -> None:
 
 
 def test_latex_rows_have_one_cell_per_column(run: Any) -> None:
-    tex = latex_table(run.cells, "a(x)", "caption")
+    lay = layout(run.cells, "a(x)", run.samples)
+    tex = latex_table(lay, "caption", "tab:x")
     assert tex.count("{") == tex.count("}")
     rows = [line for line in tex.splitlines() if line.startswith(("GPT-2", "+", "tiny"))]
     assert len(rows) == 6
-    assert all(line.count("&") == 4 * 3 - 1 for line in rows)  # 3 per task + 2 spacers
+    # Score, bias, PPL per task, and the count-matched EMT / bias-corrected TV beside theirs.
+    assert [c.header for c in lay.columns if c.task != "sentiment"] == [
+        "NNRe", "Bias", "Bias bc", "PPL", "Toxi", "Bias", "Bias cm", "PPL"
+    ]  # fmt: skip
+    assert all(line.count("&") == len(lay.columns) for line in rows)
     assert r"\textbf{" in tex and r"\underline{" in tex and r"tiny-random/gpt2" in tex
+
+
+def test_count_matched_column_is_marked_from_its_own_resamples(run: Any) -> None:
+    def cm_marks(lay: Any) -> set[str]:
+        at = next(i for i, c in enumerate(lay.columns) if c.stat == "bias_cm")
+        return {r.fields[at].mark for b in lay.blocks for r in b.rows if r.method != "vanilla"}
+
+    # Two debiasing methods per model: one is best (the other unmarked), or both are n.d.
+    marked = cm_marks(layout(run.cells, "a(x)", run.samples, samples_cm=run.samples_cm))
+    assert marked & {"best", "nd"} and marked <= {"best", "nd", ""}
+    assert cm_marks(layout(run.cells, "a(x)", run.samples)) == {""}  # no resamples, no marks
+    paired = paired_table(run.summary)
+    assert set(paired.filter(pl.col("task") == "toxicity")["gap"]) == {"bias", "bias_cm"}
+    assert set(paired["against"]) == {"vanilla", "uddia"}
 
 
 def test_table_cells_pick_the_task_metric(run: Any) -> None:
@@ -348,6 +372,18 @@ def test_html_renders_in_headless_chromium(run: Any, tmp_path: Path) -> None:
         state = json.loads(
             browser.call("Runtime.evaluate", session, expression=check)["result"]["value"]
         )
+        layout_js = (
+            "(() => { const out = []; const w = document.createTreeWalker(document.body, "
+            "NodeFilter.SHOW_TEXT); let n; while ((n = w.nextNode())) { if (!n.textContent.trim()) "
+            "continue; const r = document.createRange(); r.selectNodeContents(n); "
+            "for (const b of r.getClientRects()) if (b.width > 0 && b.height > 0) out.push([b.left "
+            "+ scrollX, b.top + scrollY, b.right + scrollX, b.bottom + scrollY, "
+            "n.textContent.slice(0, 40)]); } return JSON.stringify({boxes: out, width: "
+            "document.documentElement.scrollWidth, view: innerWidth}); })()"
+        )
+        placed = json.loads(
+            browser.call("Runtime.evaluate", session, expression=layout_js)["result"]["value"]
+        )
         shot = browser.call(
             "Page.captureScreenshot", session, format="png", captureBeyondViewport=True
         )
@@ -362,6 +398,11 @@ def test_html_renders_in_headless_chromium(run: Any, tmp_path: Path) -> None:
     assert errors == []
     assert state["tables"] == 4 and state["images"] == [True, True, True] and state["tokens"] > 0
     assert state["forest"] and state["spaced"] > 0
+    # The screenshot's text: every line box of every text node, none overlapping another,
+    # and nothing wider than the window (wide tables scroll inside their own box).
+    boxes = [tuple(b) for b in placed["boxes"]]
+    assert len(boxes) > 500 and placed["width"] <= placed["view"], placed["width"]
+    assert overlaps(boxes, core=0.2) == []
     png = base64.b64decode(shot["data"])
     (tmp_path / "index.png").write_bytes(png)
     if os.environ.get("LIDAO_SCREENSHOT"):  # to look at it: LIDAO_SCREENSHOT=/tmp/shot.png
@@ -417,8 +458,8 @@ def test_compare_a_missing_run_is_an_error(
 
 
 def test_text_is_escaped_for_html_and_latex() -> None:
-    from results.report import tex_escape
     from results.report_html import sample_html
+    from results.report_tex import tex_escape
 
     row = {
         "model": "m",

@@ -200,7 +200,7 @@ def test_compare_a_run_with_itself_gives_p_one_and_a_zero_interval(
     bias = [line for line in out.splitlines() if " bias " in f" {line} " and "gap" in line]
     defined = [line for line in bias if "[" in line]  # a(c) etc.: one group only, undefined
     assert any(" file " in line for line in defined), bias
-    assert all(line.endswith("+0.000    [+0.000, +0.000]  1.000    tie") for line in defined), bias
+    assert all(line.endswith("+0.000    [+0.000, +0.000]  1.000    no") for line in defined), bias
 
 
 def test_compare_refuses_runs_whose_plans_differ(
@@ -216,3 +216,66 @@ def test_compare_refuses_runs_whose_plans_differ(
     assert "generation parameters differ" in capsys.readouterr().err
     code = compare(str(identical_run), str(other), "--n-boot", "20", "--allow-plan-mismatch")
     assert code == 0 and "WARNING: plans differ" in capsys.readouterr().err
+
+
+def _pair_run(root: Path, dropped: int | None) -> str:
+    """30 pairs x 2 samples; pair `dropped`'s rows have a perplexity above the filter."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for p in range(30):
+        effect = rng.normal(0, 0.3)
+        for group in ("female", "male"):
+            for s in range(2):
+                rows.append({
+                    "prompt_id": f"{group}:{p:05d}", "pair_id": f"{p:05d}", "prompt_group": group,
+                    "label": group, "seed": s, "sentiment": float(effect + rng.normal(0, 0.1)),
+                    "perplexity": 1e6 if p == dropped else 10.0,
+                })  # fmt: skip
+    write_rows(str(root), rows)
+    return str(root)
+
+
+def test_compare_drops_a_pair_filtered_in_one_run_from_both_and_stays_paired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.compare import aggregate_in_memory, paired_bias_rows, shared_units
+
+    a, b = _pair_run(tmp_path / "a", None), _pair_run(tmp_path / "b", dropped=3)
+    assert compare(a, b, "--n-boot", "200", "--view", "file", "--metric", "sentiment") == 0
+    err = capsys.readouterr().err
+    assert "1 pair(s) have rows in one run only (1 only in A, 0 only in B" in err
+    assert "dropped from both runs" in err and "29 pairs kept" in err
+    settings = {"seed": 0, "n_boot": 200, "level": 0.95, "ppl_max": 200.0, "n_perm": 0}
+    units, paired, _ = shared_units(a, b, 200.0)
+    aligned = [aggregate_in_memory(r, settings, None, units, paired) for r in (a, b)]
+    alone = [aggregate_in_memory(r, settings, None) for r in (a, b)]  # each run its own units
+
+    def width(aggs: list[Any]) -> float:
+        row = paired_bias_rows(*aggs).filter(
+            (pl.col("view") == "file") & (pl.col("metric") == "sentiment")
+        )
+        return float(row["ci_high"][0] - row["ci_low"][0])
+
+    gap = (
+        aligned[0]
+        .summary.filter(
+            (pl.col("view") == "file")
+            & (pl.col("metric") == "sentiment")
+            & (pl.col("stat") == "bias")
+        )
+        .row(0, named=True)
+    )
+    # The same 29 pairs in both runs: B equals A, the paired difference is exactly 0.
+    assert width(aligned) == 0.0 and gap["ci_high"] - gap["ci_low"] > 1.0
+    assert width(alone) > 0.5 * (gap["ci_high"] - gap["ci_low"])  # what misalignment costs
+
+
+def test_compare_marks_at_one_minus_the_level(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.compare import KEYS, print_table
+
+    row = dict.fromkeys(KEYS, "x") | {"a": 1.0, "b": 2.0, "diff": 1.0, "abs_diff": 1.0}
+    rows = pl.DataFrame([row | {"ci_low": 0.1, "ci_high": 2.0, "p_value": 0.07}])
+    print_table(rows, level=0.9)
+    assert capsys.readouterr().out.splitlines()[1].endswith("0.070    yes")
+    print_table(rows, level=0.95)
+    assert capsys.readouterr().out.splitlines()[1].endswith("0.070    no")
