@@ -59,9 +59,11 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import driver
     from harness.invoke import check_interrupt, driven
+    from harness.validate import refuse_on_problems
 
     cfg = load_config(args.config, overrides(args))
     use_ray = not args.no_ray
+    refuse_on_problems(cfg, args.config, args.out, use_ray)  # `validate` first: all at once
     store = RunStore(args.out)
     with driven(store, "run") as inv:
         inv.config_hash = _config_hash(cfg)
@@ -127,12 +129,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     from harness import driver
     from harness.identity import plan_ids
     from harness.invoke import driven
+    from harness.preflight import scorer_model_problems
 
     store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
     scorers = driver.scorers_to_run(
         cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
     )  # validated before Ray starts
+    missing = scorer_model_problems(scorers)  # offline: fails now, not after hub retries
+    if missing:
+        raise ConfigError("\n".join(missing))
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt
     use_ray = not args.no_ray
     with driven(store, "score") as inv:

@@ -1,47 +1,24 @@
-"""`harness validate CONFIG`: everything a run would check up front, with nothing started.
+"""`harness validate CONFIG`: everything `run` would hit before its first generation, with
+nothing started; `run` (and `score`, for its models) run the same checks first.
 
 Reads the prompt files (they are counted), never builds the grid, starts no Ray, loads no
-model and imports no torch. Prints the plan's counts per model × method × task and what each
-job needs: the model (offline, local folder, or in the Hugging Face cache), its attribute
-heads, the prompt and word files. Problems are listed together; any problem exits 2.
+model and imports no torch (`harness.preflight`). Prints the plan's counts per model × method ×
+task and what each job needs: files and URLs (reachable, cached), models and tokenizers (local
+folder, Hugging Face cache, the hub), attribute heads, API keys, devices, the output, plugins.
+Every problem is listed, each naming its config field or variable; any problem exits 2.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-from pathlib import Path
 from typing import Any
 
-from harness.catalog import hub_cache
-from harness.config import ModelConfig, RunConfig, check_grid_size
-from jobs.datasets import default_cache_dir, url_basename
+from harness import preflight
+from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
+from jobs.datasets import DatasetError
+from jobs.redact import redact_text
 from workers.tiny import TINY_PREFIX
 
-# Methods whose steps read an attribute head (param `head`; None = the task's default head).
-HEAD_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod", "pplm")
-
-
-def _where_model(model_id: str) -> tuple[str, bool]:
-    """(how `model_id` resolves, whether that is a problem)."""
-    if model_id.startswith(TINY_PREFIX):
-        return "offline random weights", False
-    if os.path.isabs(model_id):
-        ok = (Path(model_id) / "config.json").is_file() or (
-            Path(model_id) / "tokenizer_config.json"
-        ).is_file()
-        return ("local folder" if ok else "local folder MISSING (no config.json)"), not ok
-    cached = (hub_cache() / ("models--" + model_id.replace("/", "--"))).is_dir()
-    return ("in the Hugging Face cache" if cached else "hub id, not cached (downloads)"), False
-
-
-def _where_file(spec: str, cache_dir: str | None) -> tuple[str, bool]:
-    if spec.startswith(("http://", "https://")):
-        name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
-        cached = (Path(cache_dir or default_cache_dir()) / "downloads" / name).is_file()
-        return ("URL, cached" if cached else "URL, not cached (downloads)"), False
-    ok = Path(spec).expanduser().is_file()
-    return ("present" if ok else "MISSING"), not ok
+HEAD_METHODS = preflight.HEAD_METHODS
 
 
 def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> Any:
@@ -53,39 +30,60 @@ def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> An
     return None
 
 
-def validate(cfg: RunConfig, source: str) -> tuple[list[str], int]:
-    """(report lines, number of problems) for `cfg`; raises on unreadable prompts."""
+def validate(
+    cfg: RunConfig,
+    source: str,
+    out: str | None = None,
+    use_ray: bool = True,
+    probe: Any = preflight.probe_url,
+) -> tuple[list[str], int]:
+    """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
+    given. Problems are counted and listed (each naming its field), never raised, so the report
+    holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
     from harness.driver import load_prompts, load_words
     from workers.methods.registry import resolve_params
 
-    lines: list[str] = []
-    problems = 0
-    words = load_words(cfg)
-    prompts = load_prompts(cfg, words)
-    total = check_grid_size(cfg, len(prompts), source)
-    per_cell = len(prompts) * cfg.samples_per_prompt
-    lines.append(
-        f"{source}: valid; {len(prompts)} prompts × {cfg.samples_per_prompt} samples = "
-        f"{per_cell} jobs per model × method × task; {total} jobs in all"
-    )
+    problems: list[str] = []
     cache = cfg.runtime.cache_dir
-    files = dict(cfg.dataset.files or {}) or {"path": cfg.dataset.path or ""}
-    if cfg.gender_words:
-        files["gender_words"] = cfg.gender_words
-    for key, spec in files.items():
-        state, bad = _where_file(spec, cache)
-        problems += bad
-        lines.append(f"  file {key}: {spec} ({state})")
-    for model in cfg.models:
-        state, bad = _where_model(model.id)
-        problems += bad
+    files = preflight.check_files(preflight.file_specs(cfg), cache, probe)
+    by_field = {i.field: i for i in files}
+    problems += _file_problems(files)
+    lines: list[str] = []
+    reading = ("dataset.", "gender_words")
+    if any(i.problem for i in files if i.field.startswith(reading)):
+        lines.append(f"{source}: valid; prompts not counted (a prompt or word file is missing)")
+        n_prompts = None
+    else:
+        try:
+            prompts = load_prompts(cfg, load_words(cfg))
+        except DatasetError as exc:
+            problems.append(str(exc))
+            n_prompts = None
+            lines.append(f"{source}: valid; prompts not counted (see the problems below)")
+        else:
+            n_prompts = len(prompts)
+    if n_prompts is not None:
+        total = check_grid_size(cfg, n_prompts, source)
+        per_cell = n_prompts * cfg.samples_per_prompt
+        lines.append(
+            f"{source}: valid; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
+            f"{per_cell} jobs per model × method × task; {total} jobs in all"
+        )
+    for item in files:
+        if item.field.startswith(reading):
+            lines.append(f"  file {item.field}: {item.value} ({item.where})")
+    models = {(i.field, i.value): i for i in preflight.check_models(preflight.model_specs(cfg))}
+    problems += [i.line() for i in models.values() if i.problem]
+    jobs = f"{n_prompts * cfg.samples_per_prompt} jobs" if n_prompts is not None else "? jobs"
+    for m_index, model in enumerate(cfg.models):
         label = f"{model.label} [{model.id}]" if model.name else model.id
-        lines.append(f"  model {label}: {state}")
+        found = models.get((f"models.{m_index}.id", model.id))
+        where = found.where if found else "offline random weights"
+        lines.append(f"  model {label}: {where}")
         if model.tokenizer:
-            state, bad = _where_model(model.tokenizer)
-            problems += bad
-            lines.append(f"    tokenizer {model.tokenizer}: {state}")
-        for method in cfg.methods:
+            tok = models.get((f"models.{m_index}.tokenizer", model.tokenizer))
+            lines.append(f"    tokenizer {model.tokenizer}: {tok.where if tok else 'offline'}")
+        for j, method in enumerate(cfg.methods):
             params = resolve_params(method.name, dict(method.params), model.id)
             for task in cfg.tasks:
                 need = ""
@@ -94,12 +92,76 @@ def validate(cfg: RunConfig, source: str) -> tuple[list[str], int]:
                     if head is None and model.id.startswith(TINY_PREFIX):
                         need = "; head: random (tiny model)"
                     elif head is None:
-                        need, problems = "; head: MISSING (set `head:`)", problems + 1
+                        need = "; head: MISSING (set `head:`)"
+                        problems.append(
+                            f"models.{m_index}.heads.{task}: {method.name} on {model.label} "
+                            f"needs an attribute head for {task}; set it (or methods.{j}."
+                            "params.head)"
+                        )
                     else:
-                        state, bad = _where_file(str(head), cache)
-                        need, problems = f"; head {head}: {state}", problems + bad
-                lines.append(f"    {method.name} × {task}: {per_cell} jobs{need}")
+                        field = (
+                            f"methods.{j}.params.head"
+                            if method.params.get("head") is not None
+                            else f"models.{m_index}.heads.{task}"
+                        )
+                        item = by_field.get(field)
+                        need = f"; head {head}: {item.where if item else 'present'}"
+                lines.append(f"    {method.name} × {task}: {jobs}{need}")
+    for item in files:
+        if item.field.startswith("methods.") and not item.field.endswith(".head"):
+            lines.append(f"  file {item.field}: {item.value} ({item.where})")
+    extra = [i for i in models.values() if not i.field.startswith("models.")]
+    for item in extra:
+        lines.append(f"  model {item.field}: {item.value or '-'} ({item.where})")
     names = ", ".join(s.name for s in cfg.scorers) or "none"
     lines.append(f"  scorers: {names}")
-    lines.append(f"{problems} problem(s); nothing was started")
-    return lines, problems
+    keys = preflight.check_services(preflight.check_keys(cfg), probe)
+    for item in keys:
+        lines.append(f"  {item.field}: {item.where}")
+    checks = keys + preflight.check_plugins(cfg)
+    checks += preflight.check_devices(cfg, preflight.is_local_run(cfg, use_ray))
+    if out is not None:
+        checks.append(preflight.check_output(out))
+    for item in checks:
+        if item not in keys:
+            lines.append(f"  {item.field}: {item.value} ({item.where})")
+    problems += [i.line() for i in checks if i.problem]
+    if problems:
+        lines.append(f"problems ({len(problems)}):")
+        lines += [f"  {p}" for p in problems]
+    lines.append(f"{len(problems)} problem(s); nothing was started")
+    return [redact_text(line) for line in lines], len(problems)
+
+
+def _file_problems(files: list[preflight.Item]) -> list[str]:
+    """One line per file with a problem; a URL several fields name is one line naming them all
+    (the paper's config gives one head to five methods)."""
+    groups: dict[str, list[preflight.Item]] = {}
+    for item in files:
+        if item.problem:
+            groups.setdefault(item.value, []).append(item)
+    lines = []
+    for items in groups.values():
+        first, names = items[0], [i.field for i in items]
+        text = str(first.problem)
+        if len(names) > 1:
+            text = text.replace(f"set {first.field} ", "set them ")
+        lines.append(redact_text(f"{', '.join(names)}: {text}"))
+    return lines
+
+
+def refuse_on_problems(cfg: RunConfig, source: str, out: str, use_ray: bool = True) -> None:
+    """`run`'s first step: the checks of `validate`; raises `ConfigError` listing every problem
+    before anything starts (no Ray, no run directory, no model)."""
+    lines, problems = validate(cfg, source, out=out, use_ray=use_ray)
+    if problems:
+        start = lines.index(next(line for line in lines if line.startswith("problems (")))
+        listed = lines[start + 1 : -1]
+        raise ConfigError(
+            "\n".join(
+                [
+                    f"{source}: {problems} problem(s); nothing was started (`validate` shows the plan)"
+                ]
+                + listed
+            )
+        )
