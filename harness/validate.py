@@ -104,8 +104,8 @@ def validate(
                             if method.params.get("head") is not None
                             else f"models.{m_index}.heads.{task}"
                         )
-                        item = by_field.get(field)
-                        need = f"; head {head}: {item.where if item else 'present'}"
+                        head_file = by_field.get(field)
+                        need = f"; head {head}: {head_file.where if head_file else 'present'}"
                 lines.append(f"    {method.name} × {task}: {jobs}{need}")
     for item in files:
         if item.field.startswith("methods.") and not item.field.endswith(".head"):
