@@ -244,6 +244,8 @@ def check_keys(cfg: RunConfig) -> list[Item]:
             except OSError as exc:
                 problem = f"cannot read {path} ({exc.strerror or exc})"
             items.append(Item(f"scorers.{k}.params.api_key_file", str(path), "key file", problem))
+            if problem:
+                continue
         elif os.environ.get("PERSPECTIVE_API_KEY", "").strip():
             items.append(Item("PERSPECTIVE_API_KEY", "<set>", "set"))
         else:

@@ -95,7 +95,7 @@ def offline_unless_reachable() -> tuple[bool, str]:
     """`hub_status()`, switching offline mode on when the hub is not reachable."""
     reachable, why = hub_status()
     if not reachable and not offline_by_user():
-        log.info("the Hugging Face hub is not reachable (%s): offline mode", why)
+        log.debug("the Hugging Face hub is not reachable (%s): offline mode", why)
         go_offline(why)
     return reachable, why
 
