@@ -157,11 +157,7 @@ def refuse_on_problems(cfg: RunConfig, source: str, out: str, use_ray: bool = Tr
     if problems:
         start = lines.index(next(line for line in lines if line.startswith("problems (")))
         listed = lines[start + 1 : -1]
-        raise ConfigError(
-            "\n".join(
-                [
-                    f"{source}: {problems} problem(s); nothing was started (`validate` shows the plan)"
-                ]
-                + listed
-            )
-        )
+        if problems == 1:  # one line, like every other bad-input error
+            raise ConfigError(f"{source}: {listed[0].strip()} (nothing was started)")
+        head = f"{source}: {problems} problem(s); nothing was started (`validate` shows the plan)"
+        raise ConfigError("\n".join([head, *listed]))
