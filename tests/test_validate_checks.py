@@ -342,3 +342,22 @@ def test_the_method_model_parameters_match_the_methods() -> None:
 
     for name, params in preflight.METHOD_MODEL_PARAMS.items():
         assert load_method(name).needs.extra_models == params
+
+
+def test_an_actor_loading_an_uncached_model_offline_fails_at_once(
+    offline_hub: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the loading happens (a generation or scorer actor): one error naming the
+    parameter and the model, no hub retries (transformers alone retries for ~49 s)."""
+    from workers.scorers.base import ScorerContext, ScorerError
+    from workers.scorers.perplexity import Perplexity
+
+    t0 = time.perf_counter()
+    with pytest.raises(ScorerError) as exc:
+        Perplexity({"model": "org/uncached"}, ScorerContext(device="cpu"))
+    assert str(exc.value).startswith(
+        "scorer 'perplexity', parameter model: model 'org/uncached': org/uncached is not in the "
+        "Hugging Face cache"
+    )
+    assert "\n" not in str(exc.value) and "Retrying" not in caplog.text
+    assert time.perf_counter() - t0 < 30
