@@ -168,7 +168,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from harness.validate import validate
 
     cfg = load_config(args.config, overrides(args))
-    lines, problems = validate(cfg, args.config)
+    lines, problems = validate(cfg, args.config, out=args.out)
     print("\n".join(lines))
     return 2 if problems else 0
 
@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     v = add("validate", "check a config completely and print its plan; starts nothing")
     v.add_argument("config", help="YAML config file")
+    v.add_argument("--out", help="also check that this run directory can be written")
     _add_overrides(v)
     v.set_defaults(func=cmd_validate)
     ls = add("list", "methods, scorers or models with their parameters and defaults")

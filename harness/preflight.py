@@ -392,9 +392,17 @@ def check_output(out: str) -> Item:
             fs, root = pafs.FileSystem.from_uri(out)
             if fs.get_file_info(root).type == pafs.FileType.File:
                 return Item("--out", out, "URI", f"{out} is a file, not a run directory")
-            probe = f"{root.rstrip('/')}/.lidao-write-probe-{uuid.uuid4().hex[:12]}"
-            with fs.open_output_stream(probe) as stream:
-                stream.write(b"")
+            folder = root.rstrip("/")
+            while True:  # object stores take a key under any prefix; others need the folder
+                probe = f"{folder}/.lidao-write-probe-{uuid.uuid4().hex[:12]}".lstrip("/")
+                try:
+                    with fs.open_output_stream(probe) as stream:
+                        stream.write(b"")
+                    break
+                except FileNotFoundError:
+                    if not folder:
+                        raise
+                    folder = folder.rsplit("/", 1)[0] if "/" in folder else ""
             fs.delete_file(probe)
         except Exception as exc:  # noqa: BLE001 - any failure means the run could not write
             return Item("--out", out, "URI", f"{out}: cannot write ({str(exc).splitlines()[0]})")

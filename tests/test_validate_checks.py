@@ -211,6 +211,14 @@ def test_cached_models_need_no_network_and_partial_ones_are_named(
     assert hub.availability("org/full") == hub.Availability("in the Hugging Face cache")
     assert hub.availability("org/full", kind="tokenizer").problem is None
     assert hub._probed == {}  # complete in the cache: no request
+    shards = fake_snapshot(hf, "org/sharded", ["config.json", "a.safetensors"])
+    (shards / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w1": "a.safetensors", "w2": "b.safetensors"}})
+    )
+    assert hub._probed == {}
+    assert "(only partly: no weights)" in str(hub.availability("org/sharded").problem)
+    (shards / "b.safetensors").write_text("")
+    assert hub.availability("org/sharded").problem is None
     half = hub.availability("org/half")
     assert half.problem is not None and "(only partly: no weights)" in half.problem
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # the probe failed: offline from now on
@@ -323,7 +331,11 @@ def test_devices_are_checked_on_this_machine_only(tmp_path: Path) -> None:
     assert (items[0].problem is None) == (n > 0)
 
 
-def test_a_missing_local_file_and_output_under_a_file(tmp_path: Path) -> None:
+def test_a_missing_local_file_and_output_under_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
     cfg = parse_config(
         {**json.loads(write_config(tmp_path).read_text()), "gender_words": str(tmp_path / "no")}
     )
@@ -334,7 +346,14 @@ def test_a_missing_local_file_and_output_under_a_file(tmp_path: Path) -> None:
         "gender_words: no such file",
         f"--out: {tmp_path / 'f'} is a file, not a folder",
     ]
+    assert main(["validate", str(write_config(tmp_path)), "--out", str(tmp_path / "f")]) == 2
+    assert f"  --out: {tmp_path / 'f'} exists and is not a folder" in capsys.readouterr().out
     assert preflight.check_output(str(tmp_path / "new" / "run")).problem is None
+    assert preflight.check_output("mock:///bucket/run") == preflight.Item(
+        "--out", "mock:///bucket/run", "writable"
+    )  # a probe object written and deleted through pyarrow
+    remote = preflight.check_output("nosuch://bucket/run")
+    assert str(remote.problem).startswith("nosuch://bucket/run: cannot write (")
 
 
 def test_the_method_model_parameters_match_the_methods() -> None:

@@ -123,6 +123,13 @@ class Availability:
 
 
 def _has_weights(folder: Path) -> bool:
+    """Weights in the snapshot; a sharded checkpoint needs every shard its index names."""
+    for index in folder.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return False
+        return bool(shards) and all((folder / s).is_file() for s in shards)
     return any(p.name.endswith(WEIGHT_SUFFIXES) for p in folder.iterdir())
 
 
