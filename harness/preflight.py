@@ -116,10 +116,20 @@ def file_specs(cfg: RunConfig) -> list[tuple[str, str]]:
     return list(dict.fromkeys(out))
 
 
+def worker_side(field: str) -> bool:
+    """Read by the actors (heads, priors, models), not by the driver (prompts, words)."""
+    return field.startswith(("models.", "methods.", "scorers."))
+
+
 def check_files(
-    specs: Iterable[tuple[str, str]], cache_dir: str | None, probe: Callable[[str], str | None]
+    specs: Iterable[tuple[str, str]],
+    cache_dir: str | None,
+    probe: Callable[[str], str | None],
+    local: bool = True,
 ) -> list[Item]:
-    """Local files exist; URLs are in the download cache or answer `probe` (all at once)."""
+    """Local files exist; URLs are in the download cache or answer `probe` (all at once).
+    With `local` false (an attached cluster), a path the actors read that this machine does
+    not see is left to the nodes, as `harness.config` does for heads."""
     specs = list(specs)
     urls = sorted(
         {
@@ -136,7 +146,10 @@ def check_files(
     for field, spec in specs:
         if not is_url(spec):
             path = Path(spec).expanduser()
-            ok = path.is_file() or (field.startswith(("models.", "methods.")) and path.is_dir())
+            ok = path.is_file() or (worker_side(field) and path.is_dir())
+            if not ok and not local and worker_side(field):
+                items.append(Item(field, spec, "not seen here; the nodes read it"))
+                continue
             items.append(
                 Item(field, spec, "present" if ok else "MISSING", None if ok else "no such file")
             )
@@ -192,13 +205,20 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
     return unique
 
 
-def check_models(specs: Iterable[tuple[str, str, str | None, str]]) -> list[Item]:
+def check_models(
+    specs: Iterable[tuple[str, str, str | None, str]], local: bool = True
+) -> list[Item]:
+    """Each model and tokenizer (`hub.availability`); with `local` false, a local folder this
+    machine does not have is left to the cluster's nodes."""
     items = []
     for field, spec, revision, kind in specs:
         if not spec:
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
         found = hub.availability(spec, revision, kind)
+        if found.problem and not local and hub.is_local(spec):
+            items.append(Item(field, spec, "local folder not seen here; the nodes read it"))
+            continue
         items.append(Item(field, spec, found.where, found.problem))
     return items
 

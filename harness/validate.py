@@ -45,7 +45,8 @@ def validate(
 
     problems: list[str] = []
     cache = cfg.runtime.cache_dir
-    files = preflight.check_files(preflight.file_specs(cfg), cache, probe)
+    local = preflight.is_local_run(cfg, use_ray)
+    files = preflight.check_files(preflight.file_specs(cfg), cache, probe, local)
     by_field = {i.field: i for i in files}
     problems += _file_problems(files)
     lines: list[str] = []
@@ -72,7 +73,8 @@ def validate(
     for item in files:
         if item.field.startswith(reading):
             lines.append(f"  file {item.field}: {item.value} ({item.where})")
-    models = {(i.field, i.value): i for i in preflight.check_models(preflight.model_specs(cfg))}
+    specs = preflight.model_specs(cfg)
+    models = {(i.field, i.value): i for i in preflight.check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
     jobs = f"{n_prompts * cfg.samples_per_prompt} jobs" if n_prompts is not None else "? jobs"
     for m_index, model in enumerate(cfg.models):
@@ -119,7 +121,7 @@ def validate(
     for item in keys:
         lines.append(f"  {item.field}: {item.where}")
     checks = keys + preflight.check_plugins(cfg)
-    checks += preflight.check_devices(cfg, preflight.is_local_run(cfg, use_ray))
+    checks += preflight.check_devices(cfg, local)
     if out is not None:
         checks.append(preflight.check_output(out))
     for item in checks:

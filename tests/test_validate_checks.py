@@ -380,3 +380,27 @@ def test_an_actor_loading_an_uncached_model_offline_fails_at_once(
     )
     assert "\n" not in str(exc.value) and "Retrying" not in caplog.text
     assert time.perf_counter() - t0 < 30
+
+
+def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path) -> None:
+    """A local run refuses a missing head or model folder; on an attached cluster the actors
+    read them on the nodes, so the driver not seeing them is no problem (prompts it reads
+    itself still are)."""
+    base = json.loads(write_config(tmp_path).read_text())
+    data = {
+        **base,
+        "models": [{"id": str(tmp_path / "lm-on-the-nodes")}],
+        "methods": [{"name": "uddia", "params": {"head": str(tmp_path / "head.safetensors")}}],
+        "gender_words": str(tmp_path / "words.txt"),
+    }
+    local = validate(parse_config(data), "c.yaml")
+    assert problems_of(local[0]) == [
+        "gender_words: no such file",
+        "methods.0.params.head: no such file",
+        f"models.0.id: {tmp_path / 'lm-on-the-nodes'}: no such folder",
+    ]
+    attached = {**data, "runtime": {**data["runtime"], "ray_address": "10.0.0.1:6379"}}
+    lines, problems = validate(parse_config(attached), "c.yaml")
+    assert problems_of(lines) == ["gender_words: no such file"]
+    assert "    uddia × sentiment: ? jobs; head " in "\n".join(lines)
+    assert "not seen here; the nodes read it" in "\n".join(lines)
