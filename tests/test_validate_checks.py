@@ -208,22 +208,21 @@ def test_cached_models_need_no_network_and_partial_ones_are_named(
     hf = tmp_path / "hf"
     fake_snapshot(hf, "org/full", ["config.json", "model.safetensors", "tokenizer.json"])
     fake_snapshot(hf, "org/half", ["config.json"])
-    assert hub.availability("org/full") == hub.Availability("in the Hugging Face cache")
+    assert hub.availability("org/full") == hub.Availability("in the Hugging Face cache (offline)")
     assert hub.availability("org/full", kind="tokenizer").problem is None
-    assert hub._probed == {}  # complete in the cache: no request
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # the probe failed: offline from now on
+    assert list(hub._probed) == [offline_hub]  # probed once
     shards = fake_snapshot(hf, "org/sharded", ["config.json", "a.safetensors"])
     (shards / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"w1": "a.safetensors", "w2": "b.safetensors"}})
     )
-    assert hub._probed == {}
     assert "(only partly: no weights)" in str(hub.availability("org/sharded").problem)
     (shards / "b.safetensors").write_text("")
     assert hub.availability("org/sharded").problem is None
     half = hub.availability("org/half")
     assert half.problem is not None and "(only partly: no weights)" in half.problem
-    assert os.environ["HF_HUB_OFFLINE"] == "1"  # the probe failed: offline from now on
-    assert "does not answer" in str(hub.availability("org/other").problem)  # probed once
-    assert list(hub._probed) == [offline_hub]
+    assert "does not answer" in str(hub.availability("org/other").problem)
+    assert list(hub._probed) == [offline_hub]  # still the one probe
 
 
 class FakeHub(BaseHTTPRequestHandler):
@@ -404,3 +403,32 @@ def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path) ->
     assert problems_of(lines) == ["gender_words: no such file"]
     assert "    uddia × sentiment: ? jobs; head " in "\n".join(lines)
     assert "not seen here; the nodes read it" in "\n".join(lines)
+
+
+CACHED_LOAD = """
+import sys, time, torch
+from jobs.spec import ModelRef
+from workers.models import load_lm
+from workers.tiny import build_tiny_lm
+model, tokenizer = build_tiny_lm("tiny-random/gpt2", torch.float32)
+model.save_pretrained(SNAP)
+tokenizer.save_pretrained(SNAP)
+t0 = time.perf_counter()
+lm = load_lm(ModelRef("org/tiny"), device="cpu")
+print("loaded", lm.model.config.n_embd == model.config.n_embd, "took %.1f" % (time.perf_counter() - t0))
+"""
+
+
+def test_a_cached_model_loads_offline_without_hub_retries(tmp_path: Path, offline_hub: str) -> None:
+    """transformers checks a cached model's files on the hub too, retrying for minutes when it
+    does not answer (146 s measured); the probe puts the load in offline mode instead. In a
+    fresh process: huggingface_hub reads HF_HOME and HF_ENDPOINT once, at import."""
+    snap = fake_snapshot(tmp_path / "hf", "org/tiny", [])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, "-c", CACHED_LOAD.replace("SNAP", repr(str(snap)))],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "loaded True" in res.stdout, res.stderr[-3000:]
+    assert "Retrying" not in res.stderr and time.perf_counter() - t0 < 60, res.stdout

@@ -156,13 +156,16 @@ def availability(spec: str, revision: str | None = None, kind: str = "model") ->
     probe) the repository's metadata. An unreachable hub switches offline mode on."""
     if is_local(spec):
         return local_availability(spec, kind)
+    # Even a cached model is looked up on the hub by transformers (its files' freshness), with
+    # the same retries when the hub does not answer (146 s measured for a cached tiny model):
+    # the probe switches offline mode on for this process and the actors it starts.
+    reachable, why = offline_unless_reachable()
     folder = snapshot(spec, revision)
     complete = folder is not None and (
         _has_tokenizer(folder) if kind == "tokenizer" else _has_weights(folder)
     )
     if folder is not None and complete:
-        return Availability("in the Hugging Face cache")
-    reachable, why = offline_unless_reachable()
+        return Availability("in the Hugging Face cache" + ("" if reachable else " (offline)"))
     at = f" at revision {revision}" if revision else ""
     if not reachable:
         partly = " (only partly: no weights)" if folder is not None else ""
