@@ -43,8 +43,9 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `go_offline` sets the first
+        monkeypatch.setenv(name, "0")  # recorded, so the value before the test comes back
+        monkeypatch.delenv(name)
     monkeypatch.setattr(hub, "_probed", {})
     monkeypatch.setattr(hub, "_offline_why", [])
     if "huggingface_hub.constants" in sys.modules:
