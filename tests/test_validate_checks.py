@@ -113,8 +113,7 @@ def test_validate_lists_every_problem_and_run_refuses_before_starting(
         scorers=["gender", "perspective", "perplexity"],
         runtime={"device": "cuda:64", "cache_dir": str(tmp_path / "cache")},
     )
-    out = tmp_path / "a-file" / "run"
-    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("PERSPECTIVE_API_KEY", "RAY_ADDRESS")}
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
     env["LIDAO_HARNESS_INCLUDE"] = "ghost_plugin"
@@ -140,11 +139,10 @@ def test_validate_lists_every_problem_and_run_refuses_before_starting(
             hits = [ln for ln in where.splitlines() if ln.strip().startswith(field)]
             assert len(hits) == 1 and text in hits[0], (name, field, where[-4000:])
     assert "8 problem(s); nothing was started" in report
-    assert "--out: " in refusal and "a-file is a file, not a folder" in refusal
-    assert "9 problem(s); nothing was started" in refusal
+    assert "8 problem(s); nothing was started" in refusal
     assert "sekrit-77" not in report + refusal  # a URL token never reaches the output
     assert "Retrying" not in report + refusal
-    assert not (tmp_path / "a-file").is_dir()  # `run` wrote nothing
+    assert not out.exists()  # `run` wrote nothing: no run directory, no plan, no generations
 
 
 def test_run_refuses_a_missing_key_before_generating(tmp_path: Path) -> None:
