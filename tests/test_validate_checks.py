@@ -431,3 +431,32 @@ def test_a_cached_model_loads_offline_without_hub_retries(tmp_path: Path, offlin
     )  # fmt: skip
     assert "loaded True" in res.stdout, res.stderr[-3000:]
     assert "Retrying" not in res.stderr and time.perf_counter() - t0 < 60, res.stdout
+
+
+def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
+    """Three URLs, five fields: three probes in flight together (a barrier of three would
+    break if they ran one after another), one line per URL naming every field that uses it."""
+    barrier = threading.Barrier(3, timeout=20)
+    asked: list[str] = []
+
+    def probe(url: str) -> str | None:
+        asked.append(url)
+        barrier.wait()
+        return None if url.endswith("ok.jsonl") else "unreachable (test)"
+
+    specs = [
+        ("dataset.files.female", "http://h/ok.jsonl"),
+        ("dataset.files.male", "http://h/m.jsonl"),
+        ("methods.1.params.head", "http://h/head.pt"),
+        ("methods.2.params.head", "http://h/head.pt"),
+    ]
+    items = preflight.check_files(specs, str(tmp_path), probe)
+    assert sorted(asked) == ["http://h/head.pt", "http://h/m.jsonl", "http://h/ok.jsonl"]
+    assert [i.problem is None for i in items] == [True, False, False, False]
+    from harness.validate import _file_problems
+
+    lines = _file_problems(items)
+    assert len(lines) == 2 and lines[1].startswith(
+        "methods.1.params.head, methods.2.params.head: http://h/head.pt: unreachable (test); "
+        "without network, download it elsewhere and set them to the local path"
+    )
