@@ -168,7 +168,8 @@ def availability(spec: str, revision: str | None = None, kind: str = "model") ->
         return Availability("in the Hugging Face cache" + ("" if reachable else " (offline)"))
     at = f" at revision {revision}" if revision else ""
     if not reachable:
-        partly = " (only partly: no weights)" if folder is not None else ""
+        lacks = "tokenizer files" if kind == "tokenizer" else "weights"
+        partly = f" (only partly: no {lacks})" if folder is not None else ""
         return Availability(
             "not cached, hub unreachable",
             f"{spec}{at} is not in the Hugging Face cache {hub_cache()}{partly} and {why}; "
