@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import preflight
+from harness import machine, preflight
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
 from jobs.datasets import DatasetError
 from jobs.redact import redact_text
@@ -40,48 +40,79 @@ def validate(
     """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
     given. Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
-    from harness.driver import load_prompts, load_words
-    from workers.methods.registry import resolve_params
-
-    problems: list[str] = []
-    cache = cfg.runtime.cache_dir
-    local = preflight.is_local_run(cfg, use_ray)
-    files = preflight.check_files(preflight.file_specs(cfg), cache, probe, local)
-    by_field = {i.field: i for i in files}
-    problems += _file_problems(files)
-    lines: list[str] = []
-    reading = ("dataset.", "gender_words")
-    if any(i.problem for i in files if i.field.startswith(reading)):
-        lines.append(f"{source}: valid; prompts not counted (a prompt or word file is missing)")
-        n_prompts = None
-    else:
-        try:
-            prompts = load_prompts(cfg, load_words(cfg))
-        except DatasetError as exc:
-            problems.append(str(exc))
-            n_prompts = None
-            lines.append(f"{source}: valid; prompts not counted (see the problems below)")
-        else:
-            n_prompts = len(prompts)
-    if n_prompts is not None:
-        total = check_grid_size(cfg, n_prompts, source)
-        per_cell = n_prompts * cfg.samples_per_prompt
-        lines.append(
-            f"{source}: valid; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
-            f"{per_cell} jobs per model × method × task; {total} jobs in all"
-        )
-    for item in files:
-        if item.field.startswith(reading):
-            lines.append(f"  file {item.field}: {item.value} ({item.where})")
+    local = machine.is_local_run(cfg, use_ray)
+    files = preflight.check_files(preflight.file_specs(cfg), cfg.runtime.cache_dir, probe, local)
+    problems = _file_problems(files)
+    lines, n_prompts = _counted(cfg, source, files, problems)
     specs = preflight.model_specs(cfg)
     models = {(i.field, i.value): i for i in preflight.check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
+    lines += _plan_lines(cfg, n_prompts, files, models, problems)
+    lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
+    keys = preflight.check_services(preflight.check_keys(cfg), probe)
+    lines += [f"  {item.field}: {item.where}" for item in keys]
+    checks = preflight.check_plugins(cfg) + machine.check_devices(cfg, local)
+    if out is not None:
+        checks.append(machine.check_output(out))
+    lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]
+    problems += [i.line() for i in keys + checks if i.problem]
+    if problems:
+        lines.append(f"problems ({len(problems)}):")
+        lines += [f"  {p}" for p in problems]
+    lines.append(f"{len(problems)} problem(s); nothing was started")
+    return [redact_text(line) for line in lines], len(problems)
+
+
+READ_HERE = ("dataset.", "gender_words")  # fields of the files the driver reads itself
+
+
+def _counted(
+    cfg: RunConfig, source: str, files: list[preflight.Item], problems: list[str]
+) -> tuple[list[str], int | None]:
+    """The header line with the plan's size (prompts read when their files are there; a bad
+    prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
+    from harness.driver import load_prompts, load_words
+
+    n_prompts = None
+    if any(i.problem for i in files if i.field.startswith(READ_HERE)):
+        head = f"{source}: valid; prompts not counted (a prompt or word file is missing)"
+    else:
+        try:
+            n_prompts = len(load_prompts(cfg, load_words(cfg)))
+        except DatasetError as exc:
+            problems.append(str(exc))
+            head = f"{source}: valid; prompts not counted (see the problems below)"
+    if n_prompts is not None:
+        total = check_grid_size(cfg, n_prompts, source)
+        head = (
+            f"{source}: valid; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
+            f"{n_prompts * cfg.samples_per_prompt} jobs per model × method × task; "
+            f"{total} jobs in all"
+        )
+    listed = [
+        f"  file {i.field}: {i.value} ({i.where})" for i in files if i.field.startswith(READ_HERE)
+    ]
+    return [head, *listed], n_prompts
+
+
+def _plan_lines(
+    cfg: RunConfig,
+    n_prompts: int | None,
+    files: list[preflight.Item],
+    models: dict[tuple[str, str], preflight.Item],
+    problems: list[str],
+) -> list[str]:
+    """Per model: where it comes from, then per method × task its jobs and head (a missing head
+    of a real model adds to `problems`); then the methods' other files and extra models."""
+    from workers.methods.registry import resolve_params
+
+    by_field = {i.field: i for i in files}
     jobs = f"{n_prompts * cfg.samples_per_prompt} jobs" if n_prompts is not None else "? jobs"
+    lines = []
     for m_index, model in enumerate(cfg.models):
         label = f"{model.label} [{model.id}]" if model.name else model.id
         found = models.get((f"models.{m_index}.id", model.id))
-        where = found.where if found else "offline random weights"
-        lines.append(f"  model {label}: {where}")
+        lines.append(f"  model {label}: {found.where if found else 'offline random weights'}")
         if model.tokenizer:
             tok = models.get((f"models.{m_index}.tokenizer", model.tokenizer))
             lines.append(f"    tokenizer {model.tokenizer}: {tok.where if tok else 'offline'}")
@@ -90,49 +121,42 @@ def validate(
             for task in cfg.tasks:
                 need = ""
                 if method.name in HEAD_METHODS:
-                    head = _head_of(model, params, task)
-                    if head is None and model.id.startswith(TINY_PREFIX):
-                        need = "; head: random (tiny model)"
-                    elif head is None:
-                        need = "; head: MISSING (set `head:`)"
+                    need = _head_need(model, m_index, j, params, task, by_field)
+                    if need.startswith("; head: MISSING"):
                         problems.append(
                             f"models.{m_index}.heads.{task}: {method.name} on {model.label} "
                             f"needs an attribute head for {task}; set it (or methods.{j}."
                             "params.head)"
                         )
-                    else:
-                        field = (
-                            f"methods.{j}.params.head"
-                            if method.params.get("head") is not None
-                            else f"models.{m_index}.heads.{task}"
-                        )
-                        head_file = by_field.get(field)
-                        need = f"; head {head}: {head_file.where if head_file else 'present'}"
                 lines.append(f"    {method.name} × {task}: {jobs}{need}")
     for item in files:
         if item.field.startswith("methods.") and not item.field.endswith(".head"):
             lines.append(f"  file {item.field}: {item.value} ({item.where})")
-    extra = [i for i in models.values() if not i.field.startswith("models.")]
-    for item in extra:
-        lines.append(f"  model {item.field}: {item.value or '-'} ({item.where})")
-    names = ", ".join(s.name for s in cfg.scorers) or "none"
-    lines.append(f"  scorers: {names}")
-    keys = preflight.check_services(preflight.check_keys(cfg), probe)
-    for item in keys:
-        lines.append(f"  {item.field}: {item.where}")
-    checks = keys + preflight.check_plugins(cfg)
-    checks += preflight.check_devices(cfg, local)
-    if out is not None:
-        checks.append(preflight.check_output(out))
-    for item in checks:
-        if item not in keys:
-            lines.append(f"  {item.field}: {item.value} ({item.where})")
-    problems += [i.line() for i in checks if i.problem]
-    if problems:
-        lines.append(f"problems ({len(problems)}):")
-        lines += [f"  {p}" for p in problems]
-    lines.append(f"{len(problems)} problem(s); nothing was started")
-    return [redact_text(line) for line in lines], len(problems)
+    for item in models.values():
+        if not item.field.startswith("models."):
+            lines.append(f"  model {item.field}: {item.value or '-'} ({item.where})")
+    return lines
+
+
+def _head_need(
+    model: ModelConfig,
+    m_index: int,
+    j: int,
+    params: dict[str, Any],
+    task: str,
+    by_field: dict[str, preflight.Item],
+) -> str:
+    """`; head ...` of one model × method × task: random, MISSING, or the file and its state."""
+    head = _head_of(model, params, task)
+    if head is None:
+        return (
+            "; head: random (tiny model)"
+            if model.id.startswith(TINY_PREFIX)
+            else ("; head: MISSING (set `head:`)")
+        )
+    given = params.get("head") is not None and f"methods.{j}.params.head" in by_field
+    item = by_field.get(f"methods.{j}.params.head" if given else f"models.{m_index}.heads.{task}")
+    return f"; head {head}: {item.where if item else 'present'}"
 
 
 def _file_problems(files: list[preflight.Item]) -> list[str]:

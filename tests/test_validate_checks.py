@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fake_perspective import FakePerspective
 
-from harness import preflight
+from harness import machine, preflight
 from harness.config import parse_config
 from harness.validate import validate
 from workers import hub
@@ -313,18 +313,18 @@ def test_devices_are_checked_on_this_machine_only(tmp_path: Path) -> None:
     base = json.loads(write_config(tmp_path).read_text())
     cuda = parse_config({**base, "runtime": {"device": "cuda"}})
     attached = parse_config({**base, "runtime": {"device": "cuda", "ray_address": "10.0.0.1:6379"}})
-    assert preflight.is_local_run(attached) is False and preflight.is_local_run(attached, False)
-    on_cluster = preflight.check_devices(attached, preflight.is_local_run(attached))
+    assert machine.is_local_run(attached) is False and machine.is_local_run(attached, False)
+    on_cluster = machine.check_devices(attached, machine.is_local_run(attached))
     assert [(i.where, i.problem) for i in on_cluster] == [("on the cluster's nodes", None)]
-    n, why = preflight.local_gpus()
-    item = preflight.check_devices(cuda, local=True)[0]
+    n, why = machine.local_gpus()
+    item = machine.check_devices(cuda, local=True)[0]
     assert item.field == "runtime.device"
     if n == 0:
         assert item.problem == f"cuda asked, but {why}; set runtime.device: cpu (or --device cpu)"
     else:
         assert item.problem is None
     share = parse_config({**base, "scorers": [{"name": "gender", "num_gpus": 0.5}]})
-    items = preflight.check_devices(share, local=True)
+    items = machine.check_devices(share, local=True)
     assert [i.field for i in items] == ["scorers.0.num_gpus"]
     assert (items[0].problem is None) == (n > 0)
 
@@ -346,11 +346,11 @@ def test_a_missing_local_file_and_output_under_a_file(
     ]
     assert main(["validate", str(write_config(tmp_path)), "--out", str(tmp_path / "f")]) == 2
     assert f"  --out: {tmp_path / 'f'} exists and is not a folder" in capsys.readouterr().out
-    assert preflight.check_output(str(tmp_path / "new" / "run")).problem is None
-    assert preflight.check_output("mock:///bucket/run") == preflight.Item(
+    assert machine.check_output(str(tmp_path / "new" / "run")).problem is None
+    assert machine.check_output("mock:///bucket/run") == preflight.Item(
         "--out", "mock:///bucket/run", "writable"
     )  # a probe object written and deleted through pyarrow
-    remote = preflight.check_output("nosuch://bucket/run")
+    remote = machine.check_output("nosuch://bucket/run")
     assert str(remote.problem).startswith("nosuch://bucket/run: cannot write (")
 
 
