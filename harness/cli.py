@@ -61,10 +61,12 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import driver
     from harness.invoke import check_interrupt, driven
+    from harness.validate import refuse_on_problems
 
     cfg = load_config(args.config, overrides(args))
     _check_trackers(args)
     use_ray = not args.no_ray
+    refuse_on_problems(cfg, args.config, args.out, use_ray)  # `validate` first: all at once
     store = RunStore(args.out)
     with driven(store, "run") as inv:
         inv.config_hash = _config_hash(cfg)
@@ -151,6 +153,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from harness import driver
     from harness.identity import plan_ids
     from harness.invoke import driven
+    from harness.preflight import scorer_model_problems
 
     _check_trackers(args)
     store = RunStore(args.run)
@@ -158,6 +161,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     scorers = driver.scorers_to_run(
         cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
     )  # validated before Ray starts
+    missing = scorer_model_problems(scorers)  # offline: fails now, not after hub retries
+    if missing:
+        raise ConfigError("\n".join(missing))
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt
     use_ray = not args.no_ray
     overwrite = bool(getattr(args, "overwrite", False))
@@ -205,8 +211,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from harness.validate import validate
 
     cfg = load_config(args.config, overrides(args))
-    lines, problems = validate(cfg, args.config)
-    print("\n".join([*lines[:1], *_dataset_lines(cfg), *lines[1:]]))
+    lines, problems = validate(cfg, args.config, out=args.out)
+    counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
+    print("\n".join([*lines[:1], *counts, *lines[1:]]))
     return 2 if problems else 0
 
 
@@ -423,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     v = add("validate", "check a config completely and print its plan; starts nothing")
     v.add_argument("config", help="YAML config file")
+    v.add_argument("--out", help="also check that this run directory can be written")
     _add_overrides(v)
     v.set_defaults(func=cmd_validate)
     ls = add("list", "methods, scorers or models with their parameters and defaults")

@@ -83,13 +83,16 @@ def output_lines(store: RunStore) -> list[str]:
     for rel, what in (
         ("report/index.html", "report"),
         ("report/tables.md", "tables"),
+        ("report/report.tex", "LaTeX report"),
         ("summary.csv", "summary table"),
         (RESULTS_JSON, "results"),
     ):
         where = store.path(rel) if store.exists(rel) else "not yet"
         lines.append(f"{what} ({rel}): {where}")
-    figures = sorted(p for ext in ("png", "svg", "pdf") for p in _listed(store, "report", ext))
-    lines.append(f"figures: {', '.join(figures) if figures else 'none yet'}")
+    figures = sorted(_listed(store, "report", "png"))
+    also = [ext for ext in ("pdf", "svg") if _listed(store, "report", ext)]
+    beside = f" (and .{', .'.join(also)} beside each)" if figures and also else ""
+    lines.append(f"figures: {', '.join(figures) if figures else 'none yet'}{beside}")
     return lines
 
 

@@ -73,9 +73,13 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) -> str:
-    """Local path of `spec` (a path or an http(s) URL, downloaded once into the cache)."""
+def fetch(
+    spec: str, sha256: str | None = None, cache_dir: str | None = None, field: str | None = None
+) -> str:
+    """Local path of `spec` (a path or an http(s) URL, downloaded once into the cache);
+    `field` (the config field naming it, e.g. `gender_words`) starts every error message."""
     sha256 = sha256 or PINNED_SHA256.get(spec)
+    named = f"{field}: {spec}" if field else spec
     if spec.startswith(("http://", "https://")):
         cache = Path(cache_dir or default_cache_dir()) / "downloads"
         cache.mkdir(parents=True, exist_ok=True)
@@ -88,21 +92,25 @@ def fetch(spec: str, sha256: str | None = None, cache_dir: str | None = None) ->
                 with urllib.request.urlopen(spec, timeout=60) as resp, open(tmp, "wb") as out:
                     out.write(resp.read())
             except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                where = f"set {field} to" if field else "pass"
                 raise DatasetError(
-                    f"{spec}: download failed ({exc}); pass a local path instead"
+                    f"{named}: download failed ({getattr(exc, 'reason', None) or exc}); without "
+                    f"network, download it elsewhere and {where} the local path, or put the "
+                    f"file at {path}"
                 ) from exc
             os.replace(tmp, path)
         local = str(path)
     else:
         local = os.path.expanduser(spec)
         if not os.path.isfile(local):
-            raise DatasetError(f"{spec}: no such file")
+            raise DatasetError(f"{named}: no such file")
     if sha256 is not None:
         got = sha256_file(local)
         if got != sha256:
             if local != os.path.expanduser(spec):
                 os.unlink(local)  # a bad download must not stay in the cache
-            raise DatasetError(f"{spec}: SHA-256 {got} does not match the pinned {sha256}")
+            raise DatasetError(f"{named}: SHA-256 {got} does not match the pinned {sha256}")
     return local
 
 
@@ -156,7 +164,12 @@ def load_paired_jsonl(
         raise DatasetError(f"paired-jsonl needs >= 2 files (one per group), got {sorted(files)}")
     per_group = {}
     for group, spec in files.items():
-        path = fetch(spec, sha256=(sha256 or {}).get(group), cache_dir=cache_dir)
+        path = fetch(
+            spec,
+            sha256=(sha256 or {}).get(group),
+            cache_dir=cache_dir,
+            field=f"dataset.files.{group}",
+        )
         per_group[group] = _read_jsonl_prompts(path, spec)
     sizes = {files[g]: len(v) for g, v in per_group.items()}
     if len(set(sizes.values())) != 1:
@@ -179,6 +192,7 @@ def load_prompt_list(
     words: Any = None,
     sha256: str | None = None,
     cache_dir: str | None = None,
+    field: str | None = "dataset.path",
 ) -> list[Prompt]:
     """A RealToxicityPrompts-style JSONL, or a text column of CSV / Parquet.
 
@@ -187,7 +201,7 @@ def load_prompt_list(
     from jobs.words import builtin_gender_words, label_text
 
     words = words or builtin_gender_words()
-    path = fetch(spec, sha256=sha256, cache_dir=cache_dir)
+    path = fetch(spec, sha256=sha256, cache_dir=cache_dir, field=field)
     stem = Path(url_basename(spec)).stem
     texts: list[tuple[int, str]] = []
     if path.endswith((".jsonl", ".json")):

@@ -63,11 +63,13 @@ def load_group_words(
     groups: tuple[str, ...] = ("female", "male"),
     sha256: str | None = None,
     cache_dir: str | None = None,
+    field: str | None = "gender_words",
 ) -> GroupWords:
-    """Seed words from a path or URL (`None` = the built-in list)."""
+    """Seed words from a path or URL (`None` = the built-in list); `field` names the config
+    field in errors."""
     if spec is None or spec == "builtin":
         return builtin_gender_words()
-    path = fetch(spec, sha256=sha256, cache_dir=cache_dir)
+    path = fetch(spec, sha256=sha256, cache_dir=cache_dir, field=field)
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         try:

@@ -178,3 +178,27 @@ def test_a_url_token_stays_out_of_cache_names_prompt_ids_and_errors(tmp_path: Pa
         assert "sekrit" not in str(err.value) and "token=<redacted>" in str(err.value)
     finally:
         server.shutdown()
+
+
+def test_a_failed_download_names_its_config_field_and_the_local_alternatives(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/gender_pairs.txt"
+    cache = tmp_path / "cache"
+    with pytest.raises(DatasetError) as exc:
+        load_group_words(url, cache_dir=str(cache))
+    msg = str(exc.value)
+    assert msg.startswith(f"gender_words: {url}: download failed (")
+    assert "set gender_words to the local path, or put the file at " in msg
+    assert str(cache / "downloads") in msg and msg.endswith("-gender_pairs.txt")
+    assert not list((cache / "downloads").iterdir())  # no partial file left behind
+    f = write_jsonl(tmp_path / "f.jsonl", ["x"])
+    with pytest.raises(DatasetError, match=r"^dataset\.files\.male: .*absent\.jsonl: no such file"):
+        load_paired_jsonl({"female": f, "male": str(tmp_path / "absent.jsonl")})
+    with pytest.raises(DatasetError, match=r"^dataset\.path: .*absent\.csv: no such file"):
+        load_prompt_list(str(tmp_path / "absent.csv"))

@@ -186,7 +186,7 @@ def test_out_that_is_a_file_ends_in_one_line(tmp_path: Path) -> None:
     target = tmp_path / "afile"
     target.write_text("x")
     res = harness("run", str(config(tmp_path)), "--out", str(target), "--no-ray")
-    assert res.returncode == 1 and str(target) in res.stderr
+    assert res.returncode == 2 and f"--out: {target} exists and is not a folder" in res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
@@ -196,7 +196,8 @@ def test_read_only_out_ends_in_one_line(tmp_path: Path) -> None:
     parent.mkdir()
     parent.chmod(0o555)
     res = harness("run", str(config(tmp_path)), "--out", str(parent / "run"), "--no-ray")
-    assert res.returncode == 1 and str(parent) in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and f"--out: {parent} is not writable" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_a_read_only_file_system_ends_in_one_line(

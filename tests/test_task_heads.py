@@ -188,10 +188,13 @@ def test_two_models_three_tasks_all_methods_through_the_cli(
     for row in gens.filter(pl.col("method") == "lidao-min").iter_rows(named=True):
         assert json.loads(row["effective_params"])["head"] == heads[row["model"]][row["task"]]
 
-    # One (model, task) head is gone: only its jobs fail, the rest run, are scored and
-    # aggregated, and the exit is still non-zero with the error at the end.
+    # One (model, task) head does not load (its weights are garbage: a missing file is refused
+    # before the run starts): only its jobs fail, the rest run, are scored and aggregated, and
+    # the exit is still non-zero with the error at the end.
     opt = heads["tiny-random/opt"]
-    gone = str(tmp_path / "missing.safetensors")
+    gone = str(tmp_path / "broken.safetensors")
+    Path(gone).write_bytes(b"not a safetensors file")
+    Path(gone).with_suffix(".json").write_text(Path(opt["regard"]).with_suffix(".json").read_text())
     broken = {**heads, "tiny-random/opt": {**opt, "regard": gone}}
     small = config(tmp_path, broken, methods=["vanilla", "uddia"], tasks=["sentiment", "regard"])
     out2 = tmp_path / "run2"

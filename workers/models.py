@@ -73,6 +73,12 @@ def _load_hf(ref: ModelRef, dtype: torch.dtype, options: dict[str, Any], spread:
     """(model, tokenizer) through transformers, with the model entry's loading options."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from workers.hub import availability
+
+    for spec, rev, kind in ((ref.id, ref.revision, "model"), (ref.tokenizer, None, "tokenizer")):
+        found = availability(spec, rev, kind) if spec else None  # offline: fails here, at once
+        if found is not None and found.problem:
+            raise ValueError(f"model {ref.id!r}: {found.problem}")
     trust = bool(options.get("trust_remote_code", False))
     extra: dict[str, Any] = {"trust_remote_code": trust}
     if options.get("attn_implementation"):

@@ -51,8 +51,8 @@ class Perplexity(Scorer):
         )
         try:
             self.lm = load_lm(ref, device=context.device, words=context.words)
-        except ValueError as exc:
-            raise ScorerError(f"scorer {self.name!r}: {exc}") from exc
+        except ValueError as exc:  # offline and not cached: at once (workers.hub), one line
+            raise ScorerError(f"scorer {self.name!r}, parameter model: {exc}") from exc
         tok = self.lm.tokenizer
         # Context for a continuation of an empty prompt: the BOS (GPT-2: <|endoftext|>) token.
         start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id

@@ -1,0 +1,223 @@
+"""The Hugging Face hub without downloading: is it reachable, is a model in the local cache,
+does a repository exist. Torch-free; used by `harness validate` / `run` / `score` before
+anything loads, and by the loaders in the actors.
+
+Offline, transformers retries each file of a missing model five times with back-off (about
+25 s per file, 49 s for one scorer in the measured case) and logs every retry. Here the hub is
+probed once per process (one HTTP request, `PROBE_TIMEOUT_S`); when it does not answer, offline
+mode is switched on for this process and the processes it starts (`HF_HUB_OFFLINE=1`), so a
+load that is not in the cache fails at once. `HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` set by
+the user are honoured and nothing is probed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("harness")
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+PROBE_TIMEOUT_S = 3.0  # one request; a hub that does not answer in this time counts as offline
+INFO_TIMEOUT_S = 10.0  # one repository's metadata, when the hub answered the probe
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.txt",
+)
+
+_probed: dict[str, tuple[bool, str]] = {}  # endpoint → (reachable, why not)
+_offline_why: list[str] = []  # why this process switched offline mode on (go_offline)
+
+
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def offline_by_user() -> bool:
+    return _true(os.environ.get("HF_HUB_OFFLINE")) or _true(os.environ.get("TRANSFORMERS_OFFLINE"))
+
+
+def hub_cache() -> Path:
+    """The hub cache folder, from the environment at call time (HF_HUB_CACHE, HF_HOME)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_status(timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """(reachable, why not): `HF_HUB_OFFLINE`, else one HEAD request to the endpoint, once per
+    process and endpoint. Any HTTP answer counts as reachable (a 4xx/5xx is the hub speaking)."""
+    if offline_by_user():
+        return False, _offline_why[0] if _offline_why else "HF_HUB_OFFLINE is set"
+    url = endpoint()
+    if url not in _probed:
+        request = urllib.request.Request(url + "/", method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s):
+                pass
+            _probed[url] = (True, "")
+        except urllib.error.HTTPError:
+            _probed[url] = (True, "")
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            _probed[url] = (False, f"{url} does not answer ({reason})")
+    return _probed[url]
+
+
+def go_offline(why: str = "") -> None:
+    """Offline mode for this process and every process it starts from now on."""
+    if why and not _offline_why:
+        _offline_why.append(why)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # read once at import: set the module's copy too
+        constants.HF_HUB_OFFLINE = True  # type: ignore[attr-defined]
+
+
+def offline_unless_reachable() -> tuple[bool, str]:
+    """`hub_status()`, switching offline mode on when the hub is not reachable."""
+    reachable, why = hub_status()
+    if not reachable and not offline_by_user():
+        log.debug("the Hugging Face hub is not reachable (%s): offline mode", why)
+        go_offline(why)
+    return reachable, why
+
+
+def is_local(spec: str) -> bool:
+    return spec.startswith(("/", ".", "~")) or os.path.isdir(os.path.expanduser(spec))
+
+
+def snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of `repo_id` at `revision` (a branch, tag or commit), if any."""
+    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    rev = revision or "main"
+    ref = repo / "refs" / rev
+    commit = ref.read_text().strip() if ref.is_file() else rev
+    folder = repo / "snapshots" / commit
+    return folder if folder.is_dir() else None
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Where a model or tokenizer would come from; `problem` is None when it can be loaded."""
+
+    where: str
+    problem: str | None = None
+
+
+def _has_weights(folder: Path) -> bool:
+    """Weights in the snapshot; a sharded checkpoint needs every shard its index names."""
+    for index in folder.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return False
+        return bool(shards) and all((folder / s).is_file() for s in shards)
+    return any(p.name.endswith(WEIGHT_SUFFIXES) for p in folder.iterdir())
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).exists() for name in TOKENIZER_FILES)
+
+
+def local_availability(path: str, kind: str) -> Availability:
+    folder = Path(os.path.expanduser(path))
+    if not folder.is_dir():
+        return Availability("local folder", f"{path}: no such folder")
+    if kind == "tokenizer":
+        if _has_tokenizer(folder) or (folder / "config.json").is_file():
+            return Availability("local folder")
+        return Availability("local folder", f"{path}: no tokenizer files in the folder")
+    if (folder / "config.json").is_file() or (folder / "tokenizer_config.json").is_file():
+        return Availability("local folder")
+    return Availability("local folder", f"{path}: no config.json in the folder")
+
+
+def availability(spec: str, revision: str | None = None, kind: str = "model") -> Availability:
+    """Whether `spec` (a hub id or a local folder; `kind` model or tokenizer) can be loaded
+    here, downloading nothing: the local cache first, then (only when the hub answers the
+    probe) the repository's metadata. An unreachable hub switches offline mode on."""
+    if is_local(spec):
+        return local_availability(spec, kind)
+    # Even a cached model is looked up on the hub by transformers (its files' freshness), with
+    # the same retries when the hub does not answer (146 s measured for a cached tiny model):
+    # the probe switches offline mode on for this process and the actors it starts.
+    reachable, why = offline_unless_reachable()
+    folder = snapshot(spec, revision)
+    complete = folder is not None and (
+        _has_tokenizer(folder) if kind == "tokenizer" else _has_weights(folder)
+    )
+    if folder is not None and complete:
+        return Availability("in the Hugging Face cache" + ("" if reachable else " (offline)"))
+    at = f" at revision {revision}" if revision else ""
+    if not reachable:
+        lacks = "tokenizer files" if kind == "tokenizer" else "weights"
+        partly = f" (only partly: no {lacks})" if folder is not None else ""
+        return Availability(
+            "not cached, hub unreachable",
+            f"{spec}{at} is not in the Hugging Face cache {hub_cache()}{partly} and {why}; "
+            f"download it where the hub is reachable (`hf download {spec}`) into this cache "
+            "(HF_HOME), or name a local folder",
+        )
+    problem = repo_problem(spec, revision)
+    return Availability("hub, downloads when loaded", problem)
+
+
+def _token() -> str | None:
+    """The token transformers would send: HF_TOKEN, else the one `hf auth login` stored."""
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except ImportError:
+        return os.environ.get("HF_TOKEN") or None
+
+
+def repo_problem(repo_id: str, revision: str | None) -> str | None:
+    """None if the hub has `repo_id` (at `revision`) and lets this token read it, else why not.
+    One GET of the repository's metadata (no files)."""
+    quoted = urllib.parse.quote(repo_id, safe="/")
+    url = f"{endpoint()}/api/models/{quoted}"
+    if revision:
+        url += "/revision/" + urllib.parse.quote(revision, safe="")
+    headers = {"User-Agent": "lidao-harness"}
+    token = _token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    at = f" at revision {revision}" if revision else ""
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=INFO_TIMEOUT_S
+        ) as r:
+            json.loads(r.read() or b"{}")
+        return None
+    except urllib.error.HTTPError as exc:
+        code = exc.headers.get("X-Error-Code", "") if exc.headers else ""
+        if code == "RevisionNotFound":
+            return f"{repo_id}: the hub has no revision {revision!r}"
+        if code == "GatedRepo" or (exc.code == 403 and token):
+            return f"{repo_id} is gated: accept its terms on the hub and set HF_TOKEN"
+        if exc.code in (401, 403, 404):
+            hint = "" if token else " (a private repository needs HF_TOKEN)"
+            return f"{repo_id}{at}: not found on the hub{hint}"
+        return f"{repo_id}: the hub answered {exc.code} {exc.reason}"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return f"{repo_id}: the hub did not answer ({reason})"
