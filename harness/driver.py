@@ -22,10 +22,11 @@ from harness.config import (
     check_grid_size,
     dump_config,
 )
-from harness.generation import GenerationError, generate_stage
+from harness.generation import GenerationError, Setup, generate_stage, reserve_generation
 from harness.history import Invocation
 from harness.manifest import update_manifest
 from harness.planning import ChunkSource, Plan, plan_pass
+from harness.ray_runtime import bind_run
 from harness.score_follow import Followed, following
 from harness.scoring import ScoringError, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
@@ -190,21 +191,44 @@ def generation_stage(
 
     Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
     `harness.score_follow`); the follower is stopped and joined before compaction, and its
-    result goes to the final scoring pass. A `GenerationError` (a model that could not run, a
-    method that could not start) is returned, not raised: what was generated is compacted,
-    scored and aggregated all the same, and `run` raises the error at its end.
+    result goes to the final scoring pass. On Ray the generation replicas' GPUs are reserved
+    first (`harness.generation.reserve_generation`), so a scorer that follows can only take
+    what the reservations leave. A `GenerationError` (a model that could not run, a method
+    that could not start) is returned, not raised: what was generated is compacted, scored and
+    aggregated all the same, and `run` raises the error at its end.
     """
     error: GenerationError | None = None
-    with following(store, cfg, words, use_ray=use_ray) as follow:
+    setup: Setup | None = None
+    stats: dict[str, Any] = {}
+    if use_ray:
+        bind_run(store)  # withdraws an autoscaler request a killed driver of this run left
+        if the_plan.pending:
+            try:
+                setup = reserve_generation(cfg, the_plan.models())
+            except GenerationError as exc:
+                error = exc
+                stats = {"planned": the_plan.planned, "pending_at_start": the_plan.pending}
+                stats["error"] = str(exc)
+    if error is not None:
+        follow_result = Followed(use_ray=use_ray)
+    else:
         try:
-            stats = generate_stage(store, cfg, the_plan, words, use_ray=use_ray, progress=progress)
-        except GenerationError as exc:
-            stats, error = dict(exc.stats), exc
-            stats.setdefault("planned", the_plan.planned)
-            stats.setdefault("pending_at_start", the_plan.pending)
+            with following(store, cfg, words, use_ray=use_ray) as follow:
+                try:
+                    stats = generate_stage(
+                        store, cfg, the_plan, words, use_ray, progress, setup=setup
+                    )
+                except GenerationError as exc:
+                    stats, error = dict(exc.stats), exc
+                    stats.setdefault("planned", the_plan.planned)
+                    stats.setdefault("pending_at_start", the_plan.pending)
+        finally:
+            if setup is not None:  # released by the stage; not if it never began
+                setup.release()
+        follow_result = follow.result
     store.compact_generations()  # one shard per batch → shards of ~50k rows
     update_manifest(store, {"generation": stats})
-    return stats, error, follow.result
+    return stats, error, follow_result
 
 
 def score_stage(
@@ -223,6 +247,8 @@ def score_stage(
         scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
     batch = cfg.runtime.score_batch_size
+    if use_ray:
+        bind_run(store)
     try:
         stats = score_run(
             store,
