@@ -26,7 +26,7 @@ from harness.generation import GenerationError, Setup, generate_stage, reserve_g
 from harness.history import Invocation
 from harness.manifest import update_manifest
 from harness.planning import ChunkSource, Plan, plan_pass
-from harness.ray_runtime import bind_run
+from harness.ray_runtime import bind_run, reassert_signal_handlers
 from harness.score_follow import Followed, following
 from harness.scoring import ScoringError, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
@@ -201,6 +201,7 @@ def generation_stage(
     setup: Setup | None = None
     stats: dict[str, Any] = {}
     if use_ray:
+        reassert_signal_handlers()  # SIGTERM stays an interruption (`ray job stop`)
         bind_run(store)  # withdraws an autoscaler request a killed driver of this run left
         if the_plan.pending:
             try:
@@ -248,6 +249,7 @@ def score_stage(
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
     batch = cfg.runtime.score_batch_size
     if use_ray:
+        reassert_signal_handlers()
         bind_run(store)
     try:
         stats = score_run(

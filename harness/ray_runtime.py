@@ -113,6 +113,7 @@ def include_env() -> dict[str, Any]:
 
 
 _local_temp: list[str] = []  # the temp dir of the local Ray this process started
+_command_handlers: dict[int, Any] = {}  # SIGINT/SIGTERM handlers in force before ray.init
 
 
 @contextlib.contextmanager
@@ -129,12 +130,29 @@ def keep_signal_handlers() -> Iterator[None]:
         yield
         return
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _command_handlers.clear()
+    _command_handlers.update({s: h for s, h in before.items() if h is not None})
     try:
         yield
     finally:
-        for s, handler in before.items():
-            if handler is not None and signal.getsignal(s) is not handler:
-                signal.signal(s, handler)
+        reassert_signal_handlers()
+
+
+def forget_signal_handlers() -> None:
+    """The command is over: `reassert_signal_handlers` has nothing to put back."""
+    _command_handlers.clear()
+
+
+def reassert_signal_handlers() -> None:
+    """Put back the handlers `keep_signal_handlers` saw before Ray started, if anything (Ray
+    again, a library) has replaced them since; the driver calls it as each stage starts."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s, handler in _command_handlers.items():
+        if signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
@@ -201,7 +219,8 @@ def _short(resources: dict[str, Any]) -> str:
 
 def shutdown_ray() -> None:
     """Disconnect (attached) or stop (local) Ray, if this process started it; remove the temp
-    dir of a local Ray `init_ray` started."""
+    dir of a local Ray `init_ray` started; forget the command's signal handlers."""
+    forget_signal_handlers()
     if "ray" in sys.modules:
         import ray
 
