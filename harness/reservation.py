@@ -160,10 +160,14 @@ def new_group(share: float, cpus: float, name: str) -> Any:
     return placement_group([bundle], strategy="STRICT_PACK", name=name)
 
 
+_ready: dict[Any, Any] = {}  # group id → its one `ready()` ref (each call registers a wait)
+
+
 def remove_groups(groups: Sequence[Any]) -> None:
     from ray.util.placement_group import remove_placement_group
 
     for group in groups:
+        _ready.pop(group.id, None)
         try:
             remove_placement_group(group)
         except Exception as exc:  # noqa: BLE001 - already gone with its node or driver
@@ -176,7 +180,11 @@ def placed(groups: Sequence[Any], timeout: float = 0.0) -> list[Any]:
 
     if not groups:
         return []
-    refs = {g.ready(): g for g in groups}
+    refs = {}
+    for g in groups:
+        if g.id not in _ready:
+            _ready[g.id] = g.ready()
+        refs[_ready[g.id]] = g
     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
     return [refs[r] for r in ready]
 
