@@ -27,8 +27,8 @@ from harness.history import Invocation
 from harness.manifest import update_manifest
 from harness.planning import ChunkSource, Plan, plan_pass
 from harness.ray_runtime import bind_run, reassert_signal_handlers
-from harness.score_follow import Followed, following
-from harness.scoring import ScoringError, pool_settings, score_run
+from harness.score_follow import Followed, following, pool_wants_gpu
+from harness.scoring import ScoringError, Share, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.spec import JobSpec
@@ -213,8 +213,9 @@ def generation_stage(
     if error is not None:
         follow_result = Followed(use_ray=use_ray)
     else:
+        growing = setup is not None and setup.grow is not None
         try:
-            with following(store, cfg, words, use_ray=use_ray) as follow:
+            with following(store, follow_config(cfg, growing), words, use_ray=use_ray) as follow:
                 try:
                     stats = generate_stage(
                         store, cfg, the_plan, words, use_ray, progress, setup=setup
@@ -230,6 +231,30 @@ def generation_stage(
     store.compact_generations()  # one shard per batch → shards of ~50k rows
     update_manifest(store, {"generation": stats})
     return stats, error, follow_result
+
+
+def follow_config(cfg: RunConfig, growing: bool) -> RunConfig:
+    """The config the follower runs with: while generation grows onto GPU nodes that join
+    (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
+    actor could take a joining node's GPU before generation's new reservation does."""
+    if not growing or cfg.runtime.score_during_generation is not True:
+        return cfg
+    settings = pool_settings(cfg)
+    on_gpu = [
+        s.name
+        for s in cfg.scorers
+        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
+    ]
+    if not on_gpu:
+        return cfg
+    log.warning(
+        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
+        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
+        "runtime.gpus to score during generation",
+        ", ".join(on_gpu),
+    )
+    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
+    return cfg.model_copy(update={"runtime": runtime})
 
 
 def score_stage(

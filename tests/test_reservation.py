@@ -52,3 +52,37 @@ def test_a_withdrawn_request_leaves_nothing_to_withdraw(
     assert not (tmp_path / "run" / rt.REQUEST_MARKER).exists()
     rt.bind_run(store)
     assert requests == [[{"GPU": 0.5}], []]  # no second withdrawal
+
+
+def _config(scorers: list[Any], **runtime: Any) -> Any:
+    from harness.config import parse_config
+
+    data = {
+        "name": "follow",
+        "dataset": {"kind": "prompt-list", "path": "p.jsonl"},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla"],
+        "tasks": ["sentiment"],
+        "scorers": scorers,
+        "runtime": runtime,
+    }
+    return parse_config(data, "follow.yaml")
+
+
+def test_while_generation_grows_gpu_scorers_wait_for_the_final_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`score_during_generation: true` with `runtime.gpus` unset: a GPU scorer waiting for a
+    share could take a joining node's GPU before generation's new reservation: it scores after
+    generation instead (said in a warning); CPU scorers still follow."""
+    from harness.driver import follow_config
+
+    gpu = {"name": "perplexity", "num_gpus": 0.25, "params": {"model": "tiny-random/gpt2"}}
+    cfg = _config(["gender", gpu], score_during_generation=True)
+    assert follow_config(cfg, growing=False) is cfg
+    with caplog.at_level("WARNING", logger="harness"):
+        changed = follow_config(cfg, growing=True)
+    assert changed.runtime.score_during_generation == "auto" and "perplexity" in caplog.text
+    assert cfg.runtime.score_during_generation is True  # the run's config is unchanged
+    cpu_only = _config(["gender", {**gpu, "num_gpus": 0}], score_during_generation=True)
+    assert follow_config(cpu_only, growing=True) is cpu_only
