@@ -180,8 +180,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
             cores = os.cpu_count() or 2
             # address="local": never the cluster `ray start` recorded in the default temp dir;
             # a temp dir of our own: that cluster's `session_latest` stays its own. Short: Ray's
-            # socket paths under it are limited to ~107 characters.
-            temp = tempfile.mkdtemp(prefix="lidao-ray-", dir="/tmp")
+            # socket paths under it are limited to ~107 characters (not $TMPDIR, often long).
+            base = os.environ.get("RAY_TMPDIR") or "/tmp"  # where Ray's own would go
+            os.makedirs(base, exist_ok=True)
+            temp = tempfile.mkdtemp(prefix="lidao-ray-", dir=base)
             _local_temp.append(temp)
             ray.init(
                 address="local",
