@@ -43,6 +43,7 @@ class ActorSpec:
     model: ModelRef
     name: str  # "<model>#<slot>", plus ".<n>" for its n-th restart
     placement: Placement
+    group: Any = None  # the slot's reservation (a Ray placement group), if any
 
 
 @dataclasses.dataclass
@@ -112,6 +113,10 @@ class Backend(Protocol):
         ...
 
     def kill(self, actor: Any) -> None: ...
+
+    def free(self, group: Any) -> None:
+        """Give back a slot's reservation (`ActorSpec.group`)."""
+        ...
 
 
 def cpu_threads(num_cpus: float) -> int:
@@ -199,6 +204,9 @@ class LocalBackend:
     def kill(self, actor: LocalActor) -> None:
         actor.obj = None
 
+    def free(self, group: Any) -> None:
+        """No reservations in this process."""
+
 
 # ---- Ray -----------------------------------------------------------------------------------
 
@@ -216,9 +224,16 @@ class RayBackend:
         from workers.actors import GenerationActor
 
         p = spec.placement
+        where: dict[str, Any] = {}
+        if spec.group is not None:  # inside the slot's reservation (harness.reservation)
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=spec.group, placement_group_bundle_index=0
+            )
         # max_restarts=0: the dispatcher replaces dead actors itself (see harness.dispatch).
         return GenerationActor.options(  # type: ignore[attr-defined]
-            num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0
+            num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0, **where
         ).remote(
             spec.model,
             self.run_uri,
@@ -267,3 +282,8 @@ class RayBackend:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+    def free(self, group: Any) -> None:
+        from harness.reservation import remove_groups
+
+        remove_groups([group])

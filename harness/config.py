@@ -138,8 +138,9 @@ class RuntimeConfig(Strict):
     actor_start_timeout_s: float = Field(600.0, gt=0)
     progress_log_s: float = Field(30.0, gt=0)  # per-model progress lines on the driver's log
     cache_dir: str | None = None  # downloads and persistent score caches
-    # GPU budget of the run on a cluster: asked of the autoscaler, and the replica count of
-    # models and GPU scorers that do not set `replicas` (docs/cluster.md, Placement).
+    # GPU budget of the run: the GPUs generation reserves at once, split between the models
+    # that do not set `replicas`, and the replica count of GPU scorers. Unset or `auto`: the
+    # GPUs the cluster has, growing as GPU nodes join (docs/cluster.md, Placement).
     gpus: int | None = Field(None, ge=1)
     gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
     score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
@@ -149,6 +150,11 @@ class RuntimeConfig(Strict):
     score_during_generation: bool | Literal["auto"] = "auto"
     # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
     max_jobs: int = Field(10_000_000, ge=1)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_auto(cls, value: Any) -> Any:
+        return None if value == "auto" else value
 
     @field_validator("batch_size", mode="before")
     @classmethod

@@ -27,6 +27,11 @@ Rules:
   (the cluster lacks what it asks for, or holds it for another model) is given up.
 * An actor is released as soon as its model's queue is dry and it holds no batch, freeing its
   GPU for actors of other models that are still waiting for one.
+* A slot may hold a reservation (`ModelWork.groups[i]`: a Ray placement group, see
+  `harness.reservation`): its actors, the first and every replacement, are created in it, and
+  it is freed when the slot is done for good (released, retired, its model given up). `grow`
+  hands over reservations placed while the stage runs (GPU nodes that joined): each becomes a
+  new slot of its model while the model still has batches, and is freed otherwise.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class ModelWork:
     source: Iterator[Batch] | None = None
     pulled: int = 0  # batches taken from `source` so far
     batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
+    groups: list[Any] = dataclasses.field(default_factory=list)  # reservation per slot index
 
     def has_batches(self, want: int = 1) -> bool:
         """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
@@ -104,6 +110,7 @@ class Slot:
     started_at: float = 0.0
     restarts: int = 0
     failed_starts: int = 0  # in a row: deaths before the actor was ready
+    group: Any = None  # its reservation (a placement group), freed when the slot is done
     inflight: list[tuple[Any, Call]] = dataclasses.field(default_factory=list)  # oldest first
 
     @property
@@ -133,6 +140,7 @@ class Policy:
 FailBatch = Callable[[Batch, str], int]  # writes error rows; returns how many jobs it recorded
 Progress = Callable[[int, int], None]  # (jobs finished, of which ok)
 Observer = Callable[[str, dict[str, Any]], None]  # (event, details); tests inject faults here
+Grow = Callable[[], list[tuple[ModelRef, Any]]]  # reservations placed since: (model, group)
 
 
 class Dispatcher:
@@ -147,6 +155,7 @@ class Dispatcher:
         progress: Progress | None = None,
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grow: Grow | None = None,
     ) -> None:
         self.works = list(works)
         self.backend = backend
@@ -155,6 +164,7 @@ class Dispatcher:
         self.progress = progress or (lambda n, ok: None)
         self.observer = observer or (lambda event, details: None)
         self.clock = clock
+        self.grow = grow
         self.slots: list[Slot] = []
         self.calls: dict[Any, Call] = {}
         self.records: list[tuple[ActorRecord, Placement]] = []
@@ -173,9 +183,11 @@ class Dispatcher:
                 _resources(work.placement),
             )
             for i in range(n):
-                slot = Slot(work, i)
+                slot = Slot(work, i, group=work.groups[i] if i < len(work.groups) else None)
                 self.slots.append(slot)
                 self._start(slot)
+            for group in work.groups[n:]:  # more reservations than batches
+                self.backend.free(group)
         try:
             while self._busy():
                 check_interrupt()
@@ -185,12 +197,14 @@ class Dispatcher:
                     if call is not None:  # None: dropped with its dead actor
                         self._handle(future, call, value, error)
                 self._expire_starts()
+                self._grow()
                 self._release_idle()
                 self._abandon_stuck()
                 self._report()
         finally:
             for slot in self.slots:
                 self._stop(slot, "released")
+                self._free(slot)
         self._report(final=True)
 
     def _busy(self) -> bool:
@@ -301,9 +315,12 @@ class Dispatcher:
                 f"replica {work.model.id}#{slot.index} retired: it died before being ready "
                 f"{slot.failed_starts} times in a row"
             )
+            self._free(slot)
         elif work.error is None and work.has_batches():
             slot.restarts += 1
             self._start(slot)
+        else:
+            self._free(slot)
 
     def _retry_or_fail(self, work: ModelWork, batch: Batch, attempts: int, error: str) -> None:
         if attempts < self.policy.max_batch_retries:
@@ -330,12 +347,13 @@ class Dispatcher:
         for slot in self.slots:
             if slot.work is work and not slot.inflight:
                 self._stop(slot, "given up: model cannot run")
+                self._free(slot)
 
     # ---- actors --------------------------------------------------------------------------
     def _start(self, slot: Slot) -> None:
         work = slot.work
         name = f"{work.model.id}#{slot.index}" + (f".{slot.restarts}" if slot.restarts else "")
-        slot.actor = self.backend.create(ActorSpec(work.model, name, work.placement))
+        slot.actor = self.backend.create(ActorSpec(work.model, name, work.placement, slot.group))
         slot.record = ActorRecord(name=name, model=work.model.id, created=self.clock())
         self.records.append((slot.record, work.placement))
         slot.ready, slot.started_at = False, self.clock()
@@ -388,6 +406,28 @@ class Dispatcher:
         for slot in self.slots:
             if slot.live and not slot.inflight and (slot.work.error or not slot.work.has_batches()):
                 self._stop(slot, "released" if slot.ready else "not needed")
+                self._free(slot)
+
+    def _free(self, slot: Slot) -> None:
+        """The slot is done for good: give its reservation back (other models, scorers)."""
+        if slot.group is not None:
+            self.backend.free(slot.group)
+            slot.group = None
+
+    def _grow(self) -> None:
+        """New slots for reservations placed while the stage runs (nodes that joined)."""
+        if self.grow is None:
+            return
+        works = {w.model: w for w in self.works}
+        for model, group in self.grow():
+            work = works.get(model)
+            if work is None or work.error is not None or not work.has_batches():
+                self.backend.free(group)
+                continue
+            slot = Slot(work, sum(1 for s in self.slots if s.work is work), group=group)
+            self.slots.append(slot)
+            log.info("generate %s: one more actor (slot %d)", model.id, slot.index)
+            self._start(slot)
 
     def _abandon_stuck(self) -> None:
         for work in self.works:

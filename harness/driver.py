@@ -22,12 +22,13 @@ from harness.config import (
     check_grid_size,
     dump_config,
 )
-from harness.generation import GenerationError, generate_stage
+from harness.generation import GenerationError, Setup, generate_stage, reserve_generation
 from harness.history import Invocation
 from harness.manifest import update_manifest
 from harness.planning import ChunkSource, Plan, plan_pass
-from harness.score_follow import Followed, following
-from harness.scoring import ScoringError, pool_settings, score_run
+from harness.ray_runtime import bind_run, reassert_signal_handlers
+from harness.score_follow import Followed, following, pool_wants_gpu
+from harness.scoring import ScoringError, Share, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.spec import JobSpec
@@ -190,21 +191,70 @@ def generation_stage(
 
     Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
     `harness.score_follow`); the follower is stopped and joined before compaction, and its
-    result goes to the final scoring pass. A `GenerationError` (a model that could not run, a
-    method that could not start) is returned, not raised: what was generated is compacted,
-    scored and aggregated all the same, and `run` raises the error at its end.
+    result goes to the final scoring pass. On Ray the generation replicas' GPUs are reserved
+    first (`harness.generation.reserve_generation`), so a scorer that follows can only take
+    what the reservations leave. A `GenerationError` (a model that could not run, a method
+    that could not start) is returned, not raised: what was generated is compacted, scored and
+    aggregated all the same, and `run` raises the error at its end.
     """
     error: GenerationError | None = None
-    with following(store, cfg, words, use_ray=use_ray) as follow:
+    setup: Setup | None = None
+    stats: dict[str, Any] = {}
+    if use_ray:
+        reassert_signal_handlers()  # SIGTERM stays an interruption (`ray job stop`)
+        bind_run(store)  # withdraws an autoscaler request a killed driver of this run left
+        if the_plan.pending:
+            try:
+                setup = reserve_generation(cfg, the_plan.models())
+            except GenerationError as exc:
+                error = exc
+                stats = {"planned": the_plan.planned, "pending_at_start": the_plan.pending}
+                stats["error"] = str(exc)
+    if error is not None:
+        follow_result = Followed(use_ray=use_ray)
+    else:
+        growing = setup is not None and setup.grow is not None
         try:
-            stats = generate_stage(store, cfg, the_plan, words, use_ray=use_ray, progress=progress)
-        except GenerationError as exc:
-            stats, error = dict(exc.stats), exc
-            stats.setdefault("planned", the_plan.planned)
-            stats.setdefault("pending_at_start", the_plan.pending)
+            with following(store, follow_config(cfg, growing), words, use_ray=use_ray) as follow:
+                try:
+                    stats = generate_stage(
+                        store, cfg, the_plan, words, use_ray, progress, setup=setup
+                    )
+                except GenerationError as exc:
+                    stats, error = dict(exc.stats), exc
+                    stats.setdefault("planned", the_plan.planned)
+                    stats.setdefault("pending_at_start", the_plan.pending)
+        finally:
+            if setup is not None:  # released by the stage; not if it never began
+                setup.release()
+        follow_result = follow.result
     store.compact_generations()  # one shard per batch → shards of ~50k rows
     update_manifest(store, {"generation": stats})
-    return stats, error, follow.result
+    return stats, error, follow_result
+
+
+def follow_config(cfg: RunConfig, growing: bool) -> RunConfig:
+    """The config the follower runs with: while generation grows onto GPU nodes that join
+    (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
+    actor could take a joining node's GPU before generation's new reservation does."""
+    if not growing or cfg.runtime.score_during_generation is not True:
+        return cfg
+    settings = pool_settings(cfg)
+    on_gpu = [
+        s.name
+        for s in cfg.scorers
+        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
+    ]
+    if not on_gpu:
+        return cfg
+    log.warning(
+        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
+        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
+        "runtime.gpus to score during generation",
+        ", ".join(on_gpu),
+    )
+    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
+    return cfg.model_copy(update={"runtime": runtime})
 
 
 def score_stage(
@@ -223,6 +273,9 @@ def score_stage(
         scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
     batch = cfg.runtime.score_batch_size
+    if use_ray:
+        reassert_signal_handlers()
+        bind_run(store)
     try:
         stats = score_run(
             store,

@@ -12,9 +12,12 @@ of batches that failed every retry. Per-actor throughput and utilisation go to t
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
@@ -23,6 +26,16 @@ from harness.dispatch import PIPELINE, Dispatcher, ModelWork, Observer, Policy
 from harness.manifest import update_manifest
 from harness.planning import Plan
 from harness.progress import Progress
+from harness.reservation import (
+    Budget,
+    Growth,
+    NotPlaced,
+    budget_for,
+    gpu_share,
+    new_group,
+    split_budget,
+    wait_placed,
+)
 from jobs.grid import CHUNK_SIZE
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
@@ -45,22 +58,14 @@ def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
     return sorted({(j.method, j.method_params, j.task) for j in jobs})
 
 
-def gpu_share(mc: ModelConfig, device: str | None) -> float:
-    """GPUs per replica: the model's `num_gpus`, else 1 (0 with `runtime.device: cpu`)."""
-    if mc.num_gpus is not None:
-        return mc.num_gpus
-    return 0.0 if device == "cpu" else 1.0
-
-
 def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
-    """Replicas and resources of one model: by default one replica per GPU of `cluster_gpus`.
+    """Replicas and resources of one model alone: by default one replica per GPU of
+    `cluster_gpus`.
 
-    `cluster_gpus` is the GPU budget (`runtime.gpus`) or the GPUs the cluster has. `num_gpus`
-    below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs, loaded
-    with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs (and without
+    `num_gpus` below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs,
+    loaded with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs (and without
     `num_gpus`): CPU replicas of `num_cpus` CPUs each, torch running that many threads.
-    `replicas` overrides the count. Callers in cluster mode never pass 0 GPUs for a model that
-    wants some: they wait for GPUs first (`plan_placements`).
+    `replicas` overrides the count. Several models share the budget: `reserve_generation`.
     """
     cpus = mc.num_cpus or 1.0
     per_replica = mc.num_gpus if mc.num_gpus is not None else (1.0 if cluster_gpus >= 1 else 0.0)
@@ -74,54 +79,101 @@ def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Place
     return Placement(mc.replicas or 1, 0.0, cpus, device or "cpu")
 
 
-def plan_placements(cfg: RunConfig, models: Sequence[ModelRef]) -> dict[ModelRef, Placement]:
-    """The placement of each model; in cluster mode asks for the GPUs and waits for them.
+LOCAL_PLACE_S = 10.0  # a local Ray's GPUs are there at once: how long to wait for its groups
 
-    Local Ray (started by this process): the GPUs it has are all there is; none means CPU
-    replicas, said in a warning. Cluster mode: GPU models ask the autoscaler for their replicas
-    (`replicas`, else the budget `runtime.gpus`, else one) and wait up to `runtime.gpu_wait_s`
-    for them; with fewer GPUs than one replica needs, `GenerationError`, never CPU. Only
-    `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs.
+
+@dataclasses.dataclass
+class Setup:
+    """What the stage runs on: each model's placement, its replicas' reservations (placement
+    groups, `harness.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
+
+    placements: dict[ModelRef, Placement]
+    groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
+    budget: Budget | None = None
+    grow: Growth | None = None
+
+    def release(self) -> None:
+        """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
+        from harness.reservation import remove_groups
+
+        groups = [g for gs in self.groups.values() for g in gs]
+        groups += self.grow.created if self.grow is not None else []
+        if groups:
+            remove_groups(groups)
+        self.groups, self.grow = {}, None
+
+
+def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
+    """The placement of each model, and a placement group reserved for each GPU replica.
+
+    The budget (`harness.reservation.request_budget`: `runtime.gpus` split between the models,
+    or the GPUs the cluster has) is computed once and logged. Every replica's group is created
+    at once (pending groups are the autoscaler's demand) and waited for up to
+    `runtime.gpu_wait_s` in cluster mode (a local Ray: a few seconds, its GPUs are all there
+    is); a model none of whose replicas could be placed fails the stage (`GenerationError`, its
+    jobs stay pending), never falling back to CPU. Placed groups are held for their replica
+    alone: call this before anything else (scorers following generation) takes GPUs. A local
+    Ray without GPUs runs models without `num_gpus` on CPU replicas, said in a warning; only
+    `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs in cluster mode.
     """
-    from harness.ray_runtime import (
-        NoGpuError,
-        cluster_gpus,
-        cluster_mode,
-        request_gpus,
-        wait_for_gpus,
-    )
+    from harness.ray_runtime import cluster_gpus, cluster_mode
 
     rt = cfg.runtime
     configs = {m: _model_config(cfg, m) for m in models}
     have = cluster_gpus()
+    local = not cluster_mode()
     shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
     gpu_models = [m for m in models if shares[m] > 0]
-    if not cluster_mode() or not gpu_models:
-        if (
-            have == 0
-            and gpu_models
-            and rt.device is None
-            and not any(configs[m].num_gpus for m in gpu_models)
-        ):
-            log.warning("this local Ray has no GPU: generation runs on CPU (runtime.device)")
-        budget = min(float(rt.gpus), have) if rt.gpus and have else have
-        return {m: placement(mc, budget, rt.device) for m, mc in configs.items()}
-    bundles: list[float] = []
+    cpu_only = {m: placement(mc, 0.0, rt.device) for m, mc in configs.items()}
+    if not gpu_models:
+        return Setup(cpu_only)
+    if local and have == 0 and rt.device is None and not any(configs[m].num_gpus for m in models):
+        log.warning("this local Ray has no GPU: generation runs on CPU (runtime.device)")
+        return Setup(cpu_only)
+    entries = [configs[m] for m in gpu_models]
+    budget = budget_for(entries, rt.device, rt.gpus, have, cap=have if local else None)
+    gpus = _budget_gpus(rt.gpus, have, local)
+    counts = dict(
+        zip(gpu_models, split_budget(entries, [shares[m] for m in gpu_models], gpus), strict=True)
+    )
+    log.info("%s", budget.line())
+    placements = dict(cpu_only)
+    groups: dict[ModelRef, list[Any]] = {}
     for m in gpu_models:
-        mc = configs[m]
-        count = mc.replicas or (int(rt.gpus // shares[m]) if rt.gpus else 0)
-        if not count:  # no share given: the GPUs there now, at least one replica
-            count = max(1, int(have // shares[m]))
-        bundles += [shares[m]] * max(1, count)
-    want = float(rt.gpus) if rt.gpus else sum(bundles)
-    request_gpus(bundles)
+        mc, share = configs[m], shares[m]
+        device = rt.device or ("auto" if share > 1 else "cuda")
+        placements[m] = Placement(counts[m], share, mc.num_cpus or 1.0, device)
+        groups[m] = [
+            new_group(share, mc.num_cpus or 1.0, f"lidao:{m.id}#{i}") for i in range(counts[m])
+        ]
+    setup = Setup(placements, groups, budget)
+    wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
     what = "generation of " + ", ".join(m.id for m in gpu_models)
     try:
-        have = wait_for_gpus(want, max(shares.values()), rt.gpu_wait_s, what)
-    except NoGpuError as exc:
-        raise GenerationError(str(exc)) from None
-    budget = float(rt.gpus) if rt.gpus else have
-    return {m: placement(mc, budget, rt.device) for m, mc in configs.items()}
+        wait_placed(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
+    except NotPlaced as exc:
+        setup.release()
+        need = max(shares[m] for m in gpu_models if m.id in str(exc))
+        raise GenerationError(
+            f"{what}: {exc} needs {need:g} GPU(s) but the cluster has {cluster_gpus():g} "
+            f"after waiting {wait_s:g}s (runtime.gpu_wait_s) and no replica could be placed. "
+            "Check `ray status` (GPU node types, their max_workers, your cloud's GPU quota), "
+            "or set `runtime: {device: cpu}` to run on CPUs."
+        ) from None
+    if not local and rt.gpus is None and any(not configs[m].replicas for m in gpu_models):
+        setup.grow = Growth(
+            {m: configs[m] for m in gpu_models},
+            {m: shares[m] for m in gpu_models},
+            groups,
+            have,
+            cluster_gpus,
+        )
+    return setup
+
+
+def _budget_gpus(limit: int | None, have: float, local: bool) -> float:
+    gpus = float(limit) if limit is not None else have
+    return min(gpus, have) if local else gpus
 
 
 def _model_config(cfg: RunConfig, model: ModelRef) -> ModelConfig:
@@ -137,11 +189,14 @@ def generate_stage(
     progress: bool = True,
     retry_failed: bool = False,
     observer: Observer | None = None,
+    setup: Setup | None = None,
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
 
     `jobs`: the `Plan` of the plan stage (streamed: its counts and done ids are reused), or a
     list of jobs (then the done ids are read here; `retry_failed` applies to them).
+    `setup`: the reservations `reserve_generation` made for the plan's models (made here when
+    None); the stage releases them when it ends.
 
     Raises `GenerationError` (after the other models are done and the manifest is written)
     when a model could not run at all, or a method could not start; its `stats` are the
@@ -155,6 +210,8 @@ def generate_stage(
         "models": {},
     }
     if not plan.pending:
+        if setup is not None:
+            setup.release()
         return stats
     models = plan.models()
     bar = Progress(
@@ -170,12 +227,13 @@ def generate_stage(
         if use_ray:
             _warn_local_run_dir(store)
             try:
-                where = plan_placements(cfg, models)
+                setup = setup or reserve_generation(cfg, models)
             except GenerationError as exc:
                 stats["error"] = str(exc)
                 update_manifest(store, {"generation": stats})
                 raise GenerationError(str(exc), stats) from None
-            works = [_work(cfg, plan, m, where[m]) for m in models]
+            where = setup.placements
+            works = [_work(cfg, plan, m, where[m], setup.groups.get(m)) for m in models]
             dispatchers.append(
                 Dispatcher(
                     works,
@@ -184,6 +242,7 @@ def generate_stage(
                     _fail_batch(store),
                     bar.update,
                     observer,
+                    grow=setup.grow,
                 )
             )
             dispatchers[-1].run()
@@ -202,8 +261,8 @@ def generate_stage(
                 dispatchers[-1].run()
     finally:
         bar.close()
-        if use_ray:
-            _withdraw_gpu_request()
+        if setup is not None:
+            setup.release()
     stats["wall_s"] = round(time.perf_counter() - start, 3)
     stats["actors"] = [a for d in dispatchers for a in d.actor_stats()]
     stats["models"] = {
@@ -237,14 +296,34 @@ AUTO_GPU_BATCH = 256  # at most, on GPU replicas (their BatchSizer cuts what doe
 
 
 def on_gpu(where: Placement) -> bool:
-    """Whether the replicas of `where` decode on a GPU (device "": this process's default)."""
+    """Whether the replicas of `where` decode on a GPU (device "": this process's default,
+    which `visible_gpus` tells without importing torch)."""
     if where.num_gpus > 0 or where.device == "auto" or where.device.startswith("cuda"):
         return True
     if where.device:
         return False
-    import torch
+    return visible_gpus() > 0
 
-    return bool(torch.cuda.is_available())
+
+def visible_gpus(proc: str = "/proc/driver/nvidia/gpus") -> int:
+    """NVIDIA GPUs this process may use, without importing torch (the driver stays torch-free).
+
+    The NVIDIA kernel driver lists each GPU under `proc`; `CUDA_VISIBLE_DEVICES` narrows them
+    (empty or "-1": none). A machine with a GPU but a CPU-only torch build counts its GPU
+    here: the in-process generator then runs on CPU with GPU-sized batches of `auto`.
+    """
+    root = Path(proc)
+    try:
+        count = sum(1 for _ in root.iterdir()) if root.is_dir() else 0
+    except OSError:
+        count = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    ids = [v for v in visible.split(",") if v.strip()]
+    if not ids or ids[0].strip() == "-1":
+        return 0
+    return min(count, len(ids))
 
 
 def batch_jobs(size: int | str, where: Placement, pending: int) -> int:
@@ -259,8 +338,15 @@ def batch_jobs(size: int | str, where: Placement, pending: int) -> int:
     return max(AUTO_CPU_BATCH, min(AUTO_GPU_BATCH, spread))
 
 
-def _work(cfg: RunConfig, plan: Plan, model: ModelRef, where: Placement | None) -> ModelWork:
-    """The model's queue, fed lazily from `plan`; `where` None: in this process (no Ray)."""
+def _work(
+    cfg: RunConfig,
+    plan: Plan,
+    model: ModelRef,
+    where: Placement | None,
+    groups: list[Any] | None = None,
+) -> ModelWork:
+    """The model's queue, fed lazily from `plan`; `where` None: in this process (no Ray).
+    `groups`: the reservations of its replicas, one per slot."""
     here = where or Placement(1, 0.0, 0.0, cfg.runtime.device or "")
     pending = plan.pending_of(model)
     size = batch_jobs(cfg.runtime.batch_size, here, pending)
@@ -277,6 +363,7 @@ def _work(cfg: RunConfig, plan: Plan, model: ModelRef, where: Placement | None) 
         total=pending,
         source=plan.batches(model, size, feed_chunk(size, here.replicas)),
         batch_size=size,
+        groups=list(groups or []),
     )
 
 
@@ -291,13 +378,6 @@ def _warn_local_run_dir(store: RunStore) -> None:
             store.uri,
             alive_nodes(),
         )
-
-
-def _withdraw_gpu_request() -> None:
-    from harness.ray_runtime import cluster_mode, request_gpus
-
-    if cluster_mode():
-        request_gpus([])  # idle GPU nodes may go after idle_timeout_minutes
 
 
 def _local_backend(store: RunStore, words: GroupWords) -> LocalBackend:

@@ -8,7 +8,14 @@ Three cases, decided by `init_ray`:
 * an address given (config `runtime.ray_address`, or `RAY_ADDRESS` in a shell on a cluster
   node): attach and ship this project's packages and the `--include` modules as `py_modules`,
   so actors on other nodes import the driver's version of the code;
-* no address: start a local Ray bound to 127.0.0.1, without token auth or usage reporting.
+* no address: start a local Ray of its own (`address="local"`, in a temp dir of its own) bound
+  to 127.0.0.1, without token auth or usage reporting. A cluster someone else started on this
+  machine (`ray start --head`, a leftover session) is never attached to without being named,
+  and is left untouched.
+
+`ray.init` installs Ray's own SIGTERM handler (it exits with status 15 and no clean-up);
+`init_ray` puts back whatever handler was installed before it (the command's, which turns
+SIGTERM into `Interrupted`: outcome "interrupted", exit 143, the resume line).
 
 Ray is imported inside the functions: the loopback setting must be in the environment before
 Ray reads its constants, and `python -m harness status` should not pay for importing Ray.
@@ -16,11 +23,15 @@ Ray reads its constants, and `python -m harness status` should not pay for impor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +112,55 @@ def include_env() -> dict[str, Any]:
     return {"env_vars": {INCLUDE_ENV: ",".join(names)}, "py_modules": paths}
 
 
+_local_temp: list[str] = []  # the temp dir of the local Ray this process started
+_command_handlers: dict[int, Any] = {}  # SIGINT/SIGTERM handlers in force before ray.init
+
+
+@contextlib.contextmanager
+def keep_signal_handlers() -> Iterator[None]:
+    """Put back the SIGINT/SIGTERM handlers that were installed before the block.
+
+    `ray.init` sets a SIGTERM handler of its own (`sys.exit(15)`) over the command's, which
+    would make `ray job stop` read as a crash (outcome "error", exit 15, no resume line).
+    Only in the main thread: elsewhere handlers cannot be set, and Ray does not set one either.
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _command_handlers.clear()
+    _command_handlers.update({s: h for s, h in before.items() if h is not None})
+    try:
+        yield
+    finally:
+        reassert_signal_handlers()
+
+
+def forget_signal_handlers() -> None:
+    """The command is over: `reassert_signal_handlers` has nothing to put back."""
+    _command_handlers.clear()
+
+
+def reassert_signal_handlers() -> None:
+    """Put back the handlers `keep_signal_handlers` saw before Ray started, if anything (Ray
+    again, a library) has replaced them since; the driver calls it as each stage starts."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s, handler in _command_handlers.items():
+        if signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
-    """Attach to the cluster (see the module docstring), else start a local Ray.
+    """Attach to the cluster (see the module docstring), else start a local Ray of our own.
 
     Local mode declares more logical CPUs than cores: actors holding one CPU each would
-    otherwise starve every other task on a 2-core machine. Returns the cluster resources.
+    otherwise starve every other task on a 2-core machine. Attaching passes no local resources
+    (`num_cpus`): the cluster's nodes declare their own. Returns the cluster resources.
     """
     target = cluster_address(address)
     if target is None:
@@ -114,20 +169,30 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
 
     if ray.is_initialized():
         return dict(ray.cluster_resources())
-    if target is not None and in_ray_job():
-        # the job's runtime env (its working dir) carries the code; Ray merges these env vars
-        env = {k: v for k, v in include_env().items() if k == "env_vars"}
-        ray.init(address=target, log_to_driver=True, runtime_env=env or None)
-    elif target is not None:
-        ray.init(address=target, log_to_driver=True, runtime_env=code_runtime_env())
-    else:
-        cores = os.cpu_count() or 2
-        ray.init(
-            num_cpus=num_cpus or max(4, 2 * cores),
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=True,
-        )
+    with keep_signal_handlers():
+        if target is not None and in_ray_job():
+            # the job's runtime env (its working dir) carries the code; Ray merges these env vars
+            env = {k: v for k, v in include_env().items() if k == "env_vars"}
+            ray.init(address=target, log_to_driver=True, runtime_env=env or None)
+        elif target is not None:
+            ray.init(address=target, log_to_driver=True, runtime_env=code_runtime_env())
+        else:
+            cores = os.cpu_count() or 2
+            # address="local": never the cluster `ray start` recorded in the default temp dir;
+            # a temp dir of our own: that cluster's `session_latest` stays its own. Short: Ray's
+            # socket paths under it are limited to ~107 characters (not $TMPDIR, often long).
+            base = os.environ.get("RAY_TMPDIR") or "/tmp"  # where Ray's own would go
+            os.makedirs(base, exist_ok=True)
+            temp = tempfile.mkdtemp(prefix="lidao-ray-", dir=base)
+            _local_temp.append(temp)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or max(4, 2 * cores),
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=temp,
+                log_to_driver=True,
+            )
     resources = dict(ray.cluster_resources())
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     where = "local Ray" if target is None else f"Ray cluster at {target}"
@@ -155,13 +220,23 @@ def _short(resources: dict[str, Any]) -> str:
 
 
 def shutdown_ray() -> None:
-    """Disconnect (attached) or stop (local) Ray, if this process started it."""
-    if "ray" not in sys.modules:
-        return
-    import ray
+    """Disconnect (attached) or stop (local) Ray, if this process started it; remove the temp
+    dir of a local Ray `init_ray` started; forget the command's signal handlers."""
+    forget_signal_handlers()
+    if "ray" in sys.modules:
+        import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+    remove_local_temp()
+
+
+def remove_local_temp() -> None:
+    """Delete the temp dir of the local Ray `init_ray` started (once Ray is down)."""
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return
+    while _local_temp:
+        shutil.rmtree(_local_temp.pop(), ignore_errors=True)
 
 
 def cluster_mode() -> bool:
@@ -183,18 +258,77 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0))
 
 
+# In the run directory while this run's driver has a standing autoscaler request (see
+# `bind_run`): a driver killed with SIGKILL cannot withdraw it, the next one on the run does.
+REQUEST_MARKER = "autoscaler-request.json"
+_bound: list[Any] = []  # the RunStore of this driver's run (one slot)
+
+
+def bind_run(store: Any) -> None:
+    """This driver works on run `store`: withdraw a request an earlier driver left, and record
+    this driver's own requests there from now on.
+
+    `ray.autoscaler.sdk.request_resources` is one standing request per cluster, kept by the
+    autoscaler until the next call replaces it: a driver killed before withdrawing its request
+    (`kill -9`, a lost head connection) would keep GPU nodes up forever. Placement groups
+    (generation) die with their driver; scorer pools still ask through `request_gpus`.
+    """
+    _bound[:] = [store]
+    try:
+        stale = store.exists(REQUEST_MARKER)
+    except OSError as exc:
+        log.warning("%s: could not look for a standing autoscaler request: %s", store.uri, exc)
+        return
+    if stale and cluster_mode():
+        try:
+            left = store.read_json(REQUEST_MARKER)
+        except (OSError, ValueError):
+            left = "?"
+        log.warning(
+            "withdrawing the autoscaler request an earlier driver of this run left standing "
+            "(%s): it was stopped before it could",
+            left,
+        )
+        request_gpus([])
+    elif stale:
+        _forget_request(store)
+
+
+def unbind_run() -> None:
+    _bound.clear()
+
+
+def _forget_request(store: Any) -> None:
+    try:
+        if store.exists(REQUEST_MARKER):
+            store.delete(store.path(REQUEST_MARKER))
+    except OSError as exc:
+        log.warning("%s: could not remove %s: %s", store.uri, REQUEST_MARKER, exc)
+
+
 def request_gpus(bundles: list[float]) -> None:
     """Ask the autoscaler for room for these GPU bundles at once ([] withdraws the request).
 
     A hint the autoscaler acts on immediately (it would otherwise scale only on pending actors,
-    at `upscaling_speed`); without an autoscaler it does nothing.
+    at `upscaling_speed`); without an autoscaler it does nothing. With a run bound
+    (`bind_run`), a standing request is recorded in the run directory until withdrawn.
     """
     from ray.autoscaler.sdk import request_resources
 
+    wanted = [{"GPU": g} for g in bundles if g > 0]
+    store = _bound[0] if _bound else None
+    if store is not None and wanted:
+        try:
+            store.write_json(REQUEST_MARKER, {"bundles": wanted, "pid": os.getpid()})
+        except OSError as exc:
+            log.warning("%s: could not record the autoscaler request: %s", store.uri, exc)
     try:
-        request_resources(bundles=[{"GPU": g} for g in bundles if g > 0])
+        request_resources(bundles=wanted)
     except Exception as exc:  # noqa: BLE001 - a hint only; the wait below still applies
         log.warning("could not ask the autoscaler for GPUs: %s", exc)
+        return
+    if store is not None and not wanted:
+        _forget_request(store)
 
 
 class NoGpuError(RuntimeError):

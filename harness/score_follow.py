@@ -297,7 +297,7 @@ class Follower:
             pool = Pool(name, params, plans[name], self.context)
             self.result.live[name] = (params, pool)  # `abort` closes what started
             pools.append(pool)
-        start_pools(pools, self.store.uri, self.start_timeout_s, stop=self._abort)
+        start_pools(pools, self.store.uri, self.start_timeout_s, stop=self._stop)
         running = []
         for pool in pools:
             if pool.error is not None:

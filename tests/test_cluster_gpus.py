@@ -1,8 +1,9 @@
 """GPU placement on a cluster whose GPU nodes join late (`ray.cluster_utils.Cluster`, 127.0.0.1).
 
 The head has no GPU; in the middle of the module three nodes with one logical GPU each join
-while the paper config waits for them. Models and scorers run on CPU (`device: cpu`) with
-an explicit `num_gpus`, so the GPU resources are Ray's logical ones.
+while the paper config waits for them (one before it starts, two during its wait), and at the
+end a fourth joins during a run with `runtime.gpus` unset. Models and scorers run on CPU
+(`device: cpu`) with an explicit `num_gpus`, so the GPU resources are Ray's logical ones.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import ray
@@ -63,7 +65,8 @@ def paper_config(model: dict[str, Any], **runtime: Any) -> RunConfig:
     data["methods"] = ["vanilla"]  # the others need the UDDIA head (a download)
     data["models"] = [model]
     data["generation"]["max_new_tokens"] = 8
-    data["runtime"].update(batch_size=2, actor_start_timeout_s=120, progress_log_s=5, **runtime)
+    data["runtime"].update({"batch_size": 2, "actor_start_timeout_s": 120, "progress_log_s": 5})
+    data["runtime"].update(runtime)
     return parse_config(data, "paper-gpt2-large.yaml (test)")
 
 
@@ -107,49 +110,90 @@ def test_without_gpus_a_gpu_scorer_fails_and_the_others_score(cluster: Any, tmp_
     assert err.value.stats["gender"]["scored"] == 8 and "perplexity" not in store.scorers()
 
 
-def test_the_paper_config_waits_for_gpu_nodes_and_places_one_replica_per_gpu(
-    cluster: Any, tmp_path: Path
-) -> None:
-    assert cluster_gpus() == 0
-    # The paper config's budget is 4 GPUs; this cluster will have 3 (fewer actors to start).
-    cfg = paper_config(
-        {"id": "tiny-random/gpt2", "num_gpus": 1}, device="cpu", gpu_wait_s=120, gpus=3
-    )
-    store, jobs, words = planned(cfg, tmp_path / "run")
-    ready: list[dict[str, Any]] = []
+def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `fn` in a thread (nodes can only be added from the main thread); its result or
+    exception lands in the dict."""
     result: dict[str, Any] = {}
 
-    def stage() -> None:  # in a thread: nodes can only be added from the main thread
+    def body() -> None:
         try:
-            result["stats"] = generate_stage(
-                store,
-                cfg,
-                jobs,
-                words,
-                use_ray=True,
-                progress=False,
-                observer=lambda e, d: ready.append(d) if e == "actor_ready" else None,
-            )
-        except Exception as exc:  # noqa: BLE001 - re-raised below
+            result["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised by the test
             result["error"] = exc
 
-    runner = threading.Thread(target=stage)
+    runner = threading.Thread(target=body)
     runner.start()
-    time.sleep(1.5)
-    assert runner.is_alive() and cluster_gpus() == 0  # waiting, not running on CPUs
-    for gpus in NODE_GPUS:
-        cluster.add_node(num_cpus=2, num_gpus=gpus)
-    runner.join(timeout=300)
+    return runner, result
+
+
+def test_late_gpu_nodes_each_get_a_replica_while_a_gpu_scorer_follows(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The GPUs are reserved (a placement group per replica) before the scorer that follows
+    generation starts: its quarter-GPU actors cannot take the first node's GPU, so every
+    replica starts, one per node, though the nodes join one by one. The stage's loop is slowed
+    (0.1 s per finished batch) until the three are ready, so the work cannot run out first."""
+    import functools
+
+    assert cluster_gpus() == 0
+    cfg = paper_config(
+        {"id": "tiny-random/gpt2", "num_gpus": 1},
+        device="cpu",
+        gpu_wait_s=120,
+        gpus=3,
+        batch_size=1,
+        score_during_generation=True,
+    )
+    perplexity = {"name": "perplexity", "num_gpus": 0.25, "params": {"model": "tiny-random/gpt2"}}
+    cfg = cfg.model_copy(update={"scorers": parse_scorers([perplexity]), "samples_per_prompt": 30})
+    store = RunStore(str(tmp_path / "run"))
+    words = driver.load_words(cfg)
+    the_plan = driver.plan_stage(store, cfg, words)
+    ready = slowed_until(3)
+    stage = functools.partial(driver.generate_stage, observer=ready.observe)
+    cluster.add_node(num_cpus=2, num_gpus=NODE_GPUS[0])  # one GPU is there from the start
+    with mock.patch.object(driver, "generate_stage", stage):
+        runner, result = in_thread(
+            lambda: driver.generation_stage(store, cfg, the_plan, words, True, False)
+        )
+        time.sleep(1.5)
+        assert runner.is_alive() and cluster_gpus() == 1  # waiting for the budget's other GPUs
+        for gpus in NODE_GPUS[1:]:
+            cluster.add_node(num_cpus=2, num_gpus=gpus)
+        runner.join(timeout=300)
     if "error" in result:
         raise result["error"]
-    stats = result["stats"]
+    stats, error, followed = result["value"]
+    followed.close(now=True)
+    assert error is None, error
     assert stats["models"]["tiny-random/gpt2"]["replicas"] == 3
     assert len(stats["actors"]) == 3 and all(a["num_gpus"] == 1 for a in stats["actors"])
-    placed = [(d["node_id"], tuple(d["gpu_ids"])) for d in ready]
-    assert placed and all(len(ids) == 1 for _, ids in placed) and len(set(placed)) == len(placed)
+    placed = {(d["node_id"], tuple(d["gpu_ids"])) for d in ready.seen}
+    assert len(ready.seen) == 3 and len({node for node, _ in placed}) == 3, ready.seen
+    assert all(a["jobs"] > 0 for a in stats["actors"])
     gens = store.read_generations()
-    assert sorted(gens["job_id"]) == sorted(j.job_id for j in jobs)
-    assert (gens["status"] == "ok").all()
+    assert gens.height == the_plan.planned and (gens["status"] == "ok").all()
+
+
+class slowed_until:  # noqa: N801 - used as a function
+    """A stage observer: records ready actors; until `n` are ready, each finished batch holds
+    the stage's loop `delay_s` (so a replica that starts late still finds work)."""
+
+    def __init__(self, n: int, delay_s: float = 0.1) -> None:
+        self.n, self.delay_s = n, delay_s
+        self.seen: list[dict[str, Any]] = []
+
+    def observe(self, event: str, details: dict[str, Any]) -> None:
+        if event == "actor_ready":
+            self.seen.append(details)
+        elif event == "batch_done" and len(self.seen) < self.n:
+            time.sleep(self.delay_s)
+
+
+def parse_scorers(entries: list[Any]) -> list[Any]:
+    from harness.config import ScorerConfig
+
+    return [ScorerConfig(**e) for e in entries]
 
 
 def test_a_cpu_replica_runs_torch_with_its_cpus(cluster: Any, tmp_path: Path) -> None:
@@ -214,3 +258,48 @@ def test_a_call_past_its_timeout_replaces_the_actor_and_the_stage_ends(
     stats = err.value.stats["perplexity"]
     assert [a["end"] for a in stats["actors"]] == ["call timed out"] * 3  # 2 replacements
     assert stats["failed_chunks"] == 3 and "perplexity" not in store.scorers()
+
+
+def test_with_gpus_auto_a_node_that_joins_during_the_run_gets_a_replica(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """`runtime.gpus: auto`: one replica per GPU at the start (3), and one more for the GPU
+    node that joins while the model still has batches. The stage's loop is slowed (0.3 s per
+    finished batch) only until that replica is ready, so the work cannot run out first."""
+    import harness.reservation as reservation
+
+    assert cluster_gpus() == 3
+    cfg = paper_config(
+        {"id": "tiny-random/gpt2", "num_gpus": 1}, device="cpu", batch_size=1, gpus="auto"
+    )
+    cfg = cfg.model_copy(update={"samples_per_prompt": 100})
+    assert cfg.runtime.gpus is None
+    store, jobs, words = planned(cfg, tmp_path / "run")
+    slowed = slowed_until(4, delay_s=0.3)  # at most 60 s for the 200 batches
+    ready = slowed.seen
+    old_poll, reservation.GROW_POLL_S = reservation.GROW_POLL_S, 0.2
+    node = None
+    try:
+        runner, result = in_thread(
+            lambda: generate_stage(
+                store, cfg, jobs, words, use_ray=True, progress=False, observer=slowed.observe
+            )
+        )
+        deadline = time.monotonic() + 120
+        while len(ready) < 3 and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(ready) == 3, "the three replicas of the budget did not start"
+        node = cluster.add_node(num_cpus=2, num_gpus=1)
+        runner.join(timeout=300)
+    finally:
+        reservation.GROW_POLL_S = old_poll
+    if "error" in result:
+        raise result["error"]
+    stats = result["value"]
+    actors = stats["actors"]
+    assert len(actors) == 4 and len({d["node_id"] for d in ready}) == 4
+    assert ready[3]["node_id"] == node.node_id  # the new node's replica
+    assert sum(a["jobs"] for a in actors) == len(jobs) and actors[3]["jobs"] > 0
+    gens = store.read_generations()
+    assert gens.height == len(jobs) and (gens["status"] == "ok").all()
+    cluster.remove_node(node)

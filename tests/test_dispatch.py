@@ -290,14 +290,101 @@ def test_auto_batch_size_fills_gpu_replicas_and_keeps_cpu_batches_small(
     assert batch_jobs(size, where, pending) == expected
 
 
-def test_auto_batch_size_in_process_follows_the_default_device(
-    monkeypatch: pytest.MonkeyPatch,
+def test_auto_batch_size_in_process_follows_the_gpus_the_driver_sees(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    here = Placement(1, 0.0, 0.0, "")  # --no-ray without runtime.device: cuda if present
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert batch_jobs("auto", here, 5_000) == 8
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    """--no-ray without runtime.device: GPU batches where NVIDIA's driver lists a GPU that
+    CUDA_VISIBLE_DEVICES leaves visible; told without importing torch."""
+    import harness.generation as generation
+
+    proc = tmp_path / "gpus"
+    proc.mkdir()
+    here = Placement(1, 0.0, 0.0, "")
+    probe = generation.visible_gpus
+    seen = lambda: probe(str(proc))  # noqa: E731
+    monkeypatch.setattr(generation, "visible_gpus", seen)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert seen() == 0 and batch_jobs("auto", here, 5_000) == 8
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (proc / bus).mkdir()
+    assert seen() == 2 and batch_jobs("auto", here, 5_000) == 256
+    for visible, count in (("1", 1), ("", 0), ("-1", 0), ("0,1,2", 2)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert seen() == count, visible
     assert batch_jobs("auto", here, 5_000) == 256
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert batch_jobs("auto", here, 5_000) == 8
+
+
+class GrowingBackend(FakeBackend):
+    """Slots may hold reservations: records which were freed."""
+
+    def __init__(self, script: Script) -> None:
+        super().__init__(script)
+        self.created: list[Any] = []
+        self.freed: list[Any] = []
+
+    def create(self, spec: ActorSpec) -> Any:
+        self.created.append(spec.group)
+        return super().create(spec)
+
+    def free(self, group: Any) -> None:
+        self.freed.append(group)
+
+
+def test_reservations_go_to_their_slots_and_back_when_the_model_is_done() -> None:
+    script = Script(Clock())
+    w = work(make_jobs(n=24), replicas=2, batch_size=2)
+    w.groups = ["g0", "g1", "g2"]  # one more than replicas: freed at once
+    late = iter([[], [(w.model, "g3")], [(ModelRef("other"), "g4")]])
+    backend = GrowingBackend(script)
+    d = Dispatcher(
+        [w], backend, Policy(log_every_s=5.0), lambda b, e: len(b), clock=script.clock,
+        grow=lambda: next(late, []),
+    )  # fmt: skip
+    d.run()
+    assert all(script.written[j.job_id] == 1 for j in make_jobs(n=24))
+    assert backend.created[:2] == ["g0", "g1"]
+    assert "g3" in backend.created  # a reservation placed while running became a new slot
+    assert sorted(backend.freed) == ["g0", "g1", "g2", "g3", "g4"]  # each freed exactly once
+    assert len(d.slots) == 3 and d.slots[2].index == 2
+
+
+def test_the_budget_is_split_between_models_and_printed() -> None:
+    from harness.config import RuntimeConfig
+    from harness.reservation import budget_for, request_budget
+
+    two = [ModelConfig(id="a"), ModelConfig(id="b")]
+    b = budget_for(two, None, 4, None)
+    assert b.replicas == {"a": 2, "b": 2} and b.gpus == 4  # not 4 each: 8
+    assert b.line() == "GPU budget: 4 GPU(s) (runtime.gpus: 4; a: 2 × 1 GPU, b: 2 × 1 GPU)"
+    fixed = [ModelConfig(id="a", replicas=1, num_gpus=2), ModelConfig(id="b", num_gpus=0.5)]
+    b = budget_for(fixed, None, 4, None, gpus_per_node=4)
+    assert b.replicas == {"a": 1, "b": 4} and b.gpus == 4 and b.nodes == 1
+    b = budget_for(two, None, 1, None)
+    assert b.gpus == 2 and "above runtime.gpus: 1" in b.line()  # one replica each at least
+    auto = budget_for(two, None, None, None, gpus_per_node=1)
+    assert auto.gpus == 2 and auto.nodes == 2 and auto.line().startswith("GPU budget: auto")
+    assert budget_for(two, None, None, 6.0).replicas == {"a": 3, "b": 3}
+    assert budget_for(two, "cpu", 4, None).replicas == {}  # CPU replicas hold no GPU
+    assert budget_for(two, None, 8, None, cap=2.0).gpus == 2  # a local Ray has what it has
+    cfg = make_config_for_budget(RuntimeConfig(gpus="auto"))  # type: ignore[arg-type]
+    assert cfg.runtime.gpus is None and request_budget(cfg, cluster_gpus=3).gpus == 3
+
+
+def make_config_for_budget(runtime: Any) -> Any:
+    from harness.config import parse_config
+
+    data = {
+        "name": "budget",
+        "dataset": {"kind": "prompt-list", "path": "p.jsonl"},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla"],
+        "tasks": ["sentiment"],
+        "scorers": ["gender"],
+    }
+    cfg = parse_config(data, "budget.yaml")
+    return cfg.model_copy(update={"runtime": runtime})
 
 
 def test_memory_figures_of_gpu_replicas_reach_the_manifest() -> None:

@@ -85,3 +85,35 @@ def test_a_signal_swallowed_by_a_del_still_interrupts_the_command(
     record = json.loads((tmp_path / "run" / "history.jsonl").read_text().splitlines()[-1])
     assert record["outcome"] == "interrupted (SIGTERM)"
     invoke.check_interrupt()  # handled: nothing pending after the command
+
+
+def test_the_commands_handlers_survive_ray_setting_its_own() -> None:
+    """`ray.init` sets a SIGTERM handler that exits 15; `keep_signal_handlers` (around it in
+    `init_ray`) and `reassert_signal_handlers` (as each stage starts) put the command's back."""
+    import harness.invoke as invoke_state
+    from harness.ray_runtime import (
+        forget_signal_handlers,
+        keep_signal_handlers,
+        reassert_signal_handlers,
+    )
+
+    def ray_like(signum: int, frame: object) -> None:
+        raise SystemExit(signum)
+
+    with signals_raise():
+        ours = signal.getsignal(signal.SIGTERM)
+        with keep_signal_handlers():
+            signal.signal(signal.SIGTERM, ray_like)  # what ray.init does
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, ray_like)  # again, later
+        reassert_signal_handlers()
+        assert signal.getsignal(signal.SIGTERM) is ours
+        with pytest.raises(Interrupted) as caught:
+            _signal_soon(signal.SIGTERM, 0.05).join()
+            time.sleep(5.0)
+        assert caught.value.code == 143
+        invoke_state._unhandled.clear()  # handled here, as `driven` does for a command
+    forget_signal_handlers()  # the command is over (shutdown_ray calls it)
+    before = signal.getsignal(signal.SIGTERM)
+    reassert_signal_handlers()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -3,13 +3,17 @@
 mid-run (`ray job stop`) and the same command submitted again.
 
 The head is a CPU-only one-node cluster (no GPUs: the CPU placement path) with its own temp
-dir and free ports; it is stopped by PID at the end, never with `ray stop`.
+dir and free ports; it is stopped by PID at the end, never with `ray stop`. Its temp dir is the
+default one of its environment (`RAY_TMPDIR`), so `ray.init()` with that environment and no
+address would find it, as it finds a `ray start --head` on a machine: a local run must not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,7 +43,8 @@ pytestmark = pytest.mark.slow
 
 class Head:
     def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")
+        self.root = tempfile.mkdtemp(prefix="rj", dir="/tmp")
+        self.tmp = f"{self.root}/ray"  # Ray's default temp dir under RAY_TMPDIR=root
         self.port, self.dashboard = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.dashboard}"
         self.env = {
@@ -49,6 +54,10 @@ class Head:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # else 127.0.0.1 is rewritten (footguns.md)
             "RAY_ADDRESS": self.url,
+            "RAY_TMPDIR": self.root,
+            # `ray job stop`: SIGTERM, then SIGKILL after this many seconds (Ray's default: 3,
+            # too short on a loaded 2-core machine to see the driver's own clean-up finish)
+            "RAY_JOB_STOP_WAIT_TIME_S": "60",
         }
         self.env.pop("PYTHONPATH", None)  # the job must import the project from its working dir
 
@@ -80,8 +89,14 @@ class Head:
             [RAY, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
         )
 
-    def submit(self, config: str, out: Path, wait: bool = True) -> str:
+    def submit(self, config: str, out: Path, wait: bool = True, exit_line: bool = False) -> str:
+        """`ray job submit` of `harness run`; `exit_line`: through bash, which prints the
+        driver's exit status (`driver-exit=N`) after it ends, even when the job is stopped."""
         sid = f"lidao-test-{uuid.uuid4().hex[:8]}"
+        run = ["python", "-m", "harness", "run", config, "--out", str(out), "--no-progress"]
+        if exit_line:
+            script = f"trap 'echo bash-got-sigterm' TERM; {shlex.join(run)}; echo driver-exit=$?"
+            run = ["bash", "-c", script]
         res = self.ray(
             "job",
             "submit",
@@ -91,14 +106,7 @@ class Head:
             sid,
             *([] if wait else ["--no-wait"]),
             "--",
-            "python",
-            "-m",
-            "harness",
-            "run",
-            config,
-            "--out",
-            str(out),
-            "--no-progress",
+            *run,
         )
         assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
         return sid
@@ -110,7 +118,7 @@ class Head:
 
     def stop(self) -> None:
         stop_processes(self.pids())
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -162,14 +170,21 @@ def test_a_driver_stopped_mid_run_resumes_with_the_same_command(head: Head, tmp_
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
-    first = head.submit(str(config), out, wait=False)
+    first = head.submit(str(config), out, wait=False, exit_line=True)
     deadline = time.time() + 180
     while time.time() < deadline and len(list((out / "generations").glob("part-*.parquet"))) < 3:
         time.sleep(0.2)
-    assert head.ray("job", "stop", first).returncode == 0
+    assert head.ray("job", "stop", first).returncode == 0  # waits until the job has stopped
     assert head.status(first) == "STOPPED"
     done_before = len(list((out / "generations").glob("part-*.parquet")))
     assert 3 <= done_before < 60, "the stop must land mid-generation"
+    # SIGTERM reads as an interruption, not a crash: Ray's own handler (set by ray.init) would
+    # exit 15 with outcome "error" and no resume line
+    logs = head.ray("job", "logs", first).stdout
+    assert "driver-exit=143" in logs, logs[-3000:]
+    assert re.search(r"interrupted after \d+ of 120 jobs; run the same command to resume", logs)
+    record = json.loads((out / "history.jsonl").read_text().splitlines()[-1])
+    assert record["outcome"] == "interrupted (SIGTERM)"
 
     second = head.submit(str(config), out)
     assert head.status(second) == "SUCCEEDED"
@@ -244,3 +259,46 @@ def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: 
     assert gens.height == 30
     scores = store.read_scores("sentiment-length", "sentiment")
     assert scores.height == 30 and scores["sentiment"].is_between(0, 1).all()
+
+
+def test_a_local_run_starts_its_own_ray_beside_a_cluster_on_the_machine(
+    head: Head, tmp_path: Path
+) -> None:
+    """Without RAY_ADDRESS, `ray.init()` attaches to the cluster `ray start --head` recorded in
+    the default temp dir (and then refuses the local run's `num_cpus`): a local run must start
+    its own Ray and leave that cluster as it was."""
+    address_file = Path(head.tmp) / "ray_current_cluster"
+    recorded = address_file.read_text()
+    assert recorded == f"127.0.0.1:{head.port}"  # what a bare ray.init() would attach to
+    before = head.pids()
+    env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}  # RAY_TMPDIR stays
+    env["PYTHONPATH"] = str(REPO)
+    out = tmp_path / "local"
+    res = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "examples/quickstart.yaml", "--out", str(out)]
+        + ["--limit", "1", "--samples", "1", "--no-progress"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "local Ray: 1 node(s)" in res.stderr and "Ray cluster at" not in res.stderr
+    assert RunStore(str(out)).read_generations().height == 2
+    assert address_file.read_text() == recorded
+    assert core_processes(before) and core_processes(before) <= head.pids()  # still up
+    assert head.ray("status", "--address", f"127.0.0.1:{head.port}").returncode == 0
+
+
+def core_processes(pids: set[int]) -> set[int]:
+    """The cluster's GCS and raylet among `pids` (idle workers come and go)."""
+    core = set()
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"gcs_server" in cmd or b"raylet" in cmd:
+            core.add(pid)
+    return core

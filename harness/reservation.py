@@ -1,0 +1,296 @@
+"""GPUs reserved for generation: the run's budget, and one Ray placement group per GPU replica.
+
+The budget (`request_budget`) is computed once from the config (and the GPUs a cluster has):
+
+* `runtime.gpus: N` is the GPUs generation holds at once, for all its models together. A model
+  entry with `replicas` takes `replicas × num_gpus` off it; the rest is split evenly between the
+  other GPU models, each getting as many replicas of its `num_gpus` (default 1) as its part
+  holds, at least one. Two models under `gpus: 4` thus run 2 replicas each, not 4.
+* Unset (or `auto`): the GPUs the cluster has when the stage starts (at least one replica per
+  model), and on a cluster that grows, one more replica per GPU that joins (`Growth`).
+
+Each GPU replica gets its own placement group of one bundle (`{GPU: share, CPU: cpus}`), created
+before any actor starts and before scorers that follow generation start their pools
+(`harness.driver.generation_stage`): a bundle, once placed, is held for that replica alone, so
+a scorer's actor can only take what the reservations leave free and can never starve a replica
+(counting the cluster's GPUs could not tell a scorer's quarter GPU from a free one). One group
+per replica rather than one for the set: a group is placed whole or not at all, and replicas
+must be able to start one by one as nodes join. Pending groups are demand the autoscaler sees;
+they are removed when their replica is done, and die with their driver (a job's placement
+groups go with it), so a killed driver leaves no reservation behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.config import ModelConfig, RunConfig
+from jobs.spec import ModelRef
+
+log = logging.getLogger("harness")
+GROW_POLL_S = 2.0  # how often growth looks at the cluster's GPUs (runtime.gpus unset)
+
+
+def gpu_share(mc: ModelConfig, device: str | None) -> float:
+    """GPUs per replica: the model's `num_gpus`, else 1 (0 with `runtime.device: cpu`)."""
+    if mc.num_gpus is not None:
+        return mc.num_gpus
+    return 0.0 if device == "cpu" else 1.0
+
+
+def split_budget(models: Sequence[ModelConfig], shares: Sequence[float], gpus: float) -> list[int]:
+    """Replicas of each GPU model (share > 0) under a budget of `gpus` (see the module doc).
+
+    Models with `replicas` keep them; the others share what is left evenly, at least one each.
+    """
+    fixed = sum(m.replicas * s for m, s in zip(models, shares, strict=True) if m.replicas)
+    free = [i for i, m in enumerate(models) if not m.replicas]
+    part = max(0.0, gpus - fixed) / len(free) if free else 0.0
+    out = []
+    for i, (m, s) in enumerate(zip(models, shares, strict=True)):
+        if m.replicas:
+            out.append(m.replicas)
+        else:
+            assert i in free
+            out.append(max(1, math.floor(part / s + 1e-9)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What generation asks for at once: replicas and GPUs per replica of each GPU model."""
+
+    replicas: dict[str, int]  # model id → replicas at the start
+    shares: dict[str, float]  # model id → GPUs per replica
+    limit: int | None  # runtime.gpus (None: auto)
+    gpus_per_node: float | None = None  # the GPU node type's GPUs, when known
+
+    @property
+    def gpus(self) -> float:
+        return sum(self.replicas[m] * self.shares[m] for m in self.replicas)
+
+    @property
+    def nodes(self) -> int | None:
+        """GPU nodes that hold the budget (bundles packed whole on nodes); None: unknown."""
+        if not self.gpus_per_node:
+            return None
+        per = self.gpus_per_node
+        # first fit, largest share first: a bundle is never split over nodes
+        bins: list[float] = []
+        for m in sorted(self.replicas, key=lambda m: -self.shares[m]):
+            for _ in range(self.replicas[m]):
+                s = self.shares[m]
+                for i, room in enumerate(bins):
+                    if room + 1e-9 >= s:
+                        bins[i] -= s
+                        break
+                else:
+                    bins.append(per - s)
+        return len(bins)
+
+    def line(self) -> str:
+        """One line for the log and `validate`."""
+        if not self.replicas:
+            return "GPU budget: none (every model runs on CPU replicas)"
+        each = ", ".join(f"{m}: {n} × {self.shares[m]:g} GPU" for m, n in self.replicas.items())
+        nodes = f" on {self.nodes} GPU node(s)" if self.nodes is not None else ""
+        if self.limit is None:
+            return (
+                f"GPU budget: auto, {self.gpus:g} GPU(s){nodes} to start ({each}); one more "
+                "replica per GPU that joins"
+            )
+        over = (
+            f"; above runtime.gpus: {self.limit} (every model gets at least one replica)"
+            if self.gpus > self.limit + 1e-9
+            else ""
+        )
+        return f"GPU budget: {self.gpus:g} GPU(s){nodes} (runtime.gpus: {self.limit}; {each}){over}"
+
+
+def request_budget(
+    cfg: RunConfig, cluster_gpus: float | None = None, gpus_per_node: float | None = None
+) -> Budget:
+    """The GPUs generation asks for at once (`Budget.gpus`, `Budget.nodes`, `Budget.line()`).
+
+    `cluster_gpus`: the GPUs the cluster has (None: unknown, e.g. `validate`; then the budget
+    of `runtime.gpus: auto` is one replica per model). Models on CPU (`runtime.device: cpu`
+    without `num_gpus`, or `num_gpus: 0`) hold no GPU and are not in it.
+    """
+    return budget_for(cfg.models, cfg.runtime.device, cfg.runtime.gpus, cluster_gpus, gpus_per_node)
+
+
+def budget_for(
+    models: Sequence[ModelConfig],
+    device: str | None,
+    limit: int | None,
+    cluster_gpus: float | None,
+    gpus_per_node: float | None = None,
+    cap: float | None = None,
+) -> Budget:
+    """`request_budget` for these model entries; `cap`: at most this many GPUs (a local Ray)."""
+    gpu_models = [m for m in models if gpu_share(m, device) > 0]
+    shares = [gpu_share(m, device) for m in gpu_models]
+    gpus = float(limit) if limit is not None else (cluster_gpus or 0.0)
+    if cap is not None:
+        gpus = min(gpus, cap)
+    counts = split_budget(gpu_models, shares, gpus)
+    return Budget(
+        {m.ref().id: n for m, n in zip(gpu_models, counts, strict=True)},
+        {m.ref().id: s for m, s in zip(gpu_models, shares, strict=True)},
+        limit,
+        gpus_per_node,
+    )
+
+
+# ---- Ray ---------------------------------------------------------------------------------
+
+
+def new_group(share: float, cpus: float, name: str) -> Any:
+    """A placement group of one bundle for one replica (pending until a node can hold it)."""
+    from ray.util.placement_group import placement_group
+
+    bundle = {"GPU": share}
+    if cpus:
+        bundle["CPU"] = cpus
+    return placement_group([bundle], strategy="STRICT_PACK", name=name)
+
+
+_ready: dict[Any, Any] = {}  # group id → its one `ready()` ref (each call registers a wait)
+
+
+def remove_groups(groups: Sequence[Any]) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for group in groups:
+        _ready.pop(group.id, None)
+        try:
+            remove_placement_group(group)
+        except Exception as exc:  # noqa: BLE001 - already gone with its node or driver
+            log.debug("placement group %s: %s", group, exc)
+
+
+def placed(groups: Sequence[Any], timeout: float = 0.0) -> list[Any]:
+    """The groups among `groups` whose bundle is placed (waits up to `timeout` for one)."""
+    import ray
+
+    if not groups:
+        return []
+    refs = {}
+    for g in groups:
+        if g.id not in _ready:
+            _ready[g.id] = g.ready()
+        refs[_ready[g.id]] = g
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    return [refs[r] for r in ready]
+
+
+class NotPlaced(RuntimeError):
+    """No replica of a model could be placed in time."""
+
+
+def wait_placed(
+    groups: dict[ModelRef, list[Any]],
+    timeout_s: float,
+    what: str,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[ModelRef, int]:
+    """Wait until every group is placed, at most `timeout_s`; returns placed groups per model.
+
+    Raises:
+        NotPlaced: a model has no placed group at the end (the message names the model).
+    """
+    flat = [g for gs in groups.values() for g in gs]
+    start = last_log = clock()
+    done: set[Any] = set()
+    logged = False
+    while True:
+        left = [g for g in flat if g not in done]
+        done.update(placed(left, timeout=min(poll_s, max(0.0, timeout_s - (clock() - start)))))
+        if len(done) == len(flat) or clock() - start >= timeout_s:
+            break
+        if not logged:
+            log.info("%s: waiting up to %gs for %d replica(s)", what, timeout_s, len(flat))
+            logged = True
+        elif clock() - last_log >= 30:
+            log.info("%s: %d of %d replica(s) placed; waiting", what, len(done), len(flat))
+            last_log = clock()
+    counts = {m: sum(1 for g in gs if g in done) for m, gs in groups.items()}
+    missing = [m.id for m, n in counts.items() if n == 0]
+    if missing:
+        raise NotPlaced(", ".join(missing))
+    if len(done) < len(flat):
+        log.warning(
+            "%s: %d of %d replica(s) placed after %gs; going on with those (the others start "
+            "when nodes that can hold them join)",
+            what,
+            len(done),
+            len(flat),
+            timeout_s,
+        )
+    return counts
+
+
+class Growth:
+    """`runtime.gpus` unset on a cluster that grows: more replicas as GPU nodes join.
+
+    Called by the dispatcher's loop; every `GROW_POLL_S` it compares the cluster's GPUs with
+    what it saw last, and for a cluster that grew creates placement groups for the replicas
+    the new budget gives each growing model (`split_budget`); it hands back those placed
+    since, as (model, group) for new actor slots. Only capacity that has joined is asked for:
+    an autoscaler is never driven past what the cluster already has.
+    """
+
+    def __init__(
+        self,
+        configs: dict[ModelRef, ModelConfig],
+        shares: dict[ModelRef, float],
+        groups: dict[ModelRef, list[Any]],
+        seen_gpus: float,
+        cluster_gpus: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.configs, self.shares = configs, shares
+        self.count = {m: len(gs) for m, gs in groups.items()}
+        self.seen = seen_gpus
+        self.cluster_gpus, self.clock = cluster_gpus, clock
+        self.pending: list[tuple[ModelRef, Any]] = []
+        self.created: list[Any] = []
+        self.last = clock()
+
+    def __call__(self) -> list[tuple[ModelRef, Any]]:
+        if self.clock() - self.last < GROW_POLL_S:
+            return []
+        self.last = self.clock()
+        have = float(self.cluster_gpus())
+        if have > self.seen + 1e-9:
+            self.seen = have
+            models = list(self.configs)
+            target = split_budget(
+                [self.configs[m] for m in models], [self.shares[m] for m in models], have
+            )
+            for m, want in zip(models, target, strict=True):
+                if self.configs[m].replicas:
+                    continue
+                for _ in range(want - self.count[m]):
+                    name = f"lidao:{m.id}#{self.count[m]}"
+                    group = new_group(self.shares[m], _cpus(self.configs[m]), name)
+                    self.pending.append((m, group))
+                    self.created.append(group)
+                    self.count[m] += 1
+                    log.info("%g GPU(s) in the cluster now: one more replica of %s", have, m.id)
+        if not self.pending:
+            return []
+        ready = set(placed([g for _, g in self.pending]))
+        out = [(m, g) for m, g in self.pending if g in ready]
+        self.pending = [(m, g) for m, g in self.pending if g not in ready]
+        return out
+
+
+def _cpus(mc: ModelConfig) -> float:
+    return mc.num_cpus or 1.0
