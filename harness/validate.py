@@ -14,6 +14,7 @@ from typing import Any
 
 from harness import machine, preflight
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
+from harness.reservation import request_budget
 from jobs.datasets import DatasetError
 from jobs.redact import redact_text
 from workers.tiny import TINY_PREFIX
@@ -49,6 +50,7 @@ def validate(
     problems += [i.line() for i in models.values() if i.problem]
     lines += _plan_lines(cfg, n_prompts, files, models, problems)
     lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
+    lines.append(f"  {request_budget(cfg).line()}")  # what generation will ask Ray for
     keys = preflight.check_services(preflight.check_keys(cfg), probe)
     lines += [f"  {item.field}: {item.where}" for item in keys]
     checks = preflight.check_plugins(cfg) + machine.check_devices(cfg, local)

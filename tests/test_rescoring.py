@@ -179,7 +179,7 @@ def test_ray_actors_score_concurrently_like_the_plain_classes(
     ]
     with pytest.raises(
         ScoringError,
-        match="perplexity: cannot start: ScorerError: scorer 'perplexity': unknown tiny",
+        match="perplexity: cannot start: ScorerError: scorer 'perplexity', parameter model: unknown tiny",
     ) as err:
         score_run(remote, broken, CTX, use_ray=True, progress=False)
     assert {n: s["scored"] for n, s in err.value.stats.items()} == {

@@ -460,3 +460,21 @@ def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
         "methods.1.params.head, methods.2.params.head: http://h/head.pt: unreachable (test); "
         "without network, download it elsewhere and set them to the local path"
     )
+
+
+def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path) -> None:
+    """`runtime.gpus` is the run's total, split between the models: 4 over 2 models is 2
+    replicas of each, 4 GPUs, never 8."""
+    base = json.loads(write_config(tmp_path).read_text())
+    data = {
+        **base,
+        "models": [{"id": "tiny-random/gpt2"}, {"id": "tiny-random/opt", "num_gpus": 1}],
+        "runtime": {**base["runtime"], "device": None, "gpus": 4, "ray_address": "10.0.0.1:6379"},
+    }
+    lines, _ = validate(parse_config(data), "c.yaml")
+    (budget,) = [line.strip() for line in lines if "GPU budget" in line]
+    assert budget.startswith("GPU budget: 4 GPU(s)"), budget
+    assert "tiny-random/gpt2: 2 × 1 GPU" in budget and "tiny-random/opt: 2 × 1 GPU" in budget
+    cpu = {**base, "runtime": {**base["runtime"], "device": "cpu"}}
+    lines, _ = validate(parse_config(cpu), "c.yaml")
+    assert "  GPU budget: none (every model runs on CPU replicas)" in lines
