@@ -52,6 +52,7 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "samples": args.samples,
         "batch_size": args.batch_size,
         "device": args.device,
+        "address": getattr(args, "address", None),
         "models": names(args.models),
         "methods": names(args.methods),
         "set": list(getattr(args, "set", None) or []),
@@ -175,7 +176,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         if use_ray:
             from harness.ray_runtime import init_ray
 
-            init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
+            init_ray(args.address or cfg.runtime.ray_address, cfg.runtime.num_cpus)
         t0 = time.perf_counter()
         words = driver.load_words(cfg)
         if overwrite:
@@ -370,6 +371,7 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", type=int, metavar="N", help="samples_per_prompt")
     g.add_argument("--device", help="runtime.device: cpu, cuda, cuda:1 ...")
     g.add_argument("--batch-size", type=_batch_size, metavar="N|auto", help="runtime.batch_size")
+    g.add_argument("--address", metavar="HOST:PORT", help=ADDRESS_HELP)
     g.add_argument(
         "--set",
         action="append",
@@ -377,6 +379,12 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
         help="any field, as a dotted path (models.0.dtype=bfloat16, generation.top_p=0.8, "
         "methods.1.params.gamma=0.5); VALUE read as YAML (repeatable)",
     )
+
+
+ADDRESS_HELP = (
+    "runtime.ray_address: attach to this Ray cluster (or `auto`); without it and without "
+    "RAY_ADDRESS the run starts a Ray instance of its own, whatever else runs on the machine"
+)
 
 
 def _add_tracking(p: argparse.ArgumentParser) -> None:
@@ -467,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are all written)",
     )
     sc.add_argument("--config", help="config with the scorers (default: the run's config.yaml)")
+    sc.add_argument("--address", metavar="HOST:PORT", help=ADDRESS_HELP)
     sc.add_argument("--no-ray", action="store_true")
     _add_tracking(sc)
     sc.set_defaults(func=cmd_score)

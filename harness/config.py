@@ -545,6 +545,7 @@ OVERRIDES = {
     "samples": ("samples_per_prompt",),
     "batch_size": ("runtime", "batch_size"),
     "device": ("runtime", "device"),
+    "address": ("runtime", "ray_address"),
 }
 
 

@@ -478,3 +478,16 @@ def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path) -> None:
     cpu = {**base, "runtime": {**base["runtime"], "device": "cpu"}}
     lines, _ = validate(parse_config(cpu), "c.yaml")
     assert "  GPU budget: none (every model runs on CPU replicas)" in lines
+
+
+def test_address_names_the_cluster_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--address` is `runtime.ray_address`: what only the nodes read is then left to them."""
+    from harness.cli import main
+
+    cfg = write_config(tmp_path, models=[{"id": str(tmp_path / "lm-on-the-nodes")}])
+    assert main(["validate", str(cfg)]) == 2
+    assert "lm-on-the-nodes: no such folder" in capsys.readouterr().out
+    assert main(["validate", str(cfg), "--address", "10.0.0.1:6379"]) == 0
+    assert "0 problem(s)" in capsys.readouterr().out
