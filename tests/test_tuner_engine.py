@@ -373,7 +373,7 @@ def _teacher_forced_steps(
             probe = tuner.probe(ctx, (geo, gen_sum))
             if scope == "last":
                 reused = tuner is reuse and step > 0
-                assert (probe.deltas is reuse._zeros) == reused
+                assert (probe.deltas is reuse.theta_graph.zeros) == reused
             else:
                 assert tuner.replayed == (tuner is reuse)
             assert probe.loss_a is not None

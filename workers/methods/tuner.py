@@ -43,13 +43,13 @@ from workers.methods.biastune import (
     cropped_cache,
     find_sites,
     module_device,
-    shadowed_forwards,
     skip_blocks,
 )
 from workers.methods.estimators import (
     GenderGeometry,
 )
 from workers.methods.precision import float32_head, float32_top
+from workers.methods.replay import LinearRecord, ThetaGraph, replayable
 from workers.methods.vocab_pass import ThetaLogits, expectations, head_logits
 
 if TYPE_CHECKING:
@@ -66,45 +66,6 @@ class Probe:
     pooled: torch.Tensor  # (B, D) float32: mean final hidden state incl. the horizon position
     # ℓ̂_a = Σ_x p_θ(x) s_x (B,), differentiable, when `probe` was given the demographic terms
     loss_a: torch.Tensor | None = None
-
-
-class _Replay(torch.autograd.Function):
-    """A linear layer's output over the context from θ's forwards (`out`), with the derivative
-    of `x Wᵀ + b` (GPT-2's Conv1D: `x W + b`) w.r.t. its input: no forward product.
-
-    Valid at δ = 0, where every input of a tuned linear layer is θ's: the value is the one θ's
-    own forward computed for those positions.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, transposed: bool
-    ) -> Any:
-        ctx.save_for_backward(weight)
-        ctx.transposed = transposed
-        return out.clone()  # the model may modify it in place (Falcon adds to its MLP output)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (weight,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        return (grad @ weight.T if ctx.transposed else grad @ weight), None, None, None
-
-
-def replayable(module: nn.Module) -> bool:
-    """A tuned site whose output `_Replay` can stand for: a float32 nn.Linear or GPT-2 Conv1D
-    with a plain weight, and no instance `forward` (accelerate's device wrappers)."""
-    linear = isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
-    weight = getattr(module, "weight", None)
-    return (
-        linear
-        and weight is not None
-        and type(weight) in (nn.Parameter, torch.Tensor)
-        and weight.dtype == torch.float32
-        and weight.ndim == 2
-        and "forward" not in vars(module)
-    )
 
 
 class BiasTuner:
@@ -150,12 +111,13 @@ class BiasTuner:
         # position: docs/design.md)
         self.reuse_theta = not half and scope == "last"
         # `context` scope of a float32 model: the probe's re-run of the context takes the tuned
-        # linear layers' outputs from θ's forwards (`_Replay`, recorded in `theta_forward`)
-        self.replay_points: list[Any] = (
+        # linear layers' outputs from θ's forwards (`LinearRecord`, recorded in `theta_forward`)
+        self.linear_record = LinearRecord(
             [p for p in self.sites.block_points if replayable(p.module)]
             if not half and scope == "context"
             else []
         )
+        self.theta_graph = ThetaGraph(self.model, self.sites, head, self.first)
         self._tuple_blocks, self._hidden_is_norm = self._inspect()
         self.begin()
 
@@ -169,134 +131,30 @@ class BiasTuner:
         self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
         self._ctx_len = -1  # T the sum is valid for
         self._kv32: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # half precision only
-        # θ's forwards through zero offsets (`theta_forward`): the offsets (leaves), the last
-        # forward's final-norm output and last hidden state at the last position (with their
-        # graph), the positions the forwards covered and the loop's cache
-        self._zeros = self.zero_deltas(batch) if batch and self.reuse_theta else None
-        self._theta_final: torch.Tensor | None = None
-        self._theta_hidden: torch.Tensor | None = None
-        self._theta_fired: set[str] = set()
-        self._positions = 0
-        self._cache: Any = None
-        # `context` scope: (B, T, width) outputs of the `replay_points` from θ's forwards of
-        # every position so far, or None (not recorded for this batch)
-        self._replay_out: list[torch.Tensor] | None = [] if batch and self.replay_points else None
-        self._replay_rows = batch or 0
+        self.theta_graph.begin(self.zero_deltas(batch) if batch and self.reuse_theta else None)
+        self.linear_record.begin(batch)
         self.replayed = False  # whether the last `context` probe replayed θ's linear outputs
 
     @contextmanager
     def theta_forward(self, batch: int) -> Iterator[None]:
-        """Around the shared loop's forward of θ (`last` scope): through zero offsets that
-        require grad, so the probe differentiates θ's own forward of the new position instead
-        of running the tuned blocks on it again.
-
-        Adding 0.0 changes no value, so the loop's logits, cache and hidden states are θ's. The
-        graph of a forward serves its step only: the cache's tuned layers and the final hidden
-        states are detached before the next forward (earlier positions are constants of θ in
-        `last` scope). The prompt's forward runs without hooks (its positions before the last
-        are constants too), so the first probe of a batch re-runs the last position. In
-        `context` scope of a float32 model: a `no_grad` forward that records the outputs of the
-        tuned linear layers for the probe's re-run (`_recording`). Without `begin(batch)` or in
-        half precision: a plain `no_grad` forward.
+        """Around the shared loop's forward of θ: in `last` scope of a float32 model, through
+        zero offsets that require grad (`ThetaGraph`); in `context` scope of a float32 model, a
+        `no_grad` forward that records the outputs of the tuned linear layers for the probe's
+        re-run (`LinearRecord`). Without `begin(batch)` or in half precision: a plain `no_grad`
+        forward.
         """
-        if self._replay_out is not None and self._replay_rows == batch:
-            with torch.no_grad(), self._recording(batch):
+        if self.linear_record.covers(batch):
+            with torch.no_grad(), self.linear_record.recording(batch):
                 yield
             return
-        if self._zeros is None or self._zeros[0].shape[0] != batch:
-            self._zeros = None
-            self._replay_out = None
+        if not self.theta_graph.covers(batch):
+            self.theta_graph.zeros = None
+            self.linear_record.out = None
             with torch.no_grad():
                 yield
             return
-        self._detach_cache()
-        self._theta_final = self._theta_hidden = None
-        if self._positions == 0:
-            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
-                yield
-            self._positions += state.final_hidden[-1].shape[1]
-            return
-        seen: list[Any] = []
-        # what the output layer reads (the last hidden state; OPT's head is fed by the decoder)
-        handle = self.head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
-        try:
-            with torch.enable_grad(), bias_offsets(self.model, self.sites, self._zeros) as state:
-                yield
-        finally:
-            handle.remove()
-        final = state.final_hidden[-1]  # (B, T_new, D) final norm outputs
-        self._theta_final, self._theta_hidden = final[:, -1], seen[-1][:, -1]
-        self._theta_fired = state.fired
-        self._positions += final.shape[1]
-
-    @contextmanager
-    def _recording(self, batch: int) -> Iterator[None]:
-        """`context` scope: keep the outputs of the tuned linear layers of θ's forward, grown by
-        its positions (`_replay_out`). Anything unexpected (a layer that did not run once, a
-        shape that is not batch-major) turns the replay off for the batch."""
-        seen: list[list[torch.Tensor]] = [[] for _ in self.replay_points]
-
-        def keeper(store: list[torch.Tensor]) -> Any:
-            # a copy, taken now: the model may add to a layer's output in place (Falcon's MLP)
-            return lambda module, args, output: store.append(output.detach().clone())
-
-        handles = [
-            p.module.register_forward_hook(keeper(store))
-            for p, store in zip(self.replay_points, seen)
-        ]
-        try:
+        with self.theta_graph.forward():
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
-        ok = all(
-            len(store) == 1 and store[0].shape[-1] == p.width and store[0].shape[0] % batch == 0
-            for p, store in zip(self.replay_points, seen)
-        )
-        points = zip(self.replay_points, seen)
-        new = [store[0].reshape(batch, -1, p.width) for p, store in points] if ok else []
-        if not new or len({x.shape[1] for x in new}) != 1:
-            self._replay_out = None
-            return
-        before = self._replay_out
-        self._replay_out = [torch.cat(x, dim=1) for x in zip(before, new)] if before else new
-
-    @contextmanager
-    def _replaying(self, batch: int, positions: int) -> Iterator[bool]:
-        """Inside: the tuned linear layers return θ's recorded outputs over `positions` through
-        `_Replay` instead of computing them (yields False, changing nothing, when the record
-        does not cover exactly those rows and positions)."""
-        outs = self._replay_out
-        if not outs or outs[0].shape[:2] != (batch, positions):
-            yield False
-            return
-        replays = [
-            (p.module, self._replay_forward(p, out)) for p, out in zip(self.replay_points, outs)
-        ]
-        with shadowed_forwards(replays):
-            yield True
-
-    @staticmethod
-    def _replay_forward(point: Any, out: torch.Tensor) -> Any:
-        weight = point.module.weight
-        transposed = not isinstance(point.module, nn.Linear)  # Conv1D stores (in, out)
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            x = args[0] if args else next(iter(kwargs.values()))
-            if x.shape[:-1].numel() != out.shape[:-1].numel():
-                raise MethodError(
-                    f"bias tuning: {point.name} got {tuple(x.shape)} in the context re-run, "
-                    f"θ's recorded output is {tuple(out.shape)}"
-                )
-            return _Replay.apply(x, out.reshape(*x.shape[:-1], out.shape[-1]), weight, transposed)
-
-        return forward
-
-    def _detach_cache(self) -> None:
-        """The K/V of earlier forwards become constants of θ (no graph kept)."""
-        if self._cache is not None:
-            for layer in self._cache.layers[self.first :]:
-                layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
 
     def _inspect(self) -> tuple[bool, bool]:
         """(blocks return tuples, θ's last hidden state is the final norm's output) of this LM."""
@@ -424,10 +282,10 @@ class BiasTuner:
         """
         B, T = ctx.input_ids.shape
         if (
-            self._zeros is not None
-            and self._theta_hidden is not None
-            and self._positions == T
-            and self._zeros[0].shape[0] == B
+            self.theta_graph.zeros is not None
+            and self.theta_graph.hidden is not None
+            and self.theta_graph.positions == T
+            and self.theta_graph.zeros[0].shape[0] == B
         ):
             return self._probe_theta(ctx, demographic)
         states = self._block_inputs(ctx)
@@ -437,7 +295,7 @@ class BiasTuner:
             if self.scope == "context":
                 from transformers.cache_utils import DynamicCache
 
-                with self._replaying(B, T) as self.replayed:
+                with self.linear_record.replaying(B, T) as self.replayed:
                     out = self._top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
@@ -481,12 +339,13 @@ class BiasTuner:
     ) -> Probe:
         """The `last`-scope probe from θ's own forward of this step (`theta_forward`): only the
         horizon position is computed here."""
-        assert self._zeros is not None and self._theta_hidden is not None
-        assert self._theta_final is not None
+        graph = self.theta_graph
+        assert graph.zeros is not None and graph.hidden is not None
+        assert graph.final is not None
         T = ctx.input_ids.shape[1]
-        deltas, hidden, mask = self._zeros, self._theta_hidden, ctx.attention_mask
-        self._cache = ctx.past_key_values
-        context_sum = self._sum_through_last(ctx, self._theta_final)
+        deltas, hidden, mask = graph.zeros, graph.hidden, ctx.attention_mask
+        graph.cache = ctx.past_key_values
+        context_sum = self._sum_through_last(ctx, graph.final)
         logits = ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
         with self._tuned(deltas) as state:
             embeds, loss_a = expectations(
@@ -495,7 +354,7 @@ class BiasTuner:
             self._horizon_forward(ctx, logits, cropped_cache(ctx.past_key_values, T), embeds)
             horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
         probe = Probe(deltas, logits, horizon, loss_a)
-        return self._pooled(self._theta_fired, probe, context_sum, mask)
+        return self._pooled(graph.fired, probe, context_sum, mask)
 
     def _theta_cache(self, ctx: StepContext, length: int) -> Any:
         """θ's cache over the first `length` positions, as views.
