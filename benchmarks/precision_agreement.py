@@ -116,14 +116,14 @@ def float32_lower(tuner: BiasTuner) -> Iterator[None]:
         copied = copy.deepcopy(module).float()
         copied.register_forward_pre_hook(cast, with_kwargs=True)
         blocks._modules[name] = copied
-    tuner.lower = [blocks[i] for i in range(tuner.first)]
+    tuner.rerun.lower = [blocks[i] for i in range(tuner.first)]
     tuner.embed = embed.float()
     try:
         yield
     finally:
         for name, module in saved:
             blocks._modules[name] = module
-        tuner.lower, tuner.embed = [m for _, m in saved], embed
+        tuner.rerun.lower, tuner.embed = [m for _, m in saved], embed
 
 
 def flips(step: Step, ref: Step, where: torch.Tensor) -> torch.Tensor:

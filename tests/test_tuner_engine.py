@@ -167,9 +167,9 @@ def test_half_precision_keeps_float32_keys_and_values_step_to_step(family: str) 
     kept: list[int] = []
 
     def fresh(ctx: Any) -> Any:
-        kv = method.tuner._kv32
+        kv = method.tuner.rerun.kv32
         kept.append(-1 if kv is None else kv[0][0].shape[-2])
-        method.tuner._kv32 = None  # force the recomputation from the cached block inputs
+        method.tuner.rerun.kv32 = None  # force the recomputation from the cached block inputs
         return original(ctx)
 
     method.next_logprobs = fresh  # type: ignore[method-assign]

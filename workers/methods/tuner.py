@@ -1,33 +1,27 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
 What θ fixes is never recomputed. In `last` scope of a float32 model the probe differentiates
-the shared loop's own forward of θ, run through zero offsets (`theta_forward`): it computes
-only the horizon position. Otherwise (`context` scope, half precision, hand-built step
-contexts) the probe re-runs the tuned blocks: the blocks below them give the same states under θ and θ + δ, so their output at
-every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
-batch, the states entering the first tuned block for every position (one more per token) and
-re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
-position only, over θ's cache. In `context` scope of a float32 model the re-run's linear
-layers compute nothing either: they return the outputs θ's forwards recorded for those
-positions (`_Replay`), so only norms, activations and attention are recomputed for the graph.
-The probe's logits are θ's logits from the loop (their gradient is one product with the output
-matrix, no forward product); the tuned forward replays the lower blocks too.
+the shared loop's own forward of θ, run through zero offsets (`theta_forward`, `ThetaGraph` in
+`workers.methods.replay`): it computes only the horizon position. Otherwise (`context` scope,
+half precision, hand-built step contexts) the probe re-runs the tuned blocks over the states
+θ's forwards gave the first of them (`workers.methods.rerun`); in `context` scope of a float32
+model the re-run's linear layers return the outputs θ's forwards recorded for those positions
+(`LinearRecord`, `workers.methods.replay`). The probe's logits are θ's logits from the loop
+(their gradient is one product with the output matrix, no forward product: the passes over the
+vocabulary are in `workers.methods.vocab_pass`); the tuned forward replays the lower blocks too.
 
 Gradient scopes: `context` differentiates as if the tuned blocks of every position were
 recomputed with δ; `last` treats θ's cached states as constants (only the last position and
 the horizon carry gradient).
 
-Precision: in a half-precision model an offset of 0.006 rounds away on any activation of
-magnitude ≥ 2, so the tuned path (the top k blocks, the final norm, a `project_out`, and the
-output product) runs on float32 copies of those modules while θ's own forward and the lower
-blocks stay in the model's dtype; the copies get float32 rotary cos/sin and attend over float32
-K/V of θ (`workers.methods.precision`).
+Precision: in a half-precision model the tuned path runs on float32 copies of its modules while
+θ's own forward and the lower blocks stay in the model's dtype (`workers.methods.precision`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,19 +31,15 @@ from torch import nn
 from workers.methods.base import MethodError
 from workers.methods.biastune import (
     SCOPES,
-    HookState,
     adam_first_step,
-    bias_offsets,
     cropped_cache,
     find_sites,
     module_device,
-    skip_blocks,
 )
-from workers.methods.estimators import (
-    GenderGeometry,
-)
+from workers.methods.estimators import GenderGeometry
 from workers.methods.precision import float32_head, float32_top
 from workers.methods.replay import LinearRecord, ThetaGraph, replayable
+from workers.methods.rerun import Rerun
 from workers.methods.vocab_pass import ThetaLogits, expectations, head_logits
 
 if TYPE_CHECKING:
@@ -93,12 +83,10 @@ class BiasTuner:
                 f"bias tuning: the output layer of {type(lm.model).__name__} is not a Linear"
             )
         self.head = head
-        self.first = self.sites.num_blocks - self.sites.k  # index of the first tuned block
-        block_list = lm.model.get_submodule(self.sites.blocks_path)
-        self.lower: list[nn.Module] = list(block_list.children())[: self.first]  # θ-only blocks
         half = self.embed.dtype in (torch.float16, torch.bfloat16)
         self.f32 = float32_top(lm, self.sites) if half else None
-        self.tuned_sites = self.f32.sites if self.f32 else self.sites
+        self.rerun = Rerun(lm, self.sites, self.f32, head)  # the tuned blocks over θ's inputs
+        self.first, self.tuned_sites = self.rerun.first, self.rerun.tuned_sites
         # float32 output matrix for the tuned path of a half-precision model
         self.head_weight = float32_head(lm.model, head) if half else head.weight.detach()
         self.head_bias = None if head.bias is None else head.bias.detach().float()
@@ -118,7 +106,6 @@ class BiasTuner:
             else []
         )
         self.theta_graph = ThetaGraph(self.model, self.sites, head, self.first)
-        self._tuple_blocks, self._hidden_is_norm = self._inspect()
         self.begin()
 
     # ---- per-batch state ---------------------------------------------------------------------
@@ -127,10 +114,7 @@ class BiasTuner:
         """Forget per-batch state (cached block inputs, running sum of context hidden states,
         float32 K/V of the tuned blocks, what θ's forwards left): call it before each batch.
         With `batch` (rows), θ's forwards inside `theta_forward` feed the probe."""
-        self._states: torch.Tensor | None = None  # (B, T, D) inputs of the first tuned block
-        self._ctx_sum: torch.Tensor | None = None  # `last`: Σ θ final hidden over positions < T
-        self._ctx_len = -1  # T the sum is valid for
-        self._kv32: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # half precision only
+        self.rerun.begin()
         self.theta_graph.begin(self.zero_deltas(batch) if batch and self.reuse_theta else None)
         self.linear_record.begin(batch)
         self.replayed = False  # whether the last `context` probe replayed θ's linear outputs
@@ -156,77 +140,6 @@ class BiasTuner:
         with self.theta_graph.forward():
             yield
 
-    def _inspect(self) -> tuple[bool, bool]:
-        """(blocks return tuples, θ's last hidden state is the final norm's output) of this LM."""
-        outputs: list[Any] = []
-        block = self.model.get_submodule(self.sites.blocks_path)[0]
-        ids = torch.zeros((1, 1), dtype=torch.long, device=self.lm.device)
-        handle = block.register_forward_hook(lambda m, a, o: outputs.append(o))
-        try:
-            with torch.no_grad(), bias_offsets(self.model, self.sites, None) as state:
-                # (not output_hidden_states: transformers 5 leaves its capture hooks registered)
-                out = self.base(input_ids=ids, use_cache=False)
-        finally:
-            handle.remove()
-        last = out.last_hidden_state
-        norm_out = state.final_hidden[-1].to(last.device)
-        width = self.head.weight.shape[1]
-        if norm_out.shape[-1] != width:
-            raise MethodError(
-                f"bias tuning: the LM head of {self.lm.ref.id} reads {width}-wide states, but "
-                f"{self.sites.pool.name} (pooled for the attribute head) gives "
-                f"{norm_out.shape[-1]}; this layout is not mapped"
-            )
-        return isinstance(outputs[0], tuple), bool(torch.equal(last, norm_out))
-
-    def _block_output(self, states: torch.Tensor) -> Any:
-        """`states` in the structure the lower blocks return (Falcon: a tuple)."""
-        return (states, None) if self._tuple_blocks else states
-
-    def _block_inputs(self, ctx: StepContext) -> torch.Tensor:
-        """(B, T, D) inputs of the first tuned block at every position, from θ's forwards.
-
-        Grown by the loop's hidden states of each new position; recomputed (no grad) only when
-        they are missing (a StepContext without hidden states, e.g. in unit tests).
-        """
-        T = ctx.input_ids.shape[1]
-        hidden = ctx.hidden_states
-        if self._states is not None and self._states.shape[1] == T:
-            return self._states  # already grown for this step (the probe, then the tuned pass)
-        if hidden is not None and len(hidden) == self.sites.num_blocks + 1:
-            new = hidden[self.first].detach()
-            if new.shape[1] == T:
-                self._states = new
-            elif self._states is not None and self._states.shape[1] + new.shape[1] == T:
-                self._states = torch.cat([self._states, new.to(self._states.device)], dim=1)
-            else:
-                self._states = None
-        elif self._states is not None and self._states.shape[1] != T:
-            self._states = None
-        if self._states is None:
-            self._states = self._recompute_inputs(ctx)
-        return self._states
-
-    def _recompute_inputs(self, ctx: StepContext) -> torch.Tensor:
-        seen: list[torch.Tensor] = []
-        block = self.model.get_submodule(self.sites.blocks_path)[self.first]
-
-        def grab(module: nn.Module, args: Any, kwargs: Any) -> None:
-            seen.append(args[0] if args else kwargs["hidden_states"])
-
-        handle = block.register_forward_pre_hook(grab, with_kwargs=True)
-        try:
-            with torch.no_grad():
-                self.base(
-                    input_ids=ctx.input_ids,
-                    attention_mask=ctx.attention_mask,
-                    position_ids=ctx.position_ids,
-                    use_cache=False,
-                )
-        finally:
-            handle.remove()
-        return seen[0].detach()
-
     # ---- the probe ---------------------------------------------------------------------------
 
     def zero_deltas(self, batch: int) -> list[torch.Tensor]:
@@ -240,34 +153,6 @@ class BiasTuner:
             )
             for p in self.tuned_sites.points
         ]
-
-    @contextmanager
-    def _tuned(self, deltas: Sequence[torch.Tensor] | None) -> Iterator[HookState]:
-        """Hooks adding `deltas`, on the float32 copies where the model is in half precision."""
-        with ExitStack() as stack:
-            if self.f32 is not None:
-                stack.enter_context(self.f32.swapped())
-            yield stack.enter_context(bias_offsets(self.model, self.tuned_sites, deltas))
-
-    def _top(
-        self,
-        ctx: StepContext,
-        positions: slice,
-        states: torch.Tensor,
-        cache: Any,
-    ) -> Any:
-        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute)."""
-        skip = skip_blocks(self.lower, self._block_output(states)) if self.lower else None
-        with ExitStack() as stack:
-            if skip is not None:
-                stack.enter_context(skip)
-            return self.base(
-                input_ids=ctx.input_ids[:, positions],
-                attention_mask=ctx.attention_mask,
-                position_ids=ctx.position_ids[:, positions],
-                past_key_values=cache,
-                use_cache=True,
-            )
 
     def probe(
         self,
@@ -288,23 +173,25 @@ class BiasTuner:
             and self.theta_graph.zeros[0].shape[0] == B
         ):
             return self._probe_theta(ctx, demographic)
-        states = self._block_inputs(ctx)
+        states = self.rerun.inputs(ctx)
         deltas = self.zero_deltas(B)
         mask = ctx.attention_mask
-        with self._tuned(deltas) as state:
+        with self.rerun.tuned(deltas) as state:
             if self.scope == "context":
                 from transformers.cache_utils import DynamicCache
 
                 with self.linear_record.replaying(B, T) as self.replayed:
-                    out = self._top(ctx, slice(0, T), states, DynamicCache())
+                    out = self.rerun.top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
                 context_sum = (final * mask.to(final.device).unsqueeze(-1).float()).sum(1)
             else:
-                out = self._top(ctx, slice(T - 1, T), states[:, -1:], self._theta_cache(ctx, T - 1))
-                context_sum = self._sum_through_last(ctx, state.final_hidden[-1][:, -1])
+                out = self.rerun.top(
+                    ctx, slice(T - 1, T), states[:, -1:], self.rerun.theta_cache(ctx, T - 1)
+                )
+                context_sum = self.rerun.sum_through_last(ctx, state.final_hidden[-1][:, -1])
             hidden = out.last_hidden_state[:, -1]  # (B, D)
             if self.f32 is not None:  # θ's float32 K/V of the tuned blocks, before the horizon's
-                self._kv32 = [
+                self.rerun.kv32 = [
                     (x.keys.detach(), x.values.detach())
                     for x in out.past_key_values.layers[self.first :]
                 ]
@@ -345,9 +232,9 @@ class BiasTuner:
         T = ctx.input_ids.shape[1]
         deltas, hidden, mask = graph.zeros, graph.hidden, ctx.attention_mask
         graph.cache = ctx.past_key_values
-        context_sum = self._sum_through_last(ctx, graph.final)
+        context_sum = self.rerun.sum_through_last(ctx, graph.final)
         logits = ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
-        with self._tuned(deltas) as state:
+        with self.rerun.tuned(deltas) as state:
             embeds, loss_a = expectations(
                 ctx, hidden, logits, demographic, self.embed, self.head_weight, self._fused
             )
@@ -356,68 +243,11 @@ class BiasTuner:
         probe = Probe(deltas, logits, horizon, loss_a)
         return self._pooled(graph.fired, probe, context_sum, mask)
 
-    def _theta_cache(self, ctx: StepContext, length: int) -> Any:
-        """θ's cache over the first `length` positions, as views.
-
-        In a half-precision model the tuned blocks' layers hold float32 K/V of θ (δ = 0) from the
-        float32 copies instead of θ's rounded ones: kept from the last probe, recomputed from
-        the cached block inputs when missing (once per batch in `last` scope).
-        """
-        cache = cropped_cache(ctx.past_key_values, length)
-        if self.f32 is None or length == 0:
-            return cache
-        kv = self._kv32
-        if kv is None or kv[0][0].shape[0] != ctx.input_ids.shape[0] or kv[0][0].shape[-2] < length:
-            from transformers.cache_utils import DynamicCache
-
-            states = self._block_inputs(ctx)[:, :length]
-            head = replace(ctx, attention_mask=ctx.attention_mask[:, :length])
-            with torch.no_grad(), self._tuned(None):
-                out = self._top(head, slice(0, length), states, DynamicCache())
-            kv = self._kv32 = [(x.keys, x.values) for x in out.past_key_values.layers[self.first :]]
-        for layer, (keys, values) in zip(cache.layers[self.first :], kv):
-            layer.keys, layer.values = keys[..., :length, :], values[..., :length, :]
-            layer.dtype = keys.dtype
-        return cache
-
     def _merged_cache(self, ctx: StepContext, top: Any) -> Any:
         """θ's cache (views) for the lower blocks, the probe's for the tuned ones: T positions."""
         merged = cropped_cache(ctx.past_key_values, ctx.input_ids.shape[1])
         merged.layers[self.first :] = top.layers[self.first :]
         return merged
-
-    def _sum_through_last(self, ctx: StepContext, final_last: torch.Tensor) -> torch.Tensor:
-        """`last` scope: (B, D) Σ of θ's final hidden states over the real positions, the last
-        one being `final_last` (differentiable); the running sum keeps it for the next step
-        (θ: δ is zero in the probe)."""
-        before = self._context_sum(ctx)  # positions < T - 1, kept from the last probe
-        mask = ctx.attention_mask[:, -1:].to(final_last.device).float()
-        last = final_last.float() * mask
-        self._ctx_sum, self._ctx_len = before + last.detach(), ctx.input_ids.shape[1] + 1
-        return before.to(last.device) + last
-
-    def _context_sum(self, ctx: StepContext) -> torch.Tensor:
-        """Σ of θ's final hidden states over the real positions before the last one."""
-        T = ctx.input_ids.shape[1]
-        if self._ctx_sum is not None and self._ctx_len == T:
-            return self._ctx_sum
-        if T == 1:  # (as wide as what the LM head reads: OPT-350m's project_out changes it)
-            width = self.head_weight.shape[1]
-            return torch.zeros((ctx.input_ids.shape[0], width), device=self.lm.device)
-        mask = ctx.attention_mask[:, :-1].unsqueeze(-1).float()
-        hidden = ctx.hidden_states
-        if self._hidden_is_norm and hidden is not None and hidden[-1].shape[1] == T:
-            final = hidden[-1][:, :-1].float()  # the loop's prefill: every position
-        else:
-            # θ's context through the modules the tuned path runs (a half-precision model's
-            # float32 copies, which the probe has swapped in already when it calls this)
-            states = self._block_inputs(ctx)
-            with torch.no_grad(), self._tuned(None) as state:
-                from transformers.cache_utils import DynamicCache
-
-                self._top(ctx, slice(0, T - 1), states[:, :-1], DynamicCache())
-            final = state.final_hidden[-1].float()
-        return (final * mask.to(final.device)).sum(1)
 
     def _horizon_forward(
         self, ctx: StepContext, logits: torch.Tensor, cache: Any, embeds: torch.Tensor | None
@@ -457,11 +287,11 @@ class BiasTuner:
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
         T = ctx.input_ids.shape[1]
-        cache = self._theta_cache(ctx, T - 1)
-        with torch.no_grad(), self._tuned([d.detach() for d in deltas]):
+        cache = self.rerun.theta_cache(ctx, T - 1)
+        with torch.no_grad(), self.rerun.tuned([d.detach() for d in deltas]):
             if self.replay:
-                states = self._block_inputs(ctx)[:, -1:]
-                out = self._top(ctx, slice(T - 1, T), states, cache)
+                states = self.rerun.inputs(ctx)[:, -1:]
+                out = self.rerun.top(ctx, slice(T - 1, T), states, cache)
             else:
                 out = self.base(
                     input_ids=ctx.input_ids[:, -1:],
