@@ -220,7 +220,7 @@ PHASES = (
     ("decoding", "nucleus_full", "loop: sampling (full sort)"),
     ("BiasTuner", "probe", "tuner: probe"),
     ("BiasTuner", "_horizon_forward", "  of which the horizon's forward"),
-    ("tuner", "vocab_forward", "  of which the vocabulary pass"),
+    ("vocab_pass", "vocab_forward", "  of which the vocabulary pass"),
     ("BiasTuner", "step", "tuner: backward and Adam step"),
     ("_ThetaVocab", "backward", "  of which the vocabulary pass's backward"),
     ("BiasTuner", "tuned_logits", "tuner: tuned forward"),
@@ -231,14 +231,14 @@ def _phase_run(timed: Timed, clock: Any) -> tuple[dict[str, float], float, list[
     """One more run of `timed` with the calls of `PHASES` wrapped: (`clock()` spent inside each
     label, `clock()` spent by the whole run, the rows). Every wrapped call is put back."""
     import workers.decoding as decoding
-    from workers.methods import tuner
+    from workers.methods import tuner, vocab_pass
 
     owners = {
         "model": timed.lm.model,
         "decoding": decoding,
         "BiasTuner": tuner.BiasTuner,
-        "_ThetaVocab": tuner._ThetaVocab,
-        "tuner": tuner,
+        "_ThetaVocab": vocab_pass._ThetaVocab,
+        "vocab_pass": vocab_pass,
     }
     spent = dict.fromkeys([label for _, _, label in PHASES], 0.0)
     saved = []

@@ -2,7 +2,7 @@
 
 For each tiny family, dtype and scope: step 0 of a bias-tuning step (3 of 4 blocks, the stand-in
 loss of `tests/precision.py`) in the half-precision model (the precision policy of
-`workers/methods/tuner.py`) and in the same weights run in float32. Prints the δ-sign agreement
+`workers/methods/precision.py`) and in the same weights run in float32. Prints the δ-sign agreement
 over the elements with |g32| ≥ eps (|δ32| ≥ lr/2), the flips stratified by |g32| relative to the
 row's gradient RMS and by hook point, the flips left when one source of θ's own half-precision
 state is replaced by its float32 value ("fix"), and the agreement above the measured noise
@@ -116,14 +116,14 @@ def float32_lower(tuner: BiasTuner) -> Iterator[None]:
         copied = copy.deepcopy(module).float()
         copied.register_forward_pre_hook(cast, with_kwargs=True)
         blocks._modules[name] = copied
-    tuner.lower = [blocks[i] for i in range(tuner.first)]
+    tuner.rerun.lower = [blocks[i] for i in range(tuner.first)]
     tuner.embed = embed.float()
     try:
         yield
     finally:
         for name, module in saved:
             blocks._modules[name] = module
-        tuner.lower, tuner.embed = [m for _, m in saved], embed
+        tuner.rerun.lower, tuner.embed = [m for _, m in saved], embed
 
 
 def flips(step: Step, ref: Step, where: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 import workers.decoding as decoding
 from jobs.spec import ModelRef
-from workers.methods import tuner
+from workers.methods import tuner, vocab_pass
 from workers.models import load_lm
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_methods.py"
@@ -34,8 +34,8 @@ def wrapped_calls() -> dict[str, object]:
         "step": tuner.BiasTuner.step,
         "tuned_logits": tuner.BiasTuner.tuned_logits,
         "horizon": tuner.BiasTuner._horizon_forward,
-        "vocab_forward": tuner.vocab_forward,
-        "vocab_backward": vars(tuner._ThetaVocab)["backward"],
+        "vocab_forward": vocab_pass.vocab_forward,
+        "vocab_backward": vars(vocab_pass._ThetaVocab)["backward"],
         "nucleus_topk": decoding.nucleus_topk,
         "nucleus_full": decoding.nucleus_full,
     }

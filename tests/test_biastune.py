@@ -259,7 +259,7 @@ def test_tuned_forward_replays_the_lower_blocks(lm: LoadedLM, scope: str) -> Non
     probe = tuner.probe(ctx)
     loss = probe.pooled.square().sum(-1) + probe.logits.logsumexp(-1)
     deltas = tuner.step(probe, loss, torch.ones(2, dtype=torch.bool), lr=0.5)
-    inner = next(m for m in tuner.lower[0].modules() if affine_width(m) is not None)
+    inner = next(m for m in tuner.rerun.lower[0].modules() if affine_width(m) is not None)
     calls: list[int] = []
     handle = inner.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -271,7 +271,7 @@ def test_tuned_forward_replays_the_lower_blocks(lm: LoadedLM, scope: str) -> Non
     finally:
         handle.remove()
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
-    assert all("forward" not in vars(block) for block in tuner.lower)
+    assert all("forward" not in vars(block) for block in tuner.rerun.lower)
 
 
 @pytest.mark.parametrize("scope", ["context", "last"])

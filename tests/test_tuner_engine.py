@@ -167,9 +167,9 @@ def test_half_precision_keeps_float32_keys_and_values_step_to_step(family: str) 
     kept: list[int] = []
 
     def fresh(ctx: Any) -> Any:
-        kv = method.tuner._kv32
+        kv = method.tuner.rerun.kv32
         kept.append(-1 if kv is None else kv[0][0].shape[-2])
-        method.tuner._kv32 = None  # force the recomputation from the cached block inputs
+        method.tuner.rerun.kv32 = None  # force the recomputation from the cached block inputs
         return original(ctx)
 
     method.next_logprobs = fresh  # type: ignore[method-assign]
@@ -373,7 +373,7 @@ def _teacher_forced_steps(
             probe = tuner.probe(ctx, (geo, gen_sum))
             if scope == "last":
                 reused = tuner is reuse and step > 0
-                assert (probe.deltas is reuse._zeros) == reused
+                assert (probe.deltas is reuse.theta_graph.zeros) == reused
             else:
                 assert tuner.replayed == (tuner is reuse)
             assert probe.loss_a is not None

@@ -1,0 +1,126 @@
+"""float32 copies of a half-precision model's tuned path, shared by every tuner of the model.
+
+In a half-precision model an offset of 0.006 rounds away on any activation of magnitude ≥ 2, so
+the tuned path (the top k blocks, the final norm, a `project_out`, and the output product) runs
+on float32 copies of those modules while θ's own forward and the lower blocks stay in the
+model's dtype; the copies get float32 rotary cos/sin and attend over float32 K/V of θ. The
+measurements behind this choice: `docs/design.md` (Bias tuning, precision policy).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from workers.methods.base import MethodError
+from workers.methods.biastune import TuneSites, find_sites
+
+if TYPE_CHECKING:
+    from workers.models import LoadedLM
+
+# float32 copies of a half-precision model's blocks, final norm and output matrix, by model:
+# every tuner of the model (each method, UDDIA's redo with fewer blocks) swaps in the same ones
+_FLOAT32_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _float32_copies(model: nn.Module) -> dict[str, Any]:
+    return _FLOAT32_COPIES.setdefault(model, {})
+
+
+def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
+    """The output matrix in float32, one copy per model."""
+    copies = _float32_copies(model)
+    if "head" not in copies:
+        copies["head"] = head.weight.detach().float()
+    return copies["head"]  # type: ignore[no-any-return]
+
+
+class Float32Top:
+    """float32 copies of the tuned blocks and of what lies between them and the LM head (the
+    final norm, OPT-350m's `project_out`), swapped in for the tuned passes.
+
+    Built only for a half-precision model; the originals stay in place for θ's forwards. The
+    copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
+    them, and one with fewer blocks uses the top ones of a deeper one's (hooks that install the
+    offsets come and go with each pass, so sharing carries no state).
+    """
+
+    def __init__(self, model: nn.Module, sites: TuneSites) -> None:
+        self.model = model
+        blocks = model.get_submodule(sites.blocks_path)
+        first = sites.num_blocks - sites.k
+        copies = _float32_copies(model)
+        rotary = getattr(
+            model.get_submodule(sites.blocks_path.rpartition(".")[0]), "rotary_emb", None
+        )
+        self.swaps: list[tuple[nn.Module, str, nn.Module]] = []
+        for i in range(first, sites.num_blocks):
+            name = f"block.{i}"
+            if name not in copies:
+                block = copy.deepcopy(blocks.get_submodule(str(i))).float()
+                # any block may be a tuner's first: its hidden-state input arrives in half
+                block.register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
+                if isinstance(rotary, nn.Module):  # LLaMA, Falcon: cos/sin in the model's dtype
+                    block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
+                copies[name] = block
+            self.swaps.append((blocks, str(i), copies[name]))
+        for point in sites.above:
+            parent_name, _, attr = point.name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            name = f"above.{point.name}"
+            if name not in copies:
+                copies[name] = copy.deepcopy(point.module).float()
+            self.swaps.append((parent, attr, copies[name]))
+        with self.swapped():
+            self.sites = find_sites(model, sites.k)
+
+    @contextmanager
+    def swapped(self) -> Iterator[None]:
+        saved = [(parent, name, parent.get_submodule(name)) for parent, name, _ in self.swaps]
+        try:
+            for parent, name, module in self.swaps:
+                parent._modules[name] = module
+            yield
+        finally:
+            for parent, name, module in saved:
+                parent._modules[name] = module
+
+
+def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """Pre-hook of the first float32 block: its hidden-state input arrives in the model's dtype."""
+    if args and isinstance(args[0], torch.Tensor):
+        args = (args[0].float(), *args[1:])
+    elif isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        kwargs = {**kwargs, "hidden_states": kwargs["hidden_states"].float()}
+    return args, kwargs
+
+
+def _float32_rotary(rotary: nn.Module) -> Any:
+    """Pre-hook of a float32 block: rotary cos/sin recomputed in float32 from the positions."""
+
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        given, positions = kwargs.get("position_embeddings"), kwargs.get("position_ids")
+        if isinstance(given, tuple) and given[0].dtype != torch.float32 and positions is not None:
+            probe = given[0].new_empty(0, dtype=torch.float32)  # the rotary reads dtype and device
+            kwargs = {**kwargs, "position_embeddings": rotary(probe, positions)}
+        return args, kwargs
+
+    return hook
+
+
+def float32_top(lm: LoadedLM, sites: TuneSites) -> Float32Top:
+    """The float32 copies of a half-precision `lm`'s tuned path (attention must take float32)."""
+    attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
+    if attention.startswith("flash_attention"):
+        raise MethodError(
+            f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
+            f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
+            f"or eager"
+        )
+    return Float32Top(lm.model, sites)
