@@ -123,6 +123,7 @@ def log_wandb(store: RunStore, project: str) -> str:
         where = str(getattr(run, "dir", "") or "")
     finally:
         run.finish()
+        wandb.teardown()  # stop its service now, not in an atexit hook after the streams close
     log.info("wandb: logged %d values, %d figures (project %s)", len(scalars), len(images), project)
     return where
 
