@@ -41,13 +41,13 @@ from workers.methods.biastune import (
     SCOPES,
     HookState,
     TuneSites,
-    adam_first_step,
     bias_offsets,
     cropped_cache,
     find_sites,
     module_device,
     shadowed_forwards,
     skip_blocks,
+    tuning_step,
 )
 from workers.methods.estimators import (
     GenderGeometry,
@@ -833,7 +833,7 @@ class BiasTuner:
             g = torch.zeros_like(d) if g is None else g
             keep = ok.to(g.device).unsqueeze(-1)
             out.append(torch.where(keep, g, torch.zeros_like(g)))  # NaN rows cannot leak into δ
-        return adam_first_step(out, lr)
+        return tuning_step(out, lr)  # Adam's step with eps scaled to the row: docs/design.md
 
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
