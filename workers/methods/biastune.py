@@ -5,7 +5,8 @@ LayerNorm / RMSNorm) of the top `k` decoder blocks and of the final norm. Offset
 tensors of shape (B, out_features) that forward hooks add; the model's weights are never
 touched. Because row s of every offset only reaches row s of the batch, one backward pass of
 Σ_s ℓ_s gives each sequence its own gradient, and one step of a fresh Adam is the closed form
-`δ = −lr · g / (|g| + eps)`.
+`δ = −lr · g / (|g| + eps)`; the tuning step takes it with eps scaled to the row
+(`tuning_step`), so that rounding noise in g is not amplified.
 
 The passes of one decoding step that use these pieces live in `workers.methods.tuner`.
 """

@@ -822,7 +822,8 @@ class BiasTuner:
     def step(
         self, probe: Probe, losses: torch.Tensor, ok: torch.Tensor, lr: float
     ) -> list[torch.Tensor]:
-        """Offsets after one fresh-Adam step on Σ_s losses[s] over the rows where `ok`.
+        """Offsets after one fresh-Adam step (eps scaled to the row: `tuning_step`) on
+        Σ_s losses[s] over the rows where `ok`.
 
         Rows not `ok` (finished, failed, non-finite loss) get zero offsets.
         """
