@@ -10,7 +10,9 @@ token to vanilla's at the same batch size (wall time, and process CPU time: stea
 machine), its speed-up in tokens/s over the `reference-style` row, and the peak memory of the
 run (CUDA: allocator peak; CPU: peak resident set growth, sampled); then one PASS / FAIL line
 per target of issue 12 that the run measured (with the target and the measured value), and the
-load average. `reference-style` rebuilds the UDDIA reference's call structure on the same model:
+load average. Beside vanilla, each batch size times transformers' `generate` on the same model
+and prompts (nucleus sampling, no top-k) and prints the loop's CPU cost per token over its
+(`--no-generate` skips it). `reference-style` rebuilds the UDDIA reference's call structure on the same model:
 batch 1, a fresh `torch.optim.Adam` per token on the real bias parameters, the context re-run
 at every step (see `reference_style`). `--paper-row` times the paper's GPT-2 large row end to
 end: 3,500 generations (175 pairs × 2 × 10 seeds) × 20 tokens with lidao-min at the paper's
