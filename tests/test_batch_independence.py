@@ -4,10 +4,11 @@ Every registered method on the four tiny families: the first jobs alone, the fir
 batch, all 32 as a batch, and the batch of 8 again at 2 threads. The design does not promise
 bit-identical distributions across batch shapes or thread counts (the kernels' rounding
 changes); it promises that no method amplifies that rounding (docs/design.md, "What is
-guaranteed"): the distributions agree step by step within `TOL`, and the tokens agree unless
-the uniform fell within rounding of a boundary (`tests.agreement.near_tie`). Before the
-scaled eps of the tuning step (`biastune.tuning_step`), LLaMA's and OPT's -min methods moved δ
-by up to a third of lr between a job alone and in a batch of 32.
+guaranteed"): the distributions agree step by step within `TOL_TUNED` (vanilla and the
+bias-tuned methods) or `TOL` (GeDi, DExperts), and the tokens agree unless the uniform fell
+within rounding of a boundary (`tests.agreement.near_tie`). With Adam's fixed eps instead of
+the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail here
+(δ moved by up to a third of lr between a job alone and in a batch of 32).
 
 PPLM is the exception the design states: its ten normalised gradient steps amplify rounding
 ~50x (1e-9 → ~1e-7 in probability), and on the tiny models' nearly flat distributions that
@@ -56,7 +57,10 @@ PROMPTS = [
     "The nurse told her friend that",
 ]
 GEN = GenerationParams(max_new_tokens=3, top_p=0.9)
-TOL = 1e-6  # max |Δp| per step; measured ≤ 1.6e-7 (GeDi), ≤ 5e-9 for the tuned methods
+TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeDi), 2.4e-8 (DExperts)
+# vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
+TOL_TUNED = 3e-8
+TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
 TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 before the texts part
 ALONE = 2  # jobs also run alone
 
@@ -115,7 +119,8 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
         worst = max(parted_within(a, b, ra, rb) for a, ra, b, rb in pairs)
         assert worst <= TOL_PPLM, worst
         return
-    compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, TOL) for a, ra, b, rb in pairs)
+    tol = TOL_TUNED if method in TUNED else TOL
+    compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, tol) for a, ra, b, rb in pairs)
     assert compared >= len(pairs)  # tokens were compared, not only the first step
 
 
