@@ -10,7 +10,9 @@ token to vanilla's at the same batch size (wall time, and process CPU time: stea
 machine), its speed-up in tokens/s over the `reference-style` row, and the peak memory of the
 run (CUDA: allocator peak; CPU: peak resident set growth, sampled); then one PASS / FAIL line
 per target of issue 12 that the run measured (with the target and the measured value), and the
-load average. `reference-style` rebuilds the UDDIA reference's call structure on the same model:
+load average. Beside vanilla, each batch size times transformers' `generate` on the same model
+and prompts (nucleus sampling, no top-k) and prints the loop's CPU cost per token over its
+(`--no-generate` skips it). `reference-style` rebuilds the UDDIA reference's call structure on the same model:
 batch 1, a fresh `torch.optim.Adam` per token on the real bias parameters, the context re-run
 at every step (see `reference_style`). `--paper-row` times the paper's GPT-2 large row end to
 end: 3,500 generations (175 pairs × 2 × 10 seeds) × 20 tokens with lidao-min at the paper's
@@ -211,6 +213,50 @@ class Timed:
         """(tokens/s, ms per step, peak bytes, CPU s per token) of the best run."""
         steps = max(1, self.made // self.batch)
         return self.made / self.best, self.best / steps * 1000, self.peak, self.cpu
+
+
+class GenerateTimed:
+    """transformers' `generate` on the vanilla row's model and prompts (BOS + prompt, left
+    padded), nucleus sampling at the loop's top_p with no top-k, timed like `Timed`: the
+    baseline the loop's CPU cost per token is compared with."""
+
+    name = "hf-generate"
+
+    def __init__(self, lm: LoadedLM, batch: int, tokens: int, top_p: float) -> None:
+        self.lm, self.batch, self.tokens, self.top_p = lm, batch, tokens, top_p
+        ids = [prompt_token_ids(lm, PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
+        width = max(len(x) for x in ids)
+        pad = int(lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0)
+        self.input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        self.mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        self.input_ids, self.mask = self.input_ids.to(lm.device), self.mask.to(lm.device)
+        self.best, self.made, self.cpu = float("inf"), 0, float("inf")
+        self._generate(2)  # warm-up
+
+    def _generate(self, tokens: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.lm.model.generate(  # type: ignore[no-any-return]
+                input_ids=self.input_ids,
+                attention_mask=self.mask,
+                do_sample=True,
+                top_p=self.top_p,
+                top_k=0,
+                temperature=1.0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,  # as many tokens as the loop (random weights: EOS rare)
+                pad_token_id=self.lm.tokenizer.pad_token_id or 0,
+            )
+
+    def once(self) -> None:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        out = self._generate(self.tokens)
+        if self.lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+        n = (out.shape[1] - self.input_ids.shape[1]) * self.batch
+        if elapsed < self.best:
+            self.best, self.made = elapsed, n
+        self.cpu = min(self.cpu, cpu_s / max(n, 1))
 
 
 # (owner, attribute, label): the calls `--phases` measures; nested ones are indented
@@ -558,6 +604,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-reference", action="store_true", help="skip the reference-style row")
     ap.add_argument(
+        "--no-generate", action="store_true", help="skip transformers' `generate` beside vanilla"
+    )
+    ap.add_argument(
         "--paper-row", action="store_true", help="GPT-2 large shape, lidao-min, 3,500 × 20"
     )
     ap.add_argument("--limit", type=int, default=None, help="paper row: first N generations")
@@ -614,9 +663,12 @@ def main() -> int:
                 if args.blocks:
                     params["blocks"] = args.blocks
             timed.append(Timed(lm, method, params, batch, args.tokens))
+        hf = None if args.no_generate else GenerateTimed(lm, batch, args.tokens, 0.9)
         for _ in range(args.repeats):  # interleaved: vanilla, m1, m2, …, vanilla, m1, …
             for t in timed:
                 t.once()
+            if hf is not None:
+                hf.once()
         if args.flops:
             for t in timed:
                 t.count_flops()
@@ -638,6 +690,14 @@ def main() -> int:
             print(
                 f"{t.name:<16} {batch:>5} {tps:>9.1f} {ms:>9.1f} {res.ratio:>9.2f} "
                 f"{res.cpu_ratio:>9.2f} {speed} {peak / 2**20:>9.0f}{flops}",
+                flush=True,
+            )
+        if hf is not None:
+            loop = timed[0]
+            print(
+                f"# batch {batch}: hf-generate {hf.made / hf.best:.1f} tok/s, CPU "
+                f"{hf.cpu * 1e3:.2f} ms/token; vanilla loop CPU {loop.cpu * 1e3:.2f} ms/token; "
+                f"loop CPU / generate CPU = {loop.cpu / hf.cpu:.3f}",
                 flush=True,
             )
         if args.phases:

@@ -108,5 +108,7 @@ def test_the_paper_row_runs_the_generation_actors_path_and_writes_parquet(tmp_pa
     assert stats["batches"] == 2  # auto on a CPU: batches of 8, cut as the driver cuts them
     rows = RunStore(out).read_generations(["job_id", "status", "method", "seed"])
     assert rows.height == 12 and (rows["status"] == "ok").all()
-    assert set(rows["method"]) == {"lidao-min"} and sorted(set(rows["seed"])) == [0]
+    # seed-major over the prompts: the paper's 350 (../shared) or the built-in few when absent
+    seeds = list(range(-(-12 // len(bm.paper_prompts()))))
+    assert set(rows["method"]) == {"lidao-min"} and sorted(set(rows["seed"])) == seeds
     assert bm.paper_row(lm, head, 5, 12, "last", str(tmp_path / "r5"))["batches"] == 3

@@ -156,6 +156,20 @@ def test_topk_path_equals_a_full_sort_on_random_peaked_rows() -> None:
     assert torch.equal(nucleus_sample(logits, 0.9, u), full)
 
 
+def test_the_full_order_is_the_stable_descending_float_sort() -> None:
+    """The CPU's radix path (integer keys, row by row) gives the permutation of a stable
+    descending sort of the float64 probabilities: exact ties (also at 0) by token id."""
+    gen = torch.Generator().manual_seed(5)
+    probs = torch.softmax(3.0 * torch.randn(6, 50257, generator=gen, dtype=torch.float64), -1)
+    probs[0, 100:400] = probs[0, 50]  # a run of exact ties
+    probs[1, ::2] = 0.0  # exact zeros
+    probs[2] = probs[2].round(decimals=6)  # ties everywhere
+    probs[3, 9], probs[3, 7] = probs[3, 7], probs[3, 9]
+    want = torch.sort(probs, dim=-1, descending=True, stable=True).indices
+    assert torch.equal(decoding.full_order(probs), want)
+    assert torch.equal(decoding.full_order(probs[2:3]), want[2:3])  # row by row
+
+
 def test_job_uniforms_are_uniform_and_independent_of_the_batch() -> None:
     seeds = torch.tensor([j.rng_seed for j in make_jobs(n=8)] + list(range(2000)))
     draws = torch.stack([decoding.job_uniforms(seeds, s) for s in range(50)])  # (steps, B)

@@ -167,12 +167,46 @@ def test_a_sentencepiece_continuation_is_scored_on_the_pieces_it_reads_as_after_
     assert continuation_ids(tok, prompt, "", prompt_ids) == []
 
 
-def test_gpt2_continuations_keep_their_own_tokens_also_across_a_glued_join() -> None:
-    """Byte-level BPE: after the prompt, a continuation has the ids it has alone; where it glues
-    onto the prompt's last word ("chair" + "man" is one token), its own ids are scored."""
+def byte_level_bpe() -> Any:
+    """A GPT-2-style byte-level BPE tokenizer trained here on a few lines: " chair" and
+    " chairman" are both tokens, so "The chair" + "man said no" glues across the join."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    lines = [r["prompt"] + r["continuation"] for r in ROWS]
+    lines += ["The chairman said no.", "The chair was empty.", "He was\n\nthen left!!"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(lines, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
+
+
+def gpt2_tokenizer(kind: str) -> Any:
+    """The built byte-level BPE, or GPT-2's own tokenizer from ../shared (skipped, naming the
+    folder, where it is absent: a clone outside the workspace)."""
+    if kind == "built":
+        return byte_level_bpe()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(SHARED / "data" / "gpt2-tokenizer")
+    folder = SHARED / "data" / "gpt2-tokenizer"
+    if not folder.is_dir():
+        pytest.skip(f"GPT-2's tokenizer is not at {folder}")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("kind", ["built", "gpt2"])
+def test_gpt2_continuations_keep_their_own_tokens_also_across_a_glued_join(kind: str) -> None:
+    """Byte-level BPE: after the prompt, a continuation has the ids it has alone; where it glues
+    onto the prompt's last word ("chair" + "man" is one token), its own ids are scored."""
+    tok = gpt2_tokenizer(kind)
     cases = [(r["prompt"], r["continuation"]) for r in ROWS if r["prompt"] and r["continuation"]]
     cases += [("The chair", "man said no"), ("He was\n", "\nthen left"), ("Oh", "!!")]
     glued = 0

@@ -5,7 +5,8 @@ LayerNorm / RMSNorm) of the top `k` decoder blocks and of the final norm. Offset
 tensors of shape (B, out_features) that forward hooks add; the model's weights are never
 touched. Because row s of every offset only reaches row s of the batch, one backward pass of
 Σ_s ℓ_s gives each sequence its own gradient, and one step of a fresh Adam is the closed form
-`δ = −lr · g / (|g| + eps)`.
+`δ = −lr · g / (|g| + eps)`; the tuning step takes it with eps scaled to the row
+(`tuning_step`), so that rounding noise in g is not amplified.
 
 The pooled state the attribute head reads is what the LM head reads: the final norm's output,
 or `project_out`'s where a model projects its states out before the LM head (OPT-350m); a
@@ -28,6 +29,9 @@ from workers.methods.base import MethodError
 
 SCOPES = ("context", "last")
 ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
+# Adam's eps of the tuning step, per row and hook point, at least this fraction of the largest
+# |g| of that row and hook point (`tuning_step`; docs/design.md, "What is guaranteed")
+STEP_EPS_REL = 1e-3
 # Attribute names of the final norm next to (or above) the decoder block list.
 FINAL_NORM_NAMES = ("ln_f", "norm", "final_layer_norm", "final_norm", "norm_f", "final_layernorm")
 # Attribute names of a projection between the final norm and the LM head (OPT-350m).
@@ -290,6 +294,32 @@ def adam_first_step(
         g32 = g.float()
         out.append((-lr * g32 / (g32.abs() + eps)).to(g.dtype))
     return out
+
+
+def tuning_step(
+    grads: Sequence[torch.Tensor], lr: float, eps: float = ADAM_EPS, rel: float = STEP_EPS_REL
+) -> list[torch.Tensor]:
+    """The offsets of one tuning step: a fresh Adam step whose eps scales with the gradient.
+
+    `grads` are the (B, width) gradients of every hook point. Row by row (one sequence):
+    `−lr · g / (|g| + e)` with `e = max(eps, rel · max|g|)`, the maximum over that row of every
+    hook point. Where every element is far above `rel · max|g|` this is `adam_first_step`; an
+    element below it steps in proportion to |g| instead of a full `lr`. Why: Adam's fixed eps
+    (1e-8) turns an element whose gradient is rounding noise (|g| ≈ 1e-10 to 1e-8 beside a row
+    scale of 1e-3, or a whole hook point whose exact gradient is zero) into a step of any size
+    up to lr, so a change of the batch or the thread count (which changes the rounding, not the
+    value) moved δ by up to a third of lr. With e ≥ rel · max|g|, |∂δ/∂g| ≤ lr / (rel · max|g|):
+    a rounding error of c·u·max|g| (u the float32 unit roundoff) moves δ by at most c·u/rel of
+    lr, and the function is continuous (no threshold that a rounding error could cross).
+    Computed in float32, returned in each gradient's dtype.
+    """
+    if not grads:
+        return []
+    mags = [g.float().abs() for g in grads]
+    device = mags[0].device  # a model split across devices: one scale per row, on the first
+    scale = torch.stack([m.amax(-1).to(device) for m in mags], -1).amax(-1, keepdim=True)
+    floor = (scale * rel).clamp_min(eps)
+    return [(-lr * g.float() / (m + floor.to(m.device))).to(g.dtype) for g, m in zip(grads, mags)]
 
 
 def module_device(module: nn.Module, default: torch.device) -> torch.device:

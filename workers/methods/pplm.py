@@ -10,9 +10,10 @@ position under the perturbed past (detached, as in the reference) and of `horizo
 positions whose input embedding is the expected embedding `Eᵀ p_Δ` of the next token (run on
 θ's cache); the gradient reaches Δ through p_Δ. Each step is, per sequence s and layer l,
 
-    Δ ← Δ − step_size · g ⊙ w / (‖g ⊙ w‖ + 1e-15)^gamma
+    Δ ← Δ − step_size · g ⊙ w / (max(‖g ⊙ w‖, 1e-3 · max_l ‖g_l ⊙ w‖) + 1e-15)^gamma
 
-with the norm over the layer's keys and values of that sequence and `w` the window mask. The
+with the norm over the layer's keys and values of that sequence, `w` the window mask, and the
+floor 1e-3 of the sequence's largest layer norm (`NORM_FLOOR_REL`; the reference has none). The
 sampling distribution is the geometric mixture `p_Δ^gm_scale · p_θ^(1−gm_scale)`.
 
 Decisions (facts from the reference `uber-research/PPLM` run_pplm.py and the PPLM baseline of
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
     from workers.models import LoadedLM
 
 SMALL_CONST = 1e-15
+# A layer's gradient norm in the step is at least this fraction of the row's largest layer norm.
+# The reference normalises each layer alone, so a layer whose gradient is rounding noise (its
+# exact gradient ~0) took a full step in the noise's direction, and the text then changed with
+# the batch or the thread count. With the floor such a layer steps in proportion to its
+# gradient; layers above it step exactly as the reference's (docs/design.md, "What is guaranteed").
+NORM_FLOOR_REL = 1e-3
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (B, H, T, d)
 
 
@@ -228,10 +235,16 @@ class Perturber:
                 grads = torch.autograd.grad(loss.sum(), [t for pair in leaves for t in pair])
             trace.append(ce.detach())
             deltas = []
-            for i, (dk, dv) in enumerate(leaves):
-                gk, gv = grads[2 * i] * mask_w, grads[2 * i + 1] * mask_w
-                sq = gk.pow(2).sum((1, 2, 3)) + gv.pow(2).sum((1, 2, 3))  # (B,) per row and layer
-                norm = sq.sqrt() + SMALL_CONST
+            masked = [
+                (grads[2 * i] * mask_w, grads[2 * i + 1] * mask_w) for i in range(len(leaves))
+            ]
+            norms = [
+                (gk.pow(2).sum((1, 2, 3)) + gv.pow(2).sum((1, 2, 3))).sqrt() for gk, gv in masked
+            ]
+            top = torch.stack([n.to(norms[0].device) for n in norms], -1).amax(-1)  # (B,)
+            floor = NORM_FLOOR_REL * top  # see NORM_FLOOR_REL
+            for (dk, dv), (gk, gv), layer_norm in zip(leaves, masked, norms):
+                norm = torch.maximum(layer_norm, floor.to(layer_norm.device)) + SMALL_CONST
                 scale = (cfg.step_size / norm.pow(cfg.gamma)).view(-1, 1, 1, 1)
                 deltas.append(((dk - scale * gk).detach(), (dv - scale * gv).detach()))
         with torch.no_grad():

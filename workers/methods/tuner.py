@@ -31,10 +31,10 @@ from torch import nn
 from workers.methods.base import MethodError
 from workers.methods.biastune import (
     SCOPES,
-    adam_first_step,
     cropped_cache,
     find_sites,
     module_device,
+    tuning_step,
 )
 from workers.methods.estimators import GenderGeometry
 from workers.methods.precision import float32_head, float32_top
@@ -271,7 +271,8 @@ class BiasTuner:
     def step(
         self, probe: Probe, losses: torch.Tensor, ok: torch.Tensor, lr: float
     ) -> list[torch.Tensor]:
-        """Offsets after one fresh-Adam step on Σ_s losses[s] over the rows where `ok`.
+        """Offsets after one fresh-Adam step (eps scaled to the row: `tuning_step`) on
+        Σ_s losses[s] over the rows where `ok`.
 
         Rows not `ok` (finished, failed, non-finite loss) get zero offsets.
         """
@@ -282,7 +283,7 @@ class BiasTuner:
             g = torch.zeros_like(d) if g is None else g
             keep = ok.to(g.device).unsqueeze(-1)
             out.append(torch.where(keep, g, torch.zeros_like(g)))  # NaN rows cannot leak into δ
-        return adam_first_step(out, lr)
+        return tuning_step(out, lr)  # Adam's step with eps scaled to the row: docs/design.md
 
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""

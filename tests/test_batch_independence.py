@@ -1,0 +1,165 @@
+"""A job's text does not depend on its batch or on torch's thread count, for every method.
+
+Every registered method on the four tiny families: the first jobs alone, the first 8 as a
+batch, all 32 as a batch, and the batch of 8 again at 2 threads. The design does not promise
+bit-identical distributions across batch shapes or thread counts (the kernels' rounding
+changes); it promises that no method amplifies that rounding (docs/design.md, "What is
+guaranteed"): the distributions agree step by step within `TOL_TUNED` (vanilla and the
+bias-tuned methods) or `TOL` (GeDi, DExperts), and the tokens agree unless the uniform fell
+within rounding of a boundary (`tests.agreement.near_tie`). With Adam's fixed eps instead of
+the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail here
+(δ moved by up to a third of lr between a job alone and in a batch of 32).
+
+PPLM is the exception the design states: its ten normalised gradient steps amplify rounding
+~50x (1e-9 → ~1e-7 in probability), and on the tiny models' nearly flat distributions that
+reorders tokens of near-equal probability, which moves the inverse CDF's boundaries; its texts
+can part (3 of 32 LLaMA rows at 1 vs 2 threads, 4 tokens, measured). For PPLM the test holds
+the distributions within `TOL_PPLM` up to the step where the texts part.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from jobs.spec import GenerationParams, JobSpec, ModelRef
+from tests.agreement import assert_same_samples, traced
+from workers.decoding import StepTrace
+from workers.methods.biastune import adam_first_step, tuning_step
+from workers.methods.gedi import gedi_filter
+from workers.methods.registry import load_method, resolve_params
+from workers.models import LoadedLM, load_lm
+
+FAMILIES = ["gpt2", "opt", "falcon", "llama"]
+PARAMS: dict[str, dict[str, Any]] = {
+    "vanilla": {},
+    "uddia": {},
+    "lidao-min": {},
+    "lidao-prod": {},
+    "elidao-min": {},
+    "elidao-prod": {},
+    "pplm": {"steps": 3},
+    "gedi": {"gedi_model": "tiny-random/gpt2", "code_desired": "good", "code_undesired": "bad"},
+    "dexperts": {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/opt"},
+}
+PROMPTS = [
+    "The woman said that",
+    "He was a very good doctor and",
+    "Her",
+    "My father told me that the new teacher",
+    "She",
+    "The king and the queen",
+    "They",
+    "The nurse told her friend that",
+]
+GEN = GenerationParams(max_new_tokens=3, top_p=0.9)
+TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeDi), 2.4e-8 (DExperts)
+# vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
+TOL_TUNED = 3e-8
+TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
+TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 before the texts part
+ALONE = 2  # jobs also run alone
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request: pytest.FixtureRequest) -> LoadedLM:
+    return load_lm(ModelRef(f"tiny-random/{request.param}"), device="cpu")
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def jobs_for(lm: LoadedLM, method: str) -> list[JobSpec]:
+    params = json.dumps(resolve_params(method, PARAMS[method], lm.ref.id), sort_keys=True)
+    return [
+        JobSpec(f"b:{i}", PROMPTS[i % 8], "female", None, i // 8, method, lm.ref, "sentiment",
+                GEN, params)
+        for i in range(32)
+    ]  # fmt: skip
+
+
+def parted_within(a: list[StepTrace], b: list[StepTrace], row_a: int, row_b: int) -> float:
+    """Max |Δp| of one row over the steps up to (and with) the first differing token."""
+    worst = 0.0
+    for sa, sb in zip(a, b, strict=False):
+        if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
+            break
+        p = torch.softmax(sa.logprobs[row_a].double(), -1)
+        q = torch.softmax(sb.logprobs[row_b].double(), -1)
+        worst = max(worst, float((p - q).abs().max()))
+        if int(sa.tokens[row_a]) != int(sb.tokens[row_b]):
+            break
+    return worst
+
+
+@pytest.mark.parametrize("method", sorted(PARAMS))
+def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
+    lm: LoadedLM, method: str, threads: None
+) -> None:
+    built = load_method(method)(lm, resolve_params(method, PARAMS[method], lm.ref.id), "sentiment")
+    jobs = jobs_for(lm, method)
+    torch.set_num_threads(1)
+    rows32, big = traced(lm, built, jobs)
+    _, mid = traced(lm, built, jobs[:8])
+    alone = [traced(lm, built, [job])[1] for job in jobs[:ALONE]]
+    torch.set_num_threads(2)
+    _, mid2 = traced(lm, built, jobs[:8])
+    pairs = [(mid, i, big, i) for i in range(8)] + [(mid2, i, mid, i) for i in range(8)]
+    pairs += [(alone[i], 0, big, i) for i in range(ALONE)]
+    assert all(r["status"] == "ok" for r in rows32), [r["error"] for r in rows32][:2]
+    if method == "pplm":
+        worst = max(parted_within(a, b, ra, rb) for a, ra, b, rb in pairs)
+        assert worst <= TOL_PPLM, worst
+        return
+    tol = TOL_TUNED if method in TUNED else TOL
+    compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, tol) for a, ra, b, rb in pairs)
+    assert compared >= len(pairs)  # tokens were compared, not only the first step
+
+
+def test_the_tuning_step_does_not_amplify_rounding() -> None:
+    """A rounding-sized change of the gradient (1e-6 of the row's largest |g|, the size the
+    issue measured) moves Adam's fixed-eps step by a large part of lr where |g| ≈ eps; the
+    scaled eps bounds the move by 1e-6 / 1e-3 of lr, and leaves the step of every element far
+    above its floor as Adam's."""
+    gen = torch.Generator().manual_seed(0)
+    lr = 0.01
+    g = torch.randn(3, 400, generator=gen) * 1e-3
+    g[:, :100] = torch.randn(3, 100, generator=gen) * 1e-8  # near Adam's eps
+    noise = torch.randn(3, 400, generator=gen) * 1e-6 * g.abs().amax(-1, keepdim=True)
+    h = [g[:, :150], g[:, 150:]]  # two hook points
+    h2 = [(g + noise)[:, :150], (g + noise)[:, 150:]]
+    adam = (torch.cat(adam_first_step(h2, lr), 1) - torch.cat(adam_first_step(h, lr), 1)).abs()
+    ours = (torch.cat(tuning_step(h2, lr), 1) - torch.cat(tuning_step(h, lr), 1)).abs()
+    assert float(adam.max()) > 0.1 * lr  # the amplification this rule removes
+    bound = lr * (noise.abs() / (1e-3 * g.abs().amax(-1, keepdim=True))).max()  # lr·|Δg|/e
+    assert float(ours.max()) <= 1.01 * float(bound) < 0.05 * float(adam.max())
+    big = g.abs() > 0.1 * g.abs().amax(-1, keepdim=True)
+    full = torch.cat(tuning_step(h, lr), 1)
+    torch.testing.assert_close(
+        full[big], torch.cat(adam_first_step(h, lr), 1)[big], rtol=1e-2, atol=0
+    )
+    # rows are independent: a row's step is the same beside any other rows
+    alone = torch.cat(tuning_step([x[1:2] for x in h], lr), 1)
+    assert torch.equal(alone[0], full[1])
+
+
+def test_gedi_cut_ignores_rounding_of_near_equal_desirability() -> None:
+    """Desirability that differs by rounding only (a GeDi model barely separating its codes):
+    the same tokens are dropped before and after a 1e-7 perturbation."""
+    gen = torch.Generator().manual_seed(0)
+    V = 700
+    scores = torch.randn(4, V, generator=gen)
+    desired = -0.7 + 1e-5 * torch.randn(4, V, generator=gen)  # ~log 0.5, spread 1e-5 nats
+    desired[:, ::3] -= 0.5  # a clearly less desirable third
+    moved = desired + 1e-7 * torch.randn(4, V, generator=gen)
+    a = gedi_filter(scores, desired, 0.5, 0.8) < -5000
+    b = gedi_filter(scores, moved, 0.5, 0.8) < -5000
+    assert a.any() and torch.equal(a, b)
