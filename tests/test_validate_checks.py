@@ -129,7 +129,7 @@ def test_validate_lists_every_problem_and_run_refuses_before_starting(
         "gender_words: ": "set gender_words to the local path, or put the file at",
         "models.1.id: ": "org/not-cached is not in the Hugging Face cache",
         "scorers.2.params.model (default): ": "openai-community/gpt2-xl is not in the",
-        "PERSPECTIVE_API_KEY: ": "`harness score RUN --scorer perspective`",
+        "PERSPECTIVE_API_KEY: ": "`python -m harness score RUN --scorer perspective`",
         "runtime.device: ": "cuda:64 asked",
         "models.0.num_gpus: ": "64 GPU(s) asked",
         "methods.1: ": "ghost: module 'ghost_pkg.method'",
