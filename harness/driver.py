@@ -21,6 +21,7 @@ from harness.config import (
     ScorerConfig,
     check_grid_size,
     dump_config,
+    load_yaml,
 )
 from harness.generation import GenerationError, Setup, generate_stage, reserve_generation
 from harness.history import Invocation
@@ -310,7 +311,6 @@ def scorers_to_run(
     Raises:
         ConfigError: an unknown scorer or parameter, or a malformed setting.
     """
-    import yaml
 
     from workers.scorers.registry import check_scorer_name, load_scorer
 
@@ -335,10 +335,7 @@ def scorers_to_run(
         target = target or chosen[0]
         if target not in params:
             raise ConfigError(f"--set {item!r}: {target!r} is not among the scorers {chosen}")
-        try:
-            params[target][field] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
+        params[target][field] = load_yaml(raw, f"--set {item!r}: the value")  # 1e-3: a float
     if cache_only:
         if "perspective" not in params:
             raise ConfigError("--cache-only applies to --scorer perspective only")
