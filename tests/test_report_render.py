@@ -308,3 +308,15 @@ def test_a_narrow_figure_wraps_its_legend_inside_the_page() -> None:
     assert len(legend.get_texts()) >= len(methods)  # and the Pareto front
     boxes = text_boxes(fig)
     assert overlaps([(b[0] - 1, b[1] - 1, b[2] + 1, b[3] + 1, b[4]) for b in boxes], 0.0) == []
+
+
+def test_code_spans_of_the_prose_are_typeset_not_printed_with_backticks(awkward: Any) -> None:
+    # The legends and notes are written once, markdown-style (`other`, `none`): tables.md keeps
+    # the spans, LaTeX and HTML typeset them instead of printing the backticks.
+    report = Path(awkward.paths["tables.md"]).parent
+    assert "share of `other`" in (report / "tables.md").read_text()
+    tex = (report / "tables.tex").read_text() + (report / "report.tex").read_text()
+    assert r"share of \texttt{other}" in tex and r"\textasciigrave" not in tex
+    page = (report / "index.html").read_text()
+    assert "share of <code>other</code>" in page and "<code>none</code>" in page
+    assert "`" not in re.sub(r"<pre>.*?</pre>", "", page, flags=re.S)
