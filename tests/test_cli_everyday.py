@@ -443,6 +443,28 @@ def test_wandb_offline_run_holds_the_summary_and_figures(
         assert tag.encode() in raw, tag
 
 
+def test_wandb_refusing_the_login_is_one_error_line_and_keeps_the_files(
+    ran: tuple[Path, str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Without a key and off a terminal, wandb.init raises UsageError: that was a traceback.
+    wandb = pytest.importorskip("wandb", reason="the wandb extra")
+
+    def refuse(**kwargs: Any) -> None:
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    out = copy_run(ran, tmp_path)
+    assert main(["aggregate", str(out), "--wandb", "proj", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("error: --wandb proj: W&B refused the run (No API key configured.")
+    assert "WANDB_MODE=offline" in err and f"aggregate {out} --wandb proj" in err
+    assert (out / "summary.parquet").exists() and (out / "results.json").exists()
+
+
 # ---- export to a (fake) Hub ----------------------------------------------------------------
 
 
