@@ -216,7 +216,9 @@ def generation_stage(
     else:
         growing = setup is not None and setup.grow is not None
         try:
-            with following(store, follow_config(cfg, growing), words, use_ray=use_ray) as follow:
+            with following(
+                store, follow_config(cfg, growing, the_plan.pending), words, use_ray=use_ray
+            ) as follow:
                 try:
                     stats = generate_stage(
                         store, cfg, the_plan, words, use_ray, progress, setup=setup
@@ -234,10 +236,15 @@ def generation_stage(
     return stats, error, follow_result
 
 
-def follow_config(cfg: RunConfig, growing: bool) -> RunConfig:
+def follow_config(cfg: RunConfig, growing: bool, pending: int = 1) -> RunConfig:
     """The config the follower runs with: while generation grows onto GPU nodes that join
     (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
-    actor could take a joining node's GPU before generation's new reservation does."""
+    actor could take a joining node's GPU before generation's new reservation does. With no
+    job `pending` nothing follows: the final pass scores what is missing (started for a
+    generation that ends at once, the scorers' actors were each reported "not ready")."""
+    if not pending and cfg.runtime.score_during_generation is not False:
+        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
+        return cfg.model_copy(update={"runtime": runtime})
     if not growing or cfg.runtime.score_during_generation is not True:
         return cfg
     settings = pool_settings(cfg)
