@@ -154,6 +154,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from harness import driver
     from harness.identity import plan_ids
     from harness.invoke import driven
+    from harness.machine import check_cluster
     from harness.preflight import scorer_model_problems
 
     _check_trackers(args)
@@ -163,10 +164,15 @@ def cmd_score(args: argparse.Namespace) -> int:
         cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
     )  # validated before Ray starts
     missing = scorer_model_problems(scorers)  # offline: fails now, not after hub retries
+    use_ray = not args.no_ray
+    attach = cfg  # the cluster it attaches to must answer, or ray.init waits minutes
+    if args.address:
+        runtime = cfg.runtime.model_copy(update={"ray_address": args.address})
+        attach = cfg.model_copy(update={"runtime": runtime})
+    missing += [i.line() for i in check_cluster(attach, use_ray) if i.problem]
     if missing:
         raise ConfigError("\n".join(missing))
     plan_ids(store)  # a deleted plan is an error, never silently rebuilt
-    use_ray = not args.no_ray
     overwrite = bool(getattr(args, "overwrite", False))
     with driven(store, "score") as inv:
         inv.extra["scorers"] = [{"name": n, "params": p} for n, p in scorers]

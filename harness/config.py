@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -405,6 +406,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads `1e-3` and `1e9` as strings (its floats need a dot); YAML 1.2 and
+# every user read them as numbers: `lr: 1e-3` must not fail as "must be a number".
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text strictly (duplicate keys refused); errors name `source` and the line."""
     try:
@@ -494,7 +504,7 @@ def apply_sets(data: dict[str, Any], sets: list[str], source: str) -> dict[str, 
                 f"--set {_shown(item)!r}: expected KEY=VALUE (e.g. models.0.dtype=bfloat16)"
             )
         try:
-            value = yaml.safe_load(raw)
+            value = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or exc
             raise ConfigError(f"--set {key}: the value is not valid YAML ({problem})") from None

@@ -21,6 +21,7 @@ from harness.config import (
     ScorerConfig,
     check_grid_size,
     dump_config,
+    load_yaml,
 )
 from harness.generation import GenerationError, Setup, generate_stage, reserve_generation
 from harness.history import Invocation
@@ -215,7 +216,9 @@ def generation_stage(
     else:
         growing = setup is not None and setup.grow is not None
         try:
-            with following(store, follow_config(cfg, growing), words, use_ray=use_ray) as follow:
+            with following(
+                store, follow_config(cfg, growing, the_plan.pending), words, use_ray=use_ray
+            ) as follow:
                 try:
                     stats = generate_stage(
                         store, cfg, the_plan, words, use_ray, progress, setup=setup
@@ -233,10 +236,15 @@ def generation_stage(
     return stats, error, follow_result
 
 
-def follow_config(cfg: RunConfig, growing: bool) -> RunConfig:
+def follow_config(cfg: RunConfig, growing: bool, pending: int = 1) -> RunConfig:
     """The config the follower runs with: while generation grows onto GPU nodes that join
     (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
-    actor could take a joining node's GPU before generation's new reservation does."""
+    actor could take a joining node's GPU before generation's new reservation does. With no
+    job `pending` nothing follows: the final pass scores what is missing (started for a
+    generation that ends at once, the scorers' actors were each reported "not ready")."""
+    if not pending and cfg.runtime.score_during_generation is not False:
+        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
+        return cfg.model_copy(update={"runtime": runtime})
     if not growing or cfg.runtime.score_during_generation is not True:
         return cfg
     settings = pool_settings(cfg)
@@ -310,7 +318,6 @@ def scorers_to_run(
     Raises:
         ConfigError: an unknown scorer or parameter, or a malformed setting.
     """
-    import yaml
 
     from workers.scorers.registry import check_scorer_name, load_scorer
 
@@ -335,10 +342,7 @@ def scorers_to_run(
         target = target or chosen[0]
         if target not in params:
             raise ConfigError(f"--set {item!r}: {target!r} is not among the scorers {chosen}")
-        try:
-            params[target][field] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({exc})") from None
+        params[target][field] = load_yaml(raw, f"--set {item!r}: the value")  # 1e-3: a float
     if cache_only:
         if "perspective" not in params:
             raise ConfigError("--cache-only applies to --scorer perspective only")

@@ -136,6 +136,42 @@ def check_output(out: str) -> Item:
     return Item("--out", out, "writable")
 
 
+CLUSTER_TIMEOUT_S = 3.0
+
+
+def check_cluster(cfg: RunConfig, use_ray: bool = True) -> list[Item]:
+    """The cluster an attached run names (`runtime.ray_address` / `--address`, else
+    `RAY_ADDRESS`) answers on its port: otherwise `ray.init` waits on it for minutes, printing
+    only Ray's own retries. `auto` (Ray's address file) is left to Ray."""
+    if not use_ray:
+        return []
+    field = "runtime.ray_address" if cfg.runtime.ray_address else "RAY_ADDRESS"
+    address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS") or ""
+    hostport = address.split("://", 1)[-1].strip().rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not address or hostport in ("auto", "local") or not host or not port.isdigit():
+        return []
+    import socket
+
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), CLUSTER_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        why = f"no answer in {CLUSTER_TIMEOUT_S:g} s" if timed_out else exc.strerror or str(exc)
+        unset = "unset RAY_ADDRESS" if field == "RAY_ADDRESS" else "drop --address"
+        return [
+            Item(
+                field,
+                address,
+                "NOT REACHABLE",
+                f"{address}: no Ray cluster answers ({why}); "
+                f"start it or name the right address, or {unset} for a local run",
+            )
+        ]
+    return [Item(field, address, "reachable")]
+
+
 def is_local_run(cfg: RunConfig, use_ray: bool = True) -> bool:
     """The run's actors are on this machine: no Ray, or no cluster address."""
     return not use_ray or not (cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS"))

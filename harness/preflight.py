@@ -273,7 +273,7 @@ def check_keys(cfg: RunConfig) -> list[Item]:
                     f"scorers.{k} (perspective) needs an API key: set PERSPECTIVE_API_KEY (or "
                     "the scorer's api_key_file parameter). To run without it now, drop "
                     "perspective from `scorers` (or set cache_only: true) and add it later "
-                    "with `harness score RUN --scorer perspective`",
+                    "with `python -m harness score RUN --scorer perspective`",
                 )
             )
             continue
@@ -303,7 +303,7 @@ def check_services(items: list[Item], probe: Callable[[str], str | None]) -> lis
                     item.value,
                     "NOT REACHABLE",
                     f"{item.value}: {answer}; without network, set the scorer's cache_only: "
-                    "true (scores what its cache holds) or score later with `harness score`",
+                    "true (scores what its cache holds) or score later with `python -m harness score`",
                 )
             )
     return out

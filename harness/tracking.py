@@ -109,7 +109,14 @@ def log_wandb(store: RunStore, project: str) -> str:
     wandb = _need("wandb", "wandb")
     meta = _config(store)
     name = (meta.get("config") or {}).get("name") or Path(store.uri).name
-    run = wandb.init(project=project, name=name, config=meta, job_type="evaluation")
+    try:
+        run = wandb.init(project=project, name=name, config=meta, job_type="evaluation")
+    except Exception as exc:  # no key off a terminal (UsageError), a refused login, no network
+        raise TrackingError(
+            f"--wandb {project}: W&B refused the run ({exc}); set WANDB_API_KEY (or `wandb "
+            f"login`), or WANDB_MODE=offline to log locally, then `python -m harness aggregate "
+            f"{store.uri} --wandb {project}` logs this run (its files are written)"
+        ) from None
     try:
         scalars = summary_scalars(store)
         images = {f"report/{k}": wandb.Image(p) for k, p in figures(store).items()}

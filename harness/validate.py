@@ -54,6 +54,7 @@ def validate(
     keys = preflight.check_services(preflight.check_keys(cfg), probe)
     lines += [f"  {item.field}: {item.where}" for item in keys]
     checks = preflight.check_plugins(cfg) + machine.check_devices(cfg, local)
+    checks += machine.check_cluster(cfg, use_ray)
     if out is not None:
         checks.append(machine.check_output(out))
     lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]

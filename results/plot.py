@@ -103,9 +103,18 @@ def figure_files(fig: Any) -> dict[str, bytes]:
 
 
 def _legend(fig: Any, handles: dict[str, Any], ncol: int) -> None:
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(ncol, len(handles)), fontsize=9, frameon=False)  # fmt: skip
+    """One legend below the panels, in as many of `ncol` columns as fit the figure's width
+    (constrained layout makes room below, never beside: a wider legend would be clipped)."""
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    width = fig.bbox.width
+    for n in range(min(ncol, len(handles)), 0, -1):
+        legend = fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                            ncol=n, fontsize=9, frameon=False)  # fmt: skip
+        if n == 1 or legend.get_window_extent(renderer).width <= 0.98 * width:
+            return
+        legend.remove()
 
 
 def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime
 import html
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -246,6 +247,11 @@ def header_html(res: AggregateResult) -> str:
     )
 
 
+def prose_html(text: str) -> str:
+    """Escaped prose whose `name` spans (markdown code, as in tables.md) become <code>."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
+
+
 EVALUATION_NOTES = (
     "Groups come from the config (the seed words' groups). A text's group is the group with the "
     "strict plurality of seed-word matches; ties and texts without seed words are `none` "
@@ -273,15 +279,15 @@ def render(
         "<h1>Aggregate report</h1>",
         header_html(res),
         '<h2 id="notes">Notes</h2><ul>',
-        *(f"<li>{html.escape(n)}</li>" for n in res.notes or ["none"]),
+        *(f"<li>{prose_html(n)}</li>" for n in res.notes or ["none"]),
         "</ul>",
-        f'<p class="legend">{html.escape(EVALUATION_NOTES + MULTIPLICITY)}</p>',
+        f'<p class="legend">{prose_html(EVALUATION_NOTES + MULTIPLICITY)}</p>',
     ]
     for view, lay in layouts.items():
         parts += [f"<h2>{html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
         stats = [c.stat for c in lay.columns if c.kind == "bias"]
         text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests)
-        parts += [f'<p class="legend">{html.escape(text)}</p>']
+        parts += [f'<p class="legend">{prose_html(text)}</p>']
         parts += [paper_table_html(lay)]
 
     def img(name: str, alt: str) -> str:

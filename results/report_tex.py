@@ -13,6 +13,7 @@ command, or `[U+XXXX]`.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import TYPE_CHECKING
 
@@ -110,6 +111,15 @@ def tex_escape(text: str) -> str:
     return "".join(
         "-\\/" if ch == "-" and text[i + 1 : i + 2] == "-" else _char(ch)
         for i, ch in enumerate(text)
+    )
+
+
+def tex_prose(text: str) -> str:
+    """`tex_escape` for the report's prose, whose `name` spans (markdown code, as in
+    tables.md) become `\\texttt{name}` instead of printing their backticks."""
+    parts = re.split(r"`([^`\n]+)`", text)
+    return "".join(
+        rf"\texttt{{{tex_escape(p)}}}" if i % 2 else tex_escape(p) for i, p in enumerate(parts)
     )
 
 
@@ -241,7 +251,7 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
         # LaTeX numbers the tables itself: "Table 1 — bias …" → "Bias …"
         title = VIEW_TITLES[view].split(" — ", 1)[-1]
         title = f"{title[0].upper()}{title[1:]} (level {level_text(res.level)})"
-        parts.append(latex_table(lay, tex_escape(title), view_label(view), tex_escape(text)))
+        parts.append(latex_table(lay, tex_escape(title), view_label(view), tex_prose(text)))
     return "\n".join(parts)
 
 
@@ -268,7 +278,7 @@ def latex_document(res: AggregateResult, figures: list[str], multiplicity: str) 
         ),
         r"\subsection*{Notes}",
         r"\begin{itemize}",
-        *(rf"\item {tex_escape(n)}" for n in notes),
+        *(rf"\item {tex_prose(n)}" for n in notes),
         r"\end{itemize}",
         r"\input{tables.tex}",
     ]

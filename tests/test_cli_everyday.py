@@ -443,6 +443,50 @@ def test_wandb_offline_run_holds_the_summary_and_figures(
         assert tag.encode() in raw, tag
 
 
+def test_wandb_refusing_the_login_is_one_error_line_and_keeps_the_files(
+    ran: tuple[Path, str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Without a key and off a terminal, wandb.init raises UsageError: that was a traceback.
+    wandb = pytest.importorskip("wandb", reason="the wandb extra")
+
+    def refuse(**kwargs: Any) -> None:
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    out = copy_run(ran, tmp_path)
+    assert main(["aggregate", str(out), "--wandb", "proj", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("error: --wandb proj: W&B refused the run (No API key configured.")
+    assert "WANDB_MODE=offline" in err and f"aggregate {out} --wandb proj" in err
+    assert (out / "summary.parquet").exists() and (out / "results.json").exists()
+
+
+def test_score_refuses_a_cluster_that_does_not_answer_before_ray_starts(
+    ran: tuple[Path, str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    out = copy_run(ran, tmp_path)
+    before = sorted(p.name for p in (out / "scores").rglob("*"))
+    assert main(["score", str(out), "--scorer", "gender", "--address", dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: runtime.ray_address: {dead}: no Ray cluster answers (")
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    assert main(["score", str(out), "--scorer", "gender", "--overwrite"]) == 2
+    assert f"RAY_ADDRESS: {dead}: no Ray cluster answers" in capsys.readouterr().err
+    assert sorted(p.name for p in (out / "scores").rglob("*")) == before  # nothing touched
+
+
 # ---- export to a (fake) Hub ----------------------------------------------------------------
 
 

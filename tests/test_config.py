@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError, dump_config, load_config, parse_config
+from harness.config import ConfigError, apply_sets, dump_config, load_config, parse_config
 
 BASE = {
     "name": "t",
@@ -119,6 +119,28 @@ models: [{id: tiny-random/gpt2}]
 methods: [vanilla]
 tasks: [sentiment]
 """
+
+
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path: Path) -> None:
+    # PyYAML (YAML 1.1) reads `1e-3` as a string: `lr: 1e-3` failed as "must be a number".
+    text = QUICK.replace("methods: [vanilla]", "methods: [{name: lidao-min, params: {lr: 1e-3}}]")
+    cfg = load_config(write_cfg(tmp_path, text + "aggregation: {ppl_max: 1e9}\n"))
+    assert cfg.methods[0].params["lr"] == 0.001 and cfg.aggregation.ppl_max == 1e9
+    data = {"aggregation": {}, "name": "t"}
+    sets = ["aggregation.ppl_max=2E+3", "aggregation.level=9e-1", "name=1e", "aggregation.seed=7"]
+    out = apply_sets(data, sets, "c.yaml")
+    assert out["aggregation"] == {"ppl_max": 2000.0, "level": 0.9, "seed": 7}
+    assert out["name"] == "1e" and isinstance(out["aggregation"]["seed"], int)
+
+
+def test_score_settings_read_exponents_as_numbers(tmp_path: Path) -> None:
+    from harness.driver import scorers_to_run
+
+    cfg = load_config(write_cfg(tmp_path, QUICK))
+    ((name, params),) = scorers_to_run(cfg, ["perspective"], ["qps=5e-1", "max_retries=2"])
+    assert name == "perspective" and params["qps"] == 0.5 and params["max_retries"] == 2
+    with pytest.raises(ConfigError, match=r"--set 'qps=\[': the value: line 1: not valid YAML"):
+        scorers_to_run(cfg, ["perspective"], ["qps=["])
 
 
 def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None:

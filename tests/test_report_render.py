@@ -284,3 +284,39 @@ def test_the_front_is_computed_on_the_plotted_size() -> None:
     ringed = ax.collections[-1].get_offsets()
     assert sorted(map(tuple, np.asarray(ringed).tolist())) == [(25.0, 2.0), (30.0, 1.0)]
     assert pareto_front([(30.0, 1.0), (26.0, -20.0), (25.0, 2.0)]) == [2, 1]  # signed: wrong
+
+
+def test_a_narrow_figure_wraps_its_legend_inside_the_page() -> None:
+    # One panel and five methods: a single row of legend entries is wider than the figure and
+    # would be clipped at both edges (vanilla's marker, the last name's end).
+    import polars as pl
+
+    methods = ("vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min")
+    cells = pl.DataFrame(
+        [
+            {"model": "gpt2-large", "method": m, "variant": "", "task": "sentiment",
+             "view": "a(x)", "bias": float(3 * i - 5), "ppl": 20.0 + i}
+            for i, m in enumerate(methods)
+        ]
+    )  # fmt: skip
+    fig = tradeoff_figure(cells, "a(x)")
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(fig.canvas.get_renderer())
+    width, height = fig.canvas.get_width_height()
+    assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0, (box, width)
+    assert len(legend.get_texts()) >= len(methods)  # and the Pareto front
+    boxes = text_boxes(fig)
+    assert overlaps([(b[0] - 1, b[1] - 1, b[2] + 1, b[3] + 1, b[4]) for b in boxes], 0.0) == []
+
+
+def test_code_spans_of_the_prose_are_typeset_not_printed_with_backticks(awkward: Any) -> None:
+    # The legends and notes are written once, markdown-style (`other`, `none`): tables.md keeps
+    # the spans, LaTeX and HTML typeset them instead of printing the backticks.
+    report = Path(awkward.paths["tables.md"]).parent
+    assert "share of `other`" in (report / "tables.md").read_text()
+    tex = (report / "tables.tex").read_text() + (report / "report.tex").read_text()
+    assert r"share of \texttt{other}" in tex and r"\textasciigrave" not in tex
+    page = (report / "index.html").read_text()
+    assert "share of <code>other</code>" in page and "<code>none</code>" in page
+    assert "`" not in re.sub(r"<pre>.*?</pre>", "", page, flags=re.S)

@@ -86,3 +86,10 @@ def test_while_generation_grows_gpu_scorers_wait_for_the_final_pass(
     assert cfg.runtime.score_during_generation is True  # the run's config is unchanged
     cpu_only = _config(["gender", {**gpu, "num_gpus": 0}], score_during_generation=True)
     assert follow_config(cpu_only, growing=True) is cpu_only
+    # Nothing pending (a finished run run again): nothing follows, whatever the mode.
+    for mode in (True, "auto"):
+        cfg = _config(["gender"], score_during_generation=mode)
+        idle = follow_config(cfg, growing=False, pending=0)
+        assert idle.runtime.score_during_generation is False, mode
+        assert cfg.runtime.score_during_generation == mode
+    assert follow_config(cfg, growing=False, pending=3) is cfg

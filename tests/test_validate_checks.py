@@ -36,6 +36,15 @@ def closed_port() -> int:
 
 
 @pytest.fixture
+def cluster() -> Iterator[str]:
+    """HOST:PORT of something listening on 127.0.0.1 (the check only connects)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
 def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An empty HF cache and a hub endpoint that refuses connections; the process-wide
     probe memo and offline switch are put back after the test."""
@@ -129,7 +138,7 @@ def test_validate_lists_every_problem_and_run_refuses_before_starting(
         "gender_words: ": "set gender_words to the local path, or put the file at",
         "models.1.id: ": "org/not-cached is not in the Hugging Face cache",
         "scorers.2.params.model (default): ": "openai-community/gpt2-xl is not in the",
-        "PERSPECTIVE_API_KEY: ": "`harness score RUN --scorer perspective`",
+        "PERSPECTIVE_API_KEY: ": "`python -m harness score RUN --scorer perspective`",
         "runtime.device: ": "cuda:64 asked",
         "models.0.num_gpus: ": "64 GPU(s) asked",
         "methods.1: ": "ghost: module 'ghost_pkg.method'",
@@ -380,7 +389,7 @@ def test_an_actor_loading_an_uncached_model_offline_fails_at_once(
     assert time.perf_counter() - t0 < 30
 
 
-def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path) -> None:
+def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path, cluster: str) -> None:
     """A local run refuses a missing head or model folder; on an attached cluster the actors
     read them on the nodes, so the driver not seeing them is no problem (prompts it reads
     itself still are)."""
@@ -397,7 +406,7 @@ def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path) ->
         "methods.0.params.head: no such file",
         f"models.0.id: {tmp_path / 'lm-on-the-nodes'}: no such folder",
     ]
-    attached = {**data, "runtime": {**data["runtime"], "ray_address": "10.0.0.1:6379"}}
+    attached = {**data, "runtime": {**data["runtime"], "ray_address": cluster}}
     lines, problems = validate(parse_config(attached), "c.yaml")
     assert problems_of(lines) == ["gender_words: no such file"]
     assert "    uddia × sentiment: ? jobs; head " in "\n".join(lines)
@@ -462,14 +471,14 @@ def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
     )
 
 
-def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path) -> None:
+def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path, cluster: str) -> None:
     """`runtime.gpus` is the run's total, split between the models: 4 over 2 models is 2
     replicas of each, 4 GPUs, never 8."""
     base = json.loads(write_config(tmp_path).read_text())
     data = {
         **base,
         "models": [{"id": "tiny-random/gpt2"}, {"id": "tiny-random/opt", "num_gpus": 1}],
-        "runtime": {**base["runtime"], "device": None, "gpus": 4, "ray_address": "10.0.0.1:6379"},
+        "runtime": {**base["runtime"], "device": None, "gpus": 4, "ray_address": cluster},
     }
     lines, _ = validate(parse_config(data), "c.yaml")
     (budget,) = [line.strip() for line in lines if "GPU budget" in line]
@@ -481,7 +490,7 @@ def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path) -> None:
 
 
 def test_address_names_the_cluster_on_the_command_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: str
 ) -> None:
     """`--address` is `runtime.ray_address`: what only the nodes read is then left to them."""
     from harness.cli import main
@@ -489,5 +498,28 @@ def test_address_names_the_cluster_on_the_command_line(
     cfg = write_config(tmp_path, models=[{"id": str(tmp_path / "lm-on-the-nodes")}])
     assert main(["validate", str(cfg)]) == 2
     assert "lm-on-the-nodes: no such folder" in capsys.readouterr().out
-    assert main(["validate", str(cfg), "--address", "10.0.0.1:6379"]) == 0
+    assert main(["validate", str(cfg), "--address", cluster]) == 0
     assert "0 problem(s)" in capsys.readouterr().out
+
+
+def test_a_cluster_that_does_not_answer_is_named_before_ray_waits_on_it(
+    tmp_path: Path, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ray.init` on an address nothing answers retries for minutes, printing only Ray's own
+    warnings: `validate` (and so `run`) names the address and its source at once."""
+    base = json.loads(write_config(tmp_path).read_text())
+    dead = f"127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    lines, problems = validate(parse_config(base), "c.yaml")
+    (line,) = [p for p in problems_of(lines) if p.startswith("RAY_ADDRESS: ")]
+    assert line.startswith(f"RAY_ADDRESS: {dead}: no Ray cluster answers (")
+    assert "unset RAY_ADDRESS for a local run" in line and problems == 1
+    assert validate(parse_config(base), "c.yaml", use_ray=False)[1] == 0  # --no-ray: no Ray
+    named = {**base, "runtime": {**base["runtime"], "ray_address": f"ray://{dead}"}}
+    lines, _ = validate(parse_config(named), "c.yaml")  # the config's address wins
+    assert [p.split(":")[0] for p in problems_of(lines)] == ["runtime.ray_address"]
+    monkeypatch.setenv("RAY_ADDRESS", cluster)
+    lines, problems = validate(parse_config(base), "c.yaml")
+    assert problems == 0 and f"  RAY_ADDRESS: {cluster} (reachable)" in lines
+    monkeypatch.setenv("RAY_ADDRESS", "auto")  # Ray's address file: left to Ray
+    assert not [line for line in validate(parse_config(base), "c.yaml")[0] if "auto" in line]
