@@ -78,17 +78,17 @@ def _counted(
 
     n_prompts = None
     if any(i.problem for i in files if i.field.startswith(READ_HERE)):
-        head = f"{source}: valid; prompts not counted (a prompt or word file is missing)"
+        head = f"{source}: well-formed; prompts not counted (a prompt or word file is missing)"
     else:
         try:
             n_prompts = len(load_prompts(cfg, load_words(cfg)))
         except DatasetError as exc:
             problems.append(str(exc))
-            head = f"{source}: valid; prompts not counted (see the problems below)"
+            head = f"{source}: well-formed; prompts not counted (see the problems below)"
     if n_prompts is not None:
         total = check_grid_size(cfg, n_prompts, source)
         head = (
-            f"{source}: valid; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
+            f"{source}: well-formed; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
             f"{n_prompts * cfg.samples_per_prompt} jobs per model × method × task; "
             f"{total} jobs in all"
         )
