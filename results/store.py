@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -336,36 +336,47 @@ class RunStore:
         which every read deduplicates, and the next compaction merges them again. Returns how
         many shards were merged.
         """
-        small = [
-            i.path
-            for i in self.reader.listing(("generations",))
-            if not i.base_name.startswith("part-c-")
-        ]
+        merged, written = self._merge_small(
+            ("generations",),
+            lambda inputs, written: self._compact([i.path for i in inputs], target_rows, written),
+        )
+        if merged:
+            log.info("compacted %d generation shards of %s into %d", merged, self.uri, len(written))
+        return merged
+
+    def _merge_small(
+        self, parts: tuple[str, ...], merge: Callable[[list[Any], list[str]], None]
+    ) -> tuple[int, list[str]]:
+        """The compaction of one folder: its shards not yet compacted are merged by
+        `merge(inputs, written)` (which appends each shard it writes to `written`), retried
+        from a clean slate on transient faults (a failed attempt's outputs deleted first),
+        then the inputs deleted. A folder with fewer than two such shards is left alone.
+        Returns (inputs merged, shards written)."""
+        small = [i for i in self.reader.listing(parts) if not i.base_name.startswith("part-c-")]
         if len(small) < 2:
-            return 0
+            return 0, []
         written: list[str] = []
 
-        def compact() -> None:
+        def attempt() -> None:
             with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
                 list(pool.map(self.delete, written))
             written.clear()
-            existing = {i.path for i in self.reader.listing(("generations",))}
-            self._compact([p for p in small if p in existing], target_rows, written)
+            existing = {i.path for i in self.reader.listing(parts)}
+            merge([i for i in small if i.path in existing], written)
 
         try:  # transient faults wait and retry; damaged shards are quarantined on the way
-            self.reader.retrying(compact, parts=("generations",))
+            self.reader.retrying(attempt, parts=parts)
         except StoreError:
             with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
                 list(pool.map(self.delete, written))
             raise
-        existing = {i.path for i in self.reader.listing(("generations",))}
-        small = [p for p in small if p in existing]  # not those quarantined on the way
+        existing = {i.path for i in self.reader.listing(parts)}  # not those quarantined
         done = set(written)
+        inputs = [i.path for i in small if i.path in existing and i.path not in done]
         with ThreadPoolExecutor(8) as pool:  # one request each on object stores
-            list(pool.map(self.delete, [p for p in small if p not in done]))
-        self.reader.forget(("generations",))
-        log.info("compacted %d generation shards of %s into %d", len(small), self.uri, len(written))
-        return len(small)
+            list(pool.map(self.delete, inputs))
+        self.reader.forget(parts)
+        return len(inputs), written
 
     def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
         """Write the rows of `small` as compacted shards, a group of `target_rows` at a time;
@@ -445,43 +456,17 @@ class RunStore:
         by (job id, version). Chunk shards written after the listing are left for the next
         compaction.
         """
-        small = [
-            i
-            for i in self.reader.listing(("scores", scorer))
-            if not i.base_name.startswith("part-c-")
-        ]
-        if len(small) < 2:
-            return 0
-        written: list[str] = []
-
-        def compact() -> None:
-            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
-                list(pool.map(self.delete, written))
-            written.clear()
-            existing = {i.path for i in self.reader.listing(("scores", scorer))}
-            inputs = [i for i in small if i.path in existing]
-            self._compact_scores(scorer, score_schema(metric), inputs, target_rows, written)
-
-        try:
-            self.reader.retrying(compact, parts=("scores", scorer))
-        except StoreError:
-            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
-                list(pool.map(self.delete, written))
-            raise
-        existing = {i.path for i in self.reader.listing(("scores", scorer))}
-        done = set(written)
-        inputs = [i.path for i in small if i.path in existing and i.path not in done]
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(self.delete, inputs))
-        self.reader.forget(("scores", scorer))
-        log.info(
-            "compacted %d %s score shards of %s into %d",
-            len(inputs),
-            scorer,
-            self.uri,
-            len(written),
+        merged, written = self._merge_small(
+            ("scores", scorer),
+            lambda inputs, written: self._compact_scores(
+                scorer, score_schema(metric), inputs, target_rows, written
+            ),
         )
-        return len(inputs)
+        if merged:
+            log.info(
+                "compacted %d %s score shards of %s into %d", merged, scorer, self.uri, len(written)
+            )
+        return merged
 
     def _compact_scores(
         self,
