@@ -28,6 +28,7 @@ import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef
 from tests.agreement import assert_same_samples, traced
+from tests.helpers import PROMPTS as HELPER_PROMPTS
 from workers.decoding import StepTrace
 from workers.methods.biastune import adam_first_step, tuning_step
 from workers.methods.gedi import gedi_filter
@@ -46,16 +47,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "gedi": {"gedi_model": "tiny-random/gpt2", "code_desired": "good", "code_undesired": "bad"},
     "dexperts": {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/opt"},
 }
-PROMPTS = [
-    "The woman said that",
-    "He was a very good doctor and",
-    "Her",
-    "My father told me that the new teacher",
-    "She",
-    "The king and the queen",
-    "They",
-    "The nurse told her friend that",
-]
+PROMPTS = [*HELPER_PROMPTS[:7], "The nurse told her friend that"]
 GEN = GenerationParams(max_new_tokens=3, top_p=0.9)
 TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeDi), 2.4e-8 (DExperts)
 # vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)

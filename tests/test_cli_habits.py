@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
 import logging
 import os
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tiny_config import tiny_config
 
 from harness.cli import build_parser, main, overrides
 
@@ -35,26 +35,7 @@ def python(code: str, *, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def config(tmp_path: Path, **changes: object) -> Path:
-    data: dict[str, object] = {
-        "name": "t",
-        "dataset": {
-            "kind": "paired-jsonl",
-            "files": {
-                "female": str(PAIRS / "pairs-female.jsonl"),
-                "male": str(PAIRS / "pairs-male.jsonl"),
-            },
-            "limit": 2,
-        },
-        "models": [{"id": "tiny-random/gpt2"}],
-        "methods": ["vanilla"],
-        "tasks": ["sentiment"],
-        "generation": {"max_new_tokens": 3},
-        "scorers": ["gender"],
-        **changes,
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(json.dumps(data))  # JSON is YAML
-    return path
+    return tiny_config(tmp_path, **changes)
 
 
 LIGHT = """

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from fake_perspective import FakePerspective
+from tiny_config import tiny_config
 
 from harness import machine, preflight
 from harness.config import parse_config
@@ -64,27 +65,8 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 
 def write_config(tmp_path: Path, **changes: Any) -> Path:
-    data: dict[str, Any] = {
-        "name": "t",
-        "dataset": {
-            "kind": "paired-jsonl",
-            "files": {
-                "female": str(PAIRS / "pairs-female.jsonl"),
-                "male": str(PAIRS / "pairs-male.jsonl"),
-            },
-            "limit": 2,
-        },
-        "models": [{"id": "tiny-random/gpt2"}],
-        "methods": ["vanilla"],
-        "tasks": ["sentiment"],
-        "generation": {"max_new_tokens": 3},
-        "scorers": ["gender"],
-        "runtime": {"device": "cpu", "cache_dir": str(tmp_path / "cache")},
-        **changes,
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(json.dumps(data))
-    return path
+    runtime = {"device": "cpu", "cache_dir": str(tmp_path / "cache")}
+    return tiny_config(tmp_path, **{"runtime": runtime, **changes})
 
 
 def problems_of(lines: list[str]) -> list[str]:
