@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.backends import Placement  # noqa: E402
-from harness.generation import batch_jobs  # noqa: E402
+from harness.stages.backends import Placement  # noqa: E402
+from harness.stages.generation import batch_jobs  # noqa: E402
 from jobs.queue import make_batches  # noqa: E402
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json  # noqa: E402
 from jobs.words import builtin_gender_words  # noqa: E402

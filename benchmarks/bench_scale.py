@@ -12,12 +12,12 @@ of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
 * fakegen   not a driver phase: writes the generation rows of every planned job straight into
             shards of `--shard-rows` rows (what compaction leaves; no model runs)
 * resume    a new `RunStore`: `done_ids()` + the plan again + `pending_chunks` (must be 0)
-* status    `harness.status.run_status`
+* status    `harness.cli.status.run_status`
 * score-read `RunStore.iter_generations` over the columns a scorer reads, batch by batch
 * score     (`--phases scores`, after plan/fakegen) the real scoring stage
-            (`harness.scoring.score_run`, `--no-ray`, the gender scorer, chunks of
+            (`harness.stages.scoring.score_run`, `--no-ray`, the gender scorer, chunks of
             `--score-batch` rows), its compaction held back: one shard per chunk, as before
-* status-chunks / aggregate-chunks   `status` and the aggregation read (`results.join.join_run`)
+* status-chunks / aggregate-chunks   `status` and the aggregation read (`results.stats.join.join_run`)
             over those chunk shards
 * compact-scores `RunStore.compact_scores` (what `score_run` does when the stage ends)
 * status-compact / aggregate-compact   the same two reads over the compacted shards
@@ -57,8 +57,8 @@ from jobs.datasets import Prompt  # noqa: E402
 from jobs.grid import iter_plan  # noqa: E402
 from jobs.queue import pending_chunks  # noqa: E402
 from jobs.spec import GenerationParams, JobSpec, ModelRef, plan_columns  # noqa: E402
+from results.run.store import RunStore  # noqa: E402
 from results.schema import GENERATION_SCHEMA  # noqa: E402
-from results.store import RunStore  # noqa: E402
 
 MODELS = [
     (ModelRef("tiny-random/gpt2"), GenerationParams()),
@@ -181,7 +181,7 @@ def phase_resume(uri: str, n_jobs: int) -> dict[str, int]:
 
 
 def phase_status(uri: str) -> int:
-    from harness.status import run_status
+    from harness.cli.status import run_status
 
     return len(run_status(RunStore(uri)).splitlines())
 
@@ -204,7 +204,7 @@ def phase_compact(uri: str, batches: int) -> dict[str, Any]:
 
 def phase_score(uri: str, batch: int) -> dict[str, Any]:
     """The scoring stage in this process, one shard per chunk (its compaction held back)."""
-    from harness import scoring
+    from harness.stages import scoring
     from workers.scorers.base import ScorerContext
 
     store = RunStore(uri)
@@ -230,7 +230,7 @@ def phase_compact_scores(uri: str) -> dict[str, Any]:
 
 
 def phase_aggregate_read(uri: str) -> int:
-    from results.join import join_run
+    from results.stats.join import join_run
 
     return join_run(RunStore(uri)).frame.height
 
@@ -268,7 +268,7 @@ def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
         "tasks": TASKS,
         "samples_per_prompt": SAMPLES,
         "scorers": ["gender"],
-        # generation only: no scorer follows it (harness/score_follow.py)
+        # generation only: no scorer follows it (harness/stages/score_follow.py)
         "runtime": {
             "batch_size": batch_size,
             "max_jobs": 100_000_000,
@@ -280,8 +280,9 @@ def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
 
 def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
     """`driver.run`'s plan and generation stages (what runs before scoring)."""
-    from harness import driver, generation
-    from harness.backends import LocalBackend
+    from harness import driver
+    from harness.stages import generation
+    from harness.stages.backends import LocalBackend
 
     generation._local_backend = lambda store, words: LocalBackend(  # type: ignore[assignment]
         lambda spec: FakeGenerator(store.uri)
@@ -315,7 +316,8 @@ def child(args: argparse.Namespace) -> None:
     want = set(args.phases)
     out = []
     if want & {"run", "run-resume"}:
-        from harness import driver, generation  # noqa: F401 - imports before measuring
+        from harness import driver  # noqa: F401 - imports before measuring
+        from harness.stages import generation  # noqa: F401
 
         cfg = run_config(uri, n, args.batch_size)
         base, q, query = uri.partition("?")  # s3://bucket/run-N?endpoint_override=...

@@ -1,3 +1,3 @@
-from harness.cli import main
+from harness.cli.commands import main
 
 raise SystemExit(main())

@@ -3,7 +3,7 @@
 The driver never imports torch or transformers; models load inside Ray actors. `run` streams
 the plan: `plan_stage` checks, writes and counts it in one pass over the grid, and the
 generation stage expands each model's pending slices again as its actors need batches
-(`harness.planning`), so the driver's memory does not grow with the number of jobs.
+(`harness.stages.planning`), so the driver's memory does not grow with the number of jobs.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from harness.config import (
     dump_config,
     load_yaml,
 )
-from harness.generation import GenerationError, Setup, generate_stage, reserve_generation
-from harness.history import Invocation
-from harness.manifest import update_manifest
-from harness.planning import ChunkSource, Plan, plan_pass
-from harness.ray_runtime import bind_run, reassert_signal_handlers
-from harness.score_follow import Followed, following, pool_wants_gpu
-from harness.scoring import ScoringError, Share, pool_settings, score_run
+from harness.stages.generation import GenerationError, Setup, generate_stage, reserve_generation
+from harness.stages.planning import ChunkSource, Plan, plan_pass
+from harness.stages.ray_runtime import bind_run, reassert_signal_handlers
+from harness.stages.score_follow import Followed, following, pool_wants_gpu
+from harness.stages.scoring import ScoringError, Share, pool_settings, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, load_group_words
-from results.store import RunStore
+from results.run.history import Invocation
+from results.run.manifest import update_manifest
+from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 
 log = logging.getLogger("harness")
@@ -150,12 +150,12 @@ def plan_stage(
     retry_failed: bool = False,
 ) -> Plan:
     """Check the config's plan against the run's, write plan.parquet and config.yaml, and count
-    planned and pending jobs: one streamed pass (`harness.planning.plan_pass`).
+    planned and pending jobs: one streamed pass (`harness.stages.planning.plan_pass`).
 
     Jobs with an error row count as done unless `retry_failed`.
 
     Raises:
-        harness.identity.PlanChangedError: the config alters or drops planned jobs and
+        results.run.identity.PlanChangedError: the config alters or drops planned jobs and
             `replan` is false (plan.parquet and config.yaml are left as they were).
     """
     prompts = load_prompts(cfg, words)
@@ -191,9 +191,9 @@ def generation_stage(
     scorers that followed generation).
 
     Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
-    `harness.score_follow`); the follower is stopped and joined before compaction, and its
+    `harness.stages.score_follow`); the follower is stopped and joined before compaction, and its
     result goes to the final scoring pass. On Ray the generation replicas' GPUs are reserved
-    first (`harness.generation.reserve_generation`), so a scorer that follows can only take
+    first (`harness.stages.generation.reserve_generation`), so a scorer that follows can only take
     what the reservations leave. A `GenerationError` (a model that could not run, a method
     that could not start) is returned, not raised: what was generated is compacted, scored and
     aggregated all the same, and `run` raises the error at its end.
@@ -276,7 +276,7 @@ def score_stage(
     followed: Followed | None = None,
 ) -> dict[str, Any]:
     """Score what is missing; `scorers` (name, params) replaces the config's list; `followed`:
-    the scorers that scored during generation (`harness.score_follow`), taken over."""
+    the scorers that scored during generation (`harness.stages.score_follow`), taken over."""
     if scorers is None:
         scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
@@ -401,8 +401,8 @@ def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
 def aggregate_stage(store: RunStore, use: list[str] | None = None, **options: Any) -> Any:
     """Summary and reports; `use` names the scorer to read where several gave one metric;
     `options` (ppl_max, n_boot, seed) override the run config's `aggregation:`."""
-    from results.aggregate import aggregate_run
-    from results.join import scorer_choice
+    from results.stats.aggregate import aggregate_run
+    from results.stats.join import scorer_choice
 
     return aggregate_run(store, scorers=scorer_choice(use) if use else None, **options)
 
@@ -419,7 +419,7 @@ def run(
     """The whole pipeline on `cfg` into run directory `out`; resumes what is already there.
 
     Jobs that ended with an error count as done unless `retry_failed`. A config that alters
-    or drops planned jobs raises `PlanChangedError` unless `replan` (see `harness.identity`).
+    or drops planned jobs raises `PlanChangedError` unless `replan` (see `results.run.identity`).
     Stage counts and timings go to `invocation` (the run record) as they finish.
 
     Raises:
@@ -475,7 +475,7 @@ def scoring_and_aggregation(
     followed: Followed | None = None,
 ) -> dict[str, Any]:
     """`run`'s last two stages, recorded in `inv`; returns the scoring stats. `followed`: the
-    scorers that scored during generation (`harness.score_follow`), taken over."""
+    scorers that scored during generation (`harness.stages.score_follow`), taken over."""
     t0 = time.perf_counter()
     score_stats = score_stage(
         store, cfg, words, use_ray=use_ray, progress=progress, followed=followed

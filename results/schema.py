@@ -1,7 +1,7 @@
 """Every Parquet table of a run directory, with one version for all of them.
 
 Changing a field here changes `tests/golden/schema_snapshot.json`; bump `SCHEMA_VERSION` when
-an old run directory can no longer be read as is (and add a migration in `results.store`).
+an old run directory can no longer be read as is (and add a migration in `results.run.store`).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ METRIC_FIELDS: dict[str, list[tuple[str, pa.DataType]]] = {
 }
 
 
-# The long summary of aggregation (results.aggregate): one row per statistic of a cell
-# (model, method, variant, task, view); see the `results.aggregate` docstring for the names.
+# The long summary of aggregation (results.stats.aggregate): one row per statistic of a cell
+# (model, method, variant, task, view); see the `results.stats.aggregate` docstring for the names.
 SUMMARY_SCHEMA = pa.schema(
     [
         ("model", pa.string()),

@@ -4,8 +4,8 @@
 
 The simulator is `tests/calib_sim.py` (pairs with a pair and a per-prompt effect, several
 samples per prompt; groups the prompt's, "prompt", or drawn per row unrelated to the score,
-35% / 65%, "row"); each cell is analysed with the functions `results.aggregate.summarize`
-calls (`results.bootstrap.gap_samples`, `gap_test`, `bias_corrected_tv`). Prints Markdown
+35% / 65%, "row"); each cell is analysed with the functions `results.stats.aggregate.summarize`
+calls (`results.stats.bootstrap.gap_samples`, `gap_test`, `bias_corrected_tv`). Prints Markdown
 tables (docs/statistics.md quotes them):
 
 1. every test's rejection rate at 0.05 with no difference (type-I) and at latent effects 0.25
@@ -68,7 +68,7 @@ def time_summarize() -> None:
 
     import polars as pl
 
-    from results.aggregate import summarize
+    from results.stats.aggregate import summarize
 
     rng = np.random.default_rng(0)
     n_pairs, samples = 175, 25

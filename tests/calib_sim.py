@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from results import bootstrap as bs
+from results.stats import bootstrap as bs
 
 
 class Data(NamedTuple):

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from results.run.store import RunStore
 from results.schema import GENERATION_SCHEMA, METRIC_FIELDS
-from results.store import RunStore
 
 SCORER_OF = {
     "gender": "gender",

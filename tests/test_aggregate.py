@@ -12,10 +12,10 @@ import polars as pl
 import pytest
 from fake_run import score_row, synthetic_run, write_rows
 
-from results import bootstrap as bs
-from results.aggregate import summarize
-from results.join import JoinError, join_run
-from results.store import RunStore, StoreError
+from results.run.store import RunStore, StoreError
+from results.stats import bootstrap as bs
+from results.stats.aggregate import summarize
+from results.stats.join import JoinError, join_run
 
 CASES = json.loads((Path(__file__).parent / "cases" / "aggregate_metrics.json").read_text())[
     "cases"
@@ -220,7 +220,7 @@ def test_no_generations_is_an_error(tmp_path: Path) -> None:
 
 
 def test_scorer_choice_maps_names_to_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
-    from results import join
+    from results.stats import join
 
     registry = {"tox-a": "toxicity", "tox-b": "toxicity", "sent": "sentiment"}
     monkeypatch.setattr(join, "SCORER_METRICS", registry)

@@ -96,7 +96,7 @@ def test_phase_flops_add_up_and_count_the_vocabulary_passes() -> None:
 
 
 def test_the_paper_row_runs_the_generation_actors_path_and_writes_parquet(tmp_path: Path) -> None:
-    from results.store import RunStore
+    from results.run.store import RunStore
     from workers.methods.heads import random_head, save_head
 
     bm = bench()

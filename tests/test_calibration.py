@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from calib_sim import analyse, simulate, true_tv
 
-from results import bootstrap as bs
+from results.stats import bootstrap as bs
 
 REPS = 600  # rejection rate of an exact 5% test: sd 0.009
 

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import yaml
 
-from results.store import RunStore
+from results.run.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -219,7 +219,7 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
 
 
 def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> None:
-    from harness.generation import failed_row
+    from harness.stages.generation import failed_row
     from jobs.spec import JobSpec
 
     cfg = write_config(

@@ -23,9 +23,9 @@ import polars as pl
 import pytest
 import yaml
 
-from harness.cli import build_parser, main
+from harness.cli.commands import build_parser, main
 from harness.config import ConfigError, dump_config, load_config
-from results.store import RunStore
+from results.run.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"
@@ -340,7 +340,7 @@ def test_results_json_validates_against_its_schema_and_holds_every_cell(
 ) -> None:
     import jsonschema
 
-    from results.results_json import write_results_json
+    from results.report.results_json import write_results_json
 
     out = copy_run(ran, tmp_path)
     schema = json.loads((REPO / "docs" / "results.schema.json").read_text())
@@ -393,7 +393,7 @@ def test_tensorboard_events_hold_the_summary_and_figures(
     pytest.importorskip("tensorboardX", reason="the tensorboard extra (tensorboardX)")
     from tensorboardX.proto.event_pb2 import Event
 
-    from harness.tracking import summary_scalars
+    from harness.cli.tracking import summary_scalars
 
     out = copy_run(ran, tmp_path)
     logdir = tmp_path / "tb"
@@ -423,7 +423,7 @@ def test_wandb_offline_run_holds_the_summary_and_figures(
     ran: tuple[Path, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("wandb", reason="the wandb extra")
-    from harness.tracking import summary_scalars
+    from harness.cli.tracking import summary_scalars
 
     out = copy_run(ran, tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tiny_config import tiny_config
 
-from harness.cli import build_parser, main, overrides
+from harness.cli.commands import build_parser, main, overrides
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"
@@ -40,7 +40,7 @@ def config(tmp_path: Path, **changes: object) -> Path:
 
 LIGHT = """
 import sys
-from harness.cli import main
+from harness.cli.commands import main
 codes = [main(a) for a in ARGS]
 print("codes", codes, "heavy", sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules))
 """
@@ -70,7 +70,7 @@ def test_a_bad_parameter_value_fails_before_ray_starts(tmp_path: Path) -> None:
         tmp_path, methods=[{"name": "lidao-min", "params": {"gamma": "high", "scope": "bogus"}}]
     )
     out = tmp_path / "run"
-    code = f"import sys; from harness.cli import main; rc = main(['run', {str(cfg)!r}, '--out', {str(out)!r}]); print('rc', rc, 'ray' in sys.modules)"
+    code = f"import sys; from harness.cli.commands import main; rc = main(['run', {str(cfg)!r}, '--out', {str(out)!r}]); print('rc', rc, 'ray' in sys.modules)"
     res = python(code)
     assert "rc 2 False" in res.stdout, (res.stdout, res.stderr[-2000:])
     assert "methods.0: method 'lidao-min': parameter gamma = 'high': must be a number" in res.stderr
@@ -145,7 +145,7 @@ def test_include_registers_methods_and_scorers(tmp_path: Path) -> None:
         tmp_path, methods=[{"name": "plain-copy", "params": {"depth": 3}}], scorers=["vader-copy"]
     )
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    code = f"from harness.cli import main; print('rc', main(['validate', {str(cfg)!r}, '--include', 'my_methods']))"
+    code = f"from harness.cli.commands import main; print('rc', main(['validate', {str(cfg)!r}, '--include', 'my_methods']))"
     res = python(code, env=env)
     assert "rc 0" in res.stdout, res.stderr[-2000:]
     res = python(code.replace(", '--include', 'my_methods'", ""), env=env)

@@ -20,10 +20,10 @@ import ray
 
 from harness import driver
 from harness.config import RunConfig, parse_config
-from harness.generation import generate_stage
-from harness.ray_runtime import local_ray_env
+from harness.stages.generation import generate_stage
+from harness.stages.ray_runtime import local_ray_env
 from jobs.spec import JobSpec
-from results.store import RunStore
+from results.run.store import RunStore
 from tests.ray_procs import listening_addresses, loopback_only, process_tree
 
 REPO = Path(__file__).resolve().parents[1]

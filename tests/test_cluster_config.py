@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.ray_runtime import PACKAGES, code_runtime_env
+from harness.stages.ray_runtime import PACKAGES, code_runtime_env
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*REPO.glob("ray_cluster*.yaml"), *(REPO / "examples").glob("ray_cluster*.yaml")])
@@ -127,7 +127,11 @@ def test_the_job_upload_leaves_out_git_runs_parquet_and_the_venv() -> None:
 
     for rel in (".git", ".git/HEAD", ".venv", "runs", "runs/qs/plan.parquet", "scratch/x.parquet"):
         assert excluded(rel), rel
-    for rel in ("harness/cli.py", "examples/quickstart.yaml", "examples/data/pairs-female.jsonl"):
+    for rel in (
+        "harness/cli/commands.py",
+        "examples/quickstart.yaml",
+        "examples/data/pairs-female.jsonl",
+    ):
         assert not excluded(rel), rel
 
 
@@ -138,12 +142,12 @@ def test_attaching_from_outside_a_job_ships_the_project_packages() -> None:
     assert "*.parquet" in env["excludes"]
 
 
-# ---- node_config against the cloud SDKs' request shapes (harness/launcher_check.py) ----------
+# ---- node_config against the cloud SDKs' request shapes (harness/tools/launcher_check.py) ----------
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_node_config_matches_the_cloud_request_shapes(path: Path) -> None:
-    from harness.launcher_check import check_file
+    from harness.tools.launcher_check import check_file
 
     assert check_file(path) == []
 
@@ -153,7 +157,7 @@ def _gpu_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_misspelt_or_made_up_aws_node_config_fails() -> None:
-    from harness.launcher_check import check_launcher
+    from harness.tools.launcher_check import check_launcher
 
     base = yaml.safe_load(AWS.read_text())
     cases = {
@@ -173,7 +177,7 @@ def test_a_misspelt_or_made_up_aws_node_config_fails() -> None:
 
 
 def test_a_misspelt_or_misshapen_gcp_node_config_fails() -> None:
-    from harness.launcher_check import check_launcher
+    from harness.tools.launcher_check import check_launcher
 
     base = yaml.safe_load(GCP.read_text())
     cases = {
@@ -211,7 +215,7 @@ def test_the_launcher_check_command_exits_2_naming_the_key(tmp_path: Path) -> No
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(config))
     res = subprocess.run(
-        [sys.executable, "-m", "harness.launcher_check", str(AWS), str(bad)],
+        [sys.executable, "-m", "harness.tools.launcher_check", str(AWS), str(bad)],
         cwd=REPO,
         capture_output=True,
         text=True,

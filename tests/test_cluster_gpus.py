@@ -24,10 +24,10 @@ from fake_run import generation_row
 
 from harness import driver
 from harness.config import RunConfig, parse_config
-from harness.generation import GenerationError, generate_stage
-from harness.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
-from harness.scoring import PoolSettings, ScoringError, Share, score_run
-from results.store import RunStore
+from harness.stages.generation import GenerationError, generate_stage
+from harness.stages.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
+from harness.stages.scoring import PoolSettings, ScoringError, Share, score_run
+from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,7 +266,7 @@ def test_with_gpus_auto_a_node_that_joins_during_the_run_gets_a_replica(
     """`runtime.gpus: auto`: one replica per GPU at the start (3), and one more for the GPU
     node that joins while the model still has batches. The stage's loop is slowed (0.3 s per
     finished batch) only until that replica is ready, so the work cannot run out first."""
-    import harness.reservation as reservation
+    import harness.stages.reservation as reservation
 
     assert cluster_gpus() == 3
     cfg = paper_config(

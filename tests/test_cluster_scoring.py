@@ -11,14 +11,14 @@ import pyarrow as pa
 import pytest
 from fake_run import generation_row
 
-import harness.scoring as scoring
+import harness.stages.scoring as scoring
 from harness.config import ModelConfig
-from harness.generation import placement
-from harness.ray_runtime import NoGpuError, wait_for_gpus
-from harness.score_feed import SCORE_INPUT_COLUMNS, CacheMirror, OkRows
-from harness.score_pool import pool_plans
-from harness.scoring import PoolSettings, ScoringError, Share, score_run
-from results.store import RunStore
+from harness.stages.generation import placement
+from harness.stages.ray_runtime import NoGpuError, wait_for_gpus
+from harness.stages.score_feed import SCORE_INPUT_COLUMNS, CacheMirror, OkRows
+from harness.stages.score_pool import pool_plans
+from harness.stages.scoring import PoolSettings, ScoringError, Share, score_run
+from results.run.store import RunStore
 from workers.scorers.base import Scorer, ScorerContext, ScorerError
 
 CTX = ScorerContext(device="cpu")

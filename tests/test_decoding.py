@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, ModelRef
-from results.store import RunStore
+from results.run.store import RunStore
 from tests.agreement import assert_alone_matches_batched
 from tests.helpers import PROMPTS, make_jobs
 from workers import decoding

@@ -1,6 +1,6 @@
 """The dispatcher's fault handling, without Ray: scripted actors that die, raise or never start.
 
-Every test runs `harness.dispatch.Dispatcher` over `LocalBackend` with fake generators and a
+Every test runs `harness.stages.dispatch.Dispatcher` over `LocalBackend` with fake generators and a
 fake clock; `tests/test_cluster.py` checks the same rules against real Ray actors.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
 from harness.config import ModelConfig
-from harness.dispatch import Dispatcher, ModelWork, Policy
-from harness.generation import _fail_batch, _model_stats, batch_jobs, failed_row, placement
+from harness.stages.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
+from harness.stages.dispatch import Dispatcher, ModelWork, Policy
+from harness.stages.generation import _fail_batch, _model_stats, batch_jobs, failed_row, placement
 from jobs.queue import make_batches
 from jobs.spec import JobSpec, ModelRef
-from results.store import RunStore
+from results.run.store import RunStore
 from tests.helpers import make_jobs
 
 
@@ -295,7 +295,7 @@ def test_auto_batch_size_in_process_follows_the_gpus_the_driver_sees(
 ) -> None:
     """--no-ray without runtime.device: GPU batches where NVIDIA's driver lists a GPU that
     CUDA_VISIBLE_DEVICES leaves visible; told without importing torch."""
-    import harness.generation as generation
+    import harness.stages.generation as generation
 
     proc = tmp_path / "gpus"
     proc.mkdir()
@@ -352,7 +352,7 @@ def test_reservations_go_to_their_slots_and_back_when_the_model_is_done() -> Non
 
 def test_the_budget_is_split_between_models_and_printed() -> None:
     from harness.config import RuntimeConfig
-    from harness.reservation import budget_for, request_budget
+    from harness.stages.reservation import budget_for, request_budget
 
     two = [ModelConfig(id="a"), ModelConfig(id="b")]
     b = budget_for(two, None, 4, None)

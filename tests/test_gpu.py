@@ -132,7 +132,7 @@ def test_classifier_scorer_on_cuda_matches_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_gpu_generator_probes_measures_and_reports_its_memory(tmp_path: Path) -> None:
-    from results.store import RunStore
+    from results.run.store import RunStore
     from workers.generator import PROBE_BATCH, Generator
 
     gen = Generator(ModelRef("tiny-random/gpt2"), str(tmp_path / "run"), device="cuda")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main as cli_main
-from harness.train_head import embed_texts, read_labelled
+from harness.cli.commands import main as cli_main
+from harness.tools.train_head import embed_texts, read_labelled
 from jobs.datasets import DatasetError, sha256_file
 from jobs.spec import ModelRef
 from workers.methods.base import MethodError

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.invoke import Interrupted, interrupted, signals_raise
+from results.run.invoke import Interrupted, interrupted, signals_raise
 
 
 def _signal_soon(signum: int, after_s: float = 0.5) -> threading.Thread:
@@ -70,8 +70,8 @@ class _SignalsInDel:
 def test_a_signal_swallowed_by_a_del_still_interrupts_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harness.invoke as invoke
-    from results.store import RunStore
+    import results.run.invoke as invoke
+    from results.run.store import RunStore
 
     monkeypatch.setattr(invoke, "stop_local_ray", lambda: None)  # the session's Ray stays up
     store = RunStore(str(tmp_path / "run"))
@@ -90,8 +90,8 @@ def test_a_signal_swallowed_by_a_del_still_interrupts_the_command(
 def test_the_commands_handlers_survive_ray_setting_its_own() -> None:
     """`ray.init` sets a SIGTERM handler that exits 15; `keep_signal_handlers` (around it in
     `init_ray`) and `reassert_signal_handlers` (as each stage starts) put the command's back."""
-    import harness.invoke as invoke_state
-    from harness.ray_runtime import (
+    import results.run.invoke as invoke_state
+    from harness.stages.ray_runtime import (
         forget_signal_handlers,
         keep_signal_handlers,
         reassert_signal_handlers,

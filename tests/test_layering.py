@@ -11,9 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
-from harness import cli, driver
+from harness import driver
+from harness.cli import commands as cli
 from harness.config import load_config
-from results.store import RunStore
+from results.run.store import RunStore
 import workers.methods.registry, workers.scorers.registry
 cfg = load_config("examples/methods-tiny.yaml")
 jobs = driver.plan(cfg, driver.load_words(cfg))
@@ -36,10 +37,10 @@ def test_planning_and_registries_do_not_import_torch() -> None:
 RUN_PROBE = """
 import sys
 from harness import driver
-from harness.backends import Placement
+from harness.stages.backends import Placement
 from harness.config import load_config
-from harness.generation import batch_jobs
-from harness.ray_runtime import init_ray, shutdown_ray
+from harness.stages.generation import batch_jobs
+from harness.stages.ray_runtime import init_ray, shutdown_ray
 cfg = load_config("examples/quickstart.yaml", {"limit": 1, "samples": 1})
 cfg = cfg.model_copy(update={"scorers": cfg.scorers[:1]})
 init_ray(num_cpus=4)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from fake_perspective import FakePerspective, default_score
 
-from results.store import RunStore
+from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.perspective import PerspectiveToxicity
 from workers.scorers.ratelimit import SlidingWindowLimiter

@@ -12,7 +12,7 @@ from jobs.datasets import Prompt
 from jobs.grid import expand_grid, iter_plan
 from jobs.queue import pending, pending_chunks
 from jobs.spec import GenerationParams, JobSpec, ModelRef
-from results.store import DoneIds, RunStore
+from results.run.store import DoneIds, RunStore
 
 PROMPTS = [Prompt(f"{g}:{i}", str(i), g, f"text {g} {i}") for i in range(5) for g in ("f", "m")]
 MODELS = [

@@ -334,8 +334,8 @@ def test_every_method_on_every_family_and_dtype_through_harness_run(tmp_path: Pa
     pair, 3 tokens: every job ok, in its dtype; UDDIA's redo recorded per row."""
     import yaml
 
-    from harness.cli import main as cli_main
-    from results.store import RunStore
+    from harness.cli.commands import main as cli_main
+    from results.run.store import RunStore
 
     files = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
     cfg = {

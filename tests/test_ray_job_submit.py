@@ -27,7 +27,7 @@ import polars as pl
 import pytest
 import yaml
 
-from results.store import RunStore
+from results.run.store import RunStore
 from tests.ray_procs import (
     free_port,
     listening_addresses,

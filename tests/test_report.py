@@ -21,13 +21,13 @@ import pytest
 from fake_run import synthetic_run
 from test_report_render import overlaps
 
-from harness.compare import add_compare_args, compare_main
-from results.cells import paired_table, table_cells
-from results.paper import load_paper_tables
-from results.plot import pareto_front, tradeoff_png
-from results.report import aggregate_run, markdown_table
-from results.report_tex import latex_table
-from results.tables import _marks, layout
+from harness.cli.compare import add_compare_args, compare_main
+from results.report.build import aggregate_run, markdown_table
+from results.report.cells import paired_table, table_cells
+from results.report.paper import load_paper_tables
+from results.report.plot import pareto_front, tradeoff_png
+from results.report.tables import _marks, layout
+from results.report.tex import latex_table
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -180,7 +180,7 @@ def test_paper_values_beside_ours(run: Any) -> None:
 
 
 def test_main_tables_win_over_the_appendix() -> None:
-    from results.paper import compare_with_paper
+    from results.report.paper import compare_with_paper
 
     cells = cells_frame([("tiiuae/falcon-7b-instruct", "lidao-prod", 1.0, 20.0)]).with_columns(
         pl.lit("regard").alias("task")
@@ -458,8 +458,8 @@ def test_compare_a_missing_run_is_an_error(
 
 
 def test_text_is_escaped_for_html_and_latex() -> None:
-    from results.report_html import sample_html
-    from results.report_tex import tex_escape
+    from results.report.html import sample_html
+    from results.report.tex import tex_escape
 
     row = {
         "model": "m",

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from fake_run import write_rows
 
-from results.plot import figure_files, forest_figure, pareto_front, tradeoff_figure
-from results.report import aggregate_run
-from results.report_tex import tex_escape
+from results.report.build import aggregate_run
+from results.report.plot import figure_files, forest_figure, pareto_front, tradeoff_figure
+from results.report.tex import tex_escape
 
 ODD_MODEL = "org/tiny_model&co%#1"  # a model id with TeX's specials in it
 TEXT = '{"tau": 0.5} p < 0.05 |bias| ≈ −1.5 ± 2 × 3 R&D 50% #1 $5 a_b é --ppl-max'

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import harness.ray_runtime as rt
-from results.store import RunStore
+import harness.stages.ray_runtime as rt
+from results.run.store import RunStore
 
 
 @pytest.fixture

@@ -13,14 +13,15 @@ import polars as pl
 import pytest
 
 import jobs.grid
-from harness import driver, generation, planning
-from harness.backends import ActorSpec, Batch, LocalBackend, Placement
+from harness import driver
 from harness.config import RunConfig, load_config
-from harness.dispatch import PIPELINE, Dispatcher, ModelWork, Policy
-from harness.generation import GenerationError
-from harness.identity import PlanChangedError
+from harness.stages import generation, planning
+from harness.stages.backends import ActorSpec, Batch, LocalBackend, Placement
+from harness.stages.dispatch import PIPELINE, Dispatcher, ModelWork, Policy
+from harness.stages.generation import GenerationError
 from jobs.spec import JobSpec
-from results.store import RunStore
+from results.run.identity import PlanChangedError
+from results.run.store import RunStore
 from tests.helpers import make_jobs
 from tests.test_dispatch import Clock, FakeBackend, Script
 

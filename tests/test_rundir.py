@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 import yaml
 
-from results.store import RunStore
+from results.run.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -111,7 +111,7 @@ def test_a_truncated_manifest_is_rebuilt(base_run: Path) -> None:
 
 
 def test_a_second_driver_is_refused_naming_the_holder(base_run: Path) -> None:
-    from harness.lock import RunLock
+    from results.run.lock import RunLock
 
     with RunLock(RunStore(str(base_run)), "run"):
         res = harness("aggregate", str(base_run))
@@ -204,7 +204,7 @@ def test_a_read_only_file_system_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The read-only case as root sees it (a read-only mount): EROFS from the first write."""
-    from harness import cli
+    from harness.cli import commands as cli
 
     def read_only(self: RunStore, *parts: str) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), self.uri)
@@ -221,7 +221,7 @@ def test_a_read_only_file_system_ends_in_one_line(
 def test_a_full_disk_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness import cli
+    from harness.cli import commands as cli
 
     def full(self: RunStore, rel: str, data: bytes) -> str:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path(rel))
@@ -290,7 +290,7 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
 def test_status_counts_scores_of_the_plans_ok_jobs_only(tmp_path: Path) -> None:
     """`status` from id arrays: a score of a job outside the plan is reported, not counted; a
     job planned and ok without a score is missing; an error generation needs no score."""
-    from harness.status import run_status
+    from harness.cli.status import run_status
     from results.schema import PLAN_SCHEMA
     from tests.fake_run import generation_row, score_row
 

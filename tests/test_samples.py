@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fake_run import score_row, write_rows
 
-from harness.cli import main
+from harness.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -315,7 +315,7 @@ def test_no_torch_and_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
     write_rows(str(tmp_path), rows)
     code = (
         "import sys\n"
-        "from harness.cli import main\n"
+        "from harness.cli.commands import main\n"
         f"rc = main(['samples', {str(tmp_path)!r}, '--limit', '0'])\n"
         "print('rc', rc, 'torch', 'torch' in sys.modules, file=sys.stderr)\n"
     )

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from harness.score_pool import ScoreLoop
-from harness.scoring import PoolSettings, ScoreBuffer, ScoringError, score_run
-from results.store import RunStore
+from harness.stages.score_pool import ScoreLoop
+from harness.stages.scoring import PoolSettings, ScoreBuffer, ScoringError, score_run
+from results.run.store import RunStore
 from tests.fake_run import generation_row
 from workers.scorers.base import ScorerContext
 

@@ -1,4 +1,4 @@
-"""Scoring that follows generation (`harness.score_follow`): shards scored as they appear,
+"""Scoring that follows generation (`harness.stages.score_follow`): shards scored as they appear,
 each ok row exactly once, the same scores as scoring after generation."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from fake_run import generation_row
 
-from harness import driver, score_follow
+from harness import driver
 from harness.config import ConfigError, RunConfig, parse_config
-from harness.score_feed import FollowRows
-from harness.score_follow import Follower, follow_scorers
-from harness.scoring import PoolSettings, Share, score_run
-from results.store import RunStore
+from harness.stages import score_follow
+from harness.stages.score_feed import FollowRows
+from harness.stages.score_follow import Follower, follow_scorers
+from harness.stages.scoring import PoolSettings, Share, score_run
+from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from results import bootstrap as bs
+from results.stats import bootstrap as bs
 
 REPS = 200
 N_BOOT = 400

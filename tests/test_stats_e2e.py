@@ -21,8 +21,8 @@ import pytest
 import yaml
 from fake_run import write_rows
 
-from results.report import aggregate_run
-from results.store import RunStore
+from results.report.build import aggregate_run
+from results.run.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}  # fmt: skip
@@ -184,7 +184,7 @@ def test_groups_come_from_the_config(tmp_path: Path) -> None:
 def compare(*argv: str) -> int:
     import argparse
 
-    from harness.compare import add_compare_args, compare_main
+    from harness.cli.compare import add_compare_args, compare_main
 
     parser = argparse.ArgumentParser()
     add_compare_args(parser)
@@ -238,7 +238,7 @@ def _pair_run(root: Path, dropped: int | None) -> str:
 def test_compare_drops_a_pair_filtered_in_one_run_from_both_and_stays_paired(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.compare import aggregate_in_memory, paired_bias_rows, shared_units
+    from harness.cli.compare import aggregate_in_memory, paired_bias_rows, shared_units
 
     a, b = _pair_run(tmp_path / "a", None), _pair_run(tmp_path / "b", dropped=3)
     assert compare(a, b, "--n-boot", "200", "--view", "file", "--metric", "sentiment") == 0
@@ -271,7 +271,7 @@ def test_compare_drops_a_pair_filtered_in_one_run_from_both_and_stays_paired(
 
 
 def test_compare_marks_at_one_minus_the_level(capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.compare import KEYS, print_table
+    from harness.cli.compare import KEYS, print_table
 
     row = dict.fromkeys(KEYS, "x") | {"a": 1.0, "b": 2.0, "diff": 1.0, "abs_diff": 1.0}
     rows = pl.DataFrame([row | {"ci_low": 0.1, "ci_high": 2.0, "p_value": 0.07}])

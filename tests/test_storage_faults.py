@@ -13,10 +13,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from results import shards
-from results.join import latest_version
+from results.run import shards
+from results.run.store import RunStore, StoreError
 from results.schema import score_schema
-from results.store import RunStore, StoreError
+from results.stats.join import latest_version
 from tests.fake_run import generation_row
 
 pytest.importorskip("moto.server")

@@ -14,9 +14,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from harness.generation import failed_row
+from harness.stages.generation import failed_row
 from jobs.spec import JobSpec
-from results.store import DoneIds, RunStore, StoreError
+from results.run.store import DoneIds, RunStore, StoreError
 from tests.helpers import make_jobs
 
 
@@ -317,7 +317,7 @@ def test_done_ids_answer_membership_like_a_set() -> None:
 
 
 def test_status_counts_each_job_once_and_lists_quarantined_shards(tmp_path: Path) -> None:
-    from harness.status import run_status
+    from harness.cli.status import run_status
 
     store = RunStore(str(tmp_path))
     jobs = make_jobs(n=6)

@@ -17,7 +17,7 @@ import yaml
 from harness.config import ConfigError, load_config
 from harness.driver import load_words, plan
 from jobs.spec import ModelRef
-from results.store import RunStore
+from results.run.store import RunStore
 from tests.helpers import make_jobs
 from workers.generator import Generator
 from workers.methods.heads import random_head, save_head

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main as cli_main
+from harness.cli.commands import main as cli_main
 from jobs.spec import GenerationParams, ModelRef, canonical_json
 from jobs.words import GroupWords, from_pairs
 from tests.helpers import make_jobs, step0_context
@@ -219,7 +219,7 @@ def test_geometry_cache_is_keyed_by_the_word_list_contents(lm: LoadedLM) -> None
 def test_uddia_with_redo_and_a_prior_runs_through_the_cli(she_prior: Path, tmp_path: Path) -> None:
     import yaml
 
-    from results.store import RunStore
+    from results.run.store import RunStore
 
     repo = Path(__file__).resolve().parents[1]
     files = {g: str(repo / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}

@@ -20,9 +20,9 @@ import pytest
 from fake_perspective import FakePerspective
 from tiny_config import tiny_config
 
-from harness import machine, preflight
+from harness.cli import machine, preflight
+from harness.cli.validate import validate
 from harness.config import parse_config
-from harness.validate import validate
 from workers import hub
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def problems_of(lines: list[str]) -> list[str]:
 
 BOTH = """
 import sys, time
-from harness.cli import main
+from harness.cli.commands import main
 t0 = time.perf_counter()
 codes = [main(["validate", CFG]), main(["run", CFG, "--out", OUT, "--no-progress"])]
 heavy = sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules)
@@ -323,7 +323,7 @@ def test_devices_are_checked_on_this_machine_only(tmp_path: Path) -> None:
 def test_a_missing_local_file_and_output_under_a_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from harness.cli.commands import main
 
     cfg = parse_config(
         {**json.loads(write_config(tmp_path).read_text()), "gender_words": str(tmp_path / "no")}
@@ -444,7 +444,7 @@ def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
     items = preflight.check_files(specs, str(tmp_path), probe)
     assert sorted(asked) == ["http://h/head.pt", "http://h/m.jsonl", "http://h/ok.jsonl"]
     assert [i.problem is None for i in items] == [True, False, False, False]
-    from harness.validate import _file_problems
+    from harness.cli.validate import _file_problems
 
     lines = _file_problems(items)
     assert len(lines) == 2 and lines[1].startswith(
@@ -475,7 +475,7 @@ def test_address_names_the_cluster_on_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: str
 ) -> None:
     """`--address` is `runtime.ray_address`: what only the nodes read is then left to them."""
-    from harness.cli import main
+    from harness.cli.commands import main
 
     cfg = write_config(tmp_path, models=[{"id": str(tmp_path / "lm-on-the-nodes")}])
     assert main(["validate", str(cfg)]) == 2

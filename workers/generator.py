@@ -16,8 +16,8 @@ import torch
 
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
+from results.run.store import RunStore
 from results.schema import error_row
-from results.store import RunStore
 from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.base import DecodingMethod, MethodError
 from workers.methods.registry import load_method

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from jobs.datasets import DatasetError, fetch
-from results.shards import file_mode
+from results.run.shards import file_mode
 from workers.methods.base import MethodError
 from workers.methods.head_meta import (
     KNOWN_HEADS,

@@ -3,7 +3,7 @@
 **Prior.** UDDIA's Hellinger gate compares p_θ with B_f and B_m, the distributions over the
 clearly gendered tokens (q(a|x) > 0.75). The reference weights those tokens by their corpus
 frequency: B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75]. `prior:` names a counts file written
-by `python -m harness token-prior` (format in `harness.token_prior`); counts are add-one
+by `python -m harness token-prior` (format in `harness.tools.token_prior`); counts are add-one
 smoothed, so a gendered token the corpus never saw keeps a small weight. Without a file the
 prior is uniform, and `effective_params` says `prior: uniform`.
 

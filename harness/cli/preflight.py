@@ -1,0 +1,338 @@
+"""What `run` would hit before its first generation, checked without starting anything.
+
+Torch-free and Ray-free. Each check gives `Item`s: a config field (or a variable, or `--out`),
+what it names, where that comes from, and a problem or None. `harness.cli.validate` prints them
+with the plan; `run` and `score` refuse to start when any has a problem. Nothing is downloaded:
+URLs not in the download cache get one HEAD request each (all at once, in threads), hub models
+are looked up in the local cache, then by their metadata when the hub answers
+(`workers.hub`). This machine's GPUs and the run directory: `harness.cli.machine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.config import RunConfig
+from jobs.datasets import PINNED_SHA256, default_cache_dir, url_basename
+from jobs.redact import redact_text
+from workers import hub
+from workers.tiny import TINY_PREFIX
+
+URL_TIMEOUT_S = 10.0
+# Scorer parameters that name a hub model (built-in scorers; read with their defaults).
+SCORER_MODEL_PARAMS: dict[str, tuple[str, ...]] = {
+    "perplexity": ("model",),
+    "sentiment": ("model",),
+    "regard": ("model",),
+    "toxicity-hf": ("model",),
+}
+# Method parameters that name an extra model (`Needs.extra_models` of the method classes,
+# which import torch; tests/test_validate_checks.py keeps the two in step).
+METHOD_MODEL_PARAMS: dict[str, tuple[str, ...]] = {
+    "gedi": ("gedi_model",),
+    "dexperts": ("expert", "anti_expert"),
+}
+METHOD_FILE_PARAMS: dict[str, tuple[str, ...]] = {"uddia": ("prior",)}
+# Methods whose steps read an attribute head (param `head`; None = the task's default head).
+HEAD_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod", "pplm")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing a run needs: `field` names it in the config (or the variable / option)."""
+
+    field: str
+    value: str
+    where: str
+    problem: str | None = None
+
+    def line(self) -> str:
+        return redact_text(f"{self.field}: {self.problem}")
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+def cached_download(spec: str, cache_dir: str | None) -> Path:
+    """Where `jobs.datasets.fetch` keeps the download of URL `spec`."""
+    name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
+    return Path(cache_dir or default_cache_dir()) / "downloads" / name
+
+
+def probe_url(url: str, timeout_s: float = URL_TIMEOUT_S) -> str | None:
+    """None when `url` answers a HEAD request (405/501: HEAD not served, the GET may be), else
+    why not, in a few words."""
+    request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "lidao-harness"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code in (405, 501):
+            return None
+        return f"HTTP {exc.code} {exc.reason}"
+    except (OSError, ValueError) as exc:
+        return f"unreachable ({getattr(exc, 'reason', None) or exc})"
+
+
+# ---- files and URLs ----------------------------------------------------------------------
+
+
+def file_specs(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(field, path or URL) of every file the run reads before or while generating."""
+    from workers.methods.registry import resolve_params
+
+    out: list[tuple[str, str]] = []
+    ds = cfg.dataset
+    if ds.files:
+        out += [(f"dataset.files.{group}", spec) for group, spec in ds.files.items()]
+    elif ds.path:
+        out.append(("dataset.path", ds.path))
+    if cfg.gender_words and cfg.gender_words != "builtin":
+        out.append(("gender_words", cfg.gender_words))
+    for i, model in enumerate(cfg.models):
+        if any(m.name in HEAD_METHODS and "head" not in m.params for m in cfg.methods):
+            out += [(f"models.{i}.heads.{t}", h) for t, h in model.heads.items() if t in cfg.tasks]
+    for j, method in enumerate(cfg.methods):
+        if method.name in HEAD_METHODS and method.params.get("head") is not None:
+            out.append((f"methods.{j}.params.head", str(method.params["head"])))
+        for key in METHOD_FILE_PARAMS.get(method.name, ()):
+            value = resolve_params(method.name, dict(method.params), cfg.models[0].id).get(key)
+            if isinstance(value, str) and value:
+                out.append((f"methods.{j}.params.{key}", value))
+    return list(dict.fromkeys(out))
+
+
+def worker_side(field: str) -> bool:
+    """Read by the actors (heads, priors, models), not by the driver (prompts, words)."""
+    return field.startswith(("models.", "methods.", "scorers."))
+
+
+def check_files(
+    specs: Iterable[tuple[str, str]],
+    cache_dir: str | None,
+    probe: Callable[[str], str | None],
+    local: bool = True,
+) -> list[Item]:
+    """Local files exist; URLs are in the download cache or answer `probe` (all at once).
+    With `local` false (an attached cluster), a path the actors read that this machine does
+    not see is left to the nodes, as `harness.config` does for heads."""
+    specs = list(specs)
+    urls = sorted(
+        {
+            s
+            for _, s in specs
+            if is_url(s)
+            and not cached_download(s, cache_dir).is_file()
+            and not cached_download(s, None).is_file()
+        }
+    )
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
+        answers = dict(zip(urls, pool.map(probe, urls)))
+    items = []
+    for field, spec in specs:
+        if not is_url(spec):
+            path = Path(spec).expanduser()
+            ok = path.is_file() or (worker_side(field) and path.is_dir())
+            if not ok and not local and worker_side(field):
+                items.append(Item(field, spec, "not seen here; the nodes read it"))
+                continue
+            items.append(
+                Item(field, spec, "present" if ok else "MISSING", None if ok else "no such file")
+            )
+        elif spec not in answers:
+            items.append(Item(field, spec, "URL, cached"))
+        elif answers[spec] is None:
+            items.append(Item(field, spec, "URL, reachable (downloads)"))
+        else:
+            cache = cached_download(spec, cache_dir)
+            problem = (
+                f"{spec}: {answers[spec]}; without network, download it elsewhere and set "
+                f"{field} to the local path, or put the file at {cache}"
+            )
+            if spec in PINNED_SHA256:
+                problem += f" (SHA-256 {PINNED_SHA256[spec]})"
+            items.append(Item(field, spec, "URL, NOT REACHABLE", problem))
+    return items
+
+
+# ---- models and tokenizers ---------------------------------------------------------------
+
+
+def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
+    """(field, id, revision, kind) of every model and tokenizer the run loads, tiny ones out."""
+    from workers.methods.registry import resolve_params
+    from workers.scorers.registry import scorer_defaults
+
+    out: list[tuple[str, str, str | None, str]] = []
+    for i, m in enumerate(cfg.models):
+        out.append((f"models.{i}.id", m.id, m.revision, "model"))
+        if m.tokenizer:
+            out.append((f"models.{i}.tokenizer", m.tokenizer, None, "tokenizer"))
+    for j, method in enumerate(cfg.methods):
+        for key in METHOD_MODEL_PARAMS.get(method.name, ()):
+            for m in cfg.models:
+                value = resolve_params(method.name, dict(method.params), m.id).get(key)
+                field = f"methods.{j}.params.{key}"
+                out.append((field, value if isinstance(value, str) else "", None, "model"))
+    for k, scorer in enumerate(cfg.scorers):
+        names = SCORER_MODEL_PARAMS.get(scorer.name, ())
+        if not names:
+            continue
+        params = {**scorer_defaults(scorer.name), **scorer.params}
+        for key in names:
+            field = f"scorers.{k}.params.{key}" + ("" if key in scorer.params else " (default)")
+            out.append((field, str(params.get(key) or ""), params.get("revision"), "model"))
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for spec in out:
+        if (spec[0], spec[1]) not in seen and not spec[1].startswith(TINY_PREFIX):
+            seen.add((spec[0], spec[1]))
+            unique.append(spec)
+    return unique
+
+
+def check_models(
+    specs: Iterable[tuple[str, str, str | None, str]], local: bool = True
+) -> list[Item]:
+    """Each model and tokenizer (`hub.availability`); with `local` false, a local folder this
+    machine does not have is left to the cluster's nodes."""
+    items = []
+    for field, spec, revision, kind in specs:
+        if not spec:
+            items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
+            continue
+        found = hub.availability(spec, revision, kind)
+        if found.problem and not local and hub.is_local(spec):
+            items.append(Item(field, spec, "local folder not seen here; the nodes read it"))
+            continue
+        items.append(Item(field, spec, found.where, found.problem))
+    return items
+
+
+def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per model a `score` run would load and cannot (offline, not cached...)."""
+    from workers.scorers.registry import scorer_defaults
+
+    lines = []
+    for name, params in scorers:
+        full = {**scorer_defaults(name), **params}
+        for key in SCORER_MODEL_PARAMS.get(name, ()):
+            spec = str(full.get(key) or "")
+            if spec.startswith(TINY_PREFIX):
+                continue
+            found = hub.availability(spec, full.get("revision"), "model") if spec else None
+            problem = found.problem if found else "required: a hub id or a local folder"
+            if problem:
+                lines.append(redact_text(f"scorer {name}, parameter {key}: {problem}"))
+    return lines
+
+
+# ---- API keys and services ---------------------------------------------------------------
+
+
+def check_keys(cfg: RunConfig) -> list[Item]:
+    """Secrets the configured scorers read (named by variable) and the services they call."""
+    from workers.scorers.registry import scorer_defaults
+
+    items = []
+    for k, scorer in enumerate(cfg.scorers):
+        if scorer.name != "perspective":
+            continue
+        p = {**scorer_defaults("perspective"), **scorer.params}
+        if p.get("cache_only"):
+            items.append(Item(f"scorers.{k}", "perspective", "cache only (no key needed)"))
+            continue
+        if p.get("api_key_file"):
+            path = Path(str(p["api_key_file"])).expanduser()
+            try:
+                ok = bool(path.read_text(encoding="utf-8").strip())
+                problem = None if ok else f"{path} is empty"
+            except OSError as exc:
+                problem = f"cannot read {path} ({exc.strerror or exc})"
+            items.append(Item(f"scorers.{k}.params.api_key_file", str(path), "key file", problem))
+            if problem:
+                continue
+        elif os.environ.get("PERSPECTIVE_API_KEY", "").strip():
+            items.append(Item("PERSPECTIVE_API_KEY", "<set>", "set"))
+        else:
+            items.append(
+                Item(
+                    "PERSPECTIVE_API_KEY",
+                    "",
+                    "NOT SET",
+                    f"scorers.{k} (perspective) needs an API key: set PERSPECTIVE_API_KEY (or "
+                    "the scorer's api_key_file parameter). To run without it now, drop "
+                    "perspective from `scorers` (or set cache_only: true) and add it later "
+                    "with `python -m harness score RUN --scorer perspective`",
+                )
+            )
+            continue
+        endpoint = p.get("endpoint") or os.environ.get("PERSPECTIVE_API_ENDPOINT")
+        field = f"scorers.{k}.params.endpoint" if p.get("endpoint") else "PERSPECTIVE_API_ENDPOINT"
+        if not endpoint:
+            from workers.scorers.perspective_client import DEFAULT_ENDPOINT
+
+            endpoint, field = DEFAULT_ENDPOINT, f"scorers.{k} (perspective endpoint)"
+        items.append(Item(field, str(endpoint), "service"))
+    return items
+
+
+def check_services(items: list[Item], probe: Callable[[str], str | None]) -> list[Item]:
+    """The services of `check_keys` (items whose `where` is "service"), probed at once."""
+    targets = [i for i in items if i.where == "service"]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
+        answers = list(pool.map(probe, [i.value for i in targets]))
+    out = [i for i in items if i.where != "service"]
+    for item, answer in zip(targets, answers):
+        if answer is None or answer.startswith("HTTP 4"):  # it answered: the key is its business
+            out.append(Item(item.field, item.value, "reachable"))
+        else:
+            out.append(
+                Item(
+                    item.field,
+                    item.value,
+                    "NOT REACHABLE",
+                    f"{item.value}: {answer}; without network, set the scorer's cache_only: "
+                    "true (scores what its cache holds) or score later with `python -m harness score`",
+                )
+            )
+    return out
+
+
+# ---- plugins -----------------------------------------------------------------------------
+
+
+def check_plugins(cfg: RunConfig) -> list[Item]:
+    """The module of each plugin method / scorer class can be found here (not imported: it
+    may import torch); built-in ones are part of this tree."""
+    from workers.methods.registry import METHODS
+    from workers.scorers.registry import SCORERS
+
+    items = []
+    targets = [(f"methods.{j}", m.name, METHODS.get(m.name, "")) for j, m in enumerate(cfg.methods)]
+    targets += [
+        (f"scorers.{k}", s.name, SCORERS.get(s.name, "")) for k, s in enumerate(cfg.scorers)
+    ]
+    for field, name, target in targets:
+        module = target.partition(":")[0]
+        if not module or module.startswith("workers."):
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+            problem = (
+                None if found else f"{name}: module {module!r} ({target}) is not installed here"
+            )
+        except Exception as exc:  # noqa: BLE001 - a parent package that fails to import
+            problem = f"{name}: module {module!r} cannot be imported ({exc})"
+        items.append(Item(field, target, "plugin", problem))
+    return items

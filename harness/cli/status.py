@@ -1,0 +1,136 @@
+"""`status`: planned / done / failed per stage, as a small text table.
+
+Only jobs of the current plan are counted; rows on disk outside it (an old plan replaced with
+`--replan`, or written by hand) are reported on their own line, never summed.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from results.run.done import DoneIds
+from results.run.manifest import read_manifest
+from results.run.store import RunStore
+from workers.plugins import load_plugins
+from workers.scorers.registry import SCORER_METRICS
+
+
+def run_status(store: RunStore) -> str:
+    """The status text. Memory: sorted id arrays (~23 bytes a job) for the plan and the
+    finished jobs, and one scorer's job ids and statuses at a time; never the plan's rows."""
+    finished = store.finished_ids()  # one streamed scan of job_id/status
+    table = store.generation_counts(finished)  # streams the plan
+    plan = DoneIds.from_arrays(
+        [c["job_id"].combine_chunks() for c in store.iter_plan(columns=["job_id"])]
+    )
+    ok, failed = finished
+    lines = [f"run {store.uri}", "generation:"]
+    for row in table.iter_rows(named=True):
+        lines.append(
+            f"  {row['model']} / {row['method']} / {row['task']}: planned {row['planned']}, "
+            f"done {row['done']}, failed {row['failed']}, pending {row['pending']}"
+        )
+    for path in store.quarantine_files():
+        lines.append(f"  quarantined (unreadable, its jobs pending): {path}")
+    manifest = read_manifest(store)  # a damaged one is rebuilt here
+    foreign = len(ok.minus(plan)) + len(failed.minus(plan))
+    if foreign:
+        replans = manifest.get("replans") or []
+        when = f" (plan replaced with --replan at {replans[-1]['at']})" if replans else ""
+        lines.append(
+            f"  {foreign} generation row(s) on disk are outside the current plan{when}: "
+            "kept, not counted"
+        )
+    if manifest:  # actors and throughput of the last generation run
+        from harness.stages.generation import actor_lines
+
+        lines.extend(actor_lines(manifest))
+    ok_in_plan = DoneIds(ok.ids[plan.contains_bytes(ok.ids)]) if len(plan) else DoneIds(ok.ids[:0])
+    del finished, ok, failed
+    scorers = store.scorers()
+    lines.append("scoring:" if scorers else "scoring: nothing scored yet")
+    newest_score = 0.0
+    load_plugins()  # entry-point scorers; --include ones are registered by the CLI
+    for name in scorers:
+        metric = SCORER_METRICS.get(name) or _shard_metric(store, name)
+        if metric is None:
+            lines.append(f"  {name}: no readable score rows")
+            continue
+        newest_score = max([newest_score, *_mtimes(store, "scores", name)])
+        scores = store.read_scores(name, metric, columns=["job_id", "status"])
+        ids = scores["job_id"].to_arrow().cast(pa.string())
+        wanted = pl.Series(ok_in_plan.contains(ids))
+        scored = scores.filter(wanted)
+        counts = dict(scored.group_by("status").len().iter_rows())
+        missing = len(ok_in_plan) - len(DoneIds.from_arrow(ids.filter(pa.array(wanted.to_numpy()))))
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        outside = int((~plan.contains(ids)).sum())
+        tail = f"; {outside} row(s) outside the plan, not counted" if outside else ""
+        lines.append(f"  {name}: {detail or 'none'}; missing {missing}{tail}")
+    lines.append(f"summary.parquet: {_summary_state(store, newest_score)}")
+    lines.extend(output_lines(store))
+    return "\n".join(lines)
+
+
+def output_lines(store: RunStore) -> list[str]:
+    """Where the outputs to open are: the HTML report, the tables, the figures, results.json
+    (written ones by path, the others 'not yet')."""
+    from results.report.results_json import RESULTS_JSON
+
+    lines = []
+    for rel, what in (
+        ("report/index.html", "report"),
+        ("report/tables.md", "tables"),
+        ("report/report.tex", "LaTeX report"),
+        ("summary.csv", "summary table"),
+        (RESULTS_JSON, "results"),
+    ):
+        where = store.path(rel) if store.exists(rel) else "not yet"
+        lines.append(f"{what} ({rel}): {where}")
+    figures = sorted(_listed(store, "report", "png"))
+    also = [ext for ext in ("pdf", "svg") if _listed(store, "report", ext)]
+    beside = f" (and .{', .'.join(also)} beside each)" if figures and also else ""
+    lines.append(f"figures: {', '.join(figures) if figures else 'none yet'}{beside}")
+    return lines
+
+
+def _listed(store: RunStore, folder: str, ext: str) -> list[str]:
+    sel = pafs.FileSelector(store.path(folder), allow_not_found=True, recursive=True)
+    return [
+        i.path
+        for i in store.fs.get_file_info(sel)
+        if i.type == pafs.FileType.File and i.path.endswith("." + ext)
+    ]
+
+
+def _shard_metric(store: RunStore, name: str) -> str | None:
+    """The metric a scorer's shards hold (a scorer not registered in this process: a plugin
+    not installed or not --include'd here): read from the first shard's `metric` column."""
+    import pyarrow.parquet as pq
+
+    for path in store.list_shards("scores", name):
+        try:
+            with store.fs.open_input_file(path) as fh:
+                col = pq.ParquetFile(fh).read(columns=["metric"]).column("metric")
+        except (OSError, KeyError, pa.ArrowException):
+            continue
+        values = [v for v in col.unique().to_pylist() if v]
+        if values:
+            return str(values[0])
+    return None
+
+
+def _mtimes(store: RunStore, *parts: str) -> list[float]:
+    return store.shard_mtimes(*parts)  # one listing, not a request per shard
+
+
+def _summary_state(store: RunStore, newest_score: float) -> str:
+    if not store.exists("summary.parquet"):
+        return "not yet"
+    mtime = store.fs.get_file_info(store.path("summary.parquet")).mtime
+    newest = max([newest_score, *_mtimes(store, "generations")])
+    if mtime is not None and mtime.timestamp() < newest:
+        return "STALE (older than the newest scores; run `python -m harness aggregate`)"
+    return "written (up to date with the scores)"

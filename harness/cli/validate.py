@@ -1,0 +1,192 @@
+"""`harness validate CONFIG`: everything `run` would hit before its first generation, with
+nothing started; `run` (and `score`, for its models) run the same checks first.
+
+Reads the prompt files (they are counted), never builds the grid, starts no Ray, loads no
+model and imports no torch (`harness.cli.preflight`). Prints the plan's counts per model × method ×
+task and what each job needs: files and URLs (reachable, cached), models and tokenizers (local
+folder, Hugging Face cache, the hub), attribute heads, API keys, devices, the output, plugins.
+Every problem is listed, each naming its config field or variable; any problem exits 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.cli import machine, preflight
+from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
+from harness.stages.reservation import request_budget
+from jobs.datasets import DatasetError
+from jobs.redact import redact_text
+from workers.tiny import TINY_PREFIX
+
+HEAD_METHODS = preflight.HEAD_METHODS
+
+
+def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> Any:
+    if method_params.get("head") is not None:
+        return method_params["head"]
+    heads = getattr(model, "heads", None)  # per-task heads of the model entry, where declared
+    if isinstance(heads, dict):
+        return heads.get(task)
+    return None
+
+
+def validate(
+    cfg: RunConfig,
+    source: str,
+    out: str | None = None,
+    use_ray: bool = True,
+    probe: Any = preflight.probe_url,
+) -> tuple[list[str], int]:
+    """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
+    given. Problems are counted and listed (each naming its field), never raised, so the report
+    holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
+    local = machine.is_local_run(cfg, use_ray)
+    files = preflight.check_files(preflight.file_specs(cfg), cfg.runtime.cache_dir, probe, local)
+    problems = _file_problems(files)
+    lines, n_prompts = _counted(cfg, source, files, problems)
+    specs = preflight.model_specs(cfg)
+    models = {(i.field, i.value): i for i in preflight.check_models(specs, local)}
+    problems += [i.line() for i in models.values() if i.problem]
+    lines += _plan_lines(cfg, n_prompts, files, models, problems)
+    lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
+    lines.append(f"  {request_budget(cfg).line()}")  # what generation will ask Ray for
+    keys = preflight.check_services(preflight.check_keys(cfg), probe)
+    lines += [f"  {item.field}: {item.where}" for item in keys]
+    checks = preflight.check_plugins(cfg) + machine.check_devices(cfg, local)
+    checks += machine.check_cluster(cfg, use_ray)
+    if out is not None:
+        checks.append(machine.check_output(out))
+    lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]
+    problems += [i.line() for i in keys + checks if i.problem]
+    if problems:
+        lines.append(f"problems ({len(problems)}):")
+        lines += [f"  {p}" for p in problems]
+    lines.append(f"{len(problems)} problem(s); nothing was started")
+    return [redact_text(line) for line in lines], len(problems)
+
+
+READ_HERE = ("dataset.", "gender_words")  # fields of the files the driver reads itself
+
+
+def _counted(
+    cfg: RunConfig, source: str, files: list[preflight.Item], problems: list[str]
+) -> tuple[list[str], int | None]:
+    """The header line with the plan's size (prompts read when their files are there; a bad
+    prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
+    from harness.driver import load_prompts, load_words
+
+    n_prompts = None
+    if any(i.problem for i in files if i.field.startswith(READ_HERE)):
+        head = f"{source}: well-formed; prompts not counted (a prompt or word file is missing)"
+    else:
+        try:
+            n_prompts = len(load_prompts(cfg, load_words(cfg)))
+        except DatasetError as exc:
+            problems.append(str(exc))
+            head = f"{source}: well-formed; prompts not counted (see the problems below)"
+    if n_prompts is not None:
+        total = check_grid_size(cfg, n_prompts, source)
+        head = (
+            f"{source}: well-formed; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
+            f"{n_prompts * cfg.samples_per_prompt} jobs per model × method × task; "
+            f"{total} jobs in all"
+        )
+    listed = [
+        f"  file {i.field}: {i.value} ({i.where})" for i in files if i.field.startswith(READ_HERE)
+    ]
+    return [head, *listed], n_prompts
+
+
+def _plan_lines(
+    cfg: RunConfig,
+    n_prompts: int | None,
+    files: list[preflight.Item],
+    models: dict[tuple[str, str], preflight.Item],
+    problems: list[str],
+) -> list[str]:
+    """Per model: where it comes from, then per method × task its jobs and head (a missing head
+    of a real model adds to `problems`); then the methods' other files and extra models."""
+    from workers.methods.registry import resolve_params
+
+    by_field = {i.field: i for i in files}
+    jobs = f"{n_prompts * cfg.samples_per_prompt} jobs" if n_prompts is not None else "? jobs"
+    lines = []
+    for m_index, model in enumerate(cfg.models):
+        label = f"{model.label} [{model.id}]" if model.name else model.id
+        found = models.get((f"models.{m_index}.id", model.id))
+        lines.append(f"  model {label}: {found.where if found else 'offline random weights'}")
+        if model.tokenizer:
+            tok = models.get((f"models.{m_index}.tokenizer", model.tokenizer))
+            lines.append(f"    tokenizer {model.tokenizer}: {tok.where if tok else 'offline'}")
+        for j, method in enumerate(cfg.methods):
+            params = resolve_params(method.name, dict(method.params), model.id)
+            for task in cfg.tasks:
+                need = ""
+                if method.name in HEAD_METHODS:
+                    need = _head_need(model, m_index, j, params, task, by_field)
+                    if need.startswith("; head: MISSING"):
+                        problems.append(
+                            f"models.{m_index}.heads.{task}: {method.name} on {model.label} "
+                            f"needs an attribute head for {task}; set it (or methods.{j}."
+                            "params.head)"
+                        )
+                lines.append(f"    {method.name} × {task}: {jobs}{need}")
+    for item in files:
+        if item.field.startswith("methods.") and not item.field.endswith(".head"):
+            lines.append(f"  file {item.field}: {item.value} ({item.where})")
+    for item in models.values():
+        if not item.field.startswith("models."):
+            lines.append(f"  model {item.field}: {item.value or '-'} ({item.where})")
+    return lines
+
+
+def _head_need(
+    model: ModelConfig,
+    m_index: int,
+    j: int,
+    params: dict[str, Any],
+    task: str,
+    by_field: dict[str, preflight.Item],
+) -> str:
+    """`; head ...` of one model × method × task: random, MISSING, or the file and its state."""
+    head = _head_of(model, params, task)
+    if head is None:
+        return (
+            "; head: random (tiny model)"
+            if model.id.startswith(TINY_PREFIX)
+            else ("; head: MISSING (set `head:`)")
+        )
+    given = params.get("head") is not None and f"methods.{j}.params.head" in by_field
+    item = by_field.get(f"methods.{j}.params.head" if given else f"models.{m_index}.heads.{task}")
+    return f"; head {head}: {item.where if item else 'present'}"
+
+
+def _file_problems(files: list[preflight.Item]) -> list[str]:
+    """One line per file with a problem; a URL several fields name is one line naming them all
+    (the paper's config gives one head to five methods)."""
+    groups: dict[str, list[preflight.Item]] = {}
+    for item in files:
+        if item.problem:
+            groups.setdefault(item.value, []).append(item)
+    lines = []
+    for items in groups.values():
+        first, names = items[0], [i.field for i in items]
+        text = str(first.problem)
+        if len(names) > 1:
+            text = text.replace(f"set {first.field} ", "set them ")
+        lines.append(redact_text(f"{', '.join(names)}: {text}"))
+    return lines
+
+
+def refuse_on_problems(cfg: RunConfig, source: str, out: str, use_ray: bool = True) -> None:
+    """`run`'s first step: the checks of `validate`; raises `ConfigError` listing every problem
+    before anything starts (no Ray, no run directory, no model)."""
+    lines, problems = validate(cfg, source, out=out, use_ray=use_ray)
+    if problems:
+        start = lines.index(next(line for line in lines if line.startswith("problems (")))
+        listed = lines[start + 1 : -1]
+        if problems == 1:  # one line, like every other bad-input error
+            raise ConfigError(f"{source}: {listed[0].strip()} (nothing was started)")
+        head = f"{source}: {problems} problem(s); nothing was started (`validate` shows the plan)"
+        raise ConfigError("\n".join([head, *listed]))

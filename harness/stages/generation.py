@@ -1,0 +1,448 @@
+"""The generation stage: pending jobs → per-model queues of batches → actors → shards.
+
+`generate_stage` plans the placement of each model (how many replicas, which resources, which
+device), then hands the queues to a `harness.stages.dispatch.Dispatcher` over Ray actors (or over
+plain `Generator`s in this process with `--no-ray`). Each model's queue pulls its batches
+lazily from the plan (`harness.stages.planning.Plan.batches`: the model's pending slices expanded
+again, a chunk at a time), so the driver holds about one chunk of jobs per model whatever the
+size of the grid. Actors write their shards themselves; the stage writes only the error rows
+of batches that failed every retry. Per-actor throughput and utilisation go to the manifest.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.config import ModelConfig, RunConfig
+from harness.progress import Progress
+from harness.stages.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
+from harness.stages.dispatch import PIPELINE, Dispatcher, ModelWork, Observer, Policy
+from harness.stages.planning import Plan
+from harness.stages.reservation import (
+    Budget,
+    Growth,
+    NotPlaced,
+    budget_for,
+    gpu_share,
+    new_group,
+    split_budget,
+    wait_placed,
+)
+from jobs.grid import CHUNK_SIZE
+from jobs.spec import JobSpec, ModelRef
+from jobs.words import GroupWords
+from results.run.manifest import update_manifest
+from results.run.store import RunStore
+from results.schema import error_row
+
+log = logging.getLogger("harness")
+
+
+class GenerationError(RuntimeError):
+    """A model that cannot run (bad id, no actor could start: its jobs stay pending), or a
+    method that could not start (its jobs are error rows). `stats` is the stage's stats."""
+
+    def __init__(self, message: str, stats: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.stats = stats or {}
+
+
+def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
+    return sorted({(j.method, j.method_params, j.task) for j in jobs})
+
+
+def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
+    """Replicas and resources of one model alone: by default one replica per GPU of
+    `cluster_gpus`.
+
+    `num_gpus` below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs,
+    loaded with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs (and without
+    `num_gpus`): CPU replicas of `num_cpus` CPUs each, torch running that many threads.
+    `replicas` overrides the count. Several models share the budget: `reserve_generation`.
+    """
+    cpus = mc.num_cpus or 1.0
+    per_replica = mc.num_gpus if mc.num_gpus is not None else (1.0 if cluster_gpus >= 1 else 0.0)
+    if device == "cpu" and mc.num_gpus is None:
+        per_replica = 0.0
+    if per_replica > 0:
+        replicas = mc.replicas or max(1, int(cluster_gpus // per_replica))
+        return Placement(
+            replicas, per_replica, cpus, device or ("auto" if per_replica > 1 else "cuda")
+        )
+    return Placement(mc.replicas or 1, 0.0, cpus, device or "cpu")
+
+
+LOCAL_PLACE_S = 10.0  # a local Ray's GPUs are there at once: how long to wait for its groups
+
+
+@dataclasses.dataclass
+class Setup:
+    """What the stage runs on: each model's placement, its replicas' reservations (placement
+    groups, `harness.stages.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
+
+    placements: dict[ModelRef, Placement]
+    groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
+    budget: Budget | None = None
+    grow: Growth | None = None
+
+    def release(self) -> None:
+        """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
+        from harness.stages.reservation import remove_groups
+
+        groups = [g for gs in self.groups.values() for g in gs]
+        groups += self.grow.created if self.grow is not None else []
+        if groups:
+            remove_groups(groups)
+        self.groups, self.grow = {}, None
+
+
+def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
+    """The placement of each model, and a placement group reserved for each GPU replica.
+
+    The budget (`harness.stages.reservation.request_budget`: `runtime.gpus` split between the models,
+    or the GPUs the cluster has) is computed once and logged. Every replica's group is created
+    at once (pending groups are the autoscaler's demand) and waited for up to
+    `runtime.gpu_wait_s` in cluster mode (a local Ray: a few seconds, its GPUs are all there
+    is); a model none of whose replicas could be placed fails the stage (`GenerationError`, its
+    jobs stay pending), never falling back to CPU. Placed groups are held for their replica
+    alone: call this before anything else (scorers following generation) takes GPUs. A local
+    Ray without GPUs runs models without `num_gpus` on CPU replicas, said in a warning; only
+    `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs in cluster mode.
+    """
+    from harness.stages.ray_runtime import cluster_gpus, cluster_mode
+
+    rt = cfg.runtime
+    configs = {m: _model_config(cfg, m) for m in models}
+    have = cluster_gpus()
+    local = not cluster_mode()
+    shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
+    gpu_models = [m for m in models if shares[m] > 0]
+    cpu_only = {m: placement(mc, 0.0, rt.device) for m, mc in configs.items()}
+    if not gpu_models:
+        return Setup(cpu_only)
+    if local and have == 0 and rt.device is None and not any(configs[m].num_gpus for m in models):
+        log.warning("this local Ray has no GPU: generation runs on CPU (runtime.device)")
+        return Setup(cpu_only)
+    entries = [configs[m] for m in gpu_models]
+    budget = budget_for(entries, rt.device, rt.gpus, have, cap=have if local else None)
+    gpus = _budget_gpus(rt.gpus, have, local)
+    counts = dict(
+        zip(gpu_models, split_budget(entries, [shares[m] for m in gpu_models], gpus), strict=True)
+    )
+    log.info("%s", budget.line())
+    placements = dict(cpu_only)
+    groups: dict[ModelRef, list[Any]] = {}
+    for m in gpu_models:
+        mc, share = configs[m], shares[m]
+        device = rt.device or ("auto" if share > 1 else "cuda")
+        placements[m] = Placement(counts[m], share, mc.num_cpus or 1.0, device)
+        groups[m] = [
+            new_group(share, mc.num_cpus or 1.0, f"lidao:{m.id}#{i}") for i in range(counts[m])
+        ]
+    setup = Setup(placements, groups, budget)
+    wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
+    what = "generation of " + ", ".join(m.id for m in gpu_models)
+    try:
+        wait_placed(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
+    except NotPlaced as exc:
+        setup.release()
+        need = max(shares[m] for m in gpu_models if m.id in str(exc))
+        raise GenerationError(
+            f"{what}: {exc} needs {need:g} GPU(s) but the cluster has {cluster_gpus():g} "
+            f"after waiting {wait_s:g}s (runtime.gpu_wait_s) and no replica could be placed. "
+            "Check `ray status` (GPU node types, their max_workers, your cloud's GPU quota), "
+            "or set `runtime: {device: cpu}` to run on CPUs."
+        ) from None
+    if not local and rt.gpus is None and any(not configs[m].replicas for m in gpu_models):
+        setup.grow = Growth(
+            {m: configs[m] for m in gpu_models},
+            {m: shares[m] for m in gpu_models},
+            groups,
+            have,
+            cluster_gpus,
+        )
+    return setup
+
+
+def _budget_gpus(limit: int | None, have: float, local: bool) -> float:
+    gpus = float(limit) if limit is not None else have
+    return min(gpus, have) if local else gpus
+
+
+def _model_config(cfg: RunConfig, model: ModelRef) -> ModelConfig:
+    return next(m for m in cfg.models if m.ref() == model)
+
+
+def generate_stage(
+    store: RunStore,
+    cfg: RunConfig,
+    jobs: Sequence[JobSpec] | Plan,
+    words: GroupWords,
+    use_ray: bool = True,
+    progress: bool = True,
+    retry_failed: bool = False,
+    observer: Observer | None = None,
+    setup: Setup | None = None,
+) -> dict[str, Any]:
+    """Generate every planned job that has no row yet; returns the stats for the manifest.
+
+    `jobs`: the `Plan` of the plan stage (streamed: its counts and done ids are reused), or a
+    list of jobs (then the done ids are read here; `retry_failed` applies to them).
+    `setup`: the reservations `reserve_generation` made for the plan's models (made here when
+    None); the stage releases them when it ends.
+
+    Raises `GenerationError` (after the other models are done and the manifest is written)
+    when a model could not run at all, or a method could not start; its `stats` are the
+    stage's stats.
+    """
+    plan = jobs if isinstance(jobs, Plan) else _list_plan(store, jobs, retry_failed)
+    stats: dict[str, Any] = {
+        "planned": plan.planned,
+        "pending_at_start": plan.pending,
+        "actors": [],
+        "models": {},
+    }
+    if not plan.pending:
+        if setup is not None:
+            setup.release()
+        return stats
+    models = plan.models()
+    bar = Progress(
+        "generate", total=plan.planned, done=plan.planned - plan.pending, enabled=progress
+    )
+    rt = cfg.runtime
+    policy = Policy(
+        rt.max_batch_retries, rt.max_actor_restarts, rt.actor_start_timeout_s, rt.progress_log_s
+    )
+    start = time.perf_counter()
+    dispatchers: list[Dispatcher] = []
+    try:
+        if use_ray:
+            _warn_local_run_dir(store)
+            try:
+                setup = setup or reserve_generation(cfg, models)
+            except GenerationError as exc:
+                stats["error"] = str(exc)
+                update_manifest(store, {"generation": stats})
+                raise GenerationError(str(exc), stats) from None
+            where = setup.placements
+            works = [_work(cfg, plan, m, where[m], setup.groups.get(m)) for m in models]
+            dispatchers.append(
+                Dispatcher(
+                    works,
+                    RayBackend(store.uri, words),
+                    policy,
+                    _fail_batch(store),
+                    bar.update,
+                    observer,
+                    grow=setup.grow,
+                )
+            )
+            dispatchers[-1].run()
+        else:  # one model at a time: every model in memory at once would not fit
+            for model in models:
+                dispatchers.append(
+                    Dispatcher(
+                        [_work(cfg, plan, model, None)],
+                        _local_backend(store, words),
+                        policy,
+                        _fail_batch(store),
+                        bar.update,
+                        observer,
+                    )
+                )
+                dispatchers[-1].run()
+    finally:
+        bar.close()
+        if setup is not None:
+            setup.release()
+    stats["wall_s"] = round(time.perf_counter() - start, 3)
+    stats["actors"] = [a for d in dispatchers for a in d.actor_stats()]
+    stats["models"] = {
+        w.model.id: _model_stats(w, stats["actors"]) for d in dispatchers for w in d.works
+    }
+    errors = [w.error for d in dispatchers for w in d.works if w.error]
+    for d in dispatchers:  # methods that could not start: their jobs were written as errors
+        for record, _ in d.records:
+            for err in record.info.get("method_errors") or []:
+                line = f"model {record.model}: {err} (its jobs are recorded as failed)"
+                errors += [line] if line not in errors else []
+    if errors:
+        stats["errors"] = errors
+        update_manifest(store, {"generation": stats})
+        raise GenerationError("; ".join(errors), stats)
+    return stats
+
+
+def _list_plan(store: RunStore, jobs: Sequence[JobSpec], retry_failed: bool) -> Plan:
+    return Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
+
+
+def feed_chunk(batch_size: int, replicas: int) -> int:
+    """Jobs per chunk a model's queue expands at a time: enough to keep its actors fed for a
+    while (and batches sorted by prompt length within it), never more than a plan chunk."""
+    return min(CHUNK_SIZE, max(1024, 8 * batch_size * PIPELINE * max(1, replicas)))
+
+
+AUTO_CPU_BATCH = 8  # runtime.batch_size auto on CPU replicas
+AUTO_GPU_BATCH = 256  # at most, on GPU replicas (their BatchSizer cuts what does not fit)
+
+
+def on_gpu(where: Placement) -> bool:
+    """Whether the replicas of `where` decode on a GPU (device "": this process's default,
+    which `visible_gpus` tells without importing torch)."""
+    if where.num_gpus > 0 or where.device == "auto" or where.device.startswith("cuda"):
+        return True
+    if where.device:
+        return False
+    return visible_gpus() > 0
+
+
+def visible_gpus(proc: str = "/proc/driver/nvidia/gpus") -> int:
+    """NVIDIA GPUs this process may use, without importing torch (the driver stays torch-free).
+
+    The NVIDIA kernel driver lists each GPU under `proc`; `CUDA_VISIBLE_DEVICES` narrows them
+    (empty or "-1": none). A machine with a GPU but a CPU-only torch build counts its GPU
+    here: the in-process generator then runs on CPU with GPU-sized batches of `auto`.
+    """
+    root = Path(proc)
+    try:
+        count = sum(1 for _ in root.iterdir()) if root.is_dir() else 0
+    except OSError:
+        count = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    ids = [v for v in visible.split(",") if v.strip()]
+    if not ids or ids[0].strip() == "-1":
+        return 0
+    return min(count, len(ids))
+
+
+def batch_jobs(size: int | str, where: Placement, pending: int) -> int:
+    """Jobs per batch handed to one replica: `size`, or for `auto` 8 on CPU replicas and on GPU
+    replicas up to AUTO_GPU_BATCH, fewer when the model's pending jobs would not give every
+    replica PIPELINE batches (a GPU replica decodes what fits at once: `BatchSizer`)."""
+    if size != "auto":
+        return int(size)
+    if not on_gpu(where):
+        return AUTO_CPU_BATCH
+    spread = -(-pending // (PIPELINE * max(1, where.replicas)))
+    return max(AUTO_CPU_BATCH, min(AUTO_GPU_BATCH, spread))
+
+
+def _work(
+    cfg: RunConfig,
+    plan: Plan,
+    model: ModelRef,
+    where: Placement | None,
+    groups: list[Any] | None = None,
+) -> ModelWork:
+    """The model's queue, fed lazily from `plan`; `where` None: in this process (no Ray).
+    `groups`: the reservations of its replicas, one per slot."""
+    here = where or Placement(1, 0.0, 0.0, cfg.runtime.device or "")
+    pending = plan.pending_of(model)
+    size = batch_jobs(cfg.runtime.batch_size, here, pending)
+    gpu = " on GPU replicas" if on_gpu(here) else ""
+    log.info(
+        f"generate {model.id}: batches of {size} jobs{gpu} "
+        f"(runtime.batch_size: {cfg.runtime.batch_size})"
+    )
+    return ModelWork(
+        model,
+        plan.method_keys(model),
+        here,
+        collections.deque(),
+        total=pending,
+        source=plan.batches(model, size, feed_chunk(size, here.replicas)),
+        batch_size=size,
+        groups=list(groups or []),
+    )
+
+
+def _warn_local_run_dir(store: RunStore) -> None:
+    from harness.stages.ray_runtime import alive_nodes
+
+    if store.local and alive_nodes() > 1:
+        log.warning(
+            "run directory %s is a local path on a cluster of %d nodes: actors on other "
+            "nodes can write there only if it is a shared filesystem (else use s3:// or "
+            "gs://)",
+            store.uri,
+            alive_nodes(),
+        )
+
+
+def _local_backend(store: RunStore, words: GroupWords) -> LocalBackend:
+    def build(spec: Any) -> Any:
+        from workers.generator import Generator
+
+        p = spec.placement
+        return Generator(
+            spec.model,
+            store.uri,
+            words=words,
+            device=p.device or None,
+            name=spec.name,
+            gpu_share=p.num_gpus,
+        )
+
+    return LocalBackend(build)
+
+
+def _fail_batch(store: RunStore) -> Any:
+    def fail(batch: Batch, error: str) -> int:
+        """Error rows for the jobs of `batch` that no attempt wrote an ok row for."""
+        return store.write_failed([failed_row(j, error) for j in batch])
+
+    return fail
+
+
+def _model_stats(work: ModelWork, actors: list[dict[str, Any]]) -> dict[str, Any]:
+    mine = [a for a in actors if a["model"] == work.model.id]
+    return {
+        "jobs": work.total,
+        "done": work.done,
+        "failed": work.failed,
+        "pending": work.total - work.done - work.failed,
+        "actors_started": len(mine),
+        "actor_deaths": sum(1 for a in mine if str(a["end"]).startswith("died")),
+        "replicas": work.placement.replicas,
+        "num_gpus": work.placement.num_gpus,
+        "batch_size": work.batch_size,
+        # largest measured peak GPU memory per sequence over its replicas (None: CPU)
+        "peak_bytes_per_seq": max((a.get("peak_bytes_per_seq") or 0 for a in mine), default=0)
+        or None,
+        "error": work.error,
+    }
+
+
+def failed_row(job: JobSpec, error: str) -> dict[str, Any]:
+    """An error row for a job whose batch could not be generated (no torch needed)."""
+    return error_row(job.to_row(), f"job {job.job_id}: {error}")
+
+
+def actor_lines(manifest: dict[str, Any]) -> list[str]:
+    """`status` lines: per model, the actors of the last generation run and their throughput."""
+    actors = (manifest.get("generation") or {}).get("actors") or []
+    by_model: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for actor in actors:
+        by_model[actor["model"]].append(actor)
+    lines = []
+    for model, mine in by_model.items():
+        died = sum(1 for a in mine if str(a.get("end", "")).startswith("died"))
+        busy = [a["utilisation"] for a in mine if a.get("utilisation") is not None]
+        util = f"{sum(busy) / len(busy):.0%}" if busy else "-"
+        jobs = sum(a.get("jobs", 0) for a in mine)
+        lines.append(
+            f"  {model}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
+            f"mean utilisation {util} (manifest.json has each actor)"
+        )
+    return lines

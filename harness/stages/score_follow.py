@@ -1,0 +1,367 @@
+"""Scoring that follows generation: scorers score the ok rows of shards as generation writes them.
+
+`following(store, cfg, words, use_ray=...)` is a context manager around the generation stage
+(`harness.driver.run`). It starts a thread, the *follower*, that polls RUN/generations/ every
+few seconds (`FollowRows`: each shard read once, each job handed out once; shards are
+published atomically, so never read half-written) and scores the new ok rows with the scorers
+that follow: with `runtime.score_during_generation: auto` (the default) those whose pool never
+holds a GPU (Perspective, vader, gender, any scorer on `device: cpu` or `num_gpus: 0`), so
+they never take a GPU from generation; `true` every scorer (size the GPU shares so that both
+fit); `false` none.
+
+When the block ends normally the follower stops taking new chunks, waits for those in flight,
+and is joined (an unexpected error in it is raised here): compaction may then run, it no longer
+reads. Its scorers stay up (`Followed`) for the final pass (`harness.stages.scoring.score_run(...,
+followed=)`), which scores the rest with every scorer at once and skips what is already
+scored, as any `score` does. Perspective thus keeps one actor, one rate limiter and one cache
+from the first shard to the last. When the block raises, the follower stops at once and its
+scorers are closed. A scorer that fails while following (cannot start, a refused key, chunks
+that fail every retry) drops out with a warning: the final pass starts it again and reports
+what it reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.stages.score_feed import FollowRows, input_columns, scored_ids
+from harness.stages.scoring import PoolSettings, Share, Work, pool_settings, scorer_context
+from results.run.store import RunStore
+from workers.scorers.base import ScorerContext, ScorerError
+from workers.scorers.registry import SCORER_METRICS, load_scorer
+
+log = logging.getLogger("harness")
+FOLLOW_POLL_S = 5.0  # how often the generation folder is listed
+ABORT_JOIN_S = 30.0  # after an exception, how long to wait for the follower to stop
+
+
+def pool_wants_gpu(name: str, device: str | None, share: Share) -> bool:
+    """Whether a scorer's pool takes a GPU wherever it runs (its config entry, else its class)."""
+    if share.num_gpus is not None:
+        return share.num_gpus > 0
+    return bool(load_scorer(name).wants_gpu) and device != "cpu"
+
+
+def follow_scorers(
+    scorers: Sequence[tuple[str, dict[str, Any]]],
+    mode: bool | str,
+    device: str | None,
+    shares: Mapping[str, Share],
+) -> list[tuple[str, dict[str, Any]]]:
+    """The scorers that score during generation under `runtime.score_during_generation`."""
+    if mode is False:
+        return []
+    if mode is True:
+        return list(scorers)
+    return [(n, p) for n, p in scorers if not pool_wants_gpu(n, device, shares.get(n, Share()))]
+
+
+def follow_work(
+    store: RunStore, name: str, version: str, batch_size: int, retries: int, poll_s: float
+) -> Work:
+    """A scorer's `Work` over a generation still going (no total, no progress bar)."""
+    skip = scored_ids(store, name, SCORER_METRICS[name], version)
+    planned = (
+        store.read_plan(["job_id"])["job_id"].to_arrow() if store.exists("plan.parquet") else None
+    )
+    columns = input_columns(load_scorer(name))
+    feed = FollowRows(store, columns, skip, batch_size, only=planned, poll_s=poll_s)
+    return Work(name, version, feed, 0, 0, retries)
+
+
+@dataclass
+class Followed:
+    """What the follower leaves to the final pass: its scorers, still up, and what they did.
+
+    `live`: name → (parameters, a `harness.stages.score_pool.Pool` on Ray, or (scorer, cache mirror)
+    in this process). `stats`: name → what it scored during generation.
+    """
+
+    use_ray: bool
+    live: dict[str, tuple[dict[str, Any], Any]] = field(default_factory=dict)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def take(self, scorers: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """Hand over the live scorers the final pass runs with the same parameters."""
+        taken = {}
+        for name, params in scorers:
+            entry = self.live.get(name)
+            if entry is not None and entry[0] == params:
+                taken[name] = self.live.pop(name)[1]
+        return taken
+
+    def close(self, now: bool = False) -> None:
+        """Close the scorers nobody took over (stats of what they did stay in `stats`);
+        `now`: kill Ray actors without waiting for their `close` (an interrupted run)."""
+        for name in list(self.live):
+            _, held = self.live.pop(name)
+            try:
+                if self.use_ray and now:
+                    import ray
+
+                    for actor in held.actors:
+                        ray.kill(actor.handle)
+                elif self.use_ray:
+                    from harness.stages.score_pool import close_pool
+
+                    close_pool(held)
+                else:
+                    scorer, mirror = held
+                    scorer.close()
+                    if mirror is not None:
+                        mirror.maybe_put(force=True)
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
+                log.warning("scorer %s: closing after following generation: %s", name, exc)
+
+    def add_to(self, stats: dict[str, dict[str, Any]]) -> None:
+        """Count what was scored during generation in the stage's stats (rows scored then
+        were skipped by the final pass as already scored)."""
+        for name, during in self.stats.items():
+            final = stats.get(name)
+            if final is None:  # the final pass did not run it (it could not start)
+                keep = ("version", "scored", "status", "failed_chunks")
+                stats[name] = {k: during[k] for k in keep} | {"during_generation": during}
+                continue
+            # rows `missing` then (not in a cache-only Perspective's cache) got no score row:
+            # the final pass handed them out again and counts them itself
+            written = during["scored"] - during["status"].get("missing", 0)
+            final["during_generation"] = during
+            final["scored"] = final.get("scored", 0) + written
+            if final.get("version") == during["version"]:
+                final["skipped"] = max(0, final.get("skipped", 0) - written)
+            status = dict(final.get("status") or {})
+            for key, count in during["status"].items():
+                if key != "missing":
+                    status[key] = status.get(key, 0) + count
+            final["status"] = status
+
+
+class Follower:
+    """The thread that scores generation shards as they appear (see the module docstring)."""
+
+    def __init__(
+        self,
+        store_uri: str,
+        scorers: Sequence[tuple[str, dict[str, Any]]],
+        context: ScorerContext,
+        *,
+        use_ray: bool,
+        batch_size: int = 64,
+        poll_s: float = FOLLOW_POLL_S,
+        settings: PoolSettings | None = None,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        self.store = RunStore(store_uri)  # its own: a RunStore's scan cache is not thread-safe
+        self.scorers, self.context, self.use_ray = list(scorers), context, use_ray
+        self.batch_size, self.poll_s = batch_size, poll_s
+        self.settings = settings or PoolSettings()
+        self.start_timeout_s = start_timeout_s
+        self.result = Followed(use_ray)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()  # generation is over: finish the chunks in flight
+        self._abort = threading.Event()  # the generation stage raised: stop now
+        self._thread = threading.Thread(target=self._main, name="score-follow", daemon=True)
+        self._works: dict[str, Work] = {}
+        self._dropped: dict[str, str] = {}  # scorer → why it stopped following
+
+    def start(self) -> None:
+        if self.scorers:
+            log.info("scoring during generation: %s", ", ".join(name for name, _ in self.scorers))
+            self._thread.start()
+
+    def finish(self) -> Followed:
+        """Stop after the chunks in flight; join; raise what went wrong in the thread."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        if self.error is not None:
+            self.result.close()
+            raise self.error
+        return self.result
+
+    def abort(self, now: bool = True) -> None:
+        """Stop now and close the scorers (the generation stage raised); `now`: kill Ray actors
+        without waiting for their `close` (an interrupt)."""
+        self._abort.set()
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(ABORT_JOIN_S)
+        if self._thread.is_alive():
+            log.warning("the scoring follower did not stop within %.0fs", ABORT_JOIN_S)
+        if self.error is not None:
+            log.error("scoring during generation failed: %s", self.error)
+        self.result.close(now=now)
+
+    # ---- the thread ------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            if self.use_ray:
+                self._follow_on_ray()
+            else:
+                self._follow_here()
+        except BaseException as exc:  # noqa: BLE001 - raised in the driver by `finish`
+            self.error = exc
+        for name, work in self._works.items():
+            self.result.stats[name] = _during(work, self._dropped.get(name))
+            if work.feed.rows:
+                log.info("scorer %s: %d rows scored during generation", name, work.feed.rows)
+
+    def _work(self, name: str, version: str) -> Work:
+        work = follow_work(
+            self.store,
+            name,
+            version,
+            self.batch_size,
+            self.settings.chunk_retries,
+            self.poll_s,
+        )
+        self._works[name] = work
+        return work
+
+    def _drop(self, name: str, why: str) -> None:
+        """A scorer stops following (the final pass starts it again)."""
+        log.warning(
+            "scorer %s stops scoring during generation (%s); the final pass does it", name, why
+        )
+        self._dropped[name] = why
+        entry = self.result.live.pop(name, None)
+        if entry is not None:
+            Followed(self.use_ray, {name: entry}).close()
+
+    def _follow_here(self) -> None:
+        """In this process (`--no-ray`): the scorers one after the other, a chunk at a time."""
+        for name, params in self.scorers:
+            if self._stop.is_set():
+                return
+            try:
+                ctx, mirror = scorer_context(name, params, self.context, self.store.uri)
+                scorer = load_scorer(name)(params, ctx)
+            except Exception as exc:  # noqa: BLE001 - the final pass reports it
+                log.warning("scorer %s cannot score during generation: %s", name, exc)
+                continue
+            self.result.live[name] = (params, (scorer, mirror))
+            self._work(name, scorer.version)
+            scorer.begin(0)
+        while not self._stop.is_set():
+            idle = True
+            for name in [n for n in self._works if n in self.result.live]:
+                if self._stop.is_set():
+                    break
+                item = self._works[name].next_chunk()
+                if item is not None:
+                    idle = False
+                    self._score_here(name, *item)
+            if idle:
+                self._stop.wait(self.poll_s)
+
+    def _score_here(self, name: str, chunk: list[dict[str, Any]], attempts: int) -> None:
+        from harness.stages.scoring import ScoringError
+
+        work = self._works[name]
+        scorer, mirror = self.result.live[name][1]
+        try:
+            work.write(self.store, chunk, scorer.score(chunk))
+        except ScorerError as exc:
+            self._drop(name, f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - this chunk only
+            try:
+                work.chunk_failed(chunk, attempts, f"{type(exc).__name__}: {exc}")
+            except ScoringError as given_up:
+                self._drop(name, str(given_up))
+                return
+        if mirror is not None:
+            mirror.maybe_put()
+
+    def _follow_on_ray(self) -> None:
+        """A pool of actors per scorer (`harness.stages.score_pool`), fed as shards appear."""
+        from harness.stages.ray_runtime import cluster_gpus
+        from harness.stages.score_pool import Pool, ScoreLoop, pool_plans, start_pools
+
+        have, budget = cluster_gpus(), self.settings.gpus
+        gpus = min(float(budget), have) if budget and have else have
+        plans = pool_plans(self.scorers, self.context, self.settings, gpus)
+        pools = []
+        for name, params in self.scorers:
+            if plans[name].num_gpus == 0 and pool_wants_gpu(
+                name, self.context.device, self.settings.shares.get(name, Share())
+            ):
+                log.info("scorer %s waits for the final pass: no GPU in the cluster yet", name)
+                continue  # never a silent CPU fallback
+            pool = Pool(name, params, plans[name], self.context)
+            self.result.live[name] = (params, pool)  # `abort` closes what started
+            pools.append(pool)
+        start_pools(pools, self.store.uri, self.start_timeout_s, stop=self._stop)
+        running = []
+        for pool in pools:
+            if pool.error is not None:
+                self._drop(pool.name, pool.error)
+                continue
+            pool.work = self._work(pool.name, pool.version)
+            for actor in pool.actors:
+                actor.handle.begin.remote(0)
+            running.append(pool)
+        if not running:
+            return
+        loop = ScoreLoop(
+            self.store, running, self.settings.call_timeout_s, self.settings.flush_rows
+        )
+        loop.run(follow=self._stop, abort=self._abort, idle_s=min(1.0, self.poll_s))
+        for pool in running:
+            pool.work = None  # the final pass gives each pool its own
+            if pool.error is not None:
+                self._drop(pool.name, pool.error)
+
+
+def _during(work: Work, dropped: str | None) -> dict[str, Any]:
+    """What a scorer did during generation (`Followed.stats`)."""
+    return {
+        "version": work.version,
+        "scored": sum(work.statuses.values()),
+        "status": dict(work.statuses),
+        "failed_chunks": work.failed_chunks,
+        "polls": getattr(work.feed, "polls", 0),
+        "elapsed_s": round(time.perf_counter() - work.started, 3),
+        "stopped": dropped,
+    }
+
+
+@contextlib.contextmanager
+def following(
+    store: RunStore,
+    cfg: Any,
+    words: Any,
+    *,
+    use_ray: bool,
+    poll_s: float | None = None,
+) -> Iterator[Follower]:
+    """Score with the scorers that follow (`runtime.score_during_generation`) while the block
+    runs; the `Follower`'s `result` is then the final pass's `followed=`."""
+    rt = cfg.runtime
+    settings = pool_settings(cfg)
+    scorers = [(s.name, dict(s.params)) for s in cfg.scorers]
+    chosen = follow_scorers(scorers, rt.score_during_generation, rt.device, settings.shares)
+    context = ScorerContext(words=words, cache_dir=rt.cache_dir, device=rt.device)
+    follower = Follower(
+        store.uri,
+        chosen,
+        context,
+        use_ray=use_ray,
+        batch_size=rt.score_batch_size,
+        poll_s=FOLLOW_POLL_S if poll_s is None else poll_s,
+        settings=settings,
+        start_timeout_s=rt.actor_start_timeout_s,
+    )
+    follower.start()
+    try:
+        yield follower
+    except BaseException as exc:
+        follower.abort(now=not isinstance(exc, Exception))  # SIGINT / SIGTERM: no waiting
+        raise
+    follower.finish()

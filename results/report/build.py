@@ -1,0 +1,376 @@
+"""`aggregate_run`, the I/O entry of aggregation, and the Markdown / LaTeX reports.
+
+Writes RUN/summary.parquet and summary.csv (the long summary, `results.stats.aggregate`) and
+RUN/report/: tables.md, tables.tex (paper layout, `results.report.tables`; best bold, second
+underlined), tradeoff*.png (`results.report.plot`) and index.html (`results.report.html`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from results.report import html as report_html
+from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
+from results.report.paper import compare_with_paper
+from results.report.plot import figure_files, forest_figure, tradeoff_figure
+from results.report.tables import (
+    FEW,
+    FEW_UNITS,
+    MISSING,
+    MULTIPLICITY,
+    TASKS,
+    VIEW_TITLES,
+    Field,
+    Layout,
+    Samples,
+    layout,
+    legend,
+    level_text,
+)
+from results.report.tex import latex_document, latex_tables
+from results.run.store import RunStore
+from results.stats.aggregate import summarize
+from results.stats.join import join_run
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def md_p(p: float | None) -> str:
+    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def md_field(f: Field, kind: str = "") -> str:
+    """One cell: value (± sd, share of other), mark, flags; a bias its interval and p."""
+    text = _num(f.value)
+    if f.value is None:
+        return text
+    if f.sd is not None:
+        text += f" ± {f.sd:.2f}"
+    if f.other is not None:
+        text += f" (other {f.other:.0%})"
+    text = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}.get(
+        f.mark, text
+    )
+    text += f.flags
+    if f.low is not None and f.high is not None:
+        text += f" [{f.low:.2f}, {f.high:.2f}]"
+    if kind == "bias":
+        text += f" {md_p(f.p)}" + (f" {f.detail}" if f.detail else "")
+    return text
+
+
+def markdown_table(lay: Layout) -> str:
+    """A view's paper-style table, then its warnings (one bullet per flagged cell)."""
+    if not lay.blocks:
+        return "_No cells for this view._\n"
+    head = ["Model / method"]
+    for col in lay.columns:
+        head.append(f"{TASKS[col.task][0]}: {col.header} {'↑' if col.higher else '↓'}")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    kinds = [c.kind for c in lay.columns]
+    for block in lay.blocks:
+        for row in block.rows:
+            cells = [row.label, *(md_field(f, k) for f, k in zip(row.fields, kinds))]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if lay.warnings:
+        lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
+    return "\n".join(lines) + "\n"
+
+
+def frame_markdown(frame: pl.DataFrame) -> str:
+    """A plain Markdown table of `frame` (floats with 2 decimals, nulls as –)."""
+    if frame.is_empty():
+        return "_none_\n"
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
+    for row in frame.iter_rows():
+        cells = ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def view_layouts(res: AggregateResult) -> dict[str, Layout]:
+    """The paper-style layout of every view with cells, in report order, at the run's level."""
+    views = set(res.cells["view"].to_list()) if not res.cells.is_empty() else set()
+    return {
+        v: layout(res.cells, v, res.samples, res.level, res.unit, res.samples_cm)
+        for v in VIEW_TITLES
+        if v in views
+    }
+
+
+def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = None) -> str:
+    """report/tables.md: notes, one paper-style table per view, counts, comparisons."""
+    layouts = view_layouts(res) if layouts is None else layouts
+    at = level_text(res.level)
+    out = [f"# Aggregate report: {res.run}", "", f"Level: {at}. {MULTIPLICITY}", "", "## Notes", ""]
+    out += [f"- {n}" for n in res.notes] or ["- none"]
+    for view, lay in layouts.items():
+        stats = [c.stat for c in lay.columns if c.kind == "bias"]
+        out += [
+            "",
+            f"## {VIEW_TITLES[view]} (level {at})",
+            "",
+            legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests),
+            "",
+            markdown_table(lay),
+        ]
+    out += [
+        "",
+        f"## Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})",
+        "",
+    ]
+    out += [frame_markdown(paired_table(res.summary))]
+    out += ["", "## The paper's values beside ours", "", frame_markdown(res.paper)]
+    out += [
+        "",
+        "## Generations and the perplexity filter",
+        "",
+        frame_markdown(filter_table(res.summary)),
+    ]
+    out += ["", "## Rows per group", "", frame_markdown(counts_table(res.summary))]
+    return "\n".join(out)
+
+
+@dataclass
+class AggregateResult:
+    """What `aggregate_run` computed and wrote (`paths`: name → written path)."""
+
+    run: str
+    summary: pl.DataFrame
+    cells: pl.DataFrame
+    paper: pl.DataFrame
+    notes: list[str]
+    seed: int
+    n_boot: int
+    paths: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # the aggregation settings used
+    config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
+    samples: Samples = field(default_factory=dict)  # bootstrap gaps (`Aggregate.samples`)
+    samples_cm: Samples = field(default_factory=dict)  # count-matched EMT gaps (`samples_cm`)
+    unit: str = "prompt"  # resampling unit: pair or prompt
+    groups: tuple[str, ...] = ()
+
+    @property
+    def level(self) -> float:
+        return float(self.settings.get("level", 0.95))
+
+    def __str__(self) -> str:
+        lines = [f"aggregated {self.run}: {self.summary.height} summary rows"]
+        lines += [f"  wrote {p}" for p in self.paths.values()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _sample_rows(
+    frame: pl.DataFrame, store: RunStore | None = None, per_cell: int = 3
+) -> list[dict[str, Any]]:
+    """A few generations with per-token choices per model/method/task (every method that
+    records them), each with `pieces`: its tokens as the tokenizer spaces them."""
+    if "choices" not in frame.columns:
+        return []
+    rows = frame.filter(pl.col("choices").is_not_null() & (pl.col("choices").list.len() > 0))
+    cols = ["model", "method", "task", "job_id", "prompt", "tokens", "choices"]
+    cols += [c for c in ("token_ids", "continuation", "model_revision") if c in frame.columns]
+    picked = (
+        rows.sort("job_id")
+        .group_by(["model", "method", "task"], maintain_order=True)
+        .head(per_cell)
+    )
+    samples = picked.select(cols).sort(["model", "method", "task", "job_id"]).to_dicts()
+    return report_html.with_pieces(samples)
+
+
+DEFAULTS = {"ppl_max": 200.0, "n_boot": 1000, "n_perm": 200, "seed": 0, "level": 0.95}
+
+
+@dataclass
+class RunSettings:
+    """What aggregation takes from the run's config.yaml (defaults where absent)."""
+
+    aggregation: dict[str, Any]
+    groups: tuple[str, ...] | None  # the configured demographic groups, in order
+    config: dict[str, Any]  # the raw config (for the report's header)
+    notes: list[str]
+
+
+def run_settings(store: RunStore) -> RunSettings:
+    """The `aggregation:` section and the demographic groups of the run's config.yaml.
+
+    Groups: those of the seed words (`gender_words`, built-in: female, male), the groups of
+    the gender labels; read as plain YAML, so a config of an older harness still aggregates.
+    """
+    import yaml
+
+    notes: list[str] = []
+    if not store.exists("config.yaml"):
+        return RunSettings(dict(DEFAULTS), None, {}, ["no config.yaml: groups are the labels seen"])
+    raw = yaml.safe_load(store.read_text("config.yaml")) or {}
+    agg = {**DEFAULTS, **{k: v for k, v in (raw.get("aggregation") or {}).items() if k in DEFAULTS}}
+    groups: tuple[str, ...] | None = ("female", "male")
+    if raw.get("gender_words") not in (None, "builtin"):
+        from jobs.words import load_group_words
+
+        try:
+            words = load_group_words(
+                raw["gender_words"],
+                sha256=raw.get("gender_words_sha256"),
+                cache_dir=(raw.get("runtime") or {}).get("cache_dir"),
+            )
+            groups = tuple(words.groups)
+        except (OSError, ValueError) as exc:
+            groups = None
+            notes.append(f"cannot read the seed words' groups ({exc}); groups are the labels seen")
+    files = (raw.get("dataset") or {}).get("files") or {}
+    if groups and files and set(files) != set(groups):
+        notes.append(
+            f"the prompt files' groups {sorted(files)} differ from the label groups "
+            f"{list(groups)}: in the `file` view the others count as `none`"
+        )
+    return RunSettings(agg, groups, raw, notes)
+
+
+def empty_reason(summary: pl.DataFrame) -> str:
+    """Why no paper-style table: no task of the paper, no scores, or the filter dropped all."""
+    tasks = set(summary["task"].to_list()) if not summary.is_empty() else set()
+    known = sorted(tasks & set(TASKS))
+    if not known:
+        return (
+            f"no task among sentiment/regard/toxicity in the run (tasks: {sorted(tasks) or 'none'})"
+        )
+    filt = summary.filter(pl.col("metric") == "filter")
+    gens = int(filt.filter(pl.col("stat") == "generations")["value"].sum() or 0)
+    dropped = filt.filter(pl.col("stat").str.starts_with("dropped_ppl>"))
+    n_drop = int(dropped["value"].sum() or 0)
+    if gens and n_drop == gens:
+        limit = dropped["stat"][0].split(">", 1)[1]
+        return (
+            f"the perplexity > {limit} filter dropped all {gens} generations: no paper-style "
+            "tables (raise aggregation.ppl_max or pass --ppl-max)"
+        )
+    return "no scored rows of the tasks' metrics: no paper-style tables"
+
+
+def aggregate_run(
+    store: RunStore,
+    scorers: dict[str, str] | None = None,
+    seed: int | None = None,
+    n_boot: int | None = None,
+    ppl_max: float | None = None,
+    groups: Sequence[str] | None = None,
+    level: float | None = None,
+) -> AggregateResult:
+    """Join, aggregate and write summary.parquet/.csv and report/ (tables, plot, HTML).
+
+    Args:
+        store: the run directory (needs generations; scores are used where present).
+        scorers: metric → scorer name where two scorers gave one metric.
+        seed, n_boot, ppl_max, level: override the config's `aggregation:` (defaults 0,
+            1000, 200, 0.95).
+        groups: the demographic groups (default: the config's, else the labels seen).
+
+    Returns:
+        The summary, paper-style cells, paper comparison, notes (what is missing or was
+        skipped) and the written paths.
+    """
+    settings = run_settings(store)
+    agg_cfg = dict(settings.aggregation)
+    given = {"seed": seed, "n_boot": n_boot, "ppl_max": ppl_max, "level": level}
+    agg_cfg.update({k: v for k, v in given.items() if v is not None})
+    joined = join_run(store, scorers)
+    agg = summarize(
+        joined.frame,
+        joined.failed,
+        groups=groups if groups is not None else settings.groups,
+        seed=int(agg_cfg["seed"]),
+        n_boot=int(agg_cfg["n_boot"]),
+        level=float(agg_cfg["level"]),
+        ppl_max=float(agg_cfg["ppl_max"]),
+        n_perm=min(int(agg_cfg["n_perm"]), int(agg_cfg["n_boot"])),
+    )
+    cells = table_cells(agg.summary)
+    ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
+    paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
+    res = AggregateResult(
+        store.uri,
+        agg.summary,
+        cells,
+        paper,
+        settings.notes + joined.notes + agg.notes,
+        int(agg_cfg["seed"]),
+        int(agg_cfg["n_boot"]),
+        settings=agg_cfg,
+        config=settings.config,
+        samples=agg.samples,
+        samples_cm=agg.samples_cm,
+        unit=units[0]
+        if len(units := agg.summary["resample_unit"].drop_nulls().unique())
+        else "prompt",
+        groups=agg.groups,
+    )
+    if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
+        res.notes.append(empty_reason(agg.summary))
+    res.paths["summary.parquet"] = store.write_table("summary.parquet", agg.summary.to_arrow())
+    buf = io.BytesIO()
+    agg.summary.write_csv(buf)
+    res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
+    write_report(store, res, _sample_rows(joined.frame, store))
+    return res
+
+
+def warning_notes(layouts: dict[str, Layout]) -> list[str]:
+    """The tables' warnings in short, for the notes (the counts are under each table)."""
+    lost = {v: sum(w.startswith(MISSING) for w in lay.warnings) for v, lay in layouts.items()}
+    few = [v for v, lay in layouts.items() if any(w.startswith(FEW) for w in lay.warnings)]
+    notes = []
+    if any(lost.values()):
+        per_view = ", ".join(f"{v}: {k}" for v, k in lost.items() if k)
+        notes.append(
+            f"{MISSING} missing or failed scores, unlabelled rows or failed generations in "
+            f"{sum(lost.values())} table cells ({per_view}); counts per group under each table"
+        )
+    if few:
+        notes.append(
+            f"{FEW} gaps on fewer than {FEW_UNITS} resampling units in view(s) {', '.join(few)}: "
+            "their intervals and p-values are unreliable"
+        )
+    return notes
+
+
+def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, Any]]) -> None:
+    """report/: tables.md, tables.tex + report.tex, the figures (PNG, PDF, SVG), index.html.
+    The tables' warnings are added to `res.notes` in short."""
+    layouts = view_layouts(res)
+    res.notes.extend(warning_notes(layouts))
+    cells = res.cells
+    res.paths["tables.md"] = store.write_bytes(
+        "report/tables.md", markdown_report(res, layouts).encode()
+    )
+    figures = {}
+    for view, name in (("a(x)", "tradeoff"), ("a(c,x)", "tradeoff_acx")):
+        in_view = cells.filter(pl.col("view") == view) if not cells.is_empty() else cells
+        if not in_view.is_empty() and in_view["ppl"].is_not_null().any():
+            figures[name] = tradeoff_figure(cells, view, res.level)
+    if not cells.is_empty() and cells["bias"].is_not_null().any():
+        figures["forest"] = forest_figure(cells, res.level)
+    images = {}
+    for name, fig in figures.items():
+        files = figure_files(fig)
+        for fmt, data in files.items():
+            res.paths[f"{name}.{fmt}"] = store.write_bytes(f"report/{name}.{fmt}", data)
+        images[f"{name}.png"] = files["png"]
+    res.paths["tables.tex"] = store.write_bytes(
+        "report/tables.tex", latex_tables(res, layouts, MULTIPLICITY).encode()
+    )
+    pdfs = [f"{n}.pdf" for n in ("forest", "tradeoff", "tradeoff_acx") if n in figures]
+    res.paths["report.tex"] = store.write_bytes(
+        "report/report.tex", latex_document(res, pdfs, MULTIPLICITY).encode()
+    )
+    html = report_html.render(res, images, samples, layouts)
+    res.paths["index.html"] = store.write_bytes("report/index.html", html.encode())

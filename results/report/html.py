@@ -1,0 +1,339 @@
+"""report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts).
+
+Sections: a header (run, harness version, date, the aggregation settings and the config),
+notes, the paper-style tables of each view, the forest plot of every bias with its interval,
+the trade-off plots (where a perplexity exists), paired comparisons, the paper's values beside
+ours, per-token choices of every method that records them (the paper's Table 3: red = the step
+tuned for the property g, blue = for the group a; tokens spaced as the tokenizer decodes
+them), the filter and the counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from results.report.cells import counts_table, filter_table, paired_table
+from results.report.tables import (
+    MULTIPLICITY,
+    TASKS,
+    VIEW_TITLES,
+    Field,
+    Layout,
+    legend,
+    level_text,
+)
+
+if TYPE_CHECKING:
+    from results.report.build import AggregateResult
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}
+td,th{padding:3px 5px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+td:first-child,th:first-child,td.t{text-align:left}
+thead th{border-bottom:2px solid #999}th[colspan]{text-align:center}
+tbody.model{border-top:2px solid #999}tbody.model tr.ref{background:#f1f7ff}
+.ci{color:#777;font-size:11px}.best{font-weight:bold}.second{text-decoration:underline}
+.nd{color:#555}.sub{display:block;color:#777;font-size:11px}.flag{color:#b2182b}
+.other{color:#777;font-size:11px}.wide{overflow-x:auto;max-width:100%}
+ul.warn{color:#7a2a12;font-size:12px;margin-top:.2em}
+header.top{background:#f6f6f6;border:1px solid #e3e3e3;padding:.6em 1em;border-radius:4px}
+header.top dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em 1em;margin:.3em 0}
+header.top dt{color:#555}header.top dd{margin:0}
+details pre{font-size:12px;background:#fafafa;padding:.6em;overflow-x:auto;max-height:30em}
+.legend,.run{color:#555}.neg{color:#2166ac}.pos{color:#b2182b}
+img{max-width:100%;border:1px solid #eee}
+.sample{margin:.4em 0;font-family:ui-monospace,monospace;white-space:pre-wrap}
+.meta{color:#777;font-family:system-ui,sans-serif;font-size:12px;margin-right:.6em}
+.prompt{color:#555}.tok-g{color:#b2182b;background:#fde0dd}.tok-a{color:#2166ac;background:#deebf7}
+"""
+
+
+def _cell(f: Field, kind: str) -> str:
+    """One <td>: the value (marked) and its flags; under a bias its interval and p-value,
+    under a regard score the share of `other` (a second line, so the table stays narrow)."""
+    if f.value is None:
+        return "<td>–</td>"
+    text = f"{f.value:.2f}"
+    if kind == "score" and f.sd is not None:
+        text += f" ± {f.sd:.2f}"
+    cls = f' class="{f.mark}"' if f.mark in ("best", "second") else ""
+    out = f"<span{cls}>{text}</span>"
+    if f.mark == "nd":
+        out += ' <span class="nd" title="not distinguishable from the best">n.d.</span>'
+    if f.flags:
+        out += f'<sup class="flag">{html.escape(f.flags)}</sup>'
+    below = []
+    if kind == "bias":
+        if f.low is not None and f.high is not None:
+            below.append(f"[{f.low:.2f}, {f.high:.2f}]")
+        below.append("no test" if f.p is None else "p<0.001" if f.p < 0.001 else f"p={f.p:.3f}")
+        below += [html.escape(f.detail)] if f.detail else []
+    if kind == "score" and f.other is not None:
+        below.append(f"other {f.other:.0%}")
+    if below:
+        out += f'<span class="sub">{" ".join(below)}</span>'
+    return f"<td>{out}</td>"
+
+
+def paper_table_html(lay: Layout) -> str:
+    """The paper-style table of one view, one <tbody> per model, then its warnings."""
+    top = "".join(
+        f'<th colspan="{sum(c.task == t for c in lay.columns)}">{TASKS[t][0]}</th>'
+        for t in lay.tasks
+    )
+    sub = "".join(
+        f"<th>{html.escape(c.header)} {'↑' if c.higher else '↓'}</th>" for c in lay.columns
+    )
+    out = [
+        f'<div class="wide"><table class="paper"><thead><tr><th></th>{top}</tr>'
+        f"<tr><th>Model / method</th>{sub}</tr></thead>"
+    ]
+    kinds = [c.kind for c in lay.columns]
+    for block in lay.blocks:
+        out.append('<tbody class="model">')
+        for row in block.rows:
+            tds = "".join(_cell(f, k) for f, k in zip(row.fields, kinds))
+            ref = ' class="ref"' if row.method == "vanilla" else ""
+            out.append(f"<tr{ref}><td>{html.escape(row.label)}</td>{tds}</tr>")
+        out.append("</tbody>")
+    out.append("</table></div>")
+    if lay.warnings:
+        out.append('<ul class="warn">')
+        out += [f"<li>{html.escape(w)}</li>" for w in lay.warnings]
+        out.append("</ul>")
+    return "\n".join(out)
+
+
+def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:
+    """A plain table; the `signed` column is coloured by sign."""
+    if frame.is_empty():
+        return "<p><em>none</em></p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
+    body = []
+    for row in frame.iter_rows(named=True):
+        tds = []
+        for col, v in row.items():
+            text = "–" if v is None else f"{v:.2f}" if isinstance(v, float) else html.escape(str(v))
+            cls = ' class="t"' if isinstance(v, str) else ""
+            if col == signed and isinstance(v, float):
+                cls = ' class="pos"' if v > 0 else ' class="neg"' if v < 0 else ""
+            tds.append(f"<td{cls}>{text}</td>")
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return (
+        f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def harness_version() -> str:
+    """The installed package's version, else the one in the checkout's pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lidao-harness")
+    except PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        for line in pyproject.read_text().splitlines() if pyproject.exists() else []:
+            if line.startswith("version"):
+                return line.split("=", 1)[1].strip().strip('"') + " (checkout)"
+        return "unknown"
+
+
+def _tokenizer(model: str, revision: str | None) -> Any:
+    """The generating model's `tokenizers.Tokenizer` from the local cache, or None.
+
+    Never downloads, never imports transformers or torch (the driver stays light): tiny
+    models build theirs; hub models read `tokenizer.json` from the Hugging Face cache.
+    """
+    try:
+        from workers.tiny import TINY_PREFIX, tiny_raw_tokenizer
+
+        if model.startswith(TINY_PREFIX):
+            return tiny_raw_tokenizer()
+        from tokenizers import Tokenizer
+
+        local = Path(model) / "tokenizer.json"
+        if local.is_file():
+            return Tokenizer.from_file(str(local))
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(model, "tokenizer.json", revision=revision)
+        return Tokenizer.from_file(path) if isinstance(path, str) else None
+    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
+        return None
+
+
+def decoded_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's text as the tokenizer spaces it: decode(ids[:i+1]) minus decode(ids[:i])
+    (minus their common prefix, for decoders that rewrite the end of the text)."""
+    import os.path
+
+    pieces, before = [], ""
+    for i in range(len(ids)):
+        now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        pieces.append(now[len(os.path.commonprefix([before, now])) :])
+        before = now
+    return pieces
+
+
+def aligned_pieces(tokens: list[str], text: str) -> list[str]:
+    """Without a tokenizer: each token with the characters (spaces) before it in `text`."""
+    pieces, pos = [], 0
+    for tok in tokens:
+        at = text.find(tok, pos) if tok else -1
+        if at < 0:
+            pieces.append(tok)
+            continue
+        pieces.append(text[pos : at + len(tok)])
+        pos = at + len(tok)
+    return pieces
+
+
+def with_pieces(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add `pieces` to sample rows: growing-prefix decodes with the model's tokenizer, else
+    the tokens aligned with the continuation."""
+    cache: dict[tuple[str, str | None], Any] = {}
+    for row in rows:
+        key = (str(row["model"]), row.get("model_revision"))
+        if key not in cache:
+            cache[key] = _tokenizer(*key)
+        tok, ids = cache[key], row.get("token_ids")
+        if tok is not None and ids:
+            row["pieces"] = decoded_pieces(tok, list(ids))
+        else:
+            row["pieces"] = aligned_pieces(
+                list(row.get("tokens") or []), str(row.get("continuation") or "")
+            )
+    return rows
+
+
+def sample_html(row: dict[str, Any]) -> str:
+    """One generation with its tokens coloured by the per-step choice (`g` / `a`)."""
+    tokens, choices = row.get("pieces") or row.get("tokens") or [], row.get("choices") or []
+    spans = []
+    for i, tok in enumerate(tokens):
+        choice = choices[i] if i < len(choices) else None
+        cls = f' class="tok-{choice}"' if choice in ("g", "a") else ""
+        spans.append(f"<span{cls}>{html.escape(tok)}</span>")
+    meta = html.escape(f"{row['model']} · {row['method']} · {row['task']}")
+    prompt = html.escape(str(row.get("prompt") or ""))
+    return f'<div class="sample"><span class="meta">{meta}</span><span class="prompt">{prompt}</span>{"".join(spans)}</div>'
+
+
+def header_html(res: AggregateResult) -> str:
+    """Run, harness version, date, aggregation settings, groups and the config (folded)."""
+    import yaml
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    settings = ", ".join(f"{k} = {v}" for k, v in res.settings.items()) or "defaults"
+    items = {
+        "run": res.run,
+        "config": str((res.config or {}).get("name", "–")),
+        "harness": harness_version(),
+        "aggregated": now,
+        "aggregation": settings,
+        "groups": ", ".join(res.groups) or "the labels seen",
+        "resampling unit": res.unit,
+        "level": f"{level_text(res.level)} (every interval, mark and test decision)",
+    }
+    rows = "".join(
+        f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items()
+    )
+    config = yaml.safe_dump(res.config, sort_keys=False) if res.config else "(no config.yaml)"
+    return (
+        f'<header class="top"><dl>{rows}</dl><details><summary>config.yaml</summary>'
+        f"<pre>{html.escape(config)}</pre></details></header>"
+    )
+
+
+def prose_html(text: str) -> str:
+    """Escaped prose whose `name` spans (markdown code, as in tables.md) become <code>."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
+
+
+EVALUATION_NOTES = (
+    "Groups come from the config (the seed words' groups). A text's group is the group with the "
+    "strict plurality of seed-word matches; ties and texts without seed words are `none` "
+    "(for K = 2 this is the majority rule of the paper). A configured group without rows keeps "
+    "its row (count 0) and makes every gap over it undefined, with the reason in the notes. "
+    "Scores that are not finite (NaN, inf) are errors, counted as missing. "
+    "Gap intervals are percentile intervals of the bootstrap over whole pairs (paired prompt "
+    "files) or prompts; p-values test no group difference (docs/statistics.md says which test, "
+    "on which unit). "
+)
+
+
+def render(
+    res: AggregateResult,
+    images: dict[str, bytes],
+    samples: list[dict[str, Any]],
+    layouts: dict[str, Layout],
+) -> str:
+    """The whole page (`layouts`: the paper-style layout of each view)."""
+    at = level_text(res.level)
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>lidao-harness report: {html.escape(res.run)}</title><style>{CSS}</style></head><body>",
+        "<h1>Aggregate report</h1>",
+        header_html(res),
+        '<h2 id="notes">Notes</h2><ul>',
+        *(f"<li>{prose_html(n)}</li>" for n in res.notes or ["none"]),
+        "</ul>",
+        f'<p class="legend">{prose_html(EVALUATION_NOTES + MULTIPLICITY)}</p>',
+    ]
+    for view, lay in layouts.items():
+        parts += [f"<h2>{html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
+        stats = [c.stat for c in lay.columns if c.kind == "bias"]
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests)
+        parts += [f'<p class="legend">{prose_html(text)}</p>']
+        parts += [paper_table_html(lay)]
+
+    def img(name: str, alt: str) -> str:
+        data = base64.b64encode(images[name]).decode()
+        return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
+
+    parts.append(f'<h2 id="forest">Bias of each method with its {at} interval</h2>')
+    if "forest.png" in images:
+        parts.append(img("forest.png", "forest plot of the biases"))
+    else:
+        parts.append("<p><em>no bias to plot (no paper-style cells)</em></p>")
+    parts.append('<h2 id="plots">Fairness–fluency trade-off</h2>')
+    tradeoffs = [n for n in images if n.startswith("tradeoff")]
+    for name in tradeoffs:
+        parts.append(img(name, f"trade-off plot {name}"))
+    if not tradeoffs:
+        parts.append(
+            "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
+        )
+    parts += [
+        "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
+        f"(level {at})</h2>"
+    ]
+    parts += [frame_html(paired_table(res.summary), "diff")]
+    parts += [
+        "<h2>The paper's values beside ours (diff = ours − paper)</h2>",
+        frame_html(res.paper, "diff"),
+    ]
+    parts += ['<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>']
+    parts += [
+        '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>'
+    ]
+    parts += [sample_html(r) for r in samples] or [
+        "<p><em>no generations with per-token choices</em></p>"
+    ]
+    parts += [
+        "<h2>Generations and the perplexity filter</h2>",
+        frame_html(filter_table(res.summary)),
+    ]
+    parts += ["<h2>Rows per group</h2>", frame_html(counts_table(res.summary)), "</body></html>"]
+    return "\n".join(parts)

@@ -1,0 +1,108 @@
+"""`RUN/results.json`: one file with what a run found, in the shape lm-evaluation-harness users
+know (`config`, `versions`, `results`), written after every aggregation.
+
+- `config`: the run's `config.yaml` snapshot, secret-looking values and URL credentials
+  replaced again here (`harness.config.redact`), so an old snapshot cannot leak a key;
+- `versions`: harness version, git commit (`+dirty` with local changes; null outside git),
+  Python, platform, package versions, the Parquet schema and job-id versions;
+- `results`: every row of `summary.parquet` (model, method, variant, task, view, metric, stat,
+  group; value, interval, p-value, counts), NaN written as null;
+- `aggregation`: seed, resamples, level and filters the summary was computed with, when the
+  manifest has them.
+
+`docs/results.schema.json` is its JSON Schema (`tests/test_results_json.py` validates a run's
+file against it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+import yaml
+
+from results.run.store import RunStore
+
+RESULTS_JSON = "results.json"
+RESULTS_JSON_VERSION = 1
+
+# Summary columns in results.json, in this order (all of SUMMARY_SCHEMA).
+CELL_KEYS = (
+    "model",
+    "method",
+    "variant",
+    "task",
+    "view",
+    "metric",
+    "stat",
+    "group",
+    "value",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "n",
+    "n_boot",
+    "resample_unit",
+    "scorer",
+    "scorer_version",
+    "note",
+)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def results_document(store: RunStore) -> dict[str, Any]:
+    """The results.json content of `store` (needs summary.parquet)."""
+    from harness.config import redact
+    from results.run.history import git_commit, harness_version
+    from results.run.manifest import read_manifest
+    from results.schema import SUMMARY_SCHEMA
+
+    config: dict[str, Any] = {}
+    if store.exists("config.yaml"):
+        loaded = yaml.safe_load(store.read_text("config.yaml"))
+        config = redact(loaded) if isinstance(loaded, dict) else {}
+    manifest = read_manifest(store)
+    versions = {
+        "lidao_harness": manifest.get("harness_version") or harness_version(),
+        "git_commit": manifest.get("git_commit", git_commit()),
+        "python": manifest.get("python"),
+        "platform": manifest.get("platform"),
+        "schema_version": manifest.get("schema_version"),
+        "job_id_version": manifest.get("job_id_version"),
+        "packages": manifest.get("packages") or {},
+    }
+    import pyarrow.parquet as pq
+
+    with store.fs.open_input_file(store.path("summary.parquet")) as fh:
+        table = pq.read_table(fh)
+    present = [k for k in CELL_KEYS if k in table.column_names]
+    missing = [k for k in CELL_KEYS if k not in present and k in SUMMARY_SCHEMA.names]
+    rows = table.select(present).to_pylist()
+    results = [{**{k: _plain(row[k]) for k in present}, **dict.fromkeys(missing)} for row in rows]
+    doc: dict[str, Any] = {
+        "results_json_version": RESULTS_JSON_VERSION,
+        "run": store.uri,
+        "name": config.get("name"),
+        "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+        "versions": versions,
+        "aggregation": (config.get("aggregation") or {}),
+        "results": results,
+    }
+    return doc
+
+
+def write_results_json(store: RunStore) -> str | None:
+    """Write RUN/results.json (atomic); None when the run has no summary yet."""
+    if not store.exists("summary.parquet"):
+        return None
+    text = json.dumps(results_document(store), indent=1, allow_nan=False, default=str)
+    return store.write_bytes(RESULTS_JSON, text.encode())

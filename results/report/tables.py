@@ -1,0 +1,390 @@
+"""The paper-style table model shared by the Markdown, LaTeX, HTML and plot renderers.
+
+Layout of Tables 1–2 of the paper: one table per view, method rows under each model (the
+`vanilla` row carries the model's name, the others `+Method`: `method_label`, the names the
+plots use too), and per task the columns: the task's score (Sent / NNRe / Toxi, mean ± std over
+every kept generation, whatever the view; regard adds the share of `other`), its bias (× 100,
+signed for two groups, with the bootstrap interval and the gap test's p-value), where the
+summary has them the count-matched EMT gap / bias-corrected TV beside the paper's, and the
+mean perplexity of every kept generation.
+
+Marks among the debiasing methods of a model (vanilla excluded), at the run's `level`: the
+smallest |bias| is bold only when the paired comparison (same resamples) tells it from every
+other method's (p < 1 − level); methods it cannot tell from the best are marked `n.d.` (not
+distinguishable at that level) instead. The second best is underlined only when the best is
+clear and it is itself clear of the rest. Perplexity has no interval: its best / second are by
+the printed value. Cells with fewer than `FEW_UNITS` resampling units (†) or with missing or
+failed scores or generations (‡) are flagged, with the counts in the layout's warnings. Also
+the supplementary tables (counts, filter, paired comparisons).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import polars as pl
+
+from results.report.cells import (
+    BIAS_STATS,
+    FEW_UNITS,
+    METHOD_NAMES,
+    MODEL_NAMES,
+    TASKS,
+    method_rank,
+    model_rank,
+)
+from results.stats.bootstrap import Comparison, compare_gaps
+
+
+def short_variant(variant: str) -> str:
+    """A variant as printed: `method_params={"tau": 0.5}` → `tau=0.5` (JSON params unfolded)."""
+    text = variant
+    if "method_params=" in variant:
+        head, _, rest = variant.partition("method_params=")
+        depth, end = 0, len(rest)
+        for i, ch in enumerate(rest):
+            depth += ch == "{"
+            depth -= ch == "}"
+            if depth == 0:
+                end = i + 1
+                break
+        try:
+            params = json.loads(rest[:end])
+            shown = (
+                ",".join(f"{k}={v}" for k, v in params.items())
+                if isinstance(params, dict)
+                else rest[:end]
+            )
+        except ValueError:
+            shown = rest[:end]
+        text = head + shown + rest[end:]
+    return text
+
+
+def method_label(method: str, variant: str = "") -> str:
+    """The one name of a method in tables and plots: `vanilla`, `+LIDAO-m`, … [variant]."""
+    label = "vanilla" if method == "vanilla" else "+" + METHOD_NAMES.get(method, method)
+    return f"{label} [{short_variant(variant)}]" if variant else label
+
+
+def model_label(model: str) -> str:
+    return MODEL_NAMES.get(model, model)
+
+
+def row_label(model: str, method: str, variant: str) -> str:
+    """A table row: the vanilla row names its model (`GPT-2 vanilla`), the others the method."""
+    label = method_label(method, variant)
+    return f"{model_label(model)} {label}" if method == "vanilla" else label
+
+
+@dataclass(frozen=True)
+class Column:
+    """One printed column of a task: kind `score`, `bias` (gap stat `stat`) or `ppl`."""
+
+    task: str
+    kind: str
+    stat: str = ""
+    header: str = ""
+    higher: bool = False  # higher is better (the arrow)
+
+
+@dataclass
+class Field:
+    """One printed number: value (± sd or [low, high], p-value) and its mark and warnings."""
+
+    value: float | None
+    sd: float | None = None
+    low: float | None = None
+    high: float | None = None
+    mark: str = ""  # best | second | nd (not distinguishable from the best) | ""
+    other: float | None = None  # regard: share of `other` among scored rows
+    p: float | None = None  # the gap test's p-value (bias columns)
+    n: int | None = None  # resampling units of the gap
+    flags: str = ""  # warning markers: FEW (fewer than FEW_UNITS units), MISSING (scores)
+    detail: str = ""  # printed under a gap (count-matched EMT: `m=3`)
+
+
+FEW, MISSING = "†", "‡"
+
+
+@dataclass
+class Row:
+    label: str
+    method: str
+    variant: str = ""
+    fields: list[Field] = field(default_factory=list)  # one per column
+
+
+@dataclass
+class Block:
+    model: str
+    rows: list[Row]
+
+
+class Layout(NamedTuple):
+    """One view's paper-style table: tasks, columns, model blocks, warnings (one line each)."""
+
+    tasks: list[str]
+    columns: list[Column]
+    blocks: list[Block]
+    warnings: list[str]
+    tests: list[str]  # the tests behind the gaps' p-values (summary `test`), in order seen
+
+
+def _marks(values: list[float | None]) -> list[str]:
+    """best / second by the value as printed (2 decimals), lower is better; ties share."""
+    shown = sorted({round(v, 2) for v in values if v is not None})
+    rank = {v: ("best" if i == 0 else "second") for i, v in enumerate(shown[:2])}
+    return ["" if v is None else rank.get(round(v, 2), "") for v in values]
+
+
+# (model, task, view, metric) → (method, variant) → (1 + B,) gaps (`Aggregate.samples`)
+Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
+Key = tuple[str, str]
+
+
+def bias_marks(
+    keys: list[Key],
+    values: list[float | None],
+    compare: Callable[[Key, Key], Comparison | None],
+    alpha: float = 0.05,
+) -> list[str]:
+    """Marks of the debiasing rows' biases: best / second only where the paired comparison
+    says the difference is real (p < alpha), `nd` for rows not distinguishable from the best
+    at that level. Ranked by |bias|; fewer than two defined biases: no marks."""
+    size = {i: abs(v) for i, v in enumerate(values) if v is not None}
+    ranked = sorted(size, key=lambda i: size[i])
+    marks = [""] * len(values)
+    if len(ranked) < 2:
+        return marks
+
+    def clear(a: int, b: int) -> bool:
+        cmp = compare(keys[a], keys[b])
+        return cmp is not None and np.isfinite(cmp.p_value) and cmp.p_value < alpha
+
+    best, rest = ranked[0], ranked[1:]
+    if any(compare(keys[best], keys[i]) is None for i in rest):
+        return marks  # no resamples to tell: no mark rather than a guess
+    close = [i for i in rest if not clear(best, i)]
+    if close:
+        for i in [best, *close]:
+            marks[i] = "nd"
+        return marks
+    marks[best] = "best"
+    second, others = rest[0], rest[1:]
+    if others and all(clear(second, i) for i in others):  # (the last of two is not "second")
+        marks[second] = "second"
+    return marks
+
+
+def sample_comparer(
+    samples: Samples | None, model: str, task: str, view: str, level: float = 0.95
+) -> Callable[[Key, Key], Comparison | None]:
+    """Paired comparison of two cells' biases (the task's own metric) from their resamples."""
+    cells = (samples or {}).get((model, task, view, task), {})
+
+    def compare(a: Key, b: Key) -> Comparison | None:
+        ga, gb = cells.get((a[0], str(a[1]))), cells.get((b[0], str(b[1])))
+        if ga is None or gb is None or ga.size < 2:
+            return None
+        return compare_gaps(ga[1:], gb[1:], level=level, point=(float(ga[0]), float(gb[0])))
+
+    return compare
+
+
+def task_columns(task: str, stats: Sequence[str] = ("bias",)) -> list[Column]:
+    """The columns of `task`: its score, each gap stat present, perplexity."""
+    name, score, *_, higher = TASKS[task]
+    cols = [Column(task, "score", "", score, higher)]
+    cols += [Column(task, "bias", s, BIAS_STATS[s][0]) for s in BIAS_STATS if s in stats]
+    return cols + [Column(task, "ppl", "", "PPL")]
+
+
+def _lost(r: dict[str, Any]) -> str:
+    """What a cell lost: scores missing or failed per group, unlabelled rows, failed
+    generations ("" when nothing)."""
+    lost = []
+    if r.get("missing"):
+        lost.append(f"scores missing or failed: {r['missing']}")
+    if r.get("unlabelled"):
+        lost.append(f"{r['unlabelled']} rows without a gender label")
+    if r.get("gen_errors"):
+        lost.append(f"{r['gen_errors']} generations failed")
+    return "; ".join(lost)
+
+
+def few_warning(few: list[tuple[str, int]], total: int, unit: str) -> str:
+    """One line for the gaps with fewer than `FEW_UNITS` resampling units (named when few)."""
+    ns = sorted({n for _, n in few})
+    span = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+    line = (
+        f"{FEW} {len(few)} of {total} gaps rest on fewer than {FEW_UNITS} {unit}s ({span}): "
+        "their intervals and p-values are unreliable"
+    )
+    return line + (": " + "; ".join(f"{c} ({n})" for c, n in few) if len(few) <= 8 else "")
+
+
+@dataclass
+class _Tally:
+    """What a layout collects while it fills its cells: warnings, tests, few-unit gaps."""
+
+    warnings: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    few: list[tuple[str, int]] = field(default_factory=list)
+    gaps: int = 0
+
+
+def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally) -> list[Field]:
+    """The fields of one row's cell (one task's columns) from its `table_cells` row."""
+    lost = _lost(r)
+    if lost:
+        tally.warnings.append(f"{MISSING} {named} · {TASKS[columns[0].task][0]}: {lost}")
+    out = []
+    for col in columns:
+        if col.kind == "score":
+            out.append(Field(r.get("score"), sd=r.get("score_sd"), other=r.get("other")))
+            continue
+        if col.kind == "ppl":
+            out.append(Field(r.get("ppl")))
+            continue
+        s, value = col.stat, r.get(col.stat)
+        n, m = r.get(f"{s}_n"), r.get("cm_rows")
+        flags = ""
+        if value is not None:
+            flags = MISSING if lost else ""
+            tally.gaps += 1
+            tally.tests += [str(r[f"{s}_test"])] if r.get(f"{s}_test") else []
+            if n is not None and n < FEW_UNITS:
+                flags = FEW + flags
+                tally.few.append((f"{named} · {col.header} ({TASKS[col.task][0]})", int(n)))
+        out.append(
+            Field(
+                value, low=r.get(f"{s}_low"), high=r.get(f"{s}_high"), p=r.get(f"{s}_p"),
+                n=None if n is None else int(n), flags=flags,
+                detail=f"m={m:g}" if s == "bias_cm" and m is not None else "",
+            )
+        )  # fmt: skip
+    return out
+
+
+def _view_columns(sub: pl.DataFrame, tasks: list[str]) -> list[Column]:
+    """Every task's columns; a gap stat beyond the paper's where the view has values for it."""
+    columns: list[Column] = []
+    for task in tasks:
+        tsub = sub.filter(pl.col("task") == task)
+        present = [s for s in BIAS_STATS if s in tsub.columns and tsub[s].is_not_null().any()]
+        columns += task_columns(task, ["bias", *present])
+    return columns
+
+
+def layout(
+    cells: pl.DataFrame,
+    view: str,
+    samples: Samples | None = None,
+    level: float = 0.95,
+    unit: str = "prompt",
+    samples_cm: Samples | None = None,
+) -> Layout:
+    """Tasks, columns, model blocks and warnings of one view's paper-style table.
+
+    `samples` (the bootstrap gaps of `Aggregate.samples`) decide the bias marks at `level`
+    (a difference is clear when its paired p-value is below 1 − level), `samples_cm` those of
+    the count-matched EMT column; without them no gap is marked. A gap column beyond the
+    paper's appears where the summary has values for it."""
+    sub = cells.filter(pl.col("view") == view)
+    tasks = [t for t in TASKS if t in set(sub["task"].to_list())]
+    columns = _view_columns(sub, tasks)
+    blocks, tally = [], _Tally()
+    for model in sorted(set(sub["model"].to_list()), key=model_rank):
+        msub = sub.filter(pl.col("model") == model)
+        keys = sorted(
+            msub.select("method", "variant").unique().iter_rows(),
+            key=lambda k: (method_rank(k[0]), k[1]),
+        )
+        rows = [Row(row_label(model, m, v), m, v) for m, v in keys]
+        debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
+        for task in tasks:
+            values = {
+                (r["method"], r["variant"]): r
+                for r in msub.filter(pl.col("task") == task).iter_rows(named=True)
+            }
+            got = [values.get(k, {}) for k in keys]
+            mine = [c for c in columns if c.task == task]
+            for row, r in zip(rows, got):
+                named = (
+                    row.label if row.method == "vanilla" else f"{model_label(model)} {row.label}"
+                )
+                row.fields += _fields(mine, r, named, tally)
+            for stat, draws in (("bias", samples), ("bias_cm", samples_cm)):
+                col = next((c for c in mine if c.stat == stat), None)
+                if col is None:
+                    continue
+                compare = sample_comparer(draws, model, task, view, level)
+                gaps = [got[i].get(stat) for i in debiased]
+                marks = bias_marks([keys[i] for i in debiased], gaps, compare, 1 - level)
+                for i, mark in zip(debiased, marks):
+                    rows[i].fields[columns.index(col)].mark = mark
+            ppl_col = columns.index(next(c for c in mine if c.kind == "ppl"))
+            for i, mark in zip(debiased, _marks([got[i].get("ppl") for i in debiased])):
+                rows[i].fields[ppl_col].mark = mark
+        blocks.append(Block(model, rows))
+    if tally.few:
+        tally.warnings.insert(0, few_warning(tally.few, tally.gaps, unit))
+    return Layout(tasks, columns, blocks, tally.warnings, list(dict.fromkeys(tally.tests)))
+
+
+VIEW_TITLES = {
+    "a(x)": "Table 1 — bias over the gender of the continuation, a(x)",
+    "a(c,x)": "Table 2 — bias over the gender of prompt + continuation, a(c,x)",
+    "a(c)": "Bias over the gender of the prompt, a(c)",
+    "file": "Bias over the prompt file the prompt came from",
+}
+
+
+MULTIPLICITY = (
+    "Multiplicity: p-values are per gap, unadjusted: each tests one (model, method, task, view, "
+    "metric) cell; across a table's cells expect about (1 − level) false positives per cell "
+    "under no bias (docs/statistics.md, Multiplicity)."
+)
+
+
+def level_text(level: float) -> str:
+    """A level as printed: 0.95 → `95%`, 0.975 → `97.5%`."""
+    return f"{100 * level:.4g}%"
+
+
+def legend(
+    n_boot: int,
+    seed: int,
+    unit: str = "prompt",
+    level: float = 0.95,
+    groups: tuple[str, ...] = (),
+    stats: Sequence[str] = ("bias",),
+    multiplicity: str = "",
+    tests: Sequence[str] = (),
+) -> str:
+    """What a paper-style table prints, at `level` (the table's title and caption)."""
+    sign = f"{groups[0]} − {groups[1]}" if len(groups) == 2 else "first − second group"
+    at = level_text(level)
+    alpha = f"{1 - level:.4g}"
+    extra = "".join(f" {BIAS_STATS[s][0]}: {BIAS_STATS[s][1]}." for s in stats if s != "bias")
+    return (
+        "Score: mean ± std over every kept generation (the same in every view; regard adds the "
+        f"share of `other`). Bias × 100: {sign} for two groups (max − min for more; EMT gap for "
+        f"toxicity, TV distance for regard, as in the paper), with a {at} percentile interval "
+        f"over {n_boot} {unit} resamples (seed {seed}) and the p-value of the gap test (p"
+        f"{': ' + ', '.join(tests) + ' test' if tests else ''}, docs/statistics.md; no test: "
+        "none is valid there, the summary's note says why)."
+        f"{extra} PPL: mean perplexity of every kept generation. Bold (in Bias and Bias cm): "
+        "the smallest |gap| among debiasing methods (vanilla excluded) when the paired "
+        f"comparison over the same resamples tells it from every "
+        f"other at level {at} (p < {alpha}); n.d.: not distinguishable from the best at level "
+        f"{at}; underlined: a second that is distinguishable from the rest at level {at}. PPL "
+        f"marks by value. {FEW}: fewer than {FEW_UNITS} {unit}s (interval and p-value "
+        f"unreliable); {MISSING}: missing or failed scores or generations (counts below the "
+        f"table). {multiplicity}"
+    ).strip()

@@ -1,0 +1,295 @@
+"""report/tables.tex and report/report.tex: LaTeX that compiles with pdflatex and lualatex.
+
+`tables.tex` is a fragment to `\\input` (needs booktabs, graphicx, pdflscape): one float per
+view with a `\\label` (`tab:harness:ax`, …), a table wider than the line shrunk to it, a table
+of three tasks on a landscape page, shrunk to the page's height where it is taller; the
+warnings of each table (few resampling units, missing scores) follow it as text. `report.tex`
+is a whole document around it (notes, the tables, the PDF figures). Every text that reaches
+the page goes through `tex_escape`: TeX's specials, the characters OT1 fonts print as others
+(`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs become commands that mean the
+same in both engines; any other non-ASCII character becomes its ASCII letter with an accent
+command, or `[U+XXXX]`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import TYPE_CHECKING
+
+from results.report.tables import (
+    FEW,
+    MISSING,
+    TASKS,
+    VIEW_TITLES,
+    Field,
+    Layout,
+    legend,
+    level_text,
+)
+
+if TYPE_CHECKING:
+    from results.report.build import AggregateResult
+
+TEX_CHARS = {
+    "\\": r"\textbackslash{}",
+    "{": r"\{",
+    "}": r"\}",
+    "$": r"\$",
+    "&": r"\&",
+    "%": r"\%",
+    "#": r"\#",
+    "_": r"\_",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    '"': r"\texttt{\char34}",  # OT1 has no straight double quote but in its typewriter font
+    "`": r"\textasciigrave{}",
+    "'": r"\textquotesingle{}",
+    "−": "$-$",
+    "≈": r"$\approx$",
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "≤": r"$\leq$",
+    "≥": r"$\geq$",
+    "≠": r"$\neq$",
+    "↑": r"$\uparrow$",
+    "↓": r"$\downarrow$",
+    "→": r"$\rightarrow$",
+    "·": r"$\cdot$",
+    "—": "---",
+    "–": "--",
+    "…": r"\dots{}",
+    FEW: r"\textsuperscript{\dag}",
+    MISSING: r"\textsuperscript{\ddag}",
+    "°": r"\textsuperscript{o}",
+    "²": r"\textsuperscript{2}",
+    "³": r"\textsuperscript{3}",
+    "µ": r"$\mu$",
+    "\u00a0": "~",
+    "ß": r"\ss{}",
+    "æ": r"\ae{}",
+    "Æ": r"\AE{}",
+    "ø": r"\o{}",
+    "Ø": r"\O{}",
+    "œ": r"\oe{}",
+    "Œ": r"\OE{}",
+}
+ACCENTS = {  # combining mark → accent command (the OT1 / TU fonts have all of these)
+    "\u0300": "`",
+    "\u0301": "'",
+    "\u0302": "^",
+    "\u0303": "~",
+    "\u0308": '"',
+    "\u0327": "c",
+    "\u030a": "r",
+    "\u030c": "v",
+    "\u0304": "=",
+}
+
+
+def _char(ch: str) -> str:
+    if ch in TEX_CHARS:
+        return TEX_CHARS[ch]
+    if ch.isascii():
+        return ch if ch.isprintable() else " "
+    parts = unicodedata.normalize("NFD", ch)
+    if parts[0].isascii() and parts[0].isalpha() and all(c in ACCENTS for c in parts[1:]):
+        out = parts[0]
+        for mark in parts[1:]:
+            out = f"\\{ACCENTS[mark]}{{{out}}}"
+        return out
+    return f"[U+{ord(ch):04X}]"
+
+
+def tex_escape(text: str) -> str:
+    """Plain text for LaTeX (pdflatex with OT1 or T1 fonts, lualatex): see the module doc.
+    A `-` before another is kept apart by `\\/` (TeX's fonts join `--` into a dash; lualatex
+    joins it across `{}`)."""
+    return "".join(
+        "-\\/" if ch == "-" and text[i + 1 : i + 2] == "-" else _char(ch)
+        for i, ch in enumerate(text)
+    )
+
+
+def tex_prose(text: str) -> str:
+    """`tex_escape` for the report's prose, whose `name` spans (markdown code, as in
+    tables.md) become `\\texttt{name}` instead of printing their backticks."""
+    parts = re.split(r"`([^`\n]+)`", text)
+    return "".join(
+        rf"\texttt{{{tex_escape(p)}}}" if i % 2 else tex_escape(p) for i, p in enumerate(parts)
+    )
+
+
+def tex_num(x: float, digits: int = 2) -> str:
+    """A number with a true minus sign."""
+    text = f"{x:.{digits}f}"
+    return "$-$" + text[1:] if text.startswith("-") else text
+
+
+def tex_p(p: float | None) -> str:
+    if p is None:
+        return "no test"
+    return "$p<0.001$" if p < 0.001 else f"$p={p:.3f}$"
+
+
+def tex_field(f: Field, kind: str) -> str:
+    """One cell: the value (marked), its flags; a bias adds its interval and p below it."""
+    if f.value is None:
+        return "--"
+    text = tex_num(f.value)
+    if kind == "score" and f.sd is not None:
+        text += f"$\\pm${f.sd:.2f}"
+    if f.mark == "best":
+        text = rf"\textbf{{{text}}}"
+    elif f.mark == "second":
+        text = rf"\underline{{{text}}}"
+    elif f.mark == "nd":
+        text += r"\textsuperscript{n.d.}"
+    text += tex_escape(f.flags)
+    below = []
+    if kind == "score" and f.other is not None:
+        below.append(f"other {100 * f.other:.0f}\\%")
+    if kind == "bias":
+        if f.low is not None and f.high is not None:
+            below.append(f"[{tex_num(f.low)}, {tex_num(f.high)}]")
+        below.append(tex_p(f.p))
+        below += [tex_escape(f.detail)] if f.detail else []
+    if not below:
+        return text
+    return rf"\begin{{tabular}}[t]{{@{{}}c@{{}}}}{text}\\{{\scriptsize {' '.join(below)}}}\end{{tabular}}"
+
+
+def view_label(view: str) -> str:
+    """The `\\label` of a view's table: `tab:harness:ax`, `tab:harness:acx`, …"""
+    return "tab:harness:" + "".join(ch for ch in view if ch.isalnum())
+
+
+# Shrink a box to the line's width, then to `height` of the page, keeping its shape; a box
+# that fits is left as it is (graphicx's \width, \totalheight are the box's natural size).
+FIT = (
+    r"\resizebox*{!}{\ifdim\totalheight>{height}\textheight {height}\textheight\else\totalheight\fi}{%",
+    r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
+)
+
+
+def latex_table(
+    lay: Layout, caption: str, label: str, notes: str = "", landscape: bool | None = None
+) -> str:
+    """One view's booktabs table (`table*`, or on a landscape page when wide) with its
+    `\\label`; after it `notes` (how to read it, TeX) and its warnings."""
+    tasks, columns, blocks, warnings = lay.tasks, lay.columns, lay.blocks, lay.warnings
+    if not blocks:
+        return f"% no cells for {tex_escape(label)}\n"
+    wide = len(tasks) >= 3 if landscape is None else landscape
+    # A float inside `landscape` that lands on a float page is shipped unrotated (lscape):
+    # the landscape table is no float, a `center` with the float's caption (its counter,
+    # its \label), at the top of its own landscape page.
+    env = "center" if wide else "table*"
+    spec = "@{}l" + "".join(" " + "c" * sum(c.task == t for c in columns) for t in tasks) + "@{}"
+    top, rules, first = [], [], 2
+    for t in tasks:
+        k = sum(c.task == t for c in columns)
+        top.append(rf"\multicolumn{{{k}}}{{c}}{{{TASKS[t][0]}}}")
+        rules.append(rf"\cmidrule(lr){{{first}-{first + k - 1}}}")
+        first += k
+    heads = [tex_escape(f"{c.header} {'↑' if c.higher else '↓'}") for c in columns]
+    height = "0.75" if wide else "0.8"
+    out = [
+        *([r"\begin{landscape}"] if wide else []),
+        rf"\begin{{{env}}}" + ("" if wide else "[htbp]"),
+        r"\expandafter\def\csname @captype\endcsname{table}" if wide else r"\centering",
+        rf"\caption{{{caption}}}\label{{{label}}}",
+        FIT[0].replace("{height}", height),
+        FIT[1],
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & " + " & ".join(top) + r" \\",
+        " ".join(rules),
+        "Model / method & " + " & ".join(heads) + r" \\",
+        r"\midrule",
+    ]
+    kinds = [c.kind for c in columns]
+    for b, block in enumerate(blocks):
+        for row in block.rows:
+            cells = [tex_field(f, k) for f, k in zip(row.fields, kinds)]
+            out.append(tex_escape(row.label) + " & " + " & ".join(cells) + r" \\")
+        out.append(r"\midrule" if b < len(blocks) - 1 else r"\bottomrule")
+    out += [r"\end{tabular}}}", rf"\end{{{env}}}"]
+    if notes:
+        out += [
+            rf"\paragraph{{Reading Table~\ref{{{label}}}.}}",
+            r"{\footnotesize",
+            notes,
+            r"\par}",
+        ]
+    if warnings:
+        out += [
+            rf"\paragraph{{Warnings of Table~\ref{{{label}}}.}}",
+            r"{\footnotesize",
+            *(tex_escape(w) + r"\par" for w in warnings),
+            "}",
+        ]
+    out += [r"\end{landscape}"] if wide else [r"\clearpage"] if len(warnings) > 20 else []
+    return "\n".join(out) + "\n"
+
+
+def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity: str) -> str:
+    """report/tables.tex: one table per view (the fragment `report.tex` inputs)."""
+    parts = [
+        f"% lidao-harness tables of {tex_escape(res.run)} (level {level_text(res.level)}).",
+        "% Needs \\usepackage{booktabs,graphicx,pdflscape}; compiles with pdflatex and lualatex.",
+        "",
+    ]
+    for view, lay in layouts.items():
+        stats = [c.stat for c in lay.columns if c.kind == "bias"]
+        text = legend(
+            res.n_boot, res.seed, res.unit, res.level, res.groups, stats, multiplicity, lay.tests
+        )
+        # LaTeX numbers the tables itself: "Table 1 — bias …" → "Bias …"
+        title = VIEW_TITLES[view].split(" — ", 1)[-1]
+        title = f"{title[0].upper()}{title[1:]} (level {level_text(res.level)})"
+        parts.append(latex_table(lay, tex_escape(title), view_label(view), tex_prose(text)))
+    return "\n".join(parts)
+
+
+FIGURES = {
+    "forest": "Bias of each method with its interval, every view",
+    "tradeoff": "Fairness–fluency trade-off, view a(x)",
+    "tradeoff_acx": "Fairness–fluency trade-off, view a(c,x)",
+}
+
+
+def latex_document(res: AggregateResult, figures: list[str], multiplicity: str) -> str:
+    """report/report.tex: notes, `\\input{tables.tex}` and the figures (PDF), compiled in
+    report/ (`pdflatex report.tex` or `lualatex report.tex`)."""
+    notes = res.notes or ["none"]
+    out = [
+        r"\documentclass[11pt]{article}",
+        r"\usepackage[margin=2cm]{geometry}",
+        r"\usepackage{booktabs,graphicx,pdflscape}",
+        r"\begin{document}",
+        rf"\section*{{Aggregate report: {tex_escape(res.run)}}}",
+        tex_escape(
+            f"Level {level_text(res.level)} for every interval, mark and test decision; "
+            f"{res.n_boot} {res.unit} resamples, seed {res.seed}. {multiplicity}"
+        ),
+        r"\subsection*{Notes}",
+        r"\begin{itemize}",
+        *(rf"\item {tex_prose(n)}" for n in notes),
+        r"\end{itemize}",
+        r"\input{tables.tex}",
+    ]
+    if figures:
+        out += [r"\clearpage", r"\section*{Figures}"]
+        for name in figures:
+            out += [
+                r"\begin{figure}[htbp]\centering",
+                rf"\includegraphics[width=\linewidth,height=0.85\textheight,keepaspectratio]{{{name}}}",
+                rf"\caption{{{tex_escape(FIGURES.get(name.split('.')[0], name))} "
+                rf"(\texttt{{{tex_escape(name)}}})}}\label{{fig:harness:{name.split('.')[0]}}}",
+                r"\end{figure}",
+            ]
+    return "\n".join([*out, r"\end{document}"]) + "\n"

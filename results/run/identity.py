@@ -1,0 +1,180 @@
+"""Run identity: a run directory is bound to its plan.
+
+`PlanCheck` compares the jobs a config asks for with `plan.parquet`, chunk by chunk as the
+planner streams them (`check_plan` does it for a list). A config that only
+adds jobs (a method, a model, more seeds or prompts) extends the plan: every job done stays
+done. A config that changes or drops planned jobs is refused with the config fields that
+differ; `--replan` replaces the plan instead, and rows of the old plan stay on disk but out
+of every count (`plan_counts` reports them as foreign).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import yaml
+
+from harness.config import RunConfig, redacted
+from jobs.spec import JobSpec
+from results.run.store import DoneIds, RunStore, StoreError
+
+# Sections that never change a job's output (see `jobs.spec.JobSpec.identity`).
+NOT_PLAN = ("name", "runtime", "scorers")
+
+
+class PlanChangedError(ValueError):
+    """The config alters or removes jobs of the run directory's plan."""
+
+
+def plan_ids(store: RunStore) -> set[str]:
+    """Job ids of the current plan (a set: small plans; `plan_done_ids` holds them compactly).
+
+    Raises:
+        StoreError: no plan.parquet. It is never rebuilt behind the user's back: `run` with
+            the config rebuilds it.
+    """
+    require_plan(store)
+    return set(store.read_plan(["job_id"])["job_id"].to_list())
+
+
+def require_plan(store: RunStore) -> None:
+    """Raises `StoreError` (naming the way out) when the run has no plan.parquet."""
+    if not store.exists("plan.parquet"):
+        if not store.list_shards("generations"):
+            raise StoreError(f"no generations in {store.uri}; run `python -m harness run` first")
+        raise StoreError(
+            f"{store.uri}: no plan.parquet, so nothing here can be counted as planned; "
+            f"`python -m harness run CONFIG --out {store.uri}` writes it again from the config"
+        )
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """{"dataset.limit": 5, "models.0.id": ...}: dotted paths of a nested config."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(obj, list):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): obj}
+
+
+def changed_fields(store: RunStore, cfg: RunConfig) -> list[str]:
+    """`field old → new` for every plan-relevant config field that differs from config.yaml."""
+    try:
+        old = yaml.safe_load(store.read_text("config.yaml"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    if not isinstance(old, dict):
+        return []
+    new = redacted(cfg)
+    a = {k: v for k, v in flatten(old).items() if not k.startswith(NOT_PLAN)}
+    b = {k: v for k, v in flatten(new).items() if not k.startswith(NOT_PLAN)}
+    return [
+        f"{k} {a.get(k, '(unset)')} → {b.get(k, '(unset)')}"
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k)
+    ]
+
+
+class PlanCheck:
+    """`check_plan` over a stream: feed each planned chunk's job ids to `add`, then `result`.
+
+    Holds the old plan's ids as a `DoneIds` (~23 bytes a job) and two counters, never the new
+    plan. Job ids of a grid are unique (the planner refuses duplicates), so the old jobs kept
+    are counted, not collected: old − new is empty exactly when every old id was seen.
+    """
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self.old: DoneIds | None = plan_done_ids(store) if store.exists("plan.parquet") else None
+        self.jobs = 0  # new plan
+        self.kept = 0  # new jobs that the old plan holds
+
+    def add(self, job_ids: Sequence[str] | Any) -> None:
+        self.jobs += len(job_ids)
+        if self.old is not None:
+            self.kept += int(np.count_nonzero(self.old.contains(job_ids)))
+
+    def result(self, cfg: RunConfig, replan: bool = False) -> dict[str, Any]:
+        """{"kind": "new" | "same" | "extend" | "replan", ...}.
+
+        Raises:
+            PlanChangedError: planned jobs would change or vanish and `replan` is false.
+        """
+        if self.old is None:
+            return {"kind": "new", "jobs": self.jobs}
+        old = len(self.old)
+        gone = old - self.kept
+        if not gone:
+            kind = "same" if self.jobs == old else "extend"
+            return {"kind": kind, "jobs": self.jobs, "added": self.jobs - self.kept}
+        fields = changed_fields(self.store, cfg)
+        if replan:
+            return {"kind": "replan", "jobs": self.jobs, "old_jobs": old, "changed": fields}
+        what = "; ".join(fields) if fields else "no config field (the prompt files' contents?)"
+        raise PlanChangedError(
+            f"{self.store.uri} holds another plan: the config changes or drops {gone} of its "
+            f"{old} planned jobs (changed: {what}). Only additions extend a run. Use a new "
+            f"--out, or --replan to replace the plan here (the old rows stay on disk, outside "
+            f"every count)"
+        )
+
+
+def check_plan(
+    store: RunStore, cfg: RunConfig, jobs: list[JobSpec], replan: bool = False
+) -> dict[str, Any]:
+    """How `jobs` relate to the run's plan: {"kind": "new" | "same" | "extend" | "replan", ...}.
+
+    Raises:
+        PlanChangedError: planned jobs would change or vanish and `replan` is false.
+    """
+    check = PlanCheck(store)
+    check.add(list(dict.fromkeys(j.job_id for j in jobs)))
+    return check.result(cfg, replan)
+
+
+def plan_done_ids(store: RunStore) -> DoneIds:
+    """Job ids of the current plan as a compact `DoneIds`, read a row group at a time."""
+    require_plan(store)
+    return DoneIds.from_arrays(
+        [t.column("job_id").combine_chunks() for t in store.iter_plan(columns=["job_id"])]
+    )
+
+
+def plan_counts(store: RunStore) -> dict[str, Any]:
+    """Rows on disk in and out of the current plan, for `status` and the manifest.
+
+    Streams: the plan's ids and the finished ids as `DoneIds`, scores one column at a time.
+    """
+    import pyarrow as pa
+
+    from workers.scorers.registry import SCORER_METRICS
+
+    ids = plan_done_ids(store)
+    ok, failed = store.finished_ids()  # one row per job: ok wins over error
+    ok_in = int(np.count_nonzero(ids.contains_bytes(ok.ids))) if len(ok) and len(ids) else 0
+    failed_in = (
+        int(np.count_nonzero(ids.contains_bytes(failed.ids))) if len(failed) and len(ids) else 0
+    )
+    out: dict[str, Any] = {
+        "planned": len(ids),
+        "generations": ok_in + failed_in,
+        "generations_ok": ok_in,
+        "foreign_generations": len(ok) + len(failed) - ok_in - failed_in,
+        "scores": {},
+    }
+    for name in store.scorers():
+        if name not in SCORER_METRICS:
+            continue
+        rows = store.read_scores(name, SCORER_METRICS[name], columns=["job_id"])["job_id"]
+        column = rows.to_arrow().cast(pa.string())
+        mine = int(np.count_nonzero(ids.contains(column))) if len(rows) else 0
+        out["scores"][name] = {"in_plan": mine, "foreign": len(rows) - mine}
+    return out

@@ -1,0 +1,188 @@
+"""What every command that writes a run directory shares: one driver (the lock), a run record
+(history line + manifest view), clean interruption, and a local Ray stopped with its processes.
+
+`driven(store, command)` is a context manager around a command's body:
+
+- takes the run directory's lock (`results.run.lock.RunLock`), refusing a second driver;
+- turns SIGTERM into `Interrupted(143)` (SIGINT gives `Interrupted(130)`), so `finally`
+  blocks run and nothing written is lost (every shard is atomic);
+- appends the invocation's record to the history with its outcome (ok / error / interrupted)
+  and rebuilds manifest.json from it;
+- stops a local Ray this process started, then kills what is left of its process tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from results.run.history import Invocation, append_record
+from results.run.lock import RunLock
+from results.run.manifest import rebuild_manifest
+from results.run.store import RunStore
+
+log = logging.getLogger("harness")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM: `code` is the exit status (128 + signal number).
+
+    A `KeyboardInterrupt`, because Ray's blocking calls (`ray.get`, `ray.wait`) check signals
+    in C++ and pass on only a `KeyboardInterrupt`: any other exception raised by the handler
+    there is printed as "ignored" and the signal is lost. Ray then raises a bare
+    `KeyboardInterrupt` of its own; `interrupted` gives it back the signal that caused it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.code = 128 + signum
+
+
+_last_signal: list[int] = []  # the signal the handler raised last (one slot)
+_unhandled: list[int] = []  # a signal raised as `Interrupted` that `driven` has not yet seen
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    _last_signal[:] = [signum]
+    _unhandled[:] = [signum]
+    raise Interrupted(signum)
+
+
+def check_interrupt() -> None:
+    """Raise again an interrupt that was swallowed: the handler runs wherever the main thread
+    is, and an exception raised inside a `__del__`, a weakref callback or a C callback is
+    printed as "Exception ignored" and dropped (tqdm's `__del__` did so after generation).
+    Called from the driver's loops and at the end of a command; only in the main thread, where
+    a signal still unhandled there can only mean a swallowed one."""
+    if _unhandled and threading.current_thread() is threading.main_thread():
+        raise Interrupted(_unhandled[0])
+
+
+def interrupted(exc: KeyboardInterrupt) -> Interrupted:
+    """`exc` as an `Interrupted`: itself, or for the bare `KeyboardInterrupt` Ray raises (or
+    Python's default SIGINT handler), one of the signal the handler saw last."""
+    if isinstance(exc, Interrupted):
+        return exc
+    return Interrupted(_last_signal[0] if _last_signal else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
+    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    _unhandled.clear()
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def driven(store: RunStore, command: str) -> Iterator[Invocation]:
+    """Lock, record and clean up around one command on `store` (see the module docstring)."""
+    inv = Invocation(command)
+    with signals_raise(), RunLock(store, command):
+        outcome = "error"
+        try:
+            yield inv
+            check_interrupt()
+            outcome = "ok"
+        except KeyboardInterrupt as exc:
+            _unhandled.clear()
+            outcome = f"interrupted ({signal.Signals(interrupted(exc).signum).name})"
+            raise
+        finally:
+            with _ignoring_signals():
+                stop_local_ray()
+                _record(store, inv, outcome)
+
+
+@contextlib.contextmanager
+def _ignoring_signals() -> Iterator[None]:
+    """A second Ctrl-C while cleaning up must not leave Ray half stopped or the record unwritten."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _record(store: RunStore, inv: Invocation, outcome: str) -> None:
+    try:
+        append_record(store, inv.record(outcome))
+        rebuild_manifest(store)
+    except OSError as exc:  # a full disk must not hide the error that brought us here
+        log.warning("%s: could not write the run record: %s", store.uri, exc)
+
+
+def stop_local_ray(grace_s: float = 5.0) -> None:
+    """Shut Ray down; if this process started a local Ray, kill what is left of its processes.
+
+    `ray.shutdown()` stops the raylet and GCS it started, but a worker busy in a C call can
+    outlive them; the process tree under this driver is collected first and reaped after.
+    """
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        return
+    tree = _descendants(os.getpid())
+    try:
+        ray.shutdown()
+    except Exception as exc:  # noqa: BLE001 - still reap below
+        log.warning("ray.shutdown failed: %s", exc)
+    _reap(tree, grace_s)
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _reap(pids: set[int], grace_s: float) -> None:
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return
+        log.info("stopping %d leftover Ray process(es) with %s", len(left), sig.name)
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        time.sleep(1.0)

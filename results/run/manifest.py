@@ -1,0 +1,143 @@
+"""`manifest.json`: a view of a run, derived from its history (`results.run.history`) and shards.
+
+The history is the record; the manifest is rebuilt from it at the end of every command, so a
+damaged or deleted manifest costs nothing: `read_manifest` rebuilds it with a warning.
+Sections: versions and host of the last invocation, `invocations` (count and the last of each
+command), `generation` (stats and actors of the last invocation that generated something),
+`scoring` (per scorer: its latest scoring stats, merged over every invocation, so scoring one
+scorer never drops another), `counts` (rows on disk now, in and out of the current plan),
+`replans` (when the plan was replaced with `--replan`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+from jobs.spec import JOB_ID_VERSION
+from results.run.store import RunStore
+from results.schema import SCHEMA_VERSION
+
+log = logging.getLogger("harness")
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "ray",
+    "pyarrow",
+    "polars",
+    "google-api-python-client",
+    "vaderSentiment",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def read_manifest(store: RunStore) -> dict[str, Any]:
+    """The manifest; a missing one is {}, a damaged one is rebuilt (with a warning)."""
+    if not store.exists("manifest.json"):
+        return {}
+    try:
+        manifest = store.read_json("manifest.json")
+        if isinstance(manifest, dict):
+            return manifest
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    log.warning("%s/manifest.json is damaged: rebuilt from history.jsonl and the shards", store.uri)
+    return rebuild_manifest(store)
+
+
+def merge_scoring(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Per scorer: the new stats, unless the new invocation scored nothing and the old did."""
+    out = dict(old)
+    for name, stats in new.items():
+        prev = out.get(name)
+        if prev and not stats.get("scored") and prev.get("version") == stats.get("version"):
+            out[name] = {**prev, "checked_again": stats.get("skipped")}
+        else:
+            out[name] = stats
+    return out
+
+
+def update_manifest(store: RunStore, updates: dict[str, Any]) -> dict[str, Any]:
+    """Merge `updates` into the manifest (atomic rewrite); `scoring` merges per scorer."""
+    manifest = read_manifest(store)
+    manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat())
+    manifest.update(_versions())
+    for key, value in updates.items():
+        if key == "scoring":
+            manifest["scoring"] = merge_scoring(manifest.get("scoring") or {}, value)
+        else:
+            manifest[key] = value
+    store.write_json("manifest.json", manifest)
+    return manifest
+
+
+def _versions() -> dict[str, Any]:
+    return {
+        "updated": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "schema_version": SCHEMA_VERSION,
+        "job_id_version": JOB_ID_VERSION,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+    }
+
+
+def manifest_view(store: RunStore) -> dict[str, Any]:
+    """The manifest as derived from history and shards (nothing read from manifest.json)."""
+    from results.run.history import read_history
+
+    records = read_history(store)
+    view: dict[str, Any] = {"created": records[0]["started"] if records else None}
+    view.update(_versions())
+    last: dict[str, Any] = {}
+    scoring: dict[str, Any] = {}
+    view["replans"] = []
+    for rec in records:
+        brief = {k: rec.get(k) for k in ("started", "ended", "outcome", "argv", "config_hash")}
+        last[rec.get("command", "?")] = brief
+        for key in ("harness_version", "git_commit", "host"):
+            if rec.get(key) is not None:
+                view[key] = rec[key]
+        stages = rec.get("stages") or {}
+        gen = stages.get("generation")
+        if gen and (gen.get("pending_at_start") or "generation" not in view):
+            view["generation"] = gen
+            view["timings"] = rec.get("timings", {})
+        scoring = merge_scoring(scoring, stages.get("scoring") or {})
+        if rec.get("replan"):
+            view["replans"].append({"at": rec.get("started"), **rec["replan"]})
+    view["invocations"] = {"count": len(records), "last": last}
+    view["scoring"] = scoring
+    view["counts"] = _counts(store)
+    return view
+
+
+def _counts(store: RunStore) -> dict[str, Any]:
+    """Rows on disk now, split by the current plan (foreign rows are never summed)."""
+    try:
+        from results.run.identity import plan_counts
+
+        return plan_counts(store)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return {"error": str(exc)}
+
+
+def rebuild_manifest(store: RunStore) -> dict[str, Any]:
+    """Write the view as manifest.json; returns it."""
+    view = manifest_view(store)
+    store.write_json("manifest.json", view)
+    return view
