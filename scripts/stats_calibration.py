@@ -5,8 +5,8 @@
 The simulator is `tests/calib_sim.py` (pairs with a pair and a per-prompt effect, several
 samples per prompt; groups the prompt's, "prompt", or drawn per row unrelated to the score,
 35% / 65%, "row"); each cell is analysed with the functions `results.stats.aggregate.summarize`
-calls (`results.stats.bootstrap.gap_samples`, `gap_test`, `bias_corrected_tv`). Prints Markdown
-tables (docs/statistics.md quotes them):
+calls (`results.stats.bootstrap.gap_samples`, `results.stats.permutation.gap_test` and
+`bias_corrected_tv`). Prints Markdown tables (docs/statistics.md quotes them):
 
 1. every test's rejection rate at 0.05 with no difference (type-I) and at latent effects 0.25
    and 0.5 (power), 40 pairs x 4 samples, 100 permutations; and how often the 95% interval

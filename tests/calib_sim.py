@@ -28,6 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from results.stats import bootstrap as bs
+from results.stats import emt
+from results.stats import permutation as perm
 
 
 class Data(NamedTuple):
@@ -76,10 +78,10 @@ def simulate(
 
 
 def matched_m(data: Data, n_groups: int) -> int:
-    """m of the count-matched EMT as `summarize` picks it (`bs.matched_rows`)."""
+    """m of the count-matched EMT as `summarize` picks it (`emt.matched_rows`)."""
     n_p = data.unit_of.size
     counts = np.bincount(data.group * n_p + data.prompt, minlength=n_groups * n_p)
-    return bs.matched_rows(list(counts.reshape(n_groups, n_p)))
+    return emt.matched_rows(list(counts.reshape(n_groups, n_p)))
 
 
 class Outcome(NamedTuple):
@@ -114,12 +116,12 @@ def analyse(
         metric, data.group, data.prompt, data.value, n_groups, weights, data.unit_of, m
     )
     ci = bs.percentile_ci(gaps[1:], level) if n_boot else bs.Interval(np.nan, np.nan, 0)
-    test = bs.gap_test(
+    test = perm.gap_test(
         metric, data.group, data.prompt, data.value, n_groups, float(gaps[0]), n_perm,
         np.random.default_rng([seed, 7]), data.unit_of, paired=paired, m=m,
     )  # fmt: skip
     alpha = 1.0 - level
-    bc = bs.bias_corrected_tv(float(gaps[0]), test, alpha) if metric == "regard" else np.nan
+    bc = perm.bias_corrected_tv(float(gaps[0]), test, alpha) if metric == "regard" else np.nan
     return Outcome(float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc)
 
 

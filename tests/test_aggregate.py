@@ -14,6 +14,7 @@ from fake_run import score_row, synthetic_run, write_rows
 
 from results.run.store import RunStore, StoreError
 from results.stats import bootstrap as bs
+from results.stats import permutation as perm
 from results.stats.aggregate import summarize
 from results.stats.join import JoinError, join_run
 
@@ -270,9 +271,9 @@ def test_each_view_gets_its_test_and_the_new_statistics(tmp_path: Path) -> None:
     gaps = s.filter(pl.col("group") == "gap")
     test = {(r["view"], r["metric"], r["stat"]): r for r in gaps.iter_rows(named=True)}
     for metric in ("sentiment", "toxicity", "regard"):
-        assert test[("a(x)", metric, "bias")]["test"] == bs.WITHIN_PROMPT
+        assert test[("a(x)", metric, "bias")]["test"] == perm.WITHIN_PROMPT
         for view in ("a(c)", "file", "a(c,x)"):  # a(c,x) labels here are the prompt's
-            assert test[(view, metric, "bias")]["test"] == bs.PAIR_SWAP
+            assert test[(view, metric, "bias")]["test"] == perm.PAIR_SWAP
             assert 0 < test[(view, metric, "bias")]["p_value"] <= 1
     assert all(test[(v, "regard", "bias")]["p_value"] is not None for v in ("a(x)", "file"))
     cm = test[("a(x)", "toxicity", "bias_cm")]
@@ -283,7 +284,7 @@ def test_each_view_gets_its_test_and_the_new_statistics(tmp_path: Path) -> None:
     )
     bc = test[("file", "regard", "bias_bc")]
     assert 0 <= bc["value"] <= test[("file", "regard", "bias")]["value"]
-    assert bc["ci_low"] is None and bc["test"] == bs.PAIR_SWAP
+    assert bc["ci_low"] is None and bc["test"] == perm.PAIR_SWAP
     emt_cm = s.filter((pl.col("stat") == "emt_cm") & (pl.col("view") == "file"))
     assert set(emt_cm["group"]) == {"female", "male"} and (emt_cm["n"] == 12).all()
     assert set(s["level"].unique()) == {0.95}

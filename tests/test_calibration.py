@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from calib_sim import analyse, simulate, true_tv
 
-from results.stats import bootstrap as bs
+from results.stats import emt
+from results.stats import permutation as perm
 
 REPS = 600  # rejection rate of an exact 5% test: sd 0.009
 
@@ -22,7 +23,7 @@ REPS = 600  # rejection rate of an exact 5% test: sd 0.009
 def test_every_gap_test_holds_its_level_under_no_difference(metric: str, view: str) -> None:
     rng = np.random.default_rng(100)
     outs = [analyse(simulate(rng, metric, view), metric, r, n_boot=0) for r in range(REPS)]
-    expected = bs.PAIR_SWAP if view == "prompt" else bs.WITHIN_PROMPT
+    expected = perm.PAIR_SWAP if view == "prompt" else perm.WITHIN_PROMPT
     assert {o.test for o in outs} == {expected}
     rejected = float(np.mean([o.p_value < 0.05 for o in outs]))
     assert rejected <= 0.07, (metric, view, rejected)
@@ -84,7 +85,7 @@ def test_expected_max_of_m_rows_is_exact() -> None:
     prompt = rng.integers(0, 4, 30)
     group = rng.integers(0, 2, 30)
     value = rng.random(30)
-    sums, eligible = bs.expected_max_cells(group[None, :], prompt, value, 2, 4, 3)
+    sums, eligible = emt.expected_max_cells(group[None, :], prompt, value, 2, 4, 3)
     for g in range(2):
         for q in range(4):
             rows = value[(group == g) & (prompt == q)]
@@ -92,4 +93,4 @@ def test_expected_max_of_m_rows_is_exact() -> None:
             if rows.size >= 3:
                 brute = np.mean([max(c) for c in combinations(rows, 3)])
                 assert sums[0, g, q] == pytest.approx(brute, rel=1e-9)
-    assert bs.matched_rows([np.array([0, 4, 5, 6, 7]), np.array([3, 3, 9])]) == 3
+    assert emt.matched_rows([np.array([0, 4, 5, 6, 7]), np.array([3, 3, 9])]) == 3

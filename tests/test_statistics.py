@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from results.stats import bootstrap as bs
+from results.stats import permutation as perm
 
 REPS = 200
 N_BOOT = 400
@@ -107,11 +108,11 @@ def test_tv_pair_swap_p_value_is_calibrated_and_has_power() -> None:
             observed = bs.gap_samples(
                 "regard", sim.group, sim.prompt, sim.value, 2, w, sim.unit_of
             )[0]
-            test = bs.gap_test(
+            test = perm.gap_test(
                 "regard", sim.group, sim.prompt, sim.value, 2, observed, 200,
                 np.random.default_rng(r), sim.unit_of, paired=True,
             )  # fmt: skip
-            assert test.test == bs.PAIR_SWAP
+            assert test.test == perm.PAIR_SWAP
             out.append(test.p_value)
     reject_null = float(np.mean(np.array(null_p) < 0.05))
     assert reject_null <= 0.07, reject_null
@@ -122,15 +123,15 @@ def test_pair_swap_moves_whole_prompts_between_the_two_groups_of_a_pair() -> Non
     # Two pairs, two rows per prompt; prompts 0, 2 female, 1, 3 male.
     group = np.array([0, 0, 1, 1, 0, 0, 1, 1])
     prompt = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    labels, test = bs.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 64, _rng(0))
-    assert test == bs.PAIR_SWAP
+    labels, test = perm.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 64, _rng(0))
+    assert test == perm.PAIR_SWAP
     assert np.all(labels[:, 0] == labels[:, 1]) and np.all(labels[:, 4] == labels[:, 5])
     assert np.all(labels[:, 0] != labels[:, 2]) and np.all(labels[:, 4] != labels[:, 6])
     assert {tuple(r) for r in labels[:, [0, 4]]} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     # Row labels (a(x)): shuffled within each prompt, each prompt keeps its label counts.
     rows = np.array([0, 1, 1, 0, 0, 1, 1, 1])
-    labels, test = bs.null_labels(rows, prompt, np.array([0, 0, 1, 1]), True, 64, _rng(0))
-    assert test == bs.WITHIN_PROMPT
+    labels, test = perm.null_labels(rows, prompt, np.array([0, 0, 1, 1]), True, 64, _rng(0))
+    assert test == perm.WITHIN_PROMPT
     for q in range(4):
         assert np.all(labels[:, prompt == q].sum(axis=1) == rows[prompt == q].sum())
 
@@ -142,7 +143,7 @@ def _rng(seed: int) -> np.random.Generator:
 def test_labels_are_shuffled_only_within_strata() -> None:
     group = np.array([0, 1, 0, 1, 1, 0])
     strata = np.array([0, 0, 1, 1, 2, 2])
-    shuffled = bs._permuted_labels(group, strata, 50, np.random.default_rng(0))
+    shuffled = perm._permuted_labels(group, strata, 50, np.random.default_rng(0))
     for s in range(3):
         cols = shuffled[:, strata == s]
         assert np.all(np.sort(cols, axis=1) == [0, 1])  # each pair keeps one of each label
@@ -186,19 +187,21 @@ def test_a_pair_swap_over_few_pairs_says_how_small_p_can_get() -> None:
     group = np.array([0, 1, 0, 1, 0, 1])  # three pairs, one row per prompt
     prompt = np.arange(6)
     value = np.array([0.9, 0.1, 0.8, 0.2, 0.7, 0.3])
-    test = bs.gap_test("sentiment", group, prompt, value, 2, 60.0, 200, _rng(0), prompt // 2, True)
-    assert test.test == bs.PAIR_SWAP and test.p_value >= 2 / 8
+    test = perm.gap_test(
+        "sentiment", group, prompt, value, 2, 60.0, 200, _rng(0), prompt // 2, True
+    )
+    assert test.test == perm.PAIR_SWAP and test.p_value >= 2 / 8
     assert test.note is not None and "only 3 pair(s)" in test.note and "0.25" in test.note
 
 
 def test_unpaired_prompt_labels_are_permuted_over_all_prompts() -> None:
     group = np.array([0, 0, 1, 1, 0, 0, 1, 1])
     prompt = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    labels, test = bs.null_labels(group, prompt, np.arange(4), False, 200, _rng(1))
-    assert test == bs.PROMPT_SHUFFLE
+    labels, test = perm.null_labels(group, prompt, np.arange(4), False, 200, _rng(1))
+    assert test == perm.PROMPT_SHUFFLE
     assert np.all(labels[:, ::2] == labels[:, 1::2])  # a prompt's rows keep one label
     assert np.all(labels.sum(axis=1) == group.sum())  # two prompts per group, as observed
     # Prompts 0 and 1 share a group in some labellings: no pair keeps them apart.
     assert np.any(labels[:, 0] == labels[:, 2])
-    paired, _ = bs.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 200, _rng(1))
+    paired, _ = perm.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 200, _rng(1))
     assert np.all(paired[:, 0] != paired[:, 2])

@@ -42,24 +42,19 @@ import numpy as np
 import polars as pl
 
 from results.schema import SUMMARY_SCHEMA as SUMMARY_ARROW
-from results.stats import bootstrap as bs
-from results.stats.metrics import (
-    BIAS_METRICS,
-    GENDER_VIEWS,
-    METRIC_STATS,
-    NO_ROWS,
-    PER_PROMPT_STATS,
-    VIEWS,
-    gap_inputs,
-    group_stats,
-    scored,
-    stacked,
-    with_group,
+from results.stats.block_rows import (
+    Block,
+    Records,
+    Samples,
+    Setup,
+    block_records,
+    paired_records,
 )
+from results.stats.bootstrap import unit_weights
+from results.stats.metrics import METRIC_STATS, VIEWS, scored
 
 PPL_MAX = 200.0
 N_PERM = 200  # permutations per gap test: p resolves to 1/201, ample for a 0.05 decision
-REFERENCES = ("vanilla", "uddia")
 SETTING_COLS = [
     "method_params",
     "model_revision",
@@ -72,19 +67,6 @@ SETTING_COLS = [
 CELL_COLS = ["model", "method", "variant", "task"]
 
 SUMMARY_SCHEMA = pl.Schema(pl.from_arrow(SUMMARY_ARROW.empty_table()).schema)  # type: ignore[union-attr]
-
-
-def aggregate_run(
-    store: Any,
-    scorers: dict[str, str] | None = None,
-    seed: int | None = None,
-    n_boot: int | None = None,
-    **options: Any,
-) -> Any:
-    """The I/O entry (`results.report.build.aggregate_run`), reachable from here for the driver."""
-    from results.report.build import aggregate_run as run
-
-    return run(store, scorers=scorers, seed=seed, n_boot=n_boot, **options)
 
 
 class Aggregate(NamedTuple):
@@ -178,319 +160,6 @@ def _sources(frame: pl.DataFrame) -> dict[str, tuple[str | None, str | None]]:
     return out
 
 
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not np.isfinite(x) else float(x)
-
-
-class _Records:
-    """Collects summary rows; `key` holds model/method/variant/task/view of the current cell."""
-
-    def __init__(self, sources: dict[str, tuple[str | None, str | None]], level: float) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.sources = sources
-        self.level = level
-
-    def add(
-        self,
-        key: dict[str, Any],
-        metric: str,
-        stat: str,
-        group: str,
-        value: Any,
-        n: int | None,
-        **extra: Any,
-    ) -> None:
-        origin = {"count": "gender" if key["view"] in GENDER_VIEWS else "", "filter": "perplexity"}
-        scorer, version = self.sources.get(origin.get(metric, metric), (None, None))
-        row = dict(key, metric=metric, stat=stat, group=group, value=_finite(value), n=n)
-        row.update(ci_low=None, ci_high=None, n_boot=None, scorer=scorer, scorer_version=version)
-        row.update(p_value=None, ci_method=None, resample_unit=None, note=None)
-        row.update(level=self.level, test=None)
-        floats = ("ci_low", "ci_high", "p_value")
-        row.update({k: _finite(v) if k in floats else v for k, v in extra.items()})
-        self.rows.append(row)
-
-
-BY = ["method", "variant", "view", "group"]
-Lookup = dict[tuple[Any, ...], dict[str, Any]]
-
-
-def _lookup(frame: pl.DataFrame, by: list[str]) -> Lookup:
-    return {tuple(r[k] for k in by): r for r in frame.iter_rows(named=True)}
-
-
-def _cell_records(
-    out: _Records,
-    key: dict[str, Any],
-    counts: Lookup,
-    stats: dict[str, Lookup],
-    expected: list[str],
-) -> None:
-    """Counts and per-group statistics of one cell and view, from the block's lookups."""
-    cell = (key["method"], key["variant"], key["view"])
-    for group in expected:
-        n = counts.get((*cell, group), {}).get("len", 0)
-        out.add(key, "count", "n", group, n, n)
-    for metric, lookup in stats.items():
-        for group in expected:
-            r = lookup.get((*cell, group), {})
-            for stat in METRIC_STATS[metric]:
-                n = r.get("n_prompts" if stat in PER_PROMPT_STATS else "n")
-                out.add(key, metric, stat, group, r.get(stat), int(n or 0))
-
-
-class _Block(NamedTuple):
-    """The rows of one (model, task) and what all its cells share."""
-
-    model: str
-    task: str
-    rows: pl.DataFrame
-    weights: np.ndarray  # (B, U) resamples of the block's units (pairs or prompts)
-    prompt_index: dict[str, int]  # prompt id → its index
-    unit_of: np.ndarray  # (P,) unit of each prompt
-    unit: str  # "pair" or "prompt"
-    m: int = 1  # rows per prompt and group of the count-matched EMT
-
-
-class _Setup(NamedTuple):
-    """Settings shared by every block of one `summarize`."""
-
-    views: list[str]
-    groups: tuple[str, ...]
-    metrics: list[str]
-    level: float
-    seed: int
-    n_perm: int
-    paired: bool = False
-
-
-Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
-
-
-def _undefined_reason(g: np.ndarray, groups: tuple[str, ...], view: str) -> str:
-    """Why a gap is NaN: which configured groups have no finite score in this view."""
-    absent = [groups[i] for i in range(len(groups)) if not np.any(g == i)]
-    if absent:
-        return (
-            f"group(s) {', '.join(absent)} have no scored rows in view {view}: the gap over "
-            f"the {len(groups)} groups {', '.join(groups)} is undefined"
-        )
-    return "the gap is undefined (a group has no rows of a comparable kind)"
-
-
-EMT_NOTE = (
-    "paper's EMT: a group's per-prompt maximum grows with its number of rows at the prompt, so "
-    "this gap mixes toxicity with the groups' row counts (bias_cm matches them)"
-)
-TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
-
-
-def _cm_note(m: int) -> str:
-    return (
-        f"count-matched EMT: expected max over m={m} rows drawn per prompt and group, averaged "
-        f"over the prompts where the group has at least {m} rows"
-    )
-
-
-def _gap_record(
-    out: _Records,
-    key: dict[str, Any],
-    metric: str,
-    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
-    block: _Block,
-    setup: _Setup,
-    caveats: Sequence[str] = (),
-) -> tuple[np.ndarray, bs.GapTest]:
-    """The gap row of one cell, view and metric; returns its (1 + B) samples and its test.
-
-    `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
-    """
-    g, p, v = inputs
-    n_groups = len(setup.groups)
-    m = block.m if metric == "toxicity_cm" else None
-    gaps = bs.gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
-    n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
-    extra: dict[str, Any] = {"resample_unit": block.unit}
-    notes: list[str] = []
-    test = bs.GapTest(float("nan"), None, float("nan"), None)
-    if np.isfinite(gaps[0]):
-        if block.weights.shape[0]:
-            ci = bs.percentile_ci(gaps[1:], setup.level)
-            extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=bs.CI_METHOD)
-        if setup.n_perm:
-            stream = f"{block.model}|{block.task}|{key['method']}|{key['variant']}|{key['view']}|{metric}"
-            rng = bs._rng(setup.seed, "perm|" + stream)
-            test = bs.gap_test(
-                metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
-                block.unit_of, setup.paired, m,
-            )  # fmt: skip
-            extra.update(p_value=test.p_value, test=test.test)
-            notes += [test.note] if test.note else []
-        else:
-            notes.append("no p-value: aggregation.n_perm is 0")
-    else:
-        notes.append(_undefined_reason(g, setup.groups, key["view"]))
-    notes += list(caveats)
-    name, stat = ("toxicity", "bias_cm") if metric == "toxicity_cm" else (metric, "bias")
-    out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None, **extra)
-    return gaps, test
-
-
-def _bias_corrected_record(
-    out: _Records, key: dict[str, Any], tv: float, test: bs.GapTest, n_units: int, setup: _Setup
-) -> None:
-    """`regard`/`bias_bc`: `bs.bias_corrected_tv` of the cell's TV distance."""
-    alpha = 1.0 - setup.level
-    value = bs.bias_corrected_tv(tv, test, alpha)
-    if np.isfinite(value):
-        note = (
-            f"bias-corrected TV: sqrt(TV² − its mean square over the {setup.n_perm} labellings "
-            f"of the {test.test} test) where that test has p < {alpha:.2g}, else 0; no "
-            "interval (docs/statistics.md)"
-        )
-    elif not np.isfinite(tv):
-        note = "the TV distance is undefined"
-    else:
-        note = "no bias correction: no permutation null (aggregation.n_perm is 0)"
-    extra = dict(p_value=test.p_value, test=test.test) if np.isfinite(value) else {}
-    out.add(key, "regard", "bias_bc", "gap", value, n_units, note=note, **extra)
-
-
-def _matched_records(
-    out: _Records,
-    key: dict[str, Any],
-    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
-    block: _Block,
-    groups: tuple[str, ...],
-) -> None:
-    """`toxicity`/`emt_cm` per group (n: prompts used) and `cm_rows` (m) of one cell."""
-    g, p, v = inputs
-    n_p = block.unit_of.size
-    sums, eligible = bs.expected_max_cells(g[None, :], p, v, len(groups), n_p, block.m)
-    for i, group in enumerate(groups):
-        used = int(eligible[0, i].sum())
-        value = float(sums[0, i].sum() / used) if used else None
-        out.add(key, "toxicity", "emt_cm", group, value, used, note=_cm_note(block.m))
-    out.add(key, "toxicity", "cm_rows", "gap", block.m, block.m, note=_cm_note(block.m))
-
-
-def _block_m(gaps_in: dict[str, dict[tuple[Any, ...], Any]], n_groups: int, n_p: int) -> int:
-    """m of the block's count-matched EMT (`bs.matched_rows` over its views and groups)."""
-    by: dict[tuple[str, int], list[np.ndarray]] = {}
-    for (_, _, view), (g, p, _) in gaps_in.get("toxicity", {}).items():
-        counts = np.bincount(g * n_p + p, minlength=n_groups * n_p).reshape(n_groups, n_p)
-        for i in range(n_groups):
-            by.setdefault((view, i), []).append(counts[i])
-    return bs.matched_rows([np.concatenate(c) for c in by.values()])
-
-
-def _missing_note(
-    key: dict[str, Any], metric: str, groups: tuple[str, ...], counts: Lookup, stats: Lookup
-) -> list[str]:
-    """'missing scores: female 9 of 18 rows, male 0 of 18' when a group's row lacks a score."""
-    cell = (key["method"], key["variant"], key["view"])
-    parts, any_missing = [], False
-    for group in groups:
-        total = counts.get((*cell, group), {}).get("len", 0)
-        missing = int(stats.get((*cell, group), {}).get("missing") or 0)
-        any_missing |= missing > 0
-        parts.append(f"{group} {missing} of {total} rows")
-    return [f"missing scores: {', '.join(parts)}"] if any_missing else []
-
-
-def _block_records(
-    out: _Records,
-    block: _Block,
-    setup: _Setup,
-    samples: Samples,
-    notes: list[str],
-    samples_cm: Samples | None = None,
-) -> None:
-    """Every statistic and gap of every (method, variant) cell and view of one block."""
-    groups, views, metrics = setup.groups, setup.views, setup.metrics
-    long = pl.concat([with_group(block.rows, v, groups) for v in views])
-    both = stacked(long)
-    counts = _lookup(both.group_by(BY, maintain_order=True).len(), BY)
-    stats = {m: _lookup(group_stats(both, m, BY), BY) for m in metrics}
-    gaps_in = {
-        m: gap_inputs(long, m, groups, block.prompt_index) for m in BIAS_METRICS if m in metrics
-    }
-    block = block._replace(m=_block_m(gaps_in, len(groups), block.unit_of.size))
-    for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
-        for view in views:
-            key = dict(
-                model=block.model, method=method, variant=variant, task=block.task, view=view
-            )
-            unscored = ["unscored"] if (method, variant, view, "unscored") in counts else []
-            _cell_records(out, key, counts, stats, [*groups, "none", *unscored, "labelled", "all"])
-            for metric, inputs in gaps_in.items():
-                got = inputs.get((method, variant, view), NO_ROWS)
-                missing = _missing_note(key, metric, groups, counts, stats[metric])
-                caveat = {"toxicity": [EMT_NOTE], "regard": [TV_NOTE]}.get(metric, [])
-                gaps, test = _gap_record(out, key, metric, got, block, setup, caveat + missing)
-                if not np.isfinite(gaps[0]) and metric == block.task:
-                    reason = _undefined_reason(got[0], groups, view)
-                    notes.append(
-                        f"{block.model}/{method}/{block.task} {view}: {metric} bias undefined: {reason}"
-                    )
-                samples.setdefault((block.model, block.task, view, metric), {})[
-                    (method, str(variant))
-                ] = gaps
-                n_units = int(np.unique(block.unit_of[got[1]]).size) if got[1].size else 0
-                if metric == "regard":
-                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
-                if metric == "toxicity":
-                    cm_notes = [_cm_note(block.m), *missing]
-                    cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
-                    if samples_cm is not None:
-                        samples_cm.setdefault((block.model, block.task, view, metric), {})[
-                            (method, str(variant))
-                        ] = cm
-                    _matched_records(out, key, got, block, groups)
-
-
-def _paired_records(
-    out: _Records,
-    samples: Samples,
-    units: dict[tuple[str, str], str],
-    notes: list[str],
-    level: float,
-    prefix: str = "diff",
-) -> None:
-    """Each method's |bias| against vanilla's / uddia's over the same resamples.
-
-    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
-    """
-    for (model, task, view, metric), cells in samples.items():
-        for ref in REFERENCES:
-            refs = [c for c in cells if c[0] == ref]
-            for (method, variant), gaps in cells.items():
-                if method == ref or not refs:
-                    continue
-                match = (
-                    refs[0]
-                    if len(refs) == 1
-                    else (ref, variant)
-                    if (ref, variant) in cells
-                    else None
-                )
-                if match is None and prefix == "diff":  # said once, for the first statistic
-                    notes.append(
-                        f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
-                    )
-                if match is None:
-                    continue
-                other = cells[match]
-                cmp = bs.compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
-                key = dict(model=model, method=method, variant=variant, task=task, view=view)
-                extra: dict[str, Any] = dict(
-                    ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
-                )
-                extra.update(ci_method=bs.CI_METHOD, resample_unit=units.get((model, task)))
-                extra.update(test=bs.BOOTSTRAP)
-                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)
-
-
 def is_paired(frame: pl.DataFrame) -> bool:
     """Whether the prompts come as pairs: some `pair_id` holds more than one prompt."""
     if "pair_id" not in frame.columns or frame.is_empty():
@@ -573,7 +242,7 @@ def summarize(
     """
     notes: list[str] = []
     frame, failed = add_variant(frame, failed)
-    out = _Records(_sources(frame), level)
+    out = Records(_sources(frame), level)
     counts = filter_counts(frame, failed, ppl_max)
     dropped_col = f"dropped_ppl>{ppl_max:g}"
     for r in counts.iter_rows(named=True):
@@ -600,7 +269,7 @@ def summarize(
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
     metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
-    setup = _Setup(views, groups, metrics, level, seed, n_perm, paired)
+    setup = Setup(views, groups, metrics, level, seed, n_perm, paired)
     samples: Samples = {}
     samples_cm: Samples = {}
     unit_names: dict[tuple[str, str], str] = {}
@@ -625,13 +294,13 @@ def summarize(
             if rows.is_empty():
                 continue
         prompts, unit_of, n_units = _units(rows, paired, names)
-        weights = bs.unit_weights(n_units, n_boot, seed, f"{model}|{task}")
+        weights = unit_weights(n_units, n_boot, seed, f"{model}|{task}")
         index = {p: i for i, p in enumerate(prompts)}
-        block = _Block(str(model), str(task), rows, weights, index, unit_of, unit)
+        block = Block(str(model), str(task), rows, weights, index, unit_of, unit)
         unit_names[(str(model), str(task))] = unit
-        _block_records(out, block, setup, samples, notes, samples_cm)
+        block_records(out, block, setup, samples, notes, samples_cm)
     if n_boot:
-        _paired_records(out, samples, unit_names, notes, level)
-        _paired_records(out, samples_cm, unit_names, notes, level, prefix="diff_cm")
+        paired_records(out, samples, unit_names, notes, level)
+        paired_records(out, samples_cm, unit_names, notes, level, prefix="diff_cm")
     summary = pl.DataFrame(out.rows, schema=SUMMARY_SCHEMA)
     return Aggregate(summary, notes, samples, groups, level, samples_cm)

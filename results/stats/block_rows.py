@@ -1,0 +1,318 @@
+"""The summary rows of one (model, task) block: counts and per-group statistics of every cell
+and view, each gap with its interval and permutation test, the count-matched EMT and
+bias-corrected TV rows, and the paired comparisons against the reference methods. The column
+names are those of `results.stats.aggregate`; `summarize` drives these per block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import polars as pl
+
+from results.stats.bootstrap import (
+    BOOTSTRAP,
+    CI_METHOD,
+    compare_gaps,
+    gap_samples,
+    percentile_ci,
+    seeded_rng,
+)
+from results.stats.emt import expected_max_cells, matched_rows
+from results.stats.gap_notes import (
+    EMT_NOTE,
+    TV_NOTE,
+    Lookup,
+    cm_note,
+    missing_note,
+    undefined_reason,
+)
+from results.stats.metrics import (
+    BIAS_METRICS,
+    GENDER_VIEWS,
+    METRIC_STATS,
+    NO_ROWS,
+    PER_PROMPT_STATS,
+    gap_inputs,
+    group_stats,
+    stacked,
+    with_group,
+)
+from results.stats.permutation import GapTest, bias_corrected_tv, gap_test
+
+REFERENCES = ("vanilla", "uddia")
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+class Records:
+    """Collects summary rows; `key` holds model/method/variant/task/view of the current cell."""
+
+    def __init__(self, sources: dict[str, tuple[str | None, str | None]], level: float) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.sources = sources
+        self.level = level
+
+    def add(
+        self,
+        key: dict[str, Any],
+        metric: str,
+        stat: str,
+        group: str,
+        value: Any,
+        n: int | None,
+        **extra: Any,
+    ) -> None:
+        origin = {"count": "gender" if key["view"] in GENDER_VIEWS else "", "filter": "perplexity"}
+        scorer, version = self.sources.get(origin.get(metric, metric), (None, None))
+        row = dict(key, metric=metric, stat=stat, group=group, value=_finite(value), n=n)
+        row.update(ci_low=None, ci_high=None, n_boot=None, scorer=scorer, scorer_version=version)
+        row.update(p_value=None, ci_method=None, resample_unit=None, note=None)
+        row.update(level=self.level, test=None)
+        floats = ("ci_low", "ci_high", "p_value")
+        row.update({k: _finite(v) if k in floats else v for k, v in extra.items()})
+        self.rows.append(row)
+
+
+BY = ["method", "variant", "view", "group"]
+
+
+def _lookup(frame: pl.DataFrame, by: list[str]) -> Lookup:
+    return {tuple(r[k] for k in by): r for r in frame.iter_rows(named=True)}
+
+
+def _cell_records(
+    out: Records,
+    key: dict[str, Any],
+    counts: Lookup,
+    stats: dict[str, Lookup],
+    expected: list[str],
+) -> None:
+    """Counts and per-group statistics of one cell and view, from the block's lookups."""
+    cell = (key["method"], key["variant"], key["view"])
+    for group in expected:
+        n = counts.get((*cell, group), {}).get("len", 0)
+        out.add(key, "count", "n", group, n, n)
+    for metric, lookup in stats.items():
+        for group in expected:
+            r = lookup.get((*cell, group), {})
+            for stat in METRIC_STATS[metric]:
+                n = r.get("n_prompts" if stat in PER_PROMPT_STATS else "n")
+                out.add(key, metric, stat, group, r.get(stat), int(n or 0))
+
+
+class Block(NamedTuple):
+    """The rows of one (model, task) and what all its cells share."""
+
+    model: str
+    task: str
+    rows: pl.DataFrame
+    weights: np.ndarray  # (B, U) resamples of the block's units (pairs or prompts)
+    prompt_index: dict[str, int]  # prompt id → its index
+    unit_of: np.ndarray  # (P,) unit of each prompt
+    unit: str  # "pair" or "prompt"
+    m: int = 1  # rows per prompt and group of the count-matched EMT
+
+
+class Setup(NamedTuple):
+    """Settings shared by every block of one `summarize`."""
+
+    views: list[str]
+    groups: tuple[str, ...]
+    metrics: list[str]
+    level: float
+    seed: int
+    n_perm: int
+    paired: bool = False
+
+
+Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
+
+
+def _gap_record(
+    out: Records,
+    key: dict[str, Any],
+    metric: str,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    block: Block,
+    setup: Setup,
+    caveats: Sequence[str] = (),
+) -> tuple[np.ndarray, GapTest]:
+    """The gap row of one cell, view and metric; returns its (1 + B) samples and its test.
+
+    `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
+    """
+    g, p, v = inputs
+    n_groups = len(setup.groups)
+    m = block.m if metric == "toxicity_cm" else None
+    gaps = gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
+    n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
+    extra: dict[str, Any] = {"resample_unit": block.unit}
+    notes: list[str] = []
+    test = GapTest(float("nan"), None, float("nan"), None)
+    if np.isfinite(gaps[0]):
+        if block.weights.shape[0]:
+            ci = percentile_ci(gaps[1:], setup.level)
+            extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=CI_METHOD)
+        if setup.n_perm:
+            stream = f"{block.model}|{block.task}|{key['method']}|{key['variant']}|{key['view']}|{metric}"
+            rng = seeded_rng(setup.seed, "perm|" + stream)
+            test = gap_test(
+                metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
+                block.unit_of, setup.paired, m,
+            )  # fmt: skip
+            extra.update(p_value=test.p_value, test=test.test)
+            notes += [test.note] if test.note else []
+        else:
+            notes.append("no p-value: aggregation.n_perm is 0")
+    else:
+        notes.append(undefined_reason(g, setup.groups, key["view"]))
+    notes += list(caveats)
+    name, stat = ("toxicity", "bias_cm") if metric == "toxicity_cm" else (metric, "bias")
+    out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None, **extra)
+    return gaps, test
+
+
+def _bias_corrected_record(
+    out: Records, key: dict[str, Any], tv: float, test: GapTest, n_units: int, setup: Setup
+) -> None:
+    """`regard`/`bias_bc`: `bias_corrected_tv` of the cell's TV distance."""
+    alpha = 1.0 - setup.level
+    value = bias_corrected_tv(tv, test, alpha)
+    if np.isfinite(value):
+        note = (
+            f"bias-corrected TV: sqrt(TV² − its mean square over the {setup.n_perm} labellings "
+            f"of the {test.test} test) where that test has p < {alpha:.2g}, else 0; no "
+            "interval (docs/statistics.md)"
+        )
+    elif not np.isfinite(tv):
+        note = "the TV distance is undefined"
+    else:
+        note = "no bias correction: no permutation null (aggregation.n_perm is 0)"
+    extra = dict(p_value=test.p_value, test=test.test) if np.isfinite(value) else {}
+    out.add(key, "regard", "bias_bc", "gap", value, n_units, note=note, **extra)
+
+
+def _matched_records(
+    out: Records,
+    key: dict[str, Any],
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    block: Block,
+    groups: tuple[str, ...],
+) -> None:
+    """`toxicity`/`emt_cm` per group (n: prompts used) and `cm_rows` (m) of one cell."""
+    g, p, v = inputs
+    n_p = block.unit_of.size
+    sums, eligible = expected_max_cells(g[None, :], p, v, len(groups), n_p, block.m)
+    for i, group in enumerate(groups):
+        used = int(eligible[0, i].sum())
+        value = float(sums[0, i].sum() / used) if used else None
+        out.add(key, "toxicity", "emt_cm", group, value, used, note=cm_note(block.m))
+    out.add(key, "toxicity", "cm_rows", "gap", block.m, block.m, note=cm_note(block.m))
+
+
+def _block_m(gaps_in: dict[str, dict[tuple[Any, ...], Any]], n_groups: int, n_p: int) -> int:
+    """m of the block's count-matched EMT (`matched_rows` over its views and groups)."""
+    by: dict[tuple[str, int], list[np.ndarray]] = {}
+    for (_, _, view), (g, p, _) in gaps_in.get("toxicity", {}).items():
+        counts = np.bincount(g * n_p + p, minlength=n_groups * n_p).reshape(n_groups, n_p)
+        for i in range(n_groups):
+            by.setdefault((view, i), []).append(counts[i])
+    return matched_rows([np.concatenate(c) for c in by.values()])
+
+
+def block_records(
+    out: Records,
+    block: Block,
+    setup: Setup,
+    samples: Samples,
+    notes: list[str],
+    samples_cm: Samples | None = None,
+) -> None:
+    """Every statistic and gap of every (method, variant) cell and view of one block."""
+    groups, views, metrics = setup.groups, setup.views, setup.metrics
+    long = pl.concat([with_group(block.rows, v, groups) for v in views])
+    both = stacked(long)
+    counts = _lookup(both.group_by(BY, maintain_order=True).len(), BY)
+    stats = {m: _lookup(group_stats(both, m, BY), BY) for m in metrics}
+    gaps_in = {
+        m: gap_inputs(long, m, groups, block.prompt_index) for m in BIAS_METRICS if m in metrics
+    }
+    block = block._replace(m=_block_m(gaps_in, len(groups), block.unit_of.size))
+    for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
+        for view in views:
+            key = dict(
+                model=block.model, method=method, variant=variant, task=block.task, view=view
+            )
+            unscored = ["unscored"] if (method, variant, view, "unscored") in counts else []
+            _cell_records(out, key, counts, stats, [*groups, "none", *unscored, "labelled", "all"])
+            for metric, inputs in gaps_in.items():
+                got = inputs.get((method, variant, view), NO_ROWS)
+                missing = missing_note(key, metric, groups, counts, stats[metric])
+                caveat = {"toxicity": [EMT_NOTE], "regard": [TV_NOTE]}.get(metric, [])
+                gaps, test = _gap_record(out, key, metric, got, block, setup, caveat + missing)
+                if not np.isfinite(gaps[0]) and metric == block.task:
+                    reason = undefined_reason(got[0], groups, view)
+                    notes.append(
+                        f"{block.model}/{method}/{block.task} {view}: {metric} bias undefined: {reason}"
+                    )
+                samples.setdefault((block.model, block.task, view, metric), {})[
+                    (method, str(variant))
+                ] = gaps
+                n_units = int(np.unique(block.unit_of[got[1]]).size) if got[1].size else 0
+                if metric == "regard":
+                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
+                if metric == "toxicity":
+                    cm_notes = [cm_note(block.m), *missing]
+                    cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
+                    if samples_cm is not None:
+                        samples_cm.setdefault((block.model, block.task, view, metric), {})[
+                            (method, str(variant))
+                        ] = cm
+                    _matched_records(out, key, got, block, groups)
+
+
+def paired_records(
+    out: Records,
+    samples: Samples,
+    units: dict[tuple[str, str], str],
+    notes: list[str],
+    level: float,
+    prefix: str = "diff",
+) -> None:
+    """Each method's |bias| against vanilla's / uddia's over the same resamples.
+
+    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
+    """
+    for (model, task, view, metric), cells in samples.items():
+        for ref in REFERENCES:
+            refs = [c for c in cells if c[0] == ref]
+            for (method, variant), gaps in cells.items():
+                if method == ref or not refs:
+                    continue
+                match = (
+                    refs[0]
+                    if len(refs) == 1
+                    else (ref, variant)
+                    if (ref, variant) in cells
+                    else None
+                )
+                if match is None and prefix == "diff":  # said once, for the first statistic
+                    notes.append(
+                        f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
+                    )
+                if match is None:
+                    continue
+                other = cells[match]
+                cmp = compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
+                key = dict(model=model, method=method, variant=variant, task=task, view=view)
+                extra: dict[str, Any] = dict(
+                    ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
+                )
+                extra.update(ci_method=CI_METHOD, resample_unit=units.get((model, task)))
+                extra.update(test=BOOTSTRAP)
+                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)

@@ -1,0 +1,50 @@
+"""The notes of the summary's gap rows: why a gap is undefined, which scores are missing, and
+what the paper's EMT and the plug-in TV distance mix in (the `note` column)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Summary rows of a block keyed by (method, variant, view, group) (`block_rows`).
+Lookup = dict[tuple[Any, ...], dict[str, Any]]
+
+
+def undefined_reason(g: np.ndarray, groups: tuple[str, ...], view: str) -> str:
+    """Why a gap is NaN: which configured groups have no finite score in this view."""
+    absent = [groups[i] for i in range(len(groups)) if not np.any(g == i)]
+    if absent:
+        return (
+            f"group(s) {', '.join(absent)} have no scored rows in view {view}: the gap over "
+            f"the {len(groups)} groups {', '.join(groups)} is undefined"
+        )
+    return "the gap is undefined (a group has no rows of a comparable kind)"
+
+
+EMT_NOTE = (
+    "paper's EMT: a group's per-prompt maximum grows with its number of rows at the prompt, so "
+    "this gap mixes toxicity with the groups' row counts (bias_cm matches them)"
+)
+TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
+
+
+def cm_note(m: int) -> str:
+    return (
+        f"count-matched EMT: expected max over m={m} rows drawn per prompt and group, averaged "
+        f"over the prompts where the group has at least {m} rows"
+    )
+
+
+def missing_note(
+    key: dict[str, Any], metric: str, groups: tuple[str, ...], counts: Lookup, stats: Lookup
+) -> list[str]:
+    """'missing scores: female 9 of 18 rows, male 0 of 18' when a group's row lacks a score."""
+    cell = (key["method"], key["variant"], key["view"])
+    parts, any_missing = [], False
+    for group in groups:
+        total = counts.get((*cell, group), {}).get("len", 0)
+        missing = int(stats.get((*cell, group), {}).get("missing") or 0)
+        any_missing |= missing > 0
+        parts.append(f"{group} {missing} of {total} rows")
+    return [f"missing scores: {', '.join(parts)}"] if any_missing else []

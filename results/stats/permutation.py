@@ -1,0 +1,301 @@
+"""Permutation tests of "no difference between the groups" for the bias gaps
+(docs/statistics.md).
+
+Every gap carries a permutation p-value (`gap_test`): where every prompt's rows carry one group
+(views a(c), file) whole prompts exchange groups within their pair (`pair-swap`; over all
+prompts when unpaired: `prompt-shuffle`); where the label is the row's (a(x), a(c,x)) row labels
+are shuffled within each prompt (`within-prompt`). The gap statistics are those of
+`results.stats.bootstrap`, computed at once for many labellings. Also here: the bias-corrected
+TV (`bias_corrected_tv`), which takes the null's mean square out of the plug-in distance.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from results.stats.bootstrap import contrast, is_signed, tv_distance
+from results.stats.emt import expected_max_cells, ranked_cells
+from results.stats.metrics import REGARD_CLASSES
+
+
+def _permuted_labels(
+    group: np.ndarray, strata: np.ndarray | None, n_perm: int, rng: np.random.Generator
+) -> np.ndarray:
+    """(n_perm, N) copies of `group` shuffled within each stratum (all entries when None)."""
+    n = group.size
+    keys = rng.random((n_perm, n))
+    if strata is not None:
+        order = np.argsort(strata, kind="stable")
+        # Sorted by stratum, a key offset by the stratum keeps each entry inside its block.
+        perm = np.argsort(keys[:, order] + strata[order][None, :].astype(np.float64), axis=1)
+        shuffled = np.empty((n_perm, n), dtype=group.dtype)
+        shuffled[:, order] = group[order][perm]
+        return shuffled
+    return np.asarray(group[np.argsort(keys, axis=1)])
+
+
+def label_gaps(
+    metric: str,
+    labels: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    m: int | None = None,
+) -> np.ndarray:
+    """(R,) gaps × 100 of the rows under R labellings `labels` (R, N), full sample.
+
+    `metric`: sentiment (or any per-row score), regard (TV), toxicity (EMT gap) or
+    toxicity_cm (count-matched EMT gap over `m` rows per prompt and group).
+    """
+    n_perm = labels.shape[0]
+    base = np.arange(n_perm)[:, None]
+    n_p = int(prompt.max()) + 1 if prompt.size else 0
+    if metric == "regard":
+        n_c = len(REGARD_CLASSES)
+        flat = (base * n_groups + labels) * n_c + value.astype(np.int64)[None, :]
+        counts = np.bincount(flat.ravel(), minlength=n_perm * n_groups * n_c).astype(np.float64)
+        counts = counts.reshape(n_perm, n_groups, n_c)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shares = counts / counts.sum(axis=2, keepdims=True)
+        return 100.0 * tv_distance(shares)
+    if metric == "toxicity_cm":
+        if m is None:
+            raise ValueError("toxicity_cm needs m (rows per prompt and group)")
+        sums, eligible = expected_max_cells(labels, prompt, value, n_groups, n_p, m)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            emt = sums.sum(axis=2) / eligible.sum(axis=2)
+        return 100.0 * contrast(emt)
+    if metric == "toxicity":
+        if labels.shape[1] == 0:
+            return np.full(n_perm, np.nan)
+        cell, rank, counts, vv = ranked_cells(labels, prompt, value, n_groups, n_p)
+        top = np.where(rank == counts[cell], vv[None, :], 0.0)  # each cell's largest row
+        sums = np.bincount(cell.ravel(), weights=top.ravel(), minlength=counts.size)
+        present = (counts > 0).reshape(n_perm, n_groups, n_p).sum(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            emt = sums.reshape(n_perm, n_groups, n_p).sum(axis=2) / present
+        return 100.0 * contrast(emt)
+    flat = (base * n_groups + labels).ravel()
+    size = n_perm * n_groups
+    sums = np.bincount(flat, weights=np.broadcast_to(value, labels.shape).ravel(), minlength=size)
+    counts = np.bincount(flat, minlength=size).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (sums / counts).reshape(n_perm, n_groups)
+    return 100.0 * contrast(means)
+
+
+def permuted_gaps(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    n_perm: int,
+    rng: np.random.Generator,
+    strata: np.ndarray | None = None,
+    m: int | None = None,
+) -> np.ndarray:
+    """(n_perm,) gaps × 100 with the rows' group labels shuffled within `strata` (rows)."""
+    labels = _permuted_labels(group, strata, n_perm, rng)
+    return label_gaps(metric, labels, prompt, value, n_groups, m)
+
+
+def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
+    """(1 + #{|T*| ≥ |T|}) / (1 + R); one-sided on T for non-negative statistics.
+
+    Permutations where the gap is undefined (a group emptied) are left out; NaN if none remain
+    or the observed gap is undefined.
+    """
+    valid = permuted[~np.isnan(permuted)]
+    if not np.isfinite(observed) or valid.size == 0:
+        return float("nan")
+    t, s = (abs(observed), np.abs(valid)) if signed else (observed, valid)
+    tol = 1e-9 * max(1.0, abs(t))  # the same split computed in another order
+    return float((1 + np.sum(s >= t - tol)) / (1 + valid.size))
+
+
+def prompt_labelled(group: np.ndarray, prompt: np.ndarray) -> bool:
+    """Whether every prompt's rows carry one group (the group is the prompt's, not the row's)."""
+    if group.size == 0:
+        return True
+    label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+    label[prompt] = group
+    return bool(np.all(label[prompt] == group))
+
+
+# Names of the tests (the summary's `test` column).
+PAIR_SWAP = "pair-swap"
+PROMPT_SHUFFLE = "prompt-shuffle"
+WITHIN_PROMPT = "within-prompt"
+
+
+def null_labels(
+    group: np.ndarray,
+    prompt: np.ndarray,
+    unit_of: np.ndarray,
+    paired: bool,
+    n_perm: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, str]:
+    """(n_perm, N) row labels under "no difference between the groups", and the test's name.
+
+    - Every prompt's rows in one group (views a(c) and file, or one sample per prompt): the
+      labels are the prompts'. Paired data: the prompts of each pair exchange their labels
+      (a random permutation within the pair, for two prompts a swap with probability 1/2);
+      unpaired: the prompt labels are permuted over all prompts. A prompt keeps all its rows.
+    - Otherwise (a(x), a(c,x): the label is the row's): the row labels are shuffled within each
+      prompt, so each prompt keeps its rows and its number of rows per group.
+    """
+    if prompt_labelled(group, prompt):
+        used = np.unique(prompt)
+        label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
+        label[prompt] = group
+        strata = unit_of[used] if paired else None
+        perm = _permuted_labels(label[used], strata, n_perm, rng)
+        return perm[:, np.searchsorted(used, prompt)], PAIR_SWAP if paired else PROMPT_SHUFFLE
+    return _permuted_labels(group, prompt, n_perm, rng), WITHIN_PROMPT
+
+
+def _prompt_parts(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    used: np.ndarray,
+    m: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per used prompt (all its rows in one group): what it adds to its group's numerator
+    ((P', C) class counts for regard, else (P',)) and denominator (P',)."""
+    n_p = int(prompt.max()) + 1
+    counts = np.bincount(prompt, minlength=n_p).astype(np.float64)[used]
+    if metric == "regard":
+        n_c = len(REGARD_CLASSES)
+        flat = prompt * n_c + value.astype(np.int64)
+        classes = np.bincount(flat, minlength=n_p * n_c).reshape(n_p, n_c)[used]
+        return classes.astype(np.float64), counts
+    if metric in ("toxicity", "toxicity_cm"):
+        rows = np.zeros((1, prompt.size), dtype=np.int64)  # one group: the prompt's own rows
+        if metric == "toxicity_cm":
+            if m is None:
+                raise ValueError("toxicity_cm needs m (rows per prompt and group)")
+            em, eligible = expected_max_cells(rows, prompt, value, 1, n_p, m)
+            return em[0, 0, used], eligible[0, 0, used].astype(np.float64)
+        top = np.full(n_p, -np.inf)
+        np.maximum.at(top, prompt, value)
+        return top[used], np.ones(used.size)
+    sums = np.bincount(prompt, weights=value, minlength=n_p)[used]
+    return sums, counts
+
+
+def _prompt_label_gaps(
+    metric: str, labels: np.ndarray, num: np.ndarray, den: np.ndarray, n_groups: int
+) -> np.ndarray:
+    """(R,) gaps × 100 with the used prompts' labels `labels` (R, P') and their parts."""
+    n_r, n_u = labels.shape
+    flat = (np.arange(n_r)[:, None] * n_groups + labels).ravel()
+    size = n_r * n_groups
+    if metric == "regard":
+        n_c = num.shape[1]
+        cells = (flat[:, None] * n_c + np.arange(n_c)[None, :]).ravel()
+        weights = np.broadcast_to(num[None], (n_r, n_u, n_c)).ravel()
+        totals = np.bincount(cells, weights=weights, minlength=size * n_c)
+        totals = totals.reshape(n_r, n_groups, n_c)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shares = totals / totals.sum(axis=2, keepdims=True)
+        return 100.0 * tv_distance(shares)
+    top = np.bincount(flat, weights=np.broadcast_to(num, labels.shape).ravel(), minlength=size)
+    bottom = np.bincount(flat, weights=np.broadcast_to(den, labels.shape).ravel(), minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 100.0 * contrast((top / bottom).reshape(n_r, n_groups))
+
+
+def _few_swaps(label: np.ndarray, pair: np.ndarray, below: int = 8) -> str | None:
+    """A note when fewer than `below` pairs hold prompts of two groups: the swap then has at
+    most 2^k distinct labellings (k such pairs) and p cannot go below about 2 / 2^k."""
+    n_pairs = int(pair.max()) + 1 if pair.size else 0
+    lo = np.full(n_pairs, np.iinfo(np.int64).max)
+    hi = np.full(n_pairs, -1)
+    np.minimum.at(lo, pair, label.astype(np.int64))
+    np.maximum.at(hi, pair, label.astype(np.int64))
+    k = int(np.sum((hi >= 0) & (lo != hi)))
+    if 0 < k < below:
+        return (
+            f"only {k} pair(s) hold prompts of two groups: the swap has at most {2**k} "
+            f"labellings, so p cannot go below about {min(1.0, 2 / 2**k):.2g}"
+        )
+    return None
+
+
+class GapTest(NamedTuple):
+    p_value: float  # NaN: no test
+    test: str | None  # PAIR_SWAP, PROMPT_SHUFFLE or WITHIN_PROMPT
+    null_mean: float  # mean gap over the labellings of the null (the plug-in's value at 0)
+    note: str | None
+    null_sq: float = float("nan")  # mean squared gap over the null's labellings
+
+
+def gap_test(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    observed: float,
+    n_perm: int,
+    rng: np.random.Generator,
+    unit_of: np.ndarray,
+    paired: bool,
+    m: int | None = None,
+) -> GapTest:
+    """Permutation test of one cell's gap (see `null_labels` for which labels move).
+
+    p = (1 + #{|T*| ≥ |T|}) / (1 + R), two-sided for signed gaps, one-sided on the distance for
+    TV and K ≥ 3 ranges.
+    """
+    if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
+        return GapTest(float("nan"), None, float("nan"), None, float("nan"))
+    if prompt_labelled(group, prompt):  # move whole prompts: per-prompt parts, then labels
+        used = np.unique(prompt)
+        label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+        label[prompt] = group
+        strata = unit_of[used] if paired else None
+        labels = _permuted_labels(label[used], strata, n_perm, rng)
+        num, den = _prompt_parts(metric, group, prompt, value, n_groups, used, m)
+        perm = _prompt_label_gaps(metric, labels, num, den, n_groups)
+        test, moved = PAIR_SWAP if paired else PROMPT_SHUFFLE, bool(np.any(labels != label[used]))
+        few = _few_swaps(label[used], unit_of[used]) if paired else None
+    else:
+        labels = _permuted_labels(group, prompt, n_perm, rng)
+        perm = label_gaps(metric, labels, prompt, value, n_groups, m)
+        test, moved, few = WITHIN_PROMPT, True, None
+    p = permutation_p(observed, perm, is_signed(metric, n_groups))
+    valid = perm[~np.isnan(perm)]
+    null_mean = float(valid.mean()) if valid.size else float("nan")
+    null_sq = float(np.mean(valid**2)) if valid.size else float("nan")
+    note = None
+    if few:
+        note = few
+    if not moved:
+        note = (
+            "no pair holds prompts of two groups: the label swap cannot move a label (p = 1)"
+            if test == PAIR_SWAP
+            else "the permutation cannot move a label (p = 1)"
+        )
+    return GapTest(p, test, null_mean, note, null_sq)
+
+
+def bias_corrected_tv(observed: float, test: GapTest, alpha: float) -> float:
+    """The TV distance with its sampling bias taken out (docs/statistics.md).
+
+    sqrt(max(0, T² − E₀[T*²])) where the test rejects at `alpha`, 0 where it does not: the
+    plug-in's square exceeds the true square by about its second moment under the null (the
+    labellings of the test), and a distance the test cannot tell from 0 is reported as 0.
+    """
+    if not (np.isfinite(observed) and np.isfinite(test.null_sq) and np.isfinite(test.p_value)):
+        return float("nan")
+    if test.p_value >= alpha:
+        return 0.0
+    return float(np.sqrt(max(0.0, observed**2 - test.null_sq)))
