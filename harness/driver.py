@@ -401,10 +401,12 @@ def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
 def aggregate_stage(store: RunStore, use: list[str] | None = None, **options: Any) -> Any:
     """Summary and reports; `use` names the scorer to read where several gave one metric;
     `options` (ppl_max, n_boot, seed) override the run config's `aggregation:`."""
-    from results.stats.aggregate import aggregate_run
+    from results.report.build import aggregate_run
     from results.stats.join import scorer_choice
+    from workers.tiny import report_tokenizer
 
-    return aggregate_run(store, scorers=scorer_choice(use) if use else None, **options)
+    scorers = scorer_choice(use) if use else None
+    return aggregate_run(store, scorers=scorers, tokenizer_for=report_tokenizer, **options)
 
 
 def run(

@@ -8,6 +8,7 @@ any text when it is a URL's user:password or the value of a secret-looking query
 from __future__ import annotations
 
 import re
+from typing import Any
 
 SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
 # Query parameters that carry credentials although their names do not end in a secret key.
@@ -47,3 +48,14 @@ def redact_text(text: str) -> str:
         return f"{sep}{key}={REDACTED}" if is_secret_key(key) and value else m.group(0)
 
     return _QUERY.sub(query, _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text))
+
+
+def redact(obj: Any) -> Any:
+    """`obj` (plain data) with secret-looking keys' values and URL credentials replaced."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if is_secret_key(str(k)) and v else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj

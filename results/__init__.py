@@ -18,7 +18,7 @@ _LAZY = {
     "join_run": "results.stats.join",
     "joined_frame": "results.stats.join",
     "summarize": "results.stats.aggregate",
-    "AggregateResult": "results.report.build",
+    "AggregateResult": "results.report.result",
     "aggregate_run": "results.report.build",
 }
 

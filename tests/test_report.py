@@ -25,9 +25,11 @@ from harness.cli.compare import add_compare_args, compare_main
 from results.report.build import aggregate_run, markdown_table
 from results.report.cells import paired_table, table_cells
 from results.report.paper import load_paper_tables
+from results.report.pieces import with_pieces
 from results.report.plot import pareto_front, tradeoff_png
 from results.report.tables import _marks, layout
 from results.report.tex import latex_table
+from workers.tiny import report_tokenizer, tiny_vocab
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -36,7 +38,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("report") / "run"
     store = synthetic_run(str(root), models=("gpt2-large", "tiny-random/gpt2"))
-    return aggregate_run(store, n_boot=200)
+    return aggregate_run(store, n_boot=200, tokenizer_for=report_tokenizer)  # as the driver does
 
 
 def cells_frame(rows: list[tuple[str, str, float | None, float | None]]) -> pl.DataFrame:
@@ -455,6 +457,24 @@ def test_compare_a_missing_run_is_an_error(
 ) -> None:
     assert compare(run.run, str(tmp_path / "nothing")) == 2
     assert "no generation rows" in capsys.readouterr().err
+
+
+def test_sample_tokens_are_spaced_by_the_tokenizer_the_caller_passes() -> None:
+    vocab = {w: i for i, w in enumerate(tiny_vocab())}
+    words = ["The", "woman", "said"]
+
+    def rows() -> list[dict[str, Any]]:  # single-id decodes, no continuation to align with
+        ids = [vocab[w] for w in words]
+        return [{"model": "tiny-random/gpt2", "tokens": words, "token_ids": ids}]
+
+    assert with_pieces(rows(), report_tokenizer)[0]["pieces"] == ["The", " woman", " said"]
+
+    def broken(model: str, revision: str | None) -> Any:
+        raise OSError(f"no tokenizer for {model}")
+
+    # No tokenizer (none found, or its loading failed): the stored tokens, aligned with the text.
+    assert with_pieces(rows(), lambda m, r: None)[0]["pieces"] == words
+    assert with_pieces(rows(), broken)[0]["pieces"] == words
 
 
 def test_text_is_escaped_for_html_and_latex() -> None:

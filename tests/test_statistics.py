@@ -100,7 +100,8 @@ def regard_sim(rng: np.random.Generator, shift: float, n_pairs: int = 40) -> Sim
 
 def test_tv_pair_swap_p_value_is_calibrated_and_has_power() -> None:
     rng = np.random.default_rng(3)
-    null_p, alt_p = [], []
+    null_p: list[float] = []
+    alt_p: list[float] = []
     for r in range(REPS):
         for shift, out in ((0.0, null_p), (0.25, alt_p)):
             sim = regard_sim(rng, shift)

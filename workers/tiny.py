@@ -77,6 +77,17 @@ def tiny_raw_tokenizer() -> Any:
     return tok
 
 
+def report_tokenizer(model: str, revision: str | None) -> Any:
+    """The report's tokenizer of `model` (`results.report.pieces.TokenizerFor`): a tiny model's
+    is built here, any other comes from its directory or the Hugging Face cache (never
+    downloaded, no transformers, no torch)."""
+    if model.startswith(TINY_PREFIX):
+        return tiny_raw_tokenizer()
+    from results.report.pieces import cached_tokenizer
+
+    return cached_tokenizer(model, revision)
+
+
 def tiny_tokenizer() -> Any:
     """A `PreTrainedTokenizerFast` over `tiny_vocab()` (whitespace + punctuation split)."""
     from transformers import PreTrainedTokenizerFast

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -17,7 +17,9 @@ import polars as pl
 from results.report import html as report_html
 from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
 from results.report.paper import compare_with_paper
+from results.report.pieces import TokenizerFor, with_pieces
 from results.report.plot import figure_files, forest_figure, tradeoff_figure
+from results.report.result import AggregateResult
 from results.report.tables import (
     FEW,
     FEW_UNITS,
@@ -27,7 +29,6 @@ from results.report.tables import (
     VIEW_TITLES,
     Field,
     Layout,
-    Samples,
     layout,
     legend,
     level_text,
@@ -138,38 +139,8 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
     return "\n".join(out)
 
 
-@dataclass
-class AggregateResult:
-    """What `aggregate_run` computed and wrote (`paths`: name → written path)."""
-
-    run: str
-    summary: pl.DataFrame
-    cells: pl.DataFrame
-    paper: pl.DataFrame
-    notes: list[str]
-    seed: int
-    n_boot: int
-    paths: dict[str, str] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # the aggregation settings used
-    config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
-    samples: Samples = field(default_factory=dict)  # bootstrap gaps (`Aggregate.samples`)
-    samples_cm: Samples = field(default_factory=dict)  # count-matched EMT gaps (`samples_cm`)
-    unit: str = "prompt"  # resampling unit: pair or prompt
-    groups: tuple[str, ...] = ()
-
-    @property
-    def level(self) -> float:
-        return float(self.settings.get("level", 0.95))
-
-    def __str__(self) -> str:
-        lines = [f"aggregated {self.run}: {self.summary.height} summary rows"]
-        lines += [f"  wrote {p}" for p in self.paths.values()]
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
 def _sample_rows(
-    frame: pl.DataFrame, store: RunStore | None = None, per_cell: int = 3
+    frame: pl.DataFrame, tokenizer_for: TokenizerFor | None = None, per_cell: int = 3
 ) -> list[dict[str, Any]]:
     """A few generations with per-token choices per model/method/task (every method that
     records them), each with `pieces`: its tokens as the tokenizer spaces them."""
@@ -184,7 +155,7 @@ def _sample_rows(
         .head(per_cell)
     )
     samples = picked.select(cols).sort(["model", "method", "task", "job_id"]).to_dicts()
-    return report_html.with_pieces(samples)
+    return with_pieces(samples, tokenizer_for)
 
 
 DEFAULTS = {"ppl_max": 200.0, "n_boot": 1000, "n_perm": 200, "seed": 0, "level": 0.95}
@@ -265,6 +236,7 @@ def aggregate_run(
     ppl_max: float | None = None,
     groups: Sequence[str] | None = None,
     level: float | None = None,
+    tokenizer_for: TokenizerFor | None = None,
 ) -> AggregateResult:
     """Join, aggregate and write summary.parquet/.csv and report/ (tables, plot, HTML).
 
@@ -274,6 +246,8 @@ def aggregate_run(
         seed, n_boot, ppl_max, level: override the config's `aggregation:` (defaults 0,
             1000, 200, 0.95).
         groups: the demographic groups (default: the config's, else the labels seen).
+        tokenizer_for: (model, revision) → the model's `tokenizers.Tokenizer` or None, to
+            space the report's sample tokens (default: `results.report.pieces.cached_tokenizer`).
 
     Returns:
         The summary, paper-style cells, paper comparison, notes (what is missing or was
@@ -320,7 +294,7 @@ def aggregate_run(
     buf = io.BytesIO()
     agg.summary.write_csv(buf)
     res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
-    write_report(store, res, _sample_rows(joined.frame, store))
+    write_report(store, res, _sample_rows(joined.frame, tokenizer_for))
     return res
 
 

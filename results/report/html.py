@@ -5,7 +5,7 @@ notes, the paper-style tables of each view, the forest plot of every bias with i
 the trade-off plots (where a perplexity exists), paired comparisons, the paper's values beside
 ours, per-token choices of every method that records them (the paper's Table 3: red = the step
 tuned for the property g, blue = for the group a; tokens spaced as the tokenizer decodes
-them), the filter and the counts.
+them: `results.report.pieces`), the filter and the counts.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from results.report.tables import (
 )
 
 if TYPE_CHECKING:
-    from results.report.build import AggregateResult
+    from results.report.result import AggregateResult
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#222}
@@ -141,79 +141,11 @@ def harness_version() -> str:
     try:
         return version("lidao-harness")
     except PackageNotFoundError:
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         for line in pyproject.read_text().splitlines() if pyproject.exists() else []:
             if line.startswith("version"):
                 return line.split("=", 1)[1].strip().strip('"') + " (checkout)"
         return "unknown"
-
-
-def _tokenizer(model: str, revision: str | None) -> Any:
-    """The generating model's `tokenizers.Tokenizer` from the local cache, or None.
-
-    Never downloads, never imports transformers or torch (the driver stays light): tiny
-    models build theirs; hub models read `tokenizer.json` from the Hugging Face cache.
-    """
-    try:
-        from workers.tiny import TINY_PREFIX, tiny_raw_tokenizer
-
-        if model.startswith(TINY_PREFIX):
-            return tiny_raw_tokenizer()
-        from tokenizers import Tokenizer
-
-        local = Path(model) / "tokenizer.json"
-        if local.is_file():
-            return Tokenizer.from_file(str(local))
-        from huggingface_hub import try_to_load_from_cache
-
-        path = try_to_load_from_cache(model, "tokenizer.json", revision=revision)
-        return Tokenizer.from_file(path) if isinstance(path, str) else None
-    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
-        return None
-
-
-def decoded_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Each token's text as the tokenizer spaces it: decode(ids[:i+1]) minus decode(ids[:i])
-    (minus their common prefix, for decoders that rewrite the end of the text)."""
-    import os.path
-
-    pieces, before = [], ""
-    for i in range(len(ids)):
-        now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
-        pieces.append(now[len(os.path.commonprefix([before, now])) :])
-        before = now
-    return pieces
-
-
-def aligned_pieces(tokens: list[str], text: str) -> list[str]:
-    """Without a tokenizer: each token with the characters (spaces) before it in `text`."""
-    pieces, pos = [], 0
-    for tok in tokens:
-        at = text.find(tok, pos) if tok else -1
-        if at < 0:
-            pieces.append(tok)
-            continue
-        pieces.append(text[pos : at + len(tok)])
-        pos = at + len(tok)
-    return pieces
-
-
-def with_pieces(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add `pieces` to sample rows: growing-prefix decodes with the model's tokenizer, else
-    the tokens aligned with the continuation."""
-    cache: dict[tuple[str, str | None], Any] = {}
-    for row in rows:
-        key = (str(row["model"]), row.get("model_revision"))
-        if key not in cache:
-            cache[key] = _tokenizer(*key)
-        tok, ids = cache[key], row.get("token_ids")
-        if tok is not None and ids:
-            row["pieces"] = decoded_pieces(tok, list(ids))
-        else:
-            row["pieces"] = aligned_pieces(
-                list(row.get("tokens") or []), str(row.get("continuation") or "")
-            )
-    return rows
 
 
 def sample_html(row: dict[str, Any]) -> str:

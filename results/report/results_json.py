@@ -2,7 +2,7 @@
 know (`config`, `versions`, `results`), written after every aggregation.
 
 - `config`: the run's `config.yaml` snapshot, secret-looking values and URL credentials
-  replaced again here (`harness.config.redact`), so an old snapshot cannot leak a key;
+  replaced again here (`jobs.redact.redact`), so an old snapshot cannot leak a key;
 - `versions`: harness version, git commit (`+dirty` with local changes; null outside git),
   Python, platform, package versions, the Parquet schema and job-id versions;
 - `results`: every row of `summary.parquet` (model, method, variant, task, view, metric, stat,
@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from jobs.redact import redact
 from results.run.store import RunStore
 
 RESULTS_JSON = "results.json"
@@ -60,7 +61,6 @@ def _plain(value: Any) -> Any:
 
 def results_document(store: RunStore) -> dict[str, Any]:
     """The results.json content of `store` (needs summary.parquet)."""
-    from harness.config import redact
     from results.run.history import git_commit, harness_version
     from results.run.manifest import read_manifest
     from results.schema import SUMMARY_SCHEMA

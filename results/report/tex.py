@@ -29,7 +29,7 @@ from results.report.tables import (
 )
 
 if TYPE_CHECKING:
-    from results.report.build import AggregateResult
+    from results.report.result import AggregateResult
 
 TEX_CHARS = {
     "\\": r"\textbackslash{}",

@@ -1,0 +1,86 @@
+"""Sample generations' tokens as the report shows them: each token's text spaced as the
+generating model's tokenizer decodes it (growing-prefix decodes), else aligned with the stored
+continuation.
+
+The tokenizer comes from a `TokenizerFor` callable, `(model, revision) → tokenizers.Tokenizer or
+None`; the default, `cached_tokenizer`, reads `tokenizer.json` from a local model directory or the
+Hugging Face cache. Whoever knows other models (the harness: its offline tiny models) passes its
+own callable to `results.report.build.aggregate_run`. Nothing here downloads or imports
+transformers or torch.
+"""
+
+from __future__ import annotations
+
+import os.path
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TokenizerFor = Callable[[str, str | None], Any]
+
+
+def cached_tokenizer(model: str, revision: str | None) -> Any:
+    """`model`'s `tokenizers.Tokenizer` from its directory or the Hugging Face cache, or None
+    (never downloads)."""
+    from tokenizers import Tokenizer
+
+    local = Path(model) / "tokenizer.json"
+    if local.is_file():
+        return Tokenizer.from_file(str(local))
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(model, "tokenizer.json", revision=revision)
+    return Tokenizer.from_file(path) if isinstance(path, str) else None
+
+
+def decoded_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's text as the tokenizer spaces it: decode(ids[:i+1]) minus decode(ids[:i])
+    (minus their common prefix, for decoders that rewrite the end of the text)."""
+    pieces, before = [], ""
+    for i in range(len(ids)):
+        now = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        pieces.append(now[len(os.path.commonprefix([before, now])) :])
+        before = now
+    return pieces
+
+
+def aligned_pieces(tokens: list[str], text: str) -> list[str]:
+    """Without a tokenizer: each token with the characters (spaces) before it in `text`."""
+    pieces, pos = [], 0
+    for tok in tokens:
+        at = text.find(tok, pos) if tok else -1
+        if at < 0:
+            pieces.append(tok)
+            continue
+        pieces.append(text[pos : at + len(tok)])
+        pos = at + len(tok)
+    return pieces
+
+
+def _load(tokenizer_for: TokenizerFor, model: str, revision: str | None) -> Any:
+    try:
+        return tokenizer_for(model, revision)
+    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
+        return None
+
+
+def with_pieces(
+    rows: list[dict[str, Any]], tokenizer_for: TokenizerFor | None = None
+) -> list[dict[str, Any]]:
+    """Add `pieces` to sample rows: growing-prefix decodes with the model's tokenizer
+    (`tokenizer_for`, default `cached_tokenizer`), else the tokens aligned with the
+    continuation."""
+    tokenizer_for = cached_tokenizer if tokenizer_for is None else tokenizer_for
+    cache: dict[tuple[str, str | None], Any] = {}
+    for row in rows:
+        key = (str(row["model"]), row.get("model_revision"))
+        if key not in cache:
+            cache[key] = _load(tokenizer_for, *key)
+        tok, ids = cache[key], row.get("token_ids")
+        if tok is not None and ids:
+            row["pieces"] = decoded_pieces(tok, list(ids))
+        else:
+            row["pieces"] = aligned_pieces(
+                list(row.get("tokens") or []), str(row.get("continuation") or "")
+            )
+    return rows
