@@ -27,7 +27,8 @@ from harness.stages.generation import GenerationError, Setup, generate_stage, re
 from harness.stages.planning import ChunkSource, Plan, plan_pass
 from harness.stages.ray_runtime import bind_run, reassert_signal_handlers
 from harness.stages.score_follow import Followed, following, pool_wants_gpu
-from harness.stages.scoring import ScoringError, Share, pool_settings, score_run
+from harness.stages.score_settings import Share, pool_settings
+from harness.stages.scoring import ScoringError, score_run
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.spec import JobSpec

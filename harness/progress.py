@@ -1,4 +1,5 @@
-"""Progress bars per stage, and logging that cooperates with them.
+"""Progress bars per stage, and logging that cooperates with them (what a process asks of
+its console, bars or not, is `workers.console`, which scorers in actors ask too).
 
 On a terminal: tqdm bars on stderr, and log lines written through `tqdm.write` so that they
 print above the bars instead of breaking them. Not on a terminal (a file, a pipe, `ray job
@@ -15,7 +16,8 @@ import time
 
 from tqdm import tqdm
 
-from jobs.redact import redact_text
+from workers import console
+from workers.console import TqdmHandler
 
 log = logging.getLogger("harness")
 
@@ -34,17 +36,6 @@ QUIET_ENV = {
 OWN_LOGGERS = ("harness", "workers", "jobs", "results", "__main__")
 
 
-def is_terminal() -> bool:
-    """Bars only when both stdout and stderr are terminals (a redirected or piped run: none)."""
-    return sys.stderr.isatty() and sys.stdout.isatty()
-
-
-def bars_enabled() -> bool:
-    """What a bar drawn in this process checks: a terminal, and `--no-progress` not given (it
-    sets `TQDM_DISABLE`, which child processes inherit)."""
-    return is_terminal() and os.environ.get("TQDM_DISABLE", "") in ("", "0")
-
-
 class OwnOrWarning(logging.Filter):
     """Passes this project's records, and the others' from WARNING up."""
 
@@ -58,14 +49,14 @@ class Progress:
     def __init__(self, stage: str, total: int, done: int = 0, enabled: bool = True) -> None:
         self.stage, self.total, self.done = stage, total, done
         self.failed = 0
-        self.plain = enabled and not is_terminal()
+        self.plain = enabled and not console.is_terminal()
         self._last = time.monotonic()
         self.bar = tqdm(
             total=total,
             initial=done,
             desc=stage,
             unit="job",
-            disable=not enabled or self.plain or not bars_enabled(),
+            disable=not enabled or self.plain or not console.bars_enabled(),
             mininterval=0.5,
             dynamic_ncols=True,
             file=sys.stderr,
@@ -92,21 +83,6 @@ class Progress:
             self._line()
 
 
-class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes records with `tqdm.write` (above any bar); URL credentials redacted."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            tqdm.write(redact_text(self.format(record)), file=self.stream)
-        except Exception:
-            self.handleError(record)
-
-
-def cli_logging() -> bool:
-    """Whether this process logs through `setup_logging` (the CLI's driver, or --no-ray)."""
-    return any(isinstance(h, TqdmHandler) for h in logging.getLogger().handlers)
-
-
 def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
     """Root logging for the CLI: -v (this project's debug lines), -vv (everyone's), default
     (info), -q (warnings only, Ray's start line included). Other libraries' loggers print
@@ -127,8 +103,8 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> list[str]:
             root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    env = {} if is_terminal() else {"RAY_COLOR_PREFIX": "0"}  # Ray's coloured "(pid=..)"
-    if not progress or not is_terminal():
+    env = {} if console.is_terminal() else {"RAY_COLOR_PREFIX": "0"}  # Ray's coloured "(pid=..)"
+    if not progress or not console.is_terminal():
         env.update(QUIET_ENV)
     if verbosity < 0:  # read when ray is imported: its "Started a local Ray instance" line
         env["RAY_LOGGER_LEVEL"] = "warning"

@@ -172,6 +172,7 @@ def test_perspective_bar_only_on_a_terminal_and_its_line_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import harness.progress as progress
+    import workers.console as console
     from workers.scorers.base import ScorerContext
     from workers.scorers.perspective import PerspectiveToxicity
 
@@ -187,7 +188,7 @@ def test_perspective_bar_only_on_a_terminal_and_its_line_once(
     off.score(rows)
     assert off._bar is None
     off.close()
-    monkeypatch.setattr(progress, "is_terminal", lambda: True)
+    monkeypatch.setattr(console, "is_terminal", lambda: True)
     on = scorer()
     on.begin(3)
     assert on._bar is not None

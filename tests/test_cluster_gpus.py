@@ -26,7 +26,8 @@ from harness import driver
 from harness.config import RunConfig, parse_config
 from harness.stages.generation import GenerationError, generate_stage
 from harness.stages.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
-from harness.stages.scoring import PoolSettings, ScoringError, Share, score_run
+from harness.stages.score_settings import PoolSettings, Share
+from harness.stages.scoring import ScoringError, score_run
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 

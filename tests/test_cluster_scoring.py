@@ -15,10 +15,12 @@ import harness.stages.scoring as scoring
 from harness.config import ModelConfig
 from harness.stages.generation import placement
 from harness.stages.ray_runtime import NoGpuError, wait_for_gpus
-from harness.stages.score_feed import SCORE_INPUT_COLUMNS, CacheMirror, OkRows
+from harness.stages.score_feed import SCORE_INPUT_COLUMNS, OkRows
 from harness.stages.score_pool import pool_plans
-from harness.stages.scoring import PoolSettings, ScoringError, Share, score_run
+from harness.stages.score_settings import PoolSettings, Share
+from harness.stages.scoring import ScoringError, score_run
 from results.run.store import RunStore
+from workers.cache_mirror import CacheMirror, scorer_context
 from workers.scorers.base import Scorer, ScorerContext, ScorerError
 
 CTX = ScorerContext(device="cpu")
@@ -201,11 +203,11 @@ def test_the_feed_streams_only_the_needed_columns_of_unscored_ok_rows(tmp_path: 
 def test_a_local_run_holds_the_cache_itself(tmp_path: Path) -> None:
     mirror = CacheMirror(str(tmp_path / "run"), "perspective-scores.sqlite")
     assert mirror.dir == str(tmp_path / "run" / "cache")
-    ctx, _ = scoring.scorer_context("perspective", {}, ScorerContext(), str(tmp_path / "run"))
+    ctx, _ = scorer_context("perspective", {}, ScorerContext(), str(tmp_path / "run"))
     assert ctx.cache_dir == mirror.dir
     shared = ScorerContext(cache_dir="/shared/cache")
-    assert scoring.scorer_context("perspective", {}, shared, "s3://b/r")[0] is shared
-    assert scoring.scorer_context("gender", {}, ScorerContext(), "s3://b/r")[1] is None
+    assert scorer_context("perspective", {}, shared, "s3://b/r")[0] is shared
+    assert scorer_context("gender", {}, ScorerContext(), "s3://b/r")[1] is None
 
 
 def test_an_object_store_run_gets_the_cache_back_on_another_node(tmp_path: Path) -> None:

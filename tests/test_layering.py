@@ -50,21 +50,10 @@ KNOWN_UP: set[tuple[str, str]] = {
     ("results.run.identity", "harness.config"),
     ("results.run.identity", "workers.scorers.registry"),
     ("results.stats.join", "workers.scorers.registry"),
-    ("workers.actors", "harness.stages.scoring"),
-    ("workers.scorers.perspective", "harness.progress"),
 }
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"results.run.history", "results.run.manifest"}),
     frozenset({"workers.methods.registry", "workers.plugins", "workers.scorers.registry"}),
-    frozenset(
-        {
-            "harness.stages.backends",
-            "harness.stages.score_follow",
-            "harness.stages.score_pool",
-            "harness.stages.scoring",
-            "workers.actors",
-        }
-    ),
     frozenset({"jobs.datasets", "jobs.words"}),
 }
 KNOWN_LONG: set[str] = {
@@ -74,8 +63,6 @@ KNOWN_LONG: set[str] = {
     "harness.driver",
     "harness.config",
     "harness.stages.dispatch",
-    "harness.stages.score_pool",
-    "harness.stages.scoring",
     "harness.cli.samples",
     "harness.cli.commands",
 }

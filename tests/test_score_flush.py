@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from harness.stages.score_pool import ScoreLoop
-from harness.stages.scoring import PoolSettings, ScoreBuffer, ScoringError, score_run
+from harness.stages.score_loop import ScoreLoop
+from harness.stages.score_settings import PoolSettings
+from harness.stages.scoring import score_run
 from results.run.store import RunStore
 from tests.fake_run import generation_row
+from workers.score_buffer import ScoreBuffer, ScoringError
 from workers.scorers.base import ScorerContext
 
 IDS = [f"j{i:03d}" for i in range(8)]

@@ -19,7 +19,8 @@ from harness.config import ConfigError, RunConfig, parse_config
 from harness.stages import score_follow
 from harness.stages.score_feed import FollowRows
 from harness.stages.score_follow import Follower, follow_scorers
-from harness.stages.scoring import PoolSettings, Share, score_run
+from harness.stages.score_settings import PoolSettings, Share
+from harness.stages.scoring import score_run
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 

@@ -1,4 +1,5 @@
-"""Turning jobs into rows: the decoding loop, models, methods, scorers, and their Ray actors.
+"""Turning jobs into rows: the decoding loop, models, methods, scorers, and their Ray actors
+(with what an actor runs itself: the score writer, the run's cache mirror, console checks).
 
 Names are resolved lazily so that importing a registry (as the driver does) never imports torch.
 """
@@ -9,12 +10,16 @@ import importlib
 from typing import Any
 
 _LAZY = {
+    "CacheMirror": "workers.cache_mirror",
     "Generator": "workers.generator",
     "LoadedLM": "workers.models",
+    "ScoreBuffer": "workers.score_buffer",
+    "ScoringError": "workers.score_buffer",
     "decode_batch": "workers.decoding",
     "load_lm": "workers.models",
     "load_method": "workers.methods.registry",
     "load_scorer": "workers.scorers.registry",
+    "scorer_context": "workers.cache_mirror",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,8 +1,9 @@
 """The stages of a run, in order: plan, generate, score (aggregation lives in `results`).
 
 `planning` streams the plan; `generation` (with `dispatch`, `backends`, `reservation`,
-`ray_runtime`) turns pending jobs into generation shards; `scoring` (with `score_pool`,
-`score_follow`, `score_feed`) adds the missing scores. `harness.driver` calls them in order.
+`ray_runtime`) turns pending jobs into generation shards; `scoring` (with `score_follow`,
+`score_loop`, `score_pool`, `score_work`, `score_settings`, `score_feed`) adds the missing
+scores. `harness.driver` calls them in order.
 """
 
 from harness.stages.generation import GenerationError, generate_stage, reserve_generation

@@ -1,5 +1,5 @@
-"""What the scoring stage reads and keeps: generation rows streamed in chunks, and the
-Perspective cache mirrored into the run's storage.
+"""What the scoring stage reads: generation rows streamed in chunks (the Perspective cache
+mirrored into the run's storage is `workers.cache_mirror`).
 
 The driver never holds the run's generation rows: `ok_chunks` reads one generation shard at a
 time, only the columns scorers use, drops rows that are not ok or already scored, and turns
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -231,51 +229,3 @@ def scored_ids(store: RunStore, scorer: str, metric: str, version: str) -> pa.Ar
     done = store.read_scores(scorer, metric)
     ids = done.filter(done["scorer_version"] == version)["job_id"]
     return pa.array(ids.to_list(), pa.string())
-
-
-# ---- the Perspective cache in the run's storage --------------------------------------------
-
-CACHE_REL = "cache"  # RUN/cache/<file>
-SYNCED_CACHES = {"perspective": "perspective-scores.sqlite"}  # scorer → its cache file
-
-
-class CacheMirror:
-    """Gives a scorer a cache directory that lives with the run, not with a worker's ~/.cache.
-
-    A local (or shared-filesystem) run directory holds the cache file itself (RUN/cache/).
-    On an object store the file is copied to a temp folder of the actor's node at start and
-    put back (whole, atomically) at most every `every_s` seconds and at close: a lost node
-    loses at most that much of the cache, never a score (scores are in their shards).
-    """
-
-    def __init__(self, run_uri: str, file_name: str, every_s: float = 60.0) -> None:
-        self.store = RunStore(run_uri)
-        self.rel = f"{CACHE_REL}/{file_name}"
-        self.every_s = every_s
-        self.last_put = time.monotonic()
-        if self.store.local:
-            self.dir = self.store.path(CACHE_REL)
-            os.makedirs(self.dir, exist_ok=True)
-            self.tmp: str | None = None
-            return
-        self.tmp = tempfile.mkdtemp(prefix="lidao-cache-")
-        self.dir = self.tmp
-        if self.store.exists(self.rel):
-            with self.store.fs.open_input_stream(self.store.path(self.rel)) as fh:
-                data = fh.read()
-            with open(os.path.join(self.dir, file_name), "wb") as out:
-                out.write(data)
-
-    @property
-    def uri(self) -> str:
-        return f"{self.store.uri.split('?')[0].rstrip('/')}/{self.rel}"
-
-    def maybe_put(self, force: bool = False) -> None:
-        """Copy the cache file back to the run's storage (object stores only)."""
-        if self.tmp is None or not (force or time.monotonic() - self.last_put >= self.every_s):
-            return
-        local = os.path.join(self.dir, self.rel.rsplit("/", 1)[1])
-        if os.path.exists(local):
-            with open(local, "rb") as fh:
-                self.store.write_bytes(self.rel, fh.read())
-        self.last_put = time.monotonic()

@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.stages.score_feed import FollowRows, input_columns, scored_ids
-from harness.stages.scoring import PoolSettings, Share, Work, pool_settings, scorer_context
+from harness.stages.score_settings import PoolSettings, Share, pool_settings
+from harness.stages.score_work import Work
 from results.run.store import RunStore
+from workers.cache_mirror import scorer_context
+from workers.score_buffer import ScoringError
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.registry import SCORER_METRICS, load_scorer
 
@@ -261,8 +264,6 @@ class Follower:
                 self._stop.wait(self.poll_s)
 
     def _score_here(self, name: str, chunk: list[dict[str, Any]], attempts: int) -> None:
-        from harness.stages.scoring import ScoringError
-
         work = self._works[name]
         scorer, mirror = self.result.live[name][1]
         try:
@@ -280,9 +281,11 @@ class Follower:
             mirror.maybe_put()
 
     def _follow_on_ray(self) -> None:
-        """A pool of actors per scorer (`harness.stages.score_pool`), fed as shards appear."""
+        """A pool of actors per scorer (`harness.stages.score_pool`), fed as shards appear
+        (`harness.stages.score_loop.ScoreLoop`)."""
         from harness.stages.ray_runtime import cluster_gpus
-        from harness.stages.score_pool import Pool, ScoreLoop, pool_plans, start_pools
+        from harness.stages.score_loop import ScoreLoop
+        from harness.stages.score_pool import Pool, pool_plans, start_pools
 
         have, budget = cluster_gpus(), self.settings.gpus
         gpus = min(float(budget), have) if budget and have else have

@@ -1,22 +1,14 @@
-"""Scoring on Ray: a pool of actors per scorer, fed chunk by chunk, supervised by the driver.
+"""Scoring on Ray: each scorer's pool of actors, sized, started and closed.
 
 Pool sizes (`pool_plans`): a GPU scorer gets one actor per GPU of the budget (`runtime.gpus`,
 else the GPUs the cluster has), each holding 1/k of a GPU when k GPU scorers run at once, so
 every GPU hosts one actor of each; `replicas` / `num_gpus` in a scorer's config entry override
 both. In cluster mode the GPUs are asked of the autoscaler and waited for
-(`runtime.gpu_wait_s`); a GPU scorer never falls back to CPU unless `runtime.device: cpu`.
-CPU scorers get one actor (or `replicas`), Perspective exactly one: one process holds the
-quota's rate limiter and writes the cache. Actors set torch's threads to their CPUs.
-
-The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
-gets work before any gets a second chunk), waits with `ray.wait(timeout)`, and treats a call
-that outlives `call_timeout_s` like a dead actor: the actor is killed and replaced, the chunk
-retried elsewhere. Actors score and write the shards themselves (`ScorerActor.score_chunk`:
-rows held until ~8k, then one atomic shard); the driver gets back each row's job id and status
-and whether the actor's rows are now written. It counts a chunk as scored only once its
-actor says so; the chunks of an actor that dies or is replaced before that are scored again.
-When no chunk is left every actor writes what it holds (`flush`), and the stage compacts the
-shards (`harness.stages.scoring.compact_scores`).
+(`runtime.gpu_wait_s`, `plan_with_gpus`); a GPU scorer never falls back to CPU unless
+`runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
+process holds the quota's rate limiter and writes the cache. Actors set torch's threads to
+their CPUs. `start_pools` keeps the actors ready within the start timeout; the driver then
+feeds them (`harness.stages.score_loop`).
 """
 
 from __future__ import annotations
@@ -25,29 +17,19 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.backends import actor_error, cpu_threads
-from harness.stages.score_feed import SYNCED_CACHES
-from harness.stages.scoring import (
-    PoolSettings,
-    Row,
-    ScoringError,
-    Share,
-    Work,
-    check_rows,
-    new_work,
-)
-from results.run.invoke import check_interrupt
-from results.run.store import RunStore
+from harness.stages.backends import cpu_threads
+from harness.stages.score_settings import PoolSettings, Share
+from harness.stages.score_work import Work
+from workers.cache_mirror import SYNCED_CACHES
+from workers.score_buffer import Row
 from workers.scorers.base import ScorerContext
 from workers.scorers.registry import load_scorer
 
 log = logging.getLogger("harness")
-PIPELINE = 2  # chunks queued per actor: the next one waits while one runs
-MAX_REPLACEMENTS = 2  # per actor slot: deaths and timeouts before the pool shrinks
 
 
 @dataclass(frozen=True)
@@ -126,62 +108,7 @@ def pool_plans(
     return plans
 
 
-def score_on_ray(
-    store: RunStore,
-    scorers: Sequence[tuple[str, dict[str, Any]]],
-    context: ScorerContext,
-    batch_size: int,
-    progress: bool,
-    start_timeout_s: float,
-    settings: PoolSettings,
-    live: Mapping[str, Pool] | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every scorer on its pool, all at once; chunks are written as they come back.
-
-    `live`: pools already running (they followed generation, `harness.stages.score_follow`), taken
-    over as they are: the same actors, the same Perspective rate limiter.
-    """
-    failures: dict[str, str] = {}
-    live = live or {}
-    plans = _plan_with_gpus(scorers, context, settings, failures)
-    for name in live:
-        failures.pop(name, None)  # its actors run already
-    pools = [
-        live[name] if name in live else Pool(name, params, plans[name], context)
-        for name, params in scorers
-        if name in plans or name in live
-    ]
-    try:
-        start_pools([p for p in pools if p.name not in live], store.uri, start_timeout_s)
-        for pool in pools:
-            if pool.error is None:
-                pool.work = new_work(
-                    store, pool.name, pool.version, batch_size, progress, settings.chunk_retries
-                )
-                for actor in pool.actors:
-                    actor.handle.begin.remote(pool.work.total)
-        ScoreLoop(
-            store,
-            [p for p in pools if p.error is None],
-            settings.call_timeout_s,
-            settings.flush_rows,
-        ).run()
-    finally:
-        _withdraw_gpus()
-        stats = {}
-        for pool in pools:
-            close_pool(pool)
-            if pool.work is not None:
-                closed = pool.closed[0] if len(pool.closed) == 1 else pool.closed
-                stats[pool.name] = pool.work.stats(closed)
-                stats[pool.name]["actors"] = [a.summary(pool.plan) for a in pool.ended]
-            problem = pool.error or (pool.work.failure() if pool.work else None)
-            if problem:
-                failures[pool.name] = problem
-    return stats, failures
-
-
-def _plan_with_gpus(
+def plan_with_gpus(
     scorers: Sequence[tuple[str, dict[str, Any]]],
     context: ScorerContext,
     settings: PoolSettings,
@@ -219,14 +146,14 @@ def _plan_with_gpus(
     return plans
 
 
-def _withdraw_gpus() -> None:
+def withdraw_gpus() -> None:
     from harness.stages.ray_runtime import cluster_mode, request_gpus
 
     if cluster_mode():
         request_gpus([])
 
 
-def _new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
+def new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
     from workers.actors import ScorerActor
 
     p = pool.plan
@@ -246,7 +173,7 @@ def start_pools(
     pending: dict[Any, tuple[Pool, PoolActor]] = {}
     for pool in pools:
         for slot in range(pool.plan.replicas):
-            actor = _new_actor(pool, slot, run_uri)
+            actor = new_actor(pool, slot, run_uri)
             pending[actor.handle.info.remote()] = (pool, actor)
     ready: list[Any] = []
     not_ready = list(pending)
@@ -290,214 +217,6 @@ def start_pools(
             pool.ended = list(pool.actors)
 
 
-class ScoreLoop:
-    """Feeds the pools' actors and handles what comes back, until no chunk is left."""
-
-    def __init__(
-        self,
-        store: RunStore,
-        pools: list[Pool],
-        call_timeout_s: float,
-        flush_rows: int | None = None,
-    ) -> None:
-        self.store, self.pools, self.timeout = store, pools, call_timeout_s
-        self.flush_rows = flush_rows  # None: the actors' default (`scoring.FLUSH_ROWS`)
-        self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
-        self.run_uri = store.uri
-        self.feeding = True  # False: only the calls in flight are waited for
-
-    def run(
-        self,
-        follow: threading.Event | None = None,
-        abort: threading.Event | None = None,
-        idle_s: float = 1.0,
-    ) -> None:
-        """Until no chunk is left and every actor has written the rows it holds (an actor that
-        fails to has its chunks scored again). `follow`: the feeds are `FollowRows` of a
-        generation still going: feed what they find (looking again after `idle_s` when nothing
-        is in flight) until `follow` is set, then only wait for the calls in flight (the final
-        pass does the rest); `abort` set: return at once, writing nothing more."""
-        self.feeding = follow is None or not follow.is_set()
-        while True:
-            for pool in self.pools:
-                self._feed(pool)
-            self._drain(follow, abort, idle_s)
-            if abort is not None and abort.is_set():
-                return
-            if not self._flush_all():  # chunks of an actor that died come back: go on
-                return
-
-    def _drain(
-        self, follow: threading.Event | None, abort: threading.Event | None, idle_s: float
-    ) -> None:
-        import ray
-
-        while self.calls or (follow is not None and not follow.is_set()):
-            check_interrupt()
-            if abort is not None and abort.is_set():
-                return
-            if follow is not None:
-                self.feeding = not follow.is_set()
-                for pool in self.pools:
-                    self._feed(pool)  # shards that appeared since
-                if not self.calls:
-                    follow.wait(idle_s)
-                    continue
-            refs = list(self.calls)
-            ready, _ = ray.wait(refs, num_returns=1, timeout=min(1.0, self.timeout))
-            if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
-                if ref in self.calls:
-                    self._handle(ref)
-            self._expire()
-
-    def _feed(self, pool: Pool) -> None:
-        work = pool.work
-        assert work is not None
-        while self.feeding and pool.error is None and pool.actors:
-            actor = min(pool.actors, key=lambda a: len(a.calls))
-            if len(actor.calls) >= PIPELINE:
-                return
-            item = work.next_chunk()
-            if item is None:
-                return
-            chunk, attempts = item
-            ref = actor.handle.score_chunk.remote(chunk, self.flush_rows)
-            if not actor.calls:
-                actor.running_since = time.monotonic()
-            actor.calls.append(ref)
-            self.calls[ref] = (pool, actor, chunk, attempts)
-
-    def _handle(self, ref: Any) -> None:
-        import ray
-        from ray import exceptions as rex
-
-        pool, actor, chunk, attempts = self.calls.pop(ref)
-        assert pool.work is not None
-        actor.calls.remove(ref)
-        actor.running_since = time.monotonic()
-        try:
-            out = ray.get(ref)
-        except rex.RayTaskError as exc:
-            if _is_scorer_error(exc):
-                self._stop_pool(pool, ray_error(exc))
-                return
-            self._chunk_failed(pool, chunk, attempts, ray_error(exc))
-        except rex.RayError as exc:  # the actor died (node lost, OOM, killed)
-            self._chunk_failed(pool, chunk, attempts, actor_error(exc))
-            self._replace(pool, actor, f"died: {actor_error(exc, 200)}")
-        else:
-            rows = list(out["rows"])
-            try:
-                check_rows(pool.name, chunk, rows)
-            except ScoringError as exc:
-                self._chunk_failed(pool, chunk, attempts, str(exc))
-            else:
-                actor.unflushed.append((chunk, attempts, rows))
-                if out["flushed"]:
-                    self._flushed(pool, actor)
-        self._feed(pool)
-
-    def _flushed(self, pool: Pool, actor: PoolActor) -> None:
-        """The actor's held rows are written: its chunks count as scored."""
-        assert pool.work is not None
-        for chunk, _, rows in actor.unflushed:
-            pool.work.write(self.store, chunk, rows, written=True)
-            actor.chunks += 1
-            actor.rows += len(chunk)
-        actor.unflushed = []
-
-    def _flush_all(self) -> bool:
-        """Every actor writes the rows it holds; True when an actor failed to and its chunks
-        were put back to be scored again."""
-        import ray
-        from ray import exceptions as rex
-
-        pending = {
-            a.handle.flush.remote(): (pool, a)
-            for pool in self.pools
-            if pool.error is None
-            for a in pool.actors
-            if a.unflushed
-        }
-        if not pending:
-            return False
-        ready, late = ray.wait(list(pending), num_returns=len(pending), timeout=self.timeout)
-        requeued = False
-        for ref in ready:
-            pool, actor = pending[ref]
-            try:
-                ray.get(ref)
-            except rex.RayError as exc:  # died, or the write failed: score its chunks again
-                self._replace(pool, actor, f"flush failed: {ray_error(exc)[:200]}")
-                requeued = True
-            else:
-                self._flushed(pool, actor)
-        for ref in late:
-            pool, actor = pending[ref]
-            self._replace(pool, actor, f"flush took over {self.timeout:g}s")
-            requeued = True
-        return requeued
-
-    def _chunk_failed(self, pool: Pool, chunk: list[Row], attempts: int, error: str) -> None:
-        assert pool.work is not None
-        try:
-            pool.work.chunk_failed(chunk, attempts, error)
-        except ScoringError as exc:
-            self._stop_pool(pool, str(exc))
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for pool in self.pools:
-            for actor in list(pool.actors):
-                if actor.calls and now - actor.running_since > self.timeout:
-                    ref = actor.calls[0]
-                    _, _, chunk, attempts = self.calls.pop(ref)
-                    actor.calls.pop(0)
-                    error = f"no answer after {self.timeout:g}s (runtime.score_call_timeout_s)"
-                    log.warning("scorer %s: %s; its actor is replaced", pool.name, error)
-                    self._chunk_failed(pool, chunk, attempts, error)
-                    self._replace(pool, actor, "call timed out")
-                    self._feed(pool)
-
-    def _replace(self, pool: Pool, actor: PoolActor, why: str) -> None:
-        """Kill the actor, requeue its queued chunks (uncharged), start another in its slot."""
-        import ray
-
-        assert pool.work is not None
-        for ref in actor.calls:
-            _, _, chunk, attempts = self.calls.pop(ref)
-            pool.work.retry.append((chunk, attempts))
-        for chunk, attempts, _ in actor.unflushed:  # scored, never written: score again
-            pool.work.retry.append((chunk, attempts))
-        actor.calls, actor.unflushed = [], []
-        actor.end = why
-        ray.kill(actor.handle, no_restart=True)
-        pool.actors.remove(actor)
-        if actor.replaced >= MAX_REPLACEMENTS or pool.error:
-            if not pool.actors:
-                self._stop_pool(pool, f"no actor left (last: {why})")
-            return
-        new = _new_actor(pool, actor.slot, self.run_uri)
-        new.replaced = actor.replaced + 1
-        new.handle.begin.remote(pool.work.total)
-        pool.actors.append(new)
-        pool.ended.append(new)
-
-    def _stop_pool(self, pool: Pool, error: str) -> None:
-        """The scorer cannot go on: drop its calls and kill its actors (a hung one too)."""
-        import ray
-
-        pool.error = pool.error or error
-        for ref in [r for r, (p, _, _, _) in self.calls.items() if p is pool]:
-            del self.calls[ref]
-        for actor in pool.actors:
-            actor.calls, actor.end = [], "stopped: scorer failed"
-            ray.kill(actor.handle, no_restart=True)
-        pool.actors = []
-
-
 def close_pool(pool: Pool) -> None:
     import ray
 
@@ -511,12 +230,6 @@ def close_pool(pool: Pool) -> None:
         finally:
             ray.kill(actor.handle)
     pool.actors = []
-
-
-def _is_scorer_error(exc: BaseException) -> bool:
-    from workers.scorers.base import ScorerError
-
-    return isinstance(getattr(exc, "cause", None), ScorerError)
 
 
 def ray_error(exc: BaseException) -> str:

@@ -174,10 +174,10 @@ class PerspectiveToxicity(Scorer):
 
     def begin(self, total: int) -> None:
         """Open the progress bar for `total` rows to come (rate and ETA)."""
-        # Only on a terminal and without `--no-progress` (harness.progress.bars_enabled): in
+        # Only on a terminal and without `--no-progress` (workers.console.bars_enabled): in
         # a Ray actor, or with output to a file or a pipe, the driver's own bar or its plain
         # lines report the stage; the summary line comes at close.
-        from harness.progress import bars_enabled
+        from workers.console import bars_enabled
 
         if self.params["progress"] and self._bar is None and total > 0 and bars_enabled():
             from tqdm import tqdm
@@ -300,7 +300,7 @@ class PerspectiveToxicity(Scorer):
             self._bar = None
         # Once: through the CLI's logging where it is set up (the driver, --no-ray; not under
         # -q), else on stderr (a Ray actor's log, forwarded to the driver).
-        from harness.progress import cli_logging
+        from workers.console import cli_logging
 
         if cli_logging():
             log.info(line)

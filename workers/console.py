@@ -1,0 +1,45 @@
+"""What a process that draws progress bars or prints a summary line asks of its console: is
+it a terminal, are bars wanted (`--no-progress` switches them off in child processes too), and
+does it log through the CLI's handler (`TqdmHandler`, installed by
+`harness.progress.setup_logging`) or only to stderr (a Ray actor).
+
+Here, below `harness`, so that scorers running in actors (Perspective's bar and line) and the
+driver's own bars (`harness.progress`) ask the same questions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from tqdm import tqdm
+
+from jobs.redact import redact_text
+
+
+def is_terminal() -> bool:
+    """Bars only when both stdout and stderr are terminals (a redirected or piped run: none)."""
+    return sys.stderr.isatty() and sys.stdout.isatty()
+
+
+def bars_enabled() -> bool:
+    """What a bar drawn in this process checks: a terminal, and `--no-progress` not given (it
+    sets `TQDM_DISABLE`, which child processes inherit)."""
+    return is_terminal() and os.environ.get("TQDM_DISABLE", "") in ("", "0")
+
+
+class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes records with `tqdm.write` (above any bar); URL credentials redacted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(redact_text(self.format(record)), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def cli_logging() -> bool:
+    """Whether this process logs through `harness.progress.setup_logging` (the CLI's driver, or
+    --no-ray)."""
+    return any(isinstance(h, TqdmHandler) for h in logging.getLogger().handlers)
