@@ -89,8 +89,6 @@ KNOWN_LONG: set[str] = {
     "harness.stages.dispatch",
     "harness.stages.score_pool",
     "harness.stages.scoring",
-    "harness.cli.samples",
-    "harness.cli.commands",
 }
 
 
