@@ -80,7 +80,8 @@ def validate(
     """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
     given. Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
-    from harness.stages.reservation import request_budget  # harness.stages: when used only
+    # imported here, not at the top: harness.stages loads Ray's module (and `main` then stops Ray)
+    from harness.stages.reservation import request_budget
 
     local = is_local_run(cfg, use_ray)
     files = check_files(file_specs(cfg), cfg.runtime.cache_dir, probe, local)
