@@ -23,7 +23,8 @@ import polars as pl
 import pytest
 import yaml
 
-from harness.cli.commands import build_parser, main
+from harness.cli.commands import main
+from harness.cli.parser import build_parser
 from harness.config import ConfigError, dump_config, load_config
 from results.run.store import RunStore
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from tiny_config import tiny_config
 
-from harness.cli.commands import build_parser, main, overrides
+from harness.cli.commands import main
+from harness.cli.options import overrides
+from harness.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"

@@ -63,8 +63,6 @@ KNOWN_LONG: set[str] = {
     "harness.driver",
     "harness.config",
     "harness.stages.dispatch",
-    "harness.cli.samples",
-    "harness.cli.commands",
 }
 
 

@@ -11,13 +11,15 @@ endpoint from `HF_ENDPOINT`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from typing import Any
 
 import pyarrow.fs as pafs
 
-from results.run.store import RunStore
+from jobs.redact import redact_text
+from results.run.store import RunStore, StoreError
 
 log = logging.getLogger("harness")
 
@@ -34,6 +36,38 @@ FOLDERS = {"generations": (".parquet",), "scores": (".parquet",), "report": None
 
 class ExportError(RuntimeError):
     """An export that cannot start (no run, nothing to upload, huggingface_hub missing)."""
+
+
+def export_main(args: argparse.Namespace) -> int:
+    """The `export` subcommand: exit 0, 2 (not a run directory), 1 (huggingface_hub missing or
+    the hub refused: one line, no traceback)."""
+    store = RunStore(args.run)
+    if not store.exists("config.yaml"):
+        raise StoreError(f"{args.run}: not a run directory (no config.yaml)")
+    if store.exists("summary.parquet") and not store.exists("results.json"):
+        from results.report.results_json import write_results_json
+
+        write_results_json(store)  # a run aggregated by an older version
+    try:
+        done = export_to_hub(store, args.hub, private=args.private, revision=args.revision)
+    except ImportError as exc:
+        raise RuntimeError(str(exc)) from None
+    except Exception as exc:  # huggingface_hub's HTTP errors: one line, no traceback
+        if isinstance(exc, (RuntimeError, OSError)) and not _is_hub_error(exc):
+            raise
+        raise RuntimeError(f"export to {args.hub}: {_first_line(exc)}") from None
+    print(f"exported {len(done['files'])} files of {args.run} to {done['repo']}")
+    print(f"commit: {done['commit']}")
+    return 0
+
+
+def _is_hub_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("huggingface_hub", "httpx", "requests"))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_text(text[0] if text else type(exc).__name__)
 
 
 def export_files(store: RunStore) -> dict[str, str]:

@@ -1,11 +1,7 @@
 """`samples RUN`: browse a run's generations with their scores, in the terminal or as JSONL / CSV.
 
-Reads the run directory through `results.run.store.RunStore` (local paths, s3://, gs://) and joins
-the generations with the scores, choosing each scorer's version as aggregation does (the latest:
-`results.stats.join.latest_version`) and only jobs of the current plan: one value column set per
-metric (`toxicity`, `label_x`, ...; where two scorers gave one metric, `--use-scorer` picks the
-plain one and the other's columns are `<scorer>.<column>`). Error rows are listed too, with
-their error and no scores. Never imports torch and never loads a model.
+The rows and their filters are `harness.cli.sample_rows`; here: the command's options and the
+output (a readable listing, a pair side by side, or one record per sample for piping).
 """
 
 from __future__ import annotations
@@ -18,51 +14,16 @@ import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import IO, Any
 
 import polars as pl
 
-from results.run.store import RunStore
+from harness.cli.sample_rows import Samples, SamplesError, load_samples, select
 from results.schema import METRIC_FIELDS
-from results.stats.join import JoinError, latest_version, scorer_metric
+from results.stats.join import JoinError
 
-# The generation columns of a sample (the lists, losses and provenance stay in the Parquet).
-GENERATION_COLUMNS = [
-    "job_id",
-    "model",
-    "method",
-    "task",
-    "seed",
-    "prompt_id",
-    "pair_id",
-    "prompt_group",
-    "prompt",
-    "continuation",
-    "num_tokens",
-    "finish_reason",
-    "status",
-    "error",
-    "method_params",
-]
-LABEL_VIEWS = {"x": "label_x", "cx": "label_cx", "c": "label_c"}
 VIEW_NAMES = {"label_x": "a(x)", "label_cx": "a(c,x)", "label_c": "a(c)"}
-DEFAULT_ORDER = ["model", "method", "task", "prompt_id", "seed", "job_id"]
-_WHERE = re.compile(r"^\s*([A-Za-z_][\w.\-]*?)\s*(>=|<=|!=|==|=|>|<)\s*(.*?)\s*$")
-
-
-class SamplesError(ValueError):
-    """Bad arguments or a folder that is not a run (exit 2)."""
-
-
-@dataclass
-class Samples:
-    """Every sample of a run: `frame` (generation + score columns), what the join noted."""
-
-    frame: pl.DataFrame
-    score_columns: list[str]
-    notes: list[str] = field(default_factory=list)
 
 
 def add_samples_args(p: argparse.ArgumentParser) -> None:
@@ -114,257 +75,6 @@ def add_samples_args(p: argparse.ArgumentParser) -> None:
         help="text: a readable listing; jsonl / csv: one record per sample, for piping",
     )
     p.set_defaults(func=samples_main)
-
-
-# ---- reading ------------------------------------------------------------------------------
-def load_samples(run: str, use: Sequence[str] | None = None) -> Samples:
-    """The run's generations (ok and error rows) joined with the scores of every scorer.
-
-    Raises:
-        SamplesError: `run` is not a run directory, or holds no generations.
-        JoinError: an unknown `use` scorer.
-    """
-    store = RunStore(run)
-    has_gens = bool(store.list_shards("generations"))
-    if not has_gens:
-        if store.exists("plan.parquet") or store.exists("config.yaml"):
-            raise SamplesError(f"{run}: no generations yet (`status {run}` shows what is planned)")
-        raise SamplesError(
-            f"{run}: not a run directory (no generations/, plan.parquet or config.yaml)"
-        )
-    present = [n for n in store.scorers() if store.list_shards("scores", n)]
-    by_metric: dict[str, list[str]] = {}
-    for name in present:
-        by_metric.setdefault(scorer_metric(store, name), []).append(name)
-    chosen: dict[str, str] = {}
-    for name in use or []:
-        if name not in present:
-            raise SamplesError(
-                f"--use-scorer {name}: no scores from it in {run} "
-                f"(scored by: {', '.join(present) or 'nothing'})"
-            )
-        metric = scorer_metric(store, name)
-        if chosen.get(metric, name) != name:
-            raise SamplesError(f"--use-scorer: {chosen[metric]} and {name} both give {metric}")
-        chosen[metric] = name
-    for metric, names in by_metric.items():
-        chosen.setdefault(metric, names[0])
-    gens = store.read_generations(GENERATION_COLUMNS)  # not the token lists and losses
-    notes: list[str] = []
-    if store.exists("plan.parquet"):  # as aggregation: only jobs of the current plan
-        planned = gens.filter(pl.col("job_id").is_in(store.read_plan(["job_id"])["job_id"]))
-        if planned.height < gens.height:
-            notes.append(
-                f"{gens.height - planned.height} generation row(s) outside the current plan: "
-                "not shown"
-            )
-        gens = planned
-    frame = gens
-    score_columns: list[str] = []
-    for metric, names in sorted(by_metric.items()):
-        first = chosen[metric]
-        for name in [first, *(n for n in names if n != first)]:
-            columns, frame, said = _join_scorer(store, frame, name, metric, name == first)
-            score_columns += columns
-            notes += said
-            if name != first:
-                notes.append(
-                    f"{metric}: {first} in `{metric}` columns, {name} as `{name}.*` "
-                    "(--use-scorer picks)"
-                )
-    frame = frame.sort(DEFAULT_ORDER, nulls_last=True)
-    notes += _missing_scorers(store, present, frame)
-    return Samples(frame, score_columns, notes)
-
-
-def _join_scorer(
-    store: RunStore, frame: pl.DataFrame, scorer: str, metric: str, primary: bool
-) -> tuple[list[str], pl.DataFrame, list[str]]:
-    """Left-join the latest version of a scorer's rows: the metric's value columns and
-    `<metric>_scorer/_version/_status` (`primary`), else `<scorer>.<column>` values only."""
-    version, older = latest_version(store, scorer)
-    notes = [f"{scorer}: version {version!r} shown; older {list(older)} not"] if older else []
-    values = [name for name, _ in METRIC_FIELDS[metric]]
-    rows = (
-        store.read_scores(scorer, metric)
-        .filter(pl.col("scorer_version") == version)
-        .unique("job_id", keep="last", maintain_order=True)
-    )
-    if primary:
-        named = [pl.col(v) for v in values] + [
-            pl.col(key).alias(f"{metric}_{key.removeprefix('scorer_')}")
-            for key in ("scorer", "scorer_version", "status")
-        ]
-        columns = values
-    else:
-        columns = [f"{scorer}.{v}" for v in values]
-        named = [pl.col(v).alias(c) for v, c in zip(values, columns, strict=True)]
-    return columns, frame.join(rows.select("job_id", *named), on="job_id", how="left"), notes
-
-
-def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -> list[str]:
-    """Scorers of the run's config without scores, and ok rows a present scorer left unscored."""
-    notes = []
-    configured = _configured_scorers(store)
-    missing = [n for n in configured if n not in present]
-    if missing:
-        notes.append(
-            f"no scores yet from {', '.join(missing)} (configured; `score {store.uri}` adds them)"
-        )
-    elif not present:
-        notes.append("no scores in this run: generations only")
-    ok = frame.filter(pl.col("status") == "ok")
-    for metric in METRIC_FIELDS:
-        col = f"{metric}_status"
-        if col in ok.columns:
-            unscored = ok[col].null_count()
-            if unscored:
-                notes.append(f"{metric}: {unscored} of {ok.height} ok rows not scored yet")
-    return notes
-
-
-def _configured_scorers(store: RunStore) -> list[str]:
-    """Scorer names in the run's config.yaml (read as plain YAML: plugins need not be loaded)."""
-    if not store.exists("config.yaml"):
-        return []
-    import yaml
-
-    try:
-        data = yaml.safe_load(store.read_text("config.yaml")) or {}
-    except yaml.YAMLError:
-        return []
-    names = []
-    for entry in (data.get("scorers") or []) if isinstance(data, dict) else []:
-        name = entry.get("name") if isinstance(entry, dict) else entry
-        if isinstance(name, str):
-            names.append(name)
-    return names
-
-
-# ---- filtering ----------------------------------------------------------------------------
-def select(samples: Samples, args: argparse.Namespace) -> pl.DataFrame:
-    """The rows `args` ask for, sorted (not yet limited)."""
-    frame = samples.frame
-    for column, option in (("model", "model"), ("method", "method"), ("task", "task")):
-        wanted = _values(getattr(args, option, None))
-        if wanted:
-            _check_values(frame, column, wanted, f"--{option}")
-            frame = frame.filter(pl.col(column).is_in(wanted))
-    groups = _values(getattr(args, "group", None))
-    if groups:
-        frame = frame.filter(_group_filter(samples, groups))
-    if getattr(args, "status", None):
-        frame = frame.filter(pl.col("status") == args.status)
-    for expr in getattr(args, "where", None) or []:
-        frame = frame.filter(where_filter(samples, expr))
-    if getattr(args, "grep", None):
-        text = args.grep.lower()
-        frame = frame.filter(
-            pl.col("prompt").str.to_lowercase().str.contains(text, literal=True)
-            | pl.col("continuation")
-            .fill_null("")
-            .str.to_lowercase()
-            .str.contains(text, literal=True)
-        )
-    if getattr(args, "pair", None):
-        if samples.frame.filter(pl.col("pair_id") == args.pair).is_empty():
-            pairs = samples.frame["pair_id"].drop_nulls().unique().sort().to_list()
-            shown = ", ".join(pairs[:8]) + (" ..." if len(pairs) > 8 else "")
-            raise SamplesError(f"--pair {args.pair}: no such pair id in this run (ids: {shown})")
-        frame = frame.filter(pl.col("pair_id") == args.pair)
-    if getattr(args, "sort", None):
-        column = args.sort.lstrip("-")
-        _check_column(samples, column, f"--sort {args.sort}")
-        frame = frame.sort(
-            [column, *DEFAULT_ORDER],
-            descending=[args.sort.startswith("-")] + [False] * 6,
-            nulls_last=True,
-        )
-    return frame
-
-
-def _values(given: list[str] | None) -> list[str]:
-    return [v.strip() for item in given or [] for v in item.split(",") if v.strip()]
-
-
-def _check_values(frame: pl.DataFrame, column: str, wanted: list[str], option: str) -> None:
-    known = set(frame[column].drop_nulls().unique().to_list())
-    unknown = [w for w in wanted if w not in known]
-    if unknown:
-        raise SamplesError(
-            f"{option} {', '.join(unknown)}: not in this run; it has {', '.join(sorted(known))}"
-        )
-
-
-def _group_filter(samples: Samples, groups: list[str]) -> pl.Expr:
-    """`female` → prompt_group; `x:female` / `cx:female` / `c:female` → the gender label."""
-    parts = []
-    for group in groups:
-        view, _, value = group.rpartition(":")
-        if not view:
-            _check_values(samples.frame, "prompt_group", [value], "--group")
-            parts.append(pl.col("prompt_group") == value)
-            continue
-        if view not in LABEL_VIEWS:
-            raise SamplesError(
-                f"--group {group}: unknown view {view!r}; views: x (continuation), "
-                "cx (prompt + continuation), c (prompt)"
-            )
-        column = LABEL_VIEWS[view]
-        if column not in samples.frame.columns:
-            raise SamplesError(f"--group {group}: this run has no gender labels (no gender scorer)")
-        parts.append(pl.col(column) == value)
-    expr = parts[0]
-    for part in parts[1:]:
-        expr = expr | part
-    return expr
-
-
-def _check_column(samples: Samples, column: str, where: str) -> None:
-    if column in samples.frame.columns:
-        return
-    metric = next((m for m, cols in METRIC_FIELDS.items() if column in dict(cols)), None)
-    why = f"no {metric} scorer ran in this run" if metric else "unknown column"
-    others = [c for c in samples.frame.columns if c not in samples.score_columns]
-    raise SamplesError(
-        f"{where}: {column!r}: {why}; score columns: "
-        f"{', '.join(samples.score_columns) or 'none (nothing scored)'}; "
-        f"other columns: {', '.join(others)}"
-    )
-
-
-def where_filter(samples: Samples, expr: str) -> pl.Expr:
-    """`COLUMN OP VALUE` as a polars filter; a number compares numerically, text by = / !=."""
-    match = _WHERE.match(expr)
-    if not match or not match.group(3):
-        raise SamplesError(
-            f"--where {expr!r}: expected COLUMN OP VALUE with OP one of > >= < <= = != "
-            "(e.g. 'toxicity>0.5')"
-        )
-    column, op, raw = match.groups()
-    _check_column(samples, column, f"--where {expr!r}")
-    dtype = samples.frame.schema[column]
-    col = pl.col(column)
-    value: Any
-    if dtype.is_numeric():
-        try:
-            value = float(raw)
-        except ValueError:
-            raise SamplesError(f"--where {expr!r}: {column} is a number, not {raw!r}") from None
-    elif op in ("=", "==", "!="):
-        value = raw.strip("'\"")
-    else:
-        raise SamplesError(f"--where {expr!r}: {column} is text; compare it with = or !=")
-    ops = {
-        ">": col > value,
-        ">=": col >= value,
-        "<": col < value,
-        "<=": col <= value,
-        "=": col == value,
-        "==": col == value,
-        "!=": col != value,
-    }
-    return ops[op].fill_null(False)
 
 
 # ---- output -------------------------------------------------------------------------------
@@ -532,12 +242,4 @@ def samples_main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = [
-    "Samples",
-    "SamplesError",
-    "add_samples_args",
-    "load_samples",
-    "samples_main",
-    "select",
-    "where_filter",
-]
+__all__ = ["add_samples_args", "samples_main"]

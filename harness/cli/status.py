@@ -1,4 +1,4 @@
-"""`status`: planned / done / failed per stage, as a small text table.
+"""`status RUN`: planned / done / failed per stage, as a small text table.
 
 Only jobs of the current plan are counted; rows on disk outside it (an old plan replaced with
 `--replan`, or written by hand) are reported on their own line, never summed.
@@ -6,15 +6,30 @@ Only jobs of the current plan are counted; rows on disk outside it (an old plan 
 
 from __future__ import annotations
 
+import argparse
+
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from results.run.done import DoneIds
 from results.run.manifest import read_manifest
-from results.run.store import RunStore
+from results.run.store import RunStore, StoreError
 from workers.plugins import load_plugins
 from workers.scorers.registry import SCORER_METRICS
+
+
+def status_main(args: argparse.Namespace) -> int:
+    """The `status` subcommand (exit 0, or 2 through StoreError: not a run directory)."""
+    store = RunStore(args.run)
+    if not store.exists("plan.parquet") and not store.exists("config.yaml"):
+        raise StoreError(f"{args.run}: not a run directory (no plan.parquet, no config.yaml)")
+    return print_status(store)
+
+
+def print_status(store: RunStore) -> int:
+    print(run_status(store))
+    return 0
 
 
 def run_status(store: RunStore) -> str:

@@ -10,16 +10,55 @@ Every problem is listed, each naming its config field or variable; any problem e
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from harness.cli import machine, preflight
-from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
-from harness.stages.reservation import request_budget
+from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
+from harness.cli.options import overrides
+from harness.cli.preflight import (
+    HEAD_METHODS,
+    Item,
+    check_files,
+    check_keys,
+    check_models,
+    check_plugins,
+    check_services,
+    file_specs,
+    model_specs,
+    probe_url,
+)
+from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
 from jobs.datasets import DatasetError
 from jobs.redact import redact_text
 from workers.tiny import TINY_PREFIX
 
-HEAD_METHODS = preflight.HEAD_METHODS
+
+def validate_main(args: argparse.Namespace) -> int:
+    """The `validate` subcommand: the report; exit 2 when it lists a problem."""
+    cfg = load_config(args.config, overrides(args))
+    lines, problems = validate(cfg, args.config, out=args.out)
+    counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
+    print("\n".join([*lines[:1], *counts, *lines[1:]]))
+    return 2 if problems else 0
+
+
+def _dataset_lines(cfg: RunConfig) -> list[str]:
+    """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
+    from harness import driver
+
+    try:  # read (or fetched into the cache) by validate already
+        prompts = driver.load_prompts(cfg, driver.load_words(cfg))
+    except (DatasetError, OSError):  # validate has listed the problem
+        return []
+    limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
+    if cfg.dataset.kind != "paired-jsonl":
+        return [f"  dataset: {len(prompts)} prompts{limit} (--limit counts prompts)"]
+    pairs = len({p.pair_id for p in prompts})
+    groups = len(cfg.dataset.files or {})
+    return [
+        f"  dataset: {pairs} pairs × {groups} groups = {len(prompts)} prompts{limit} "
+        "(--limit counts pairs)"
+    ]
 
 
 def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> Any:
@@ -36,27 +75,30 @@ def validate(
     source: str,
     out: str | None = None,
     use_ray: bool = True,
-    probe: Any = preflight.probe_url,
+    probe: Any = probe_url,
 ) -> tuple[list[str], int]:
     """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
     given. Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
-    local = machine.is_local_run(cfg, use_ray)
-    files = preflight.check_files(preflight.file_specs(cfg), cfg.runtime.cache_dir, probe, local)
+    # imported here, not at the top: harness.stages loads Ray's module (and `main` then stops Ray)
+    from harness.stages.reservation import request_budget
+
+    local = is_local_run(cfg, use_ray)
+    files = check_files(file_specs(cfg), cfg.runtime.cache_dir, probe, local)
     problems = _file_problems(files)
     lines, n_prompts = _counted(cfg, source, files, problems)
-    specs = preflight.model_specs(cfg)
-    models = {(i.field, i.value): i for i in preflight.check_models(specs, local)}
+    specs = model_specs(cfg)
+    models = {(i.field, i.value): i for i in check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
     lines += _plan_lines(cfg, n_prompts, files, models, problems)
     lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
     lines.append(f"  {request_budget(cfg).line()}")  # what generation will ask Ray for
-    keys = preflight.check_services(preflight.check_keys(cfg), probe)
+    keys = check_services(check_keys(cfg), probe)
     lines += [f"  {item.field}: {item.where}" for item in keys]
-    checks = preflight.check_plugins(cfg) + machine.check_devices(cfg, local)
-    checks += machine.check_cluster(cfg, use_ray)
+    checks = check_plugins(cfg) + check_devices(cfg, local)
+    checks += check_cluster(cfg, use_ray)
     if out is not None:
-        checks.append(machine.check_output(out))
+        checks.append(check_output(out))
     lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]
     problems += [i.line() for i in keys + checks if i.problem]
     if problems:
@@ -70,7 +112,7 @@ READ_HERE = ("dataset.", "gender_words")  # fields of the files the driver reads
 
 
 def _counted(
-    cfg: RunConfig, source: str, files: list[preflight.Item], problems: list[str]
+    cfg: RunConfig, source: str, files: list[Item], problems: list[str]
 ) -> tuple[list[str], int | None]:
     """The header line with the plan's size (prompts read when their files are there; a bad
     prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
@@ -101,8 +143,8 @@ def _counted(
 def _plan_lines(
     cfg: RunConfig,
     n_prompts: int | None,
-    files: list[preflight.Item],
-    models: dict[tuple[str, str], preflight.Item],
+    files: list[Item],
+    models: dict[tuple[str, str], Item],
     problems: list[str],
 ) -> list[str]:
     """Per model: where it comes from, then per method × task its jobs and head (a missing head
@@ -147,7 +189,7 @@ def _head_need(
     j: int,
     params: dict[str, Any],
     task: str,
-    by_field: dict[str, preflight.Item],
+    by_field: dict[str, Item],
 ) -> str:
     """`; head ...` of one model × method × task: random, MISSING, or the file and its state."""
     head = _head_of(model, params, task)
@@ -162,10 +204,10 @@ def _head_need(
     return f"; head {head}: {item.where if item else 'present'}"
 
 
-def _file_problems(files: list[preflight.Item]) -> list[str]:
+def _file_problems(files: list[Item]) -> list[str]:
     """One line per file with a problem; a URL several fields name is one line naming them all
     (the paper's config gives one head to five methods)."""
-    groups: dict[str, list[preflight.Item]] = {}
+    groups: dict[str, list[Item]] = {}
     for item in files:
         if item.problem:
             groups.setdefault(item.value, []).append(item)

@@ -1,0 +1,209 @@
+"""The commands that write a run directory: `run`, `score` and `aggregate`.
+
+Each records itself in the run's history (`results.run.invoke.driven`) and ends with the run's
+status or its output files. The driver (and with it Ray's module) is imported when a command
+runs, never when the command line is parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from harness.cli.machine import check_cluster
+from harness.cli.options import overrides
+from harness.cli.preflight import scorer_model_problems
+from harness.cli.status import output_lines, print_status
+from harness.cli.tracking import check_trackers, track
+from harness.cli.validate import refuse_on_problems
+from harness.config import ConfigError, RunConfig, load_config, load_yaml, parse_config
+from results.run.history import Invocation
+from results.run.store import RunStore
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """`run CONFIG --out DIR`: plan, generate, score and aggregate."""
+    from harness import driver
+    from results.run.invoke import check_interrupt, driven
+
+    cfg = load_config(args.config, overrides(args))
+    _check_trackers(args)
+    use_ray = not args.no_ray
+    refuse_on_problems(cfg, args.config, args.out, use_ray)  # `validate` first: all at once
+    store = RunStore(args.out)
+    with driven(store, "run") as inv:
+        inv.config_hash = _config_hash(cfg)
+        if use_ray:
+            from harness.stages.ray_runtime import init_ray
+
+            init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
+        try:
+            result = driver.run(
+                cfg,
+                args.out,
+                use_ray=use_ray,
+                progress=not args.no_progress,
+                retry_failed=args.retry_failed,
+                replan=getattr(args, "replan", False),
+                invocation=inv,
+            )
+            check_interrupt()  # one swallowed on the way still ends the command as interrupted
+        except KeyboardInterrupt as exc:
+            from results.run.invoke import interrupted
+
+            interrupt = interrupted(exc)
+            interrupt.args = (_interrupted_line(store),)
+            raise interrupt from None
+        gen = result["generation"]
+        print(
+            f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated "
+            f"now; outputs in {args.out}"
+        )
+        _after_aggregation(store, args)
+    return print_status(store)
+
+
+def score_main(args: argparse.Namespace) -> int:
+    """`score RUN`: the scores a run lacks (or all of them again, `--overwrite`)."""
+    from harness import driver
+    from results.run.invoke import driven
+
+    _check_trackers(args)
+    store = RunStore(args.run)
+    cfg = _config_for(args.run, args.config)
+    scorers = driver.scorers_to_run(
+        cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
+    )  # validated before Ray starts
+    missing = scorer_model_problems(scorers)  # offline: fails now, not after hub retries
+    use_ray = not args.no_ray
+    attach = cfg  # the cluster it attaches to must answer, or ray.init waits minutes
+    if args.address:
+        runtime = cfg.runtime.model_copy(update={"ray_address": args.address})
+        attach = cfg.model_copy(update={"runtime": runtime})
+    missing += [i.line() for i in check_cluster(attach, use_ray) if i.problem]
+    if missing:
+        raise ConfigError("\n".join(missing))
+    _check_plan(store)
+    overwrite = bool(getattr(args, "overwrite", False))
+    aggregate = not getattr(args, "no_aggregate", False)
+    with driven(store, "score") as inv:
+        inv.extra["scorers"] = [{"name": n, "params": p} for n, p in scorers]
+        if overwrite:
+            inv.extra["overwrite"] = True
+        driver.record_scorers(store, scorers)
+        if use_ray:
+            from harness.stages.ray_runtime import init_ray
+
+            init_ray(args.address or cfg.runtime.ray_address, cfg.runtime.num_cpus)
+        t0 = time.perf_counter()
+        words = driver.load_words(cfg)
+        if overwrite:
+            from harness.cli.overwrite import score_overwriting
+
+            stats = score_overwriting(store, cfg, words, use_ray, scorers)
+        else:
+            stats = driver.score_stage(store, cfg, words, use_ray, scorers=scorers)
+        inv.stage("scoring", stats, time.perf_counter() - t0)
+        for name, st in stats.items():
+            missing = st["status"].get("missing", 0)
+            extra = f"; {missing} not scored (missing)" if missing else ""
+            again = " (old scores replaced)" if overwrite else ""
+            print(
+                f"{name}: scored {st['scored'] - missing} rows{again} "
+                f"(version {st['version']}){extra}"
+            )
+        if aggregate:
+            use = driver.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
+            _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
+    if aggregate:
+        _print_outputs(store)
+    return 0
+
+
+def aggregate_main(args: argparse.Namespace) -> int:
+    """`aggregate RUN`: the summary tables from what is scored."""
+    from results.run.invoke import driven
+
+    _check_trackers(args)
+    options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
+    store = RunStore(args.run)
+    _check_plan(store)
+    with driven(store, "aggregate") as inv:
+        given = {k: v for k, v in options.items() if v is not None}
+        _aggregate(store, inv, args, args.use_scorer, None, **given)
+    _print_outputs(store)
+    return 0
+
+
+def _aggregate(
+    store: RunStore,
+    inv: Invocation,
+    args: argparse.Namespace,
+    use: list[str] | None,
+    said: str | None,
+    **options: Any,
+) -> None:
+    """The aggregate stage, timed into the invocation; prints `said` (else the stage's result),
+    then writes results.json and feeds the trackers."""
+    from harness import driver
+
+    t0 = time.perf_counter()
+    result = driver.aggregate_stage(store, use=use, **options)
+    inv.stage("aggregate", {"use": use}, time.perf_counter() - t0)
+    print(result if said is None else said)
+    _after_aggregation(store, args)
+
+
+def _print_outputs(store: RunStore) -> None:
+    print("\n".join(output_lines(store)))
+
+
+def _check_plan(store: RunStore) -> None:
+    """A deleted plan is an error, never silently rebuilt."""
+    from results.run.identity import plan_ids
+
+    plan_ids(store)
+
+
+def _config_for(run_dir: str, path: str | None) -> RunConfig:
+    """The config given, else the snapshot stored in the run directory."""
+    if path:
+        return load_config(path)
+    store = RunStore(run_dir)
+    if not store.exists("config.yaml"):
+        raise ConfigError(f"{run_dir}: no config.yaml in the run directory; pass --config FILE")
+    source = f"{run_dir}/config.yaml"
+    return parse_config(load_yaml(store.read_text("config.yaml"), source), source)
+
+
+def _check_trackers(args: argparse.Namespace) -> None:
+    """`--wandb` / `--tensorboard` without their package: refused before any work."""
+    check_trackers(getattr(args, "wandb", None), getattr(args, "tensorboard", None))
+
+
+def _after_aggregation(store: RunStore, args: argparse.Namespace) -> None:
+    """results.json, then the trackers asked for (`--wandb`, `--tensorboard`)."""
+    from results.report.results_json import write_results_json
+
+    write_results_json(store)
+    for line in track(store, getattr(args, "wandb", None), getattr(args, "tensorboard", None)):
+        print(line)
+
+
+def _config_hash(cfg: RunConfig) -> str:
+    from harness.config import dump_config
+    from results.run.history import config_hash
+
+    return config_hash(dump_config(cfg))
+
+
+def _interrupted_line(store: RunStore) -> str:
+    try:
+        from results.run.identity import plan_ids
+
+        ids = plan_ids(store)
+        done = len(ids & store.done_job_ids())
+        return f"interrupted after {done} of {len(ids)} jobs; run the same command to resume"
+    except Exception:  # noqa: BLE001 - the line must come out whatever the run dir holds
+        return "interrupted; run the same command to resume"
