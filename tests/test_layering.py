@@ -85,7 +85,6 @@ KNOWN_LONG: set[str] = {
     "results.run.shards",
     "workers.decoding",
     "harness.driver",
-    "harness.config",
     "harness.stages.dispatch",
     "harness.stages.score_pool",
     "harness.stages.scoring",
