@@ -89,6 +89,7 @@ def looks_local(value: str, base: Path) -> bool:
 def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """`data` with its local dataset, seed-word, model, tokenizer and head paths absolute
     (relative ones against `base`); URLs and `builtin` stay as given."""
+
     def fix(value: Any) -> Any:
         if not isinstance(value, str) or "://" in value or value == "builtin":
             return value
