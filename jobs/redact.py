@@ -2,13 +2,14 @@
 
 A value is secret when its key looks like one (`api_key`, `token`, `aws_secret`...), and inside
 any text when it is a URL's user:password or the value of a secret-looking query parameter
-(`?token=...`, `&sig=...`, `X-Amz-Signature=...`).
+(`?token=...`, `&sig=...`, `X-Amz-Signature=...`). `redact` does both to plain data (a config
+snapshot read back), `redacted` to a config model (`harness.config.RunConfig`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
 # Query parameters that carry credentials although their names do not end in a secret key.
@@ -59,3 +60,14 @@ def redact(obj: Any) -> Any:
     if isinstance(obj, str):
         return redact_text(obj)
     return obj
+
+
+class Dumps(Protocol):
+    """A pydantic model (e.g. `harness.config.RunConfig`): what `redacted` needs of a config."""
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
+
+
+def redacted(config: Dumps) -> dict[str, Any]:
+    """The config as a plain dict with every secret-looking parameter and URL token replaced."""
+    return redact(config.model_dump(mode="json"))  # type: ignore[no-any-return]

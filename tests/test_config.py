@@ -264,6 +264,28 @@ def test_url_tokens_are_redacted_in_the_snapshot() -> None:
     assert "sekrit-url-123" not in text and "p.jsonl?token=<redacted>&v=2" in text
 
 
+def test_a_snapshot_read_back_is_redacted_as_the_config_was() -> None:
+    """`jobs.redact.redact` on plain data (an old config.yaml read back, as results.json does)
+    replaces what `dump_config` replaces in the model, and nothing else."""
+    import yaml
+
+    from jobs.redact import redact
+
+    url = "https://u:pw@example.org/p.jsonl?token=sekrit-url-123&v=2"
+    cfg = parse_config(
+        with_(
+            dataset={"kind": "prompt-list", "path": url},
+            scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}],
+        )
+    )
+    plain = cfg.model_dump(mode="json")
+    assert redact(plain) == yaml.safe_load(dump_config(cfg))
+    assert redact(plain)["scorers"][0]["params"] == {"api_key": "<redacted>", "max_new_tokens": 5}
+    assert redact(plain)["dataset"]["path"] == (
+        "https://<redacted>@example.org/p.jsonl?token=<redacted>&v=2"
+    )
+
+
 def test_model_entry_fields_and_job_ids() -> None:
     from jobs.spec import JobSpec
 

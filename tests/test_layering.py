@@ -61,7 +61,6 @@ KNOWN_LONG: set[str] = {
     "results.run.shards",
     "workers.decoding",
     "harness.driver",
-    "harness.config",
     "harness.stages.dispatch",
 }
 

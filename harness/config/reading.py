@@ -1,0 +1,123 @@
+"""Reading a config file: UTF-8 text, strict YAML (a key given twice is refused), and the
+relative paths in it resolved against the file's folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config.errors import ConfigError
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (naming it and both lines)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it
+            if not duplicate:
+                seen[key] = line
+            else:
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first})",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) reads `1e-3` and `1e9` as strings (its floats need a dot); YAML 1.2 and
+# every user read them as numbers: `lr: 1e-3` must not fail as "must be a number".
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML text strictly (duplicate keys refused); errors name `source` and the line."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        raise ConfigError(
+            f"{source}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})"
+        ) from None
+
+
+def read_text(path: str | Path, what: str = "config") -> str:
+    """A UTF-8 text file; unreadable or binary input names the file (and line of a bad byte)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+            f"is this a {what} file?"
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"{path}: line {line}: a NUL byte; is this a {what} file?")
+    return text
+
+
+def looks_local(value: str, base: Path) -> bool:
+    """A model or tokenizer given as a path: explicit (./, ../, /, ~) or an existing folder."""
+    return value.startswith((".", "/", "~")) or (base / value).is_dir()
+
+
+def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """`data` with its local dataset, seed-word, model, tokenizer and head paths absolute
+    (relative ones against `base`); URLs and `builtin` stay as given."""
+
+    def fix(value: Any) -> Any:
+        if not isinstance(value, str) or "://" in value or value == "builtin":
+            return value
+        candidate = Path(value).expanduser()
+        return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+
+    out = dict(data)
+    ds = out.get("dataset")
+    if isinstance(ds, dict):
+        ds = dict(ds)
+        if isinstance(ds.get("files"), dict):
+            ds["files"] = {k: fix(v) for k, v in ds["files"].items()}
+        if "path" in ds:
+            ds["path"] = fix(ds["path"])
+        out["dataset"] = ds
+    if out.get("gender_words") is not None:
+        out["gender_words"] = fix(out["gender_words"])
+    if isinstance(out.get("models"), list):
+        models = []
+        for m in out["models"]:
+            if isinstance(m, dict):
+                m = dict(m)
+                for key in ("id", "tokenizer"):
+                    value = m.get(key)
+                    if isinstance(value, str) and looks_local(value, base):
+                        m[key] = fix(value)
+                if isinstance(m.get("heads"), dict):
+                    m["heads"] = {t: fix(h) for t, h in m["heads"].items()}
+            models.append(m)
+        out["models"] = models
+    return out

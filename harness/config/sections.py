@@ -1,0 +1,241 @@
+"""The config's sections as strict pydantic models, `RunConfig` the whole file.
+
+Each model checks its own fields; `RunConfig` also checks what spans sections: unique model
+labels and the attribute heads a job will read (against each head's metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from jobs.spec import GenerationParams, ModelRef
+
+log = logging.getLogger("harness")
+
+TASKS = ("sentiment", "regard", "toxicity")
+
+
+class Strict(BaseModel):
+    # strict: no "3" for 3, no true for a count; allow_inf_nan: `.inf` / `.nan` are errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class GenerationConfig(Strict):
+    max_new_tokens: int = Field(20, ge=1, le=4096)
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+
+    def params(self) -> GenerationParams:
+        return GenerationParams(**self.model_dump())
+
+
+class DatasetConfig(Strict):
+    kind: Literal["paired-jsonl", "prompt-list"]
+    files: dict[str, str] | None = None  # paired-jsonl: group → path or URL
+    path: str | None = None  # prompt-list: JSONL / CSV / Parquet
+    text_field: str = "prompt.text"
+    limit: int | None = Field(None, ge=1)
+    sha256: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> DatasetConfig:
+        if self.kind == "paired-jsonl" and not self.files:
+            raise ValueError("paired-jsonl needs `files: {group: path, ...}`")
+        if self.kind == "prompt-list" and not self.path:
+            raise ValueError("prompt-list needs `path`")
+        seen: dict[str, str] = {}
+        for group, spec in (self.files or {}).items():
+            if spec in seen:
+                raise ValueError(f"groups {seen[spec]!r} and {group!r} name the same file {spec}")
+            seen[spec] = group
+        return self
+
+
+class ModelConfig(Strict):
+    id: str  # hub id, local folder (relative to the config's folder) or tiny-random/<family>
+    name: str | None = None  # display label in tables and logs (default: the id)
+    revision: str | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    tokenizer: str | None = None  # hub id or folder of another tokenizer (part of the job id)
+    # Loading options passed to from_pretrained; they do not change the job id.
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None  # e.g. "sdpa", "eager", "flash_attention_2"
+    device_map: str | None = None  # e.g. "auto" (one replica over its GPUs)
+    # Overrides the run's generation parameters whole. Without it, a model the paper ran gets
+    # the paper's sampling parameters as defaults under what the run's `generation` sets.
+    generation: GenerationConfig | None = None
+    replicas: int | None = Field(None, ge=1)  # generation actors; default: one per GPU (1 on CPU)
+    # GPUs per replica; default 1 when the cluster has GPUs. Below 1 replicas share a GPU;
+    # above 1 (whole numbers) one replica spans several (device_map="auto"; docs/cluster.md).
+    num_gpus: float | None = Field(None, ge=0)
+    # Attribute head per task for methods that read one (tuned methods, PPLM): {TASK: PATH or
+    # URL}. A method's own `head:` parameter overrides it for every model and task.
+    heads: dict[Literal["sentiment", "regard", "toxicity"], str] = Field(default_factory=dict)
+    # CPUs per replica (Ray's num_cpus); a CPU replica runs torch with this many threads.
+    num_cpus: float | None = Field(None, gt=0)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _whole_above_one(cls, value: float | None) -> float | None:
+        if value is not None and value > 1 and value != int(value):
+            raise ValueError(f"num_gpus above 1 must be a whole number, got {value}")
+        return value
+
+    @property
+    def label(self) -> str:
+        """What tables and logs call this model: `name`, else the id."""
+        return self.name or self.id
+
+    def ref(self) -> ModelRef:
+        load = {
+            "trust_remote_code": self.trust_remote_code or None,
+            "attn_implementation": self.attn_implementation,
+            "device_map": self.device_map,
+        }
+        options = tuple(sorted((k, v) for k, v in load.items() if v is not None))
+        return ModelRef(self.id, self.revision, self.dtype, self.tokenizer, options)
+
+
+class NamedConfig(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScorerConfig(NamedConfig):
+    """A scorer entry; `replicas` / `num_gpus` size its actor pool (harness/stages/scoring.py)."""
+
+    replicas: int | None = Field(None, ge=1)  # default: one per GPU of the budget (1 on CPU)
+    num_gpus: float | None = Field(None, ge=0, le=1)  # default: 1 / number of GPU scorers
+
+
+class RuntimeConfig(Strict):
+    # jobs per batch handed to a generation actor; "auto": 8 on CPU replicas, up to
+    # AUTO_GPU_BATCH on GPU replicas, which cut it to what fits (harness.stages.generation.batch_jobs)
+    batch_size: int | Literal["auto"] = "auto"
+    score_batch_size: int = Field(64, ge=1)
+    ray_address: str | None = None  # None: RAY_ADDRESS or a local in-process Ray
+    num_cpus: int | None = Field(None, ge=1)  # local Ray's logical CPUs (default: 2 × cores, ≥ 4)
+    device: str | None = None  # force "cpu" or "cuda"; default: cuda if present
+    max_batch_retries: int = Field(2, ge=0)
+    max_actor_restarts: int = Field(2, ge=0)  # per replica: deaths before ready, in a row
+    actor_start_timeout_s: float = Field(600.0, gt=0)
+    progress_log_s: float = Field(30.0, gt=0)  # per-model progress lines on the driver's log
+    cache_dir: str | None = None  # downloads and persistent score caches
+    # GPU budget of the run: the GPUs generation reserves at once, split between the models
+    # that do not set `replicas`, and the replica count of GPU scorers. Unset or `auto`: the
+    # GPUs the cluster has, growing as GPU nodes join (docs/cluster.md, Placement).
+    gpus: int | None = Field(None, ge=1)
+    gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
+    score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
+    score_chunk_retries: int = Field(2, ge=0)  # then its rows stay unscored (re-run `score`)
+    # `run` scores generation shards as they appear (harness/stages/score_follow.py): auto = the
+    # scorers whose pool holds no GPU; true = every scorer; false = after generation only.
+    score_during_generation: bool | Literal["auto"] = "auto"
+    # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
+    max_jobs: int = Field(10_000_000, ge=1)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_auto(cls, value: Any) -> Any:
+        return None if value == "auto" else value
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value: Any) -> Any:
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"a whole number >= 1 or 'auto', got {value!r}")
+        return value
+
+
+class AggregationConfig(Strict):
+    """`aggregation:`: the perplexity filter and the bootstrap (docs/statistics.md)."""
+
+    ppl_max: float = Field(200.0, gt=0)  # generations with a perplexity above are dropped
+    n_boot: int = Field(1000, ge=0)  # bootstrap resamples; 0: no intervals
+    n_perm: int = Field(200, ge=0)  # labellings of each gap's test; 0: no p-values, no bias_bc
+    seed: int = 0  # seeds resamples and permutations, per (model, task)
+    level: float = Field(0.95, gt=0, lt=1)  # of every interval; marks use p < 1 - level
+
+
+class RunConfig(Strict):
+    name: str
+    dataset: DatasetConfig
+    models: list[ModelConfig] = Field(min_length=1)
+    methods: list[NamedConfig] = Field(min_length=1)
+    tasks: list[Literal["sentiment", "regard", "toxicity"]] = Field(min_length=1)
+    samples_per_prompt: int = Field(1, ge=1)
+    generation: GenerationConfig = GenerationConfig()
+    scorers: list[ScorerConfig] = Field(default_factory=list)
+    gender_words: str | None = (
+        None  # path or URL of seed words (pairs file or JSON); None: built-in
+    )
+    gender_words_sha256: str | None = None
+    runtime: RuntimeConfig = RuntimeConfig()
+    aggregation: AggregationConfig = AggregationConfig()
+
+    @field_validator("methods", "scorers", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> RunConfig:
+        labels = [m.label for m in self.models]
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise ValueError(f"models: two entries are called {', '.join(twice)} (set `name`)")
+        return self
+
+    def model_labels(self) -> dict[str, str]:
+        """Model id → display label (`name`, else the id), for tables and logs."""
+        return {m.id: m.label for m in self.models}
+
+    @model_validator(mode="after")
+    def _heads_match(self) -> RunConfig:
+        self._check_heads()
+        return self
+
+    def _check_heads(self) -> None:
+        """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
+        from workers.methods.head_meta import HeadMetaError, check_head_spec
+        from workers.methods.registry import takes_head
+
+        checked: set[tuple[str, str, str]] = set()
+        for i, model in enumerate(self.models):
+            for task, spec in model.heads.items():
+                where = f"models.{i}.heads.{task}"
+                if task not in self.tasks:
+                    log.warning("%s: the run has no task %r; this head is not used", where, task)
+                    continue
+                if not any(takes_head(m.name) and "head" not in m.params for m in self.methods):
+                    continue
+                _check_one(check_head_spec, HeadMetaError, where, spec, model.id, task)
+                checked.add((spec, model.id, task))
+            for j, m in enumerate(self.methods):
+                given = m.params.get("head")
+                if not takes_head(m.name) or given is None:
+                    continue
+                for task in self.tasks:
+                    if (str(given), model.id, task) not in checked:
+                        where = f"methods.{j}.params.head"
+                        _check_one(
+                            check_head_spec, HeadMetaError, where, str(given), model.id, task
+                        )
+                        checked.add((str(given), model.id, task))
+
+
+def _check_one(check: Any, error: type[Exception], where: str, *args: str) -> None:
+    try:
+        note = check(*args)
+    except error as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if note:
+        log.warning("%s: %s", where, note)

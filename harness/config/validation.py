@@ -1,0 +1,141 @@
+"""Validating a config's data: every error found, reported at once in one `ConfigError`.
+
+Pydantic's errors get "did you mean" for misspelt keys and the value for wrong types; method,
+scorer and tiny model names and method parameters are checked against their registries; the
+grid's size against `runtime.max_jobs`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from harness.config.errors import ConfigError
+from harness.config.sections import RunConfig
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that the path `loc` (below RunConfig) points into."""
+    cls: type[BaseModel] | None = RunConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(str(part)) if cls is not None else None
+        if field is None:
+            return None
+        cls = _model_in(field.annotation)
+    return cls
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _pydantic_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            known = list(owner.model_fields) if owner is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            msg = "unknown key" + (f"; did you mean {close[0]}?" if close else "")
+        elif err["type"] in ("int_type", "float_type", "bool_type") and isinstance(
+            err.get("input"), bool | str
+        ):
+            msg = f"{msg}, got {err['input']!r}"
+        lines.append(f"  {where}: {msg}")
+    return lines
+
+
+def _name_errors(data: dict[str, Any]) -> list[str]:
+    """Unknown method / scorer / tiny model names and bad method parameters, from the raw data."""
+    from workers.methods.registry import check_method_name, resolve_params
+    from workers.scorers.registry import check_scorer_name
+    from workers.tiny import TINY_FAMILIES, TINY_PREFIX
+
+    errors = []
+    models = [m for m in _as_list(data.get("models")) if isinstance(m, dict)]
+    model_ids = [m["id"] for m in models if isinstance(m.get("id"), str)] or ["(any)"]
+    for i, m in enumerate(_as_list(data.get("methods"))):
+        name, params = (m, {}) if isinstance(m, str) else (m.get("name"), m.get("params", {}))
+        if not isinstance(name, str) or not isinstance(params, dict):
+            continue  # the type errors are pydantic's
+        try:
+            check_method_name(name)
+            for mid in dict.fromkeys(model_ids):
+                resolve_params(name, params, mid)
+        except (KeyError, ValueError) as exc:
+            errors.append(f"  methods.{i}: {exc.args[0] if isinstance(exc, KeyError) else exc}")
+    for i, model in enumerate(models):
+        mid = model.get("id")
+        if isinstance(mid, str) and mid.startswith(TINY_PREFIX):
+            family = mid[len(TINY_PREFIX) :]
+            if family not in TINY_FAMILIES or family == "bert":
+                known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
+                errors.append(f"  models.{i}.id: unknown tiny model {mid!r}; known: {known}")
+    for i, sc in enumerate(_as_list(data.get("scorers"))):
+        name = sc if isinstance(sc, str) else sc.get("name") if isinstance(sc, dict) else None
+        if isinstance(name, str):
+            try:
+                check_scorer_name(name)
+            except KeyError as exc:
+                errors.append(f"  scorers.{i}: {exc.args[0]}")
+    return errors
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def grid_factor(cfg: RunConfig) -> int:
+    """Jobs per prompt: models × methods × tasks × samples."""
+    return len(cfg.models) * len(cfg.methods) * len(cfg.tasks) * cfg.samples_per_prompt
+
+
+def check_grid_size(cfg: RunConfig, n_prompts: int, source: str = "<config>") -> int:
+    """The grid's size, computed without building it; refused above `runtime.max_jobs`."""
+    size = n_prompts * grid_factor(cfg)
+    if size > cfg.runtime.max_jobs:
+        raise ConfigError(
+            f"{source}: the grid has {size:,} jobs ({n_prompts:,} prompts × {len(cfg.models)} "
+            f"models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
+            f"{cfg.samples_per_prompt:,} samples), more than runtime.max_jobs = "
+            f"{cfg.runtime.max_jobs:,}; lower it or raise max_jobs"
+        )
+    return size
+
+
+def parse_config(data: Any, source: str = "<config>") -> RunConfig:
+    """Validate `data`; every error found is reported at once in one ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    errors = []
+    cfg = None
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        errors += _pydantic_errors(exc)
+    errors += _name_errors(data)
+    if cfg is not None and not errors:
+        try:
+            check_grid_size(cfg, 1, source)  # refuse an absurd grid before reading prompts
+        except ConfigError as exc:
+            errors.append("  " + str(exc).split(": ", 1)[1])
+    if errors:
+        raise ConfigError(
+            "\n".join([f"{source}: invalid config ({len(errors)} error(s))", *errors])
+        )
+    assert cfg is not None
+    return cfg
