@@ -49,7 +49,6 @@ KNOWN_UP: set[tuple[str, str]] = {
     ("jobs.grid", "workers.methods.registry"),
     ("results.report.html", "workers.tiny"),
     ("results.report.results_json", "harness.config"),
-    ("results.run.identity", "harness.config"),
     ("results.run.identity", "workers.scorers.registry"),
     ("results.stats.aggregate", "results.report.build"),
     ("results.stats.join", "workers.scorers.registry"),
@@ -57,7 +56,6 @@ KNOWN_UP: set[tuple[str, str]] = {
     ("workers.scorers.perspective", "harness.progress"),
 }
 KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"results.run.history", "results.run.manifest"}),
     frozenset(
         {
             "results.report.build",
@@ -81,8 +79,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 KNOWN_LONG: set[str] = {
     "results.stats.bootstrap",
     "results.stats.aggregate",
-    "results.run.store",
-    "results.run.shards",
     "workers.decoding",
     "harness.driver",
     "harness.config",
