@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from harness.config import RunConfig
+from harness.config import RunConfig, redacted
 from harness.stages.backends import MethodKey
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey
 from jobs.queue import done_mask, iter_batches, pending_chunks
@@ -136,7 +136,8 @@ def plan_pass(
             count.planned += len(ids)
             count.pending += len(ids) - int(np.count_nonzero(done_mask(chunk.jobs, done)))
             yield pa.table(columns, schema=PLAN_SCHEMA)
-        identity.update(check.result(cfg, replan))  # raises inside the writer: nothing replaced
+        # raises inside the writer: nothing replaced
+        identity.update(check.result(redacted(cfg), replan))
 
     store.makedirs()
     store.write_plan_tables(tables())

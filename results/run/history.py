@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,15 @@ log = logging.getLogger("harness")
 HISTORY_FILE = "history.jsonl"
 HISTORY_DIR = "history"
 _SECRET_FLAGS = ("key", "token", "password", "secret")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "ray",
+    "pyarrow",
+    "polars",
+    "google-api-python-client",
+    "vaderSentiment",
+)
 
 
 def now_iso() -> str:
@@ -40,12 +50,21 @@ def now_iso() -> str:
 
 
 def harness_version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("lidao-harness")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed version of each of `PACKAGES` (None where it is not installed)."""
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def git_commit() -> str | None:
@@ -111,8 +130,6 @@ class Invocation:
         self.timings[f"{name}_s"] = round(seconds, 3)
 
     def record(self, outcome: str) -> dict[str, Any]:
-        from results.run.manifest import package_versions
-
         return {
             "command": self.command,
             "argv": self.argv,

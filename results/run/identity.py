@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-from harness.config import RunConfig, redacted
 from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
 
@@ -65,17 +64,19 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): obj}
 
 
-def changed_fields(store: RunStore, cfg: RunConfig) -> list[str]:
-    """`field old → new` for every plan-relevant config field that differs from config.yaml."""
+def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
+    """`field old → new` for every plan-relevant config field that differs from config.yaml.
+
+    `config`: the new config as a plain dict with its secrets redacted, as config.yaml holds
+    it (`harness.config.redacted`)."""
     try:
         old = yaml.safe_load(store.read_text("config.yaml"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return []
     if not isinstance(old, dict):
         return []
-    new = redacted(cfg)
     a = {k: v for k, v in flatten(old).items() if not k.startswith(NOT_PLAN)}
-    b = {k: v for k, v in flatten(new).items() if not k.startswith(NOT_PLAN)}
+    b = {k: v for k, v in flatten(config).items() if not k.startswith(NOT_PLAN)}
     return [
         f"{k} {a.get(k, '(unset)')} → {b.get(k, '(unset)')}"
         for k in sorted(a.keys() | b.keys())
@@ -102,8 +103,9 @@ class PlanCheck:
         if self.old is not None:
             self.kept += int(np.count_nonzero(self.old.contains(job_ids)))
 
-    def result(self, cfg: RunConfig, replan: bool = False) -> dict[str, Any]:
-        """{"kind": "new" | "same" | "extend" | "replan", ...}.
+    def result(self, config: dict[str, Any], replan: bool = False) -> dict[str, Any]:
+        """{"kind": "new" | "same" | "extend" | "replan", ...}; `config`: the new config as
+        `changed_fields` takes it (a redacted plain dict).
 
         Raises:
             PlanChangedError: planned jobs would change or vanish and `replan` is false.
@@ -115,7 +117,7 @@ class PlanCheck:
         if not gone:
             kind = "same" if self.jobs == old else "extend"
             return {"kind": kind, "jobs": self.jobs, "added": self.jobs - self.kept}
-        fields = changed_fields(self.store, cfg)
+        fields = changed_fields(self.store, config)
         if replan:
             return {"kind": "replan", "jobs": self.jobs, "old_jobs": old, "changed": fields}
         what = "; ".join(fields) if fields else "no config field (the prompt files' contents?)"
@@ -128,16 +130,17 @@ class PlanCheck:
 
 
 def check_plan(
-    store: RunStore, cfg: RunConfig, jobs: list[JobSpec], replan: bool = False
+    store: RunStore, config: dict[str, Any], jobs: list[JobSpec], replan: bool = False
 ) -> dict[str, Any]:
-    """How `jobs` relate to the run's plan: {"kind": "new" | "same" | "extend" | "replan", ...}.
+    """How `jobs` relate to the run's plan: {"kind": "new" | "same" | "extend" | "replan", ...};
+    `config` as `changed_fields` takes it.
 
     Raises:
         PlanChangedError: planned jobs would change or vanish and `replan` is false.
     """
     check = PlanCheck(store)
     check.add(list(dict.fromkeys(j.job_id for j in jobs)))
-    return check.result(cfg, replan)
+    return check.result(config, replan)
 
 
 def plan_done_ids(store: RunStore) -> DoneIds:

@@ -15,34 +15,14 @@ import datetime as dt
 import logging
 import platform
 import sys
-from importlib import metadata
 from typing import Any
 
 from jobs.spec import JOB_ID_VERSION
+from results.run.history import package_versions, read_history
 from results.run.store import RunStore
 from results.schema import SCHEMA_VERSION
 
 log = logging.getLogger("harness")
-
-PACKAGES = (
-    "torch",
-    "transformers",
-    "ray",
-    "pyarrow",
-    "polars",
-    "google-api-python-client",
-    "vaderSentiment",
-)
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def read_manifest(store: RunStore) -> dict[str, Any]:
@@ -98,8 +78,6 @@ def _versions() -> dict[str, Any]:
 
 def manifest_view(store: RunStore) -> dict[str, Any]:
     """The manifest as derived from history and shards (nothing read from manifest.json)."""
-    from results.run.history import read_history
-
     records = read_history(store)
     view: dict[str, Any] = {"created": records[0]["started"] if records else None}
     view.update(_versions())

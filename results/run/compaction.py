@@ -1,0 +1,205 @@
+"""Compaction: many small shards of a folder merged into `part-c-` shards of about
+`COMPACT_TARGET_ROWS` rows (`Compaction`, a part of `results.run.store.RunStore`).
+
+New shards are written first, then the inputs deleted: a kill in between leaves rows twice on
+disk, which every read deduplicates, and the next compaction merges them again. A transient
+fault retries the folder's merge from a clean slate; damaged inputs are quarantined on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from results.run.done import DoneIds
+from results.run.files import RunFiles, file_mtime, shard_name, to_frame
+from results.run.generations import dedupe_generations
+from results.run.shards import StoreError
+from results.schema import GENERATION_SCHEMA, score_schema
+
+log = logging.getLogger("harness")
+COMPACT_TARGET_ROWS = 50_000  # rows per compacted shard (~5-20 MB of generations)
+
+
+class Compaction(RunFiles):
+    """Merges the small shards of RUN/generations/ and of RUN/scores/<scorer>/."""
+
+    def compact_generations(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
+        """Merge small generation shards into `part-c-` shards of about `target_rows` rows.
+
+        Inputs: every shard not already compacted (so at most one short `part-c-` shard per
+        compaction stays short), streamed in shard order and cut into groups of `target_rows`
+        rows, so memory is one group whatever the run's size. Each output holds one row per job
+        of its group, sorted by (model, method, task, job id) so that a slice lives in few row
+        groups; an error row is dropped where the job has an ok row anywhere. New shards are
+        written first, then the inputs deleted: a kill in between leaves rows twice on disk,
+        which every read deduplicates, and the next compaction merges them again. Returns how
+        many shards were merged.
+        """
+        merged, written = self._merge_small(
+            ("generations",),
+            lambda inputs, written: self._compact([i.path for i in inputs], target_rows, written),
+        )
+        if merged:
+            log.info("compacted %d generation shards of %s into %d", merged, self.uri, len(written))
+        return merged
+
+    def _merge_small(
+        self, parts: tuple[str, ...], merge: Callable[[list[Any], list[str]], None]
+    ) -> tuple[int, list[str]]:
+        """The compaction of one folder: its shards not yet compacted are merged by
+        `merge(inputs, written)` (which appends each shard it writes to `written`), retried
+        from a clean slate on transient faults (a failed attempt's outputs deleted first),
+        then the inputs deleted. A folder with fewer than two such shards is left alone.
+        Returns (inputs merged, shards written)."""
+        small = [i for i in self.reader.listing(parts) if not i.base_name.startswith("part-c-")]
+        if len(small) < 2:
+            return 0, []
+        written: list[str] = []
+
+        def attempt() -> None:
+            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
+                list(pool.map(self.delete, written))
+            written.clear()
+            existing = {i.path for i in self.reader.listing(parts)}
+            merge([i for i in small if i.path in existing], written)
+
+        try:  # transient faults wait and retry; damaged shards are quarantined on the way
+            self.reader.retrying(attempt, parts=parts)
+        except StoreError:
+            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
+                list(pool.map(self.delete, written))
+            raise
+        existing = {i.path for i in self.reader.listing(parts)}  # not those quarantined
+        done = set(written)
+        inputs = [i.path for i in small if i.path in existing and i.path not in done]
+        with ThreadPoolExecutor(8) as pool:  # one request each on object stores
+            list(pool.map(self.delete, inputs))
+        self.reader.forget(parts)
+        return len(inputs), written
+
+    def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
+        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time;
+        each path written is appended to `written` at once (a failure deletes them)."""
+        both = self._failed_with_ok(small)
+        group: list[pa.RecordBatch] = []
+        rows = 0
+
+        def flush() -> None:
+            table = pa.Table.from_batches(group, GENERATION_SCHEMA)
+            if len(both):  # an error row whose job has an ok row (in another group) goes
+                is_ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
+                ids = table["job_id"].combine_chunks()
+                keep = pc.or_(is_ok, pa.array(~both.contains(ids)))
+                if not pc.all(keep).as_py():
+                    table = table.filter(keep)
+            table = dedupe_generations(table).sort_by(
+                [(c, "ascending") for c in ("model", "method", "task", "job_id")]
+            )
+            if table.num_rows:
+                name = "part-c-" + shard_name(table["job_id"].to_pylist())[len("part-") :]
+                written.append(self.write_table("generations/" + name, table))
+
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, None, 8192, only=small
+        ):
+            group.append(batch)
+            rows += batch.num_rows
+            if rows >= target_rows:
+                flush()
+                group, rows = [], 0
+        if group:
+            flush()
+
+    def _failed_with_ok(self, paths: list[str]) -> DoneIds:
+        """Ids with an error row *and* an ok row among `paths`: two streamed scans of
+        job_id/status, holding only ids of error rows (few, in a healthy run)."""
+        cols = ["job_id", "status"]
+        bad_parts: list[pa.Array] = []
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
+        ):
+            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+            bad_parts.append(batch.column("job_id").filter(pc.invert(is_ok)))
+        bad = DoneIds.from_arrays(bad_parts)
+        if not len(bad):
+            return bad
+        ok_parts: list[pa.Array] = []
+        for batch in self.reader.iter_batches(
+            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
+        ):
+            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+            ids = batch.column("job_id").filter(is_ok)
+            ok_parts.append(ids.filter(pa.array(bad.contains(ids))))
+        return DoneIds.from_arrays(ok_parts)
+
+    def compact_scores(
+        self, scorer: str, metric: str, target_rows: int = COMPACT_TARGET_ROWS
+    ) -> int:
+        """Merge a scorer's chunk shards into `part-c-` shards of about `target_rows` rows, as
+        `compact_generations` does for generations; returns how many shards were merged.
+
+        A compacted shard holds one scorer version, one row per job id (the last in shard
+        order), sorted by job id; its footer records the newest modification time of the
+        chunk shards its version came from (`lidao_versions`), so that "the newest version"
+        (`score_versions`) means the same before and after. New shards are written first,
+        then the inputs deleted: a kill in between leaves rows twice, which reads deduplicate
+        by (job id, version). Chunk shards written after the listing are left for the next
+        compaction.
+        """
+        merged, written = self._merge_small(
+            ("scores", scorer),
+            lambda inputs, written: self._compact_scores(
+                scorer, score_schema(metric), inputs, target_rows, written
+            ),
+        )
+        if merged:
+            log.info(
+                "compacted %d %s score shards of %s into %d", merged, scorer, self.uri, len(written)
+            )
+        return merged
+
+    def _compact_scores(
+        self,
+        scorer: str,
+        schema: pa.Schema,
+        small: list[pafs.FileInfo],
+        target_rows: int,
+        written: list[str],
+    ) -> None:
+        """Write the rows of `small` as compacted shards (`compact_scores`); each path written
+        is appended to `written` at once."""
+        groups: dict[str, list[pa.Table]] = {}
+        rows: dict[str, int] = {}
+        stamps: dict[str, float] = {}
+
+        def flush(version: str) -> None:
+            table = pa.concat_tables(groups.pop(version))
+            rows.pop(version)
+            frame = to_frame(table).unique("job_id", keep="last", maintain_order=True)
+            table = frame.to_arrow().cast(schema).sort_by("job_id")
+            keys = (f"{j}\x00{version}" for j in table["job_id"].to_pylist())
+            name = "part-c-" + shard_name(keys)[len("part-") :]
+            meta = {b"lidao_versions": json.dumps({version: stamps[version]}).encode()}
+            written.append(
+                self.write_table(f"scores/{scorer}/{name}", table.replace_schema_metadata(meta))
+            )
+
+        mtimes = {i.path: file_mtime(i) for i in small}
+        for path, table, _ in self.reader.read_shards([i.path for i in small], schema):
+            for version in pc.unique(table["scorer_version"]).drop_null().to_pylist():
+                part = table.filter(pc.equal(table["scorer_version"], version))
+                groups.setdefault(version, []).append(part)
+                rows[version] = rows.get(version, 0) + part.num_rows
+                stamps[version] = max(stamps.get(version, 0.0), mtimes[path])
+                if rows[version] >= target_rows:
+                    flush(version)
+        for version in list(groups):
+            flush(version)
