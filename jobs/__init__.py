@@ -1,6 +1,7 @@
 """Planning work: job specs and their ids, prompt datasets, seed words, the grid, batching."""
 
-from jobs.datasets import DatasetError, Prompt, fetch, load_paired_jsonl, load_prompt_list
+from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.files import DatasetError, fetch
 from jobs.grid import PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import make_batches, pending, pending_chunks
 from jobs.spec import JOB_ID_VERSION, GenerationParams, JobSpec, ModelRef

@@ -20,7 +20,7 @@ from harness.config import ConfigError, RunConfig, load_config, load_yaml, parse
 from harness.progress import setup_logging
 from harness.tools.token_prior import add_token_prior_args, token_prior_main
 from harness.tools.train_head import add_train_head_args, train_head_main
-from jobs.datasets import DatasetError
+from jobs.files import DatasetError
 from jobs.redact import redact_text
 from results.run.store import RunStore, StoreError
 from results.stats.join import JoinError

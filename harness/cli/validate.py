@@ -15,7 +15,7 @@ from typing import Any
 from harness.cli import machine, preflight
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size
 from harness.stages.reservation import request_budget
-from jobs.datasets import DatasetError
+from jobs.files import DatasetError
 from jobs.redact import redact_text
 from workers.tiny import TINY_PREFIX
 

@@ -32,9 +32,10 @@ from typing import Any
 
 from harness.stages.score_feed import FollowRows, input_columns, scored_ids
 from harness.stages.scoring import PoolSettings, Share, Work, pool_settings, scorer_context
+from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
-from workers.scorers.registry import SCORER_METRICS, load_scorer
+from workers.scorers.registry import load_scorer
 
 log = logging.getLogger("harness")
 FOLLOW_POLL_S = 5.0  # how often the generation folder is listed

@@ -44,9 +44,10 @@ from harness.stages.score_feed import (
     read_shard_columns,
     scored_ids,
 )
+from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
-from workers.scorers.registry import SCORER_METRICS, check_scorer_name, load_scorer
+from workers.scorers.registry import check_scorer_name, load_scorer
 
 if TYPE_CHECKING:
     from harness.stages.score_follow import Followed
