@@ -66,7 +66,7 @@ def classes(package: str, base: type) -> dict[str, type]:
         for _, cls in inspect.getmembers(module, inspect.isclass):
             own = cls.__module__ == module.__name__ and "name" in vars(cls)
             if own and issubclass(cls, base) and cls is not base:
-                found[cls.name] = cls
+                found[str(vars(cls)["name"])] = cls
     return found
 
 
