@@ -1,4 +1,5 @@
-"""Planning work: job specs and their ids, prompt datasets, seed words, the grid, batching."""
+"""Planning work: job specs and their ids, input files and prompt datasets, seed words, the grid,
+batching; what methods and scorers exist, with their parameters, is in `jobs.catalog`."""
 
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.files import DatasetError, fetch
