@@ -66,7 +66,7 @@ def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
     defaults for a model the paper ran (e.g. OPT-6.7B: temperature 0.75, repetition penalty 1.2)."""
     if model.generation is not None:
         return model.generation
-    from workers.methods.registry import paper_generation
+    from jobs.catalog import paper_generation
 
     paper = paper_generation(model.id)
     given = {k: getattr(cfg.generation, k) for k in cfg.generation.model_fields_set}
@@ -380,7 +380,7 @@ def scorer_preference(
 ) -> list[str]:
     """One scorer per metric for aggregation: the ones just run first, then the config's
     (only those with scores in `present`, when given)."""
-    from workers.scorers.registry import SCORER_METRICS
+    from jobs.catalog import SCORER_METRICS
 
     chosen: dict[str, str] = {}
     for name in [*named, *(s.name for s in cfg.scorers)]:
@@ -391,7 +391,7 @@ def scorer_preference(
 
 def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
     """The config's scorers, keeping the first listed for each metric (what `run` aggregates)."""
-    from workers.scorers.registry import SCORER_METRICS
+    from jobs.catalog import SCORER_METRICS
 
     chosen: dict[str, str] = {}
     for s in cfg.scorers:

@@ -1,6 +1,8 @@
-"""Planning work: job specs and their ids, prompt datasets, seed words, the grid, batching."""
+"""Planning work: job specs and their ids, input files and prompt datasets, seed words, the grid,
+batching; what methods and scorers exist, with their parameters, is in `jobs.catalog`."""
 
-from jobs.datasets import DatasetError, Prompt, fetch, load_paired_jsonl, load_prompt_list
+from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.files import DatasetError, fetch
 from jobs.grid import PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import make_batches, pending, pending_chunks
 from jobs.spec import JOB_ID_VERSION, GenerationParams, JobSpec, ModelRef

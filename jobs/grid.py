@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from jobs.catalog import resolve_params
 from jobs.datasets import Prompt
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json, job_id_maker
-from workers.methods.registry import resolve_params
 
 CHUNK_SIZE = 20_000  # jobs per PlanChunk: ~10 MB of JobSpecs
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.datasets import DatasetError, fetch
+from jobs.files import DatasetError, fetch
 
 # Written for this project: common English gendered word pairs (female, male). The paper's
 # 180 pairs are UDDIA's gender_pairs.txt; point `gender_words:` at it (examples/paper-*.yaml).

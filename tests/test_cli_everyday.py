@@ -270,7 +270,8 @@ def test_status_knows_a_scorer_this_process_has_not_registered(
 INCLUDED = """
 from workers.scorers.registry import register_scorer
 register_scorer("vader-typed", "workers.scorers.vader:VaderSentiment", "sentiment",
-                params={"threshold": 0.5, "labels": ["pos", "neg"], "model": None})
+                params={"threshold": 0.5, "labels": ["pos", "neg"], "model": None,
+                        "tokenizer": None}, kinds={"tokenizer": "str?"})
 """
 
 
@@ -291,7 +292,8 @@ def test_list_scorers_shows_included_scorers_with_typed_parameters(tmp_path: Pat
     assert "vader-typed  (metric sentiment; workers.scorers.vader:VaderSentiment)" in res.stdout
     assert "    threshold: float = 0.5" in res.stdout
     assert '    labels: list = ["pos", "neg"]' in res.stdout
-    assert "    model: any? = null" in res.stdout
+    assert "    model: any = null" in res.stdout  # no declared kind: any type, null by default
+    assert "    tokenizer: str? = null" in res.stdout  # its declared kind
     assert "    batch_size: int = 16" in res.stdout  # a built-in's (perplexity)
 
 

@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.datasets import (
-    PINNED_SHA256,
-    UDDIA_FEMALE,
-    UDDIA_MALE,
-    DatasetError,
-    fetch,
-    load_paired_jsonl,
-    load_prompt_list,
-)
+from jobs.datasets import load_paired_jsonl, load_prompt_list
+from jobs.files import PINNED_SHA256, UDDIA_FEMALE, UDDIA_MALE, DatasetError, fetch
 from jobs.words import load_group_words
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
+from jobs.catalog import METHODS
 from jobs.spec import GenerationParams, JobSpec, ModelRef
 from tests.agreement import assert_alone_matches_batched, assert_same_samples, traced
 from workers.decoding import decode_batch, job_uniforms, nucleus_sample
 from workers.methods.base import DecodingMethod
-from workers.methods.registry import METHODS, load_method, resolve_params
+from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
 pytestmark = [

@@ -13,7 +13,7 @@ import torch
 
 from harness.cli.commands import main as cli_main
 from harness.tools.train_head import embed_texts, read_labelled
-from jobs.datasets import DatasetError, sha256_file
+from jobs.files import DatasetError, sha256_file
 from jobs.spec import ModelRef
 from workers.methods.base import MethodError
 from workers.methods.heads import (

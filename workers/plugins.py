@@ -16,6 +16,10 @@ Two ways to add a method or a scorer, both torch-free on the driver:
 * `harness --include my_module ...` imports `my_module`, which calls
   `workers.methods.registry.register_method` / `workers.scorers.registry.register_scorer`.
 
+Either way the entries land in the torch-free catalog (`jobs.catalog`), which the registries and
+the lower floors read; a scorer's entry may also declare `"kinds"` (its parameters' types, shown
+by `harness list scorers`), a method's `"kinds"` are checked when a config is validated.
+
 The included module names travel to local Ray workers in the environment variable
 `LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same names. The target
 classes are imported only where they run (inside actors), like the built-in ones.
@@ -28,6 +32,8 @@ import logging
 import os
 from importlib.metadata import entry_points
 from typing import Any
+
+from jobs.catalog import add_method, add_scorer
 
 log = logging.getLogger(__name__)
 
@@ -87,22 +93,27 @@ def _spec(spec: Any, where: str) -> dict[str, Any]:
 
 
 def _register_method(name: str, spec: Any, where: str) -> None:
-    from workers.methods.registry import register_method
-
     s = _spec(spec, where)
     try:
-        register_method(name, s["target"], params=s.get("params"), kinds=s.get("kinds"))
+        add_method(name, s["target"], params=s.get("params"), kinds=s.get("kinds"))
     except ValueError as exc:
         raise PluginError(f"{where}: {exc}") from None
 
 
 def _register_scorer(name: str, spec: Any, where: str) -> None:
-    from workers.scorers.registry import register_scorer
+    from results.schema import METRIC_FIELDS
 
     s = _spec(spec, where)
     if not isinstance(s.get("metric"), str):
         raise PluginError(f"{where}: a scorer entry needs 'metric' (e.g. 'toxicity')")
     try:
-        register_scorer(name, s["target"], s["metric"], params=s.get("params"))
+        add_scorer(
+            name,
+            s["target"],
+            s["metric"],
+            METRIC_FIELDS,
+            params=s.get("params"),
+            kinds=s.get("kinds"),
+        )
     except ValueError as exc:
         raise PluginError(f"{where}: {exc}") from None

@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.scorers.registry import SCORER_METRICS
 
 Row = dict[str, Any]
 FLUSH_ROWS = 8192  # score rows a writer holds before it writes them as one shard

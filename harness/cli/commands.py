@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from harness.cli.parser import build_parser
 from harness.config import ConfigError
 from harness.progress import setup_logging
-from jobs.datasets import DatasetError
+from jobs.files import DatasetError
 from jobs.redact import redact_text
 from results.run.store import StoreError
 from results.stats.join import JoinError

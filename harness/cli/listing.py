@@ -1,8 +1,9 @@
 """`harness list methods|scorers|models`: what can be named in a config, with defaults.
 
-Torch-free: method defaults come from the registry, scorer defaults from the scorer classes
-(whose modules import no torch), models from the tiny-model list, the paper's table and the
-local Hugging Face cache (no network).
+Torch-free: names, parameter defaults and kinds come from the catalog (`jobs.catalog`), after
+the plugins are loaded; a plugin scorer that declares no defaults gets its class's (whose module
+imports no torch). Models come from the tiny-model list, the paper's table and the local
+Hugging Face cache (no network).
 """
 
 from __future__ import annotations
@@ -12,18 +13,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jobs.catalog import (
+    DEFAULT_PARAMS,
+    METHODS,
+    PAPER_MODELS,
+    PARAM_CHOICES,
+    SCORER_METRICS,
+    SCORERS,
+    kind_label,
+    param_kind,
+    scorer_param_kind,
+)
+
 
 def _fmt(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
 def list_methods() -> list[str]:
-    from workers.methods.registry import (
-        DEFAULT_PARAMS,
-        METHODS,
-        PARAM_CHOICES,
-        param_kind,
-    )
     from workers.plugins import load_plugins
 
     load_plugins()
@@ -31,29 +38,24 @@ def list_methods() -> list[str]:
     for name in sorted(METHODS):
         lines.append(f"{name}  ({METHODS[name]})")
         for key, default in DEFAULT_PARAMS.get(name, {}).items():
-            kind = param_kind(name, key)
+            kind = kind_label(param_kind(name, key))
             choices = PARAM_CHOICES.get(key)
             extra = f", one of {', '.join(choices)}" if choices else ""
             lines.append(f"    {key}: {kind} = {_fmt(default)}{extra}")
     return lines
 
 
-def value_kind(default: Any) -> str:
-    """A scorer parameter's type, from its default (`?`: may be null, any type)."""
-    kinds = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
-    return "any?" if default is None else kinds.get(type(default), type(default).__name__)
-
-
 def list_scorers() -> list[str]:
     from workers.plugins import load_plugins
-    from workers.scorers.registry import SCORER_METRICS, SCORERS, scorer_defaults
+    from workers.scorers.registry import scorer_defaults
 
     load_plugins()  # entry-point scorers (and --include ones, already imported)
     lines = []
     for name in sorted(SCORERS):
         lines.append(f"{name}  (metric {SCORER_METRICS[name]}; {SCORERS[name]})")
         for key, default in scorer_defaults(name).items():
-            lines.append(f"    {key}: {value_kind(default)} = {_fmt(default)}")
+            kind = kind_label(scorer_param_kind(name, key, default))
+            lines.append(f"    {key}: {kind} = {_fmt(default)}")
     return lines
 
 
@@ -77,7 +79,6 @@ def cached_hub_models() -> list[str]:
 
 
 def list_models() -> list[str]:
-    from workers.methods.registry import PAPER_MODELS
     from workers.tiny import TINY_FAMILIES, TINY_PREFIX
 
     lines = ["offline random-weight models (no download):"]

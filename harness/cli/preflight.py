@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import RunConfig
-from jobs.datasets import PINNED_SHA256, default_cache_dir, url_basename
+from jobs.files import PINNED_SHA256, default_cache_dir, url_basename
 from jobs.redact import redact_text
 from workers import hub
 from workers.tiny import TINY_PREFIX
@@ -64,7 +64,7 @@ def is_url(spec: str) -> bool:
 
 
 def cached_download(spec: str, cache_dir: str | None) -> Path:
-    """Where `jobs.datasets.fetch` keeps the download of URL `spec`."""
+    """Where `jobs.files.fetch` keeps the download of URL `spec`."""
     name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
     return Path(cache_dir or default_cache_dir()) / "downloads" / name
 
@@ -315,8 +315,7 @@ def check_services(items: list[Item], probe: Callable[[str], str | None]) -> lis
 def check_plugins(cfg: RunConfig) -> list[Item]:
     """The module of each plugin method / scorer class can be found here (not imported: it
     may import torch); built-in ones are part of this tree."""
-    from workers.methods.registry import METHODS
-    from workers.scorers.registry import SCORERS
+    from jobs.catalog import METHODS, SCORERS
 
     items = []
     targets = [(f"methods.{j}", m.name, METHODS.get(m.name, "")) for j, m in enumerate(cfg.methods)]

@@ -12,11 +12,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from jobs.catalog import SCORER_METRICS
 from results.run.done import DoneIds
 from results.run.manifest import read_manifest
 from results.run.store import RunStore, StoreError
 from workers.plugins import load_plugins
-from workers.scorers.registry import SCORER_METRICS
 
 
 def status_main(args: argparse.Namespace) -> int:

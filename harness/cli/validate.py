@@ -28,7 +28,7 @@ from harness.cli.preflight import (
     probe_url,
 )
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
-from jobs.datasets import DatasetError
+from jobs.files import DatasetError
 from jobs.redact import redact_text
 from workers.tiny import TINY_PREFIX
 

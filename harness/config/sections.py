@@ -205,8 +205,8 @@ class RunConfig(Strict):
 
     def _check_heads(self) -> None:
         """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
+        from jobs.catalog import takes_head
         from workers.methods.head_meta import HeadMetaError, check_head_spec
-        from workers.methods.registry import takes_head
 
         checked: set[tuple[str, str, str]] = set()
         for i, model in enumerate(self.models):

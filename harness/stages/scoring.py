@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 from harness.stages.score_feed import check_has_generations
 from harness.stages.score_settings import PoolSettings
 from harness.stages.score_work import Work, new_work
+from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.cache_mirror import CacheMirror, scorer_context
 from workers.score_buffer import Row, ScoreBuffer, ScoringError
 from workers.scorers.base import ScorerContext, ScorerError
-from workers.scorers.registry import SCORER_METRICS, check_scorer_name, load_scorer
+from workers.scorers.registry import check_scorer_name, load_scorer
 
 if TYPE_CHECKING:
     from harness.stages.score_follow import Followed

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jobs.datasets import sha256_file
+from jobs.files import sha256_file
 
 PRIOR_FORMAT = "lidao-token-prior/1"
 

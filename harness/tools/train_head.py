@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobs.datasets import DatasetError, iter_jsonl, sha256_file
+from jobs.files import DatasetError, iter_jsonl, sha256_file
 
 if TYPE_CHECKING:
     import torch

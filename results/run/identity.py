@@ -158,7 +158,7 @@ def plan_counts(store: RunStore) -> dict[str, Any]:
     """
     import pyarrow as pa
 
-    from workers.scorers.registry import SCORER_METRICS
+    from jobs.catalog import SCORER_METRICS
 
     ids = plan_done_ids(store)
     ok, failed = store.finished_ids()  # one row per job: ok wins over error

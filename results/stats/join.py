@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import polars as pl
 import pyarrow.parquet as pq
 
+from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore, StoreError
 from results.schema import METRIC_FIELDS
-from workers.scorers.registry import SCORER_METRICS
 
 
 class JoinError(ValueError):

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from jobs.datasets import DatasetError, fetch
+from jobs.files import DatasetError, fetch
 from results.run.shards import file_mode
 from workers.methods.base import MethodError
 from workers.methods.head_meta import (

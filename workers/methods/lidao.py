@@ -77,7 +77,7 @@ class BiasTunedMethod(DecodingMethod):
     )
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
-        from workers.methods.registry import DEFAULT_PARAMS, FAMILY_TUNING
+        from jobs.catalog import DEFAULT_PARAMS, FAMILY_TUNING
 
         defaults = DEFAULT_PARAMS[self.name]
         unknown = sorted(set(params) - set(defaults))

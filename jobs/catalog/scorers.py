@@ -1,0 +1,163 @@
+"""Scorers by name: their classes (as `"module:Class"` text), the metric each fills, parameter
+defaults and kinds. Torch-free: nothing here imports a scorer.
+
+`workers.scorers.registry` imports the classes and loads plugins, which add their scorers here
+through `add_scorer`. The built-in scorers' `default_params` and `SCORER_PARAMS` are the same
+(tests/test_catalog.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection
+from typing import Any
+
+from jobs.catalog.kinds import check_kinds, kind_of_default
+
+SCORERS: dict[str, str] = {
+    "gender": "workers.scorers.gender:GenderLabels",
+    "sentiment-vader": "workers.scorers.vader:VaderSentiment",
+    "sentiment": "workers.scorers.classifier:SentimentClassifier",
+    "regard": "workers.scorers.classifier:RegardClassifier",
+    "toxicity-hf": "workers.scorers.classifier:ToxicityClassifier",
+    "perspective": "workers.scorers.perspective:PerspectiveToxicity",
+    "perplexity": "workers.scorers.perplexity:Perplexity",
+}
+
+# The metric each scorer fills (its columns: results.schema.METRIC_FIELDS); the planner,
+# aggregation and the run record read it without importing the scorer.
+SCORER_METRICS: dict[str, str] = {
+    "gender": "gender",
+    "sentiment-vader": "sentiment",
+    "sentiment": "sentiment",
+    "regard": "regard",
+    "toxicity-hf": "toxicity",
+    "perspective": "toxicity",
+    "perplexity": "perplexity",
+}
+
+_CLASSIFIER: dict[str, Any] = {
+    "revision": None,
+    "batch_size": 32,
+    "text_field": "continuation",
+    "max_length": 512,
+    "activation": "auto",
+}
+_CLASSIFIER_KINDS = {
+    "model": "str",
+    "revision": "str?",
+    "batch_size": "int",
+    "text_field": "str",
+    "max_length": "int",
+    "activation": "str",
+}
+
+# Parameter defaults per scorer: the built-ins' (their classes' `default_params`) and those a
+# plugin declares; a plugin that declares none is absent (its class's `default_params` hold them).
+SCORER_PARAMS: dict[str, dict[str, Any]] = {
+    "gender": {},
+    "sentiment-vader": {"text_field": "continuation"},
+    "sentiment": {
+        "model": "distilbert/distilbert-base-uncased-finetuned-sst-2-english",
+        **_CLASSIFIER,
+    },
+    "regard": {"model": "sasha/regardv3", **_CLASSIFIER, "text_field": "prompt+continuation"},
+    "toxicity-hf": {"model": "unitary/unbiased-toxic-roberta", **_CLASSIFIER, "label": "toxicity"},
+    "perspective": {
+        "endpoint": None,
+        "api_key_file": None,
+        "attribute": "TOXICITY",
+        "languages": ["en"],
+        "text_field": "continuation",
+        "qps": 1.0,
+        "quota_window_s": 60.0,
+        "batch_size": 100,
+        "max_retries": 6,
+        "backoff_initial_s": 20.0,
+        "backoff_max_s": 300.0,
+        "timeout_s": 60.0,
+        "cache_file": None,
+        "cache_only": False,
+        "progress": True,
+    },
+    "perplexity": {
+        "model": "openai-community/gpt2-xl",
+        "revision": None,
+        "dtype": "float32",
+        "batch_size": 16,
+    },
+}
+
+# Declared kinds of scorer parameters (jobs/catalog/kinds.py), per scorer; a parameter without
+# one has the kind of its default.
+SCORER_KINDS: dict[str, dict[str, str]] = {
+    "gender": {},
+    "sentiment-vader": {"text_field": "str"},
+    "sentiment": dict(_CLASSIFIER_KINDS),
+    "regard": dict(_CLASSIFIER_KINDS),
+    "toxicity-hf": {**_CLASSIFIER_KINDS, "label": "str"},
+    "perspective": {
+        "endpoint": "str?",  # null: PERSPECTIVE_API_ENDPOINT, else the public endpoint
+        "api_key_file": "str?",  # null: PERSPECTIVE_API_KEY
+        "attribute": "str",
+        "languages": "list",
+        "text_field": "str",
+        "qps": "float",
+        "quota_window_s": "float",
+        "batch_size": "int",
+        "max_retries": "int",
+        "backoff_initial_s": "float",
+        "backoff_max_s": "float",
+        "timeout_s": "float",
+        "cache_file": "str?",  # null: <cache_dir>/perspective-scores.sqlite
+        "cache_only": "bool",
+        "progress": "bool",
+    },
+    "perplexity": {"model": "str", "revision": "str?", "dtype": "str", "batch_size": "int"},
+}
+
+
+class UnknownScorerError(KeyError):
+    """A scorer name the catalog does not hold; `args[0]` is the message."""
+
+
+def check_scorer_name(name: str) -> None:
+    """Raise `UnknownScorerError` (with the nearest names) unless `name` is in the catalog."""
+    if name not in SCORERS:
+        close = difflib.get_close_matches(name, list(SCORERS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownScorerError(
+            f"unknown scorer {name!r}{hint} (known: {', '.join(sorted(SCORERS))})"
+        )
+
+
+def scorer_param_kind(name: str, param: str, default: Any = None) -> str:
+    """Declared kind of `param` of scorer `name`, else the kind of its `default`."""
+    declared = SCORER_KINDS.get(name, {}).get(param)
+    return declared or kind_of_default(default, containers=True)
+
+
+def add_scorer(
+    name: str,
+    target: str,
+    metric: str,
+    metrics: Collection[str],
+    params: dict[str, Any] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> None:
+    """Add a scorer from outside the tree (a plugin): `target` is `"module:Class"`, `metric`
+    the one it fills, among `metrics` (results.schema.METRIC_FIELDS, which the caller passes:
+    the catalog sits below `results`), `params` its defaults, `kinds` their declared kinds."""
+    if ":" not in target:
+        raise ValueError(f"scorer {name!r}: target {target!r} is not 'module:Class'")
+    if metric not in metrics:
+        raise ValueError(f"scorer {name!r}: unknown metric {metric!r}; known: {sorted(metrics)}")
+    if name in SCORERS and SCORERS[name] != target:
+        raise ValueError(f"scorer {name!r} is already registered as {SCORERS[name]}")
+    declared = None if kinds is None else check_kinds(f"scorer {name!r}", kinds)
+    SCORERS[name] = target
+    SCORER_METRICS[name] = metric
+    if params is not None:
+        SCORER_PARAMS[name] = dict(params)
+    if declared is not None:
+        SCORER_KINDS[name] = declared
