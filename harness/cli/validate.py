@@ -74,7 +74,7 @@ def _counted(
 ) -> tuple[list[str], int | None]:
     """The header line with the plan's size (prompts read when their files are there; a bad
     prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
-    from harness.driver import load_prompts, load_words
+    from harness.stages.planning import load_prompts, load_words
 
     n_prompts = None
     if any(i.problem for i in files if i.field.startswith(READ_HERE)):
