@@ -20,6 +20,7 @@ import ray
 
 from harness import driver
 from harness.config import RunConfig, parse_config
+from harness.stages import planning
 from harness.stages.generation import generate_stage
 from harness.stages.ray_runtime import local_ray_env
 from jobs.spec import JobSpec
@@ -91,8 +92,8 @@ def make_config(models: list[dict[str, Any]], limit: int = 5, samples: int = 4) 
 def planned(cfg: RunConfig, out: Path | str) -> tuple[RunStore, list[JobSpec], Any]:
     store = RunStore(str(out))
     words = driver.load_words(cfg)
-    jobs = driver.plan(cfg, words)
-    driver.write_plan(store, cfg, jobs)
+    jobs = planning.plan(cfg, words)
+    planning.write_plan(store, cfg, jobs)
     return store, jobs, words
 
 

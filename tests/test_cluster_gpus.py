@@ -24,6 +24,7 @@ from fake_run import generation_row
 
 from harness import driver
 from harness.config import RunConfig, parse_config
+from harness.stages import planning
 from harness.stages.generation import GenerationError, generate_stage
 from harness.stages.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
 from harness.stages.score_settings import PoolSettings, Share
@@ -74,8 +75,8 @@ def paper_config(model: dict[str, Any], **runtime: Any) -> RunConfig:
 def planned(cfg: RunConfig, out: Path) -> tuple[RunStore, list[Any], Any]:
     store = RunStore(str(out))
     words = driver.load_words(cfg)
-    jobs = driver.plan(cfg, words)
-    driver.write_plan(store, cfg, jobs)
+    jobs = planning.plan(cfg, words)
+    planning.write_plan(store, cfg, jobs)
     return store, jobs, words
 
 

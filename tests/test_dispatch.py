@@ -17,7 +17,8 @@ import torch
 
 from harness.config import ModelConfig
 from harness.stages.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
-from harness.stages.dispatch import Dispatcher, ModelWork, Policy
+from harness.stages.dispatch import Dispatcher
+from harness.stages.dispatch_state import ModelWork, Policy
 from harness.stages.generation import _fail_batch, _model_stats, batch_jobs, failed_row, placement
 from jobs.queue import make_batches
 from jobs.spec import JobSpec, ModelRef

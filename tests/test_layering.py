@@ -49,8 +49,6 @@ KNOWN_UP: set[tuple[str, str]] = set()
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_LONG: set[str] = {
     "workers.decoding",
-    "harness.driver",
-    "harness.stages.dispatch",
 }
 
 

@@ -17,7 +17,8 @@ from harness import driver
 from harness.config import RunConfig, load_config
 from harness.stages import generation, planning
 from harness.stages.backends import ActorSpec, Batch, LocalBackend, Placement
-from harness.stages.dispatch import PIPELINE, Dispatcher, ModelWork, Policy
+from harness.stages.dispatch import PIPELINE, Dispatcher
+from harness.stages.dispatch_state import ModelWork, Policy
 from harness.stages.generation import GenerationError
 from jobs.spec import JobSpec
 from results.run.identity import PlanChangedError
@@ -102,7 +103,7 @@ def tiny_cfg(tmp_path: Path, samples: int, max_new_tokens: int = 4) -> RunConfig
 
 
 def all_ids(cfg: RunConfig) -> list[str]:
-    return [j.job_id for j in driver.plan(cfg, driver.load_words(cfg))]
+    return [j.job_id for j in planning.plan(cfg, driver.load_words(cfg))]
 
 
 def test_run_holds_a_bounded_number_of_jobs_and_counts_right(

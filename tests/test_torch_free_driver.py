@@ -16,10 +16,11 @@ import sys
 from harness import driver
 from harness.cli import commands as cli
 from harness.config import load_config
+from harness.stages import planning
 from results.run.store import RunStore
 import workers.methods.registry, workers.scorers.registry
 cfg = load_config("examples/methods-tiny.yaml")
-jobs = driver.plan(cfg, driver.load_words(cfg))
+jobs = planning.plan(cfg, driver.load_words(cfg))
 assert len(jobs) == 9 * 8 * 2, len(jobs)
 for name in cfg.scorers:
     workers.scorers.registry.load_scorer(name.name)

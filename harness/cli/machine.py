@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.cli.preflight import Item
 from harness.config import RunConfig
+from harness.stages.devices import visible_ids
 
 _gpu_count: list[tuple[int, str]] = []
 
@@ -23,10 +24,9 @@ def local_gpus() -> tuple[int, str]:
     subprocess ask torch (it honours CUDA_VISIBLE_DEVICES). Once per process."""
     if _gpu_count:
         return _gpu_count[0]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     spec = importlib.util.find_spec("torch")
     lib = Path(next(iter(spec.submodule_search_locations or []), "")) / "lib" if spec else None
-    if visible is not None and visible.strip() in ("", "-1"):
+    if visible_ids() == []:
         found = (0, "CUDA_VISIBLE_DEVICES hides every GPU")
     elif lib is None:
         found = (0, "torch is not installed")

@@ -67,12 +67,13 @@ def run_main(args: argparse.Namespace) -> int:
 def score_main(args: argparse.Namespace) -> int:
     """`score RUN`: the scores a run lacks (or all of them again, `--overwrite`)."""
     from harness import driver
+    from harness.stages import scorer_selection
     from results.run.invoke import driven
 
     _check_trackers(args)
     store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
-    scorers = driver.scorers_to_run(
+    scorers = scorer_selection.scorers_to_run(
         cfg, args.scorer, getattr(args, "set", None), getattr(args, "cache_only", False)
     )  # validated before Ray starts
     missing = scorer_model_problems(scorers)  # offline: fails now, not after hub retries
@@ -91,7 +92,7 @@ def score_main(args: argparse.Namespace) -> int:
         inv.extra["scorers"] = [{"name": n, "params": p} for n, p in scorers]
         if overwrite:
             inv.extra["overwrite"] = True
-        driver.record_scorers(store, scorers)
+        scorer_selection.record_scorers(store, scorers)
         if use_ray:
             from harness.stages.ray_runtime import init_ray
 
@@ -114,7 +115,7 @@ def score_main(args: argparse.Namespace) -> int:
                 f"(version {st['version']}){extra}"
             )
         if aggregate:
-            use = driver.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
+            use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
             _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
     if aggregate:
         _print_outputs(store)

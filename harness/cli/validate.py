@@ -44,10 +44,10 @@ def validate_main(args: argparse.Namespace) -> int:
 
 def _dataset_lines(cfg: RunConfig) -> list[str]:
     """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
-    from harness import driver
+    from harness.stages import planning
 
     try:  # read (or fetched into the cache) by validate already
-        prompts = driver.load_prompts(cfg, driver.load_words(cfg))
+        prompts = planning.load_prompts(cfg, planning.load_words(cfg))
     except (DatasetError, OSError):  # validate has listed the problem
         return []
     limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
@@ -116,7 +116,7 @@ def _counted(
 ) -> tuple[list[str], int | None]:
     """The header line with the plan's size (prompts read when their files are there; a bad
     prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
-    from harness.driver import load_prompts, load_words
+    from harness.stages.planning import load_prompts, load_words
 
     n_prompts = None
     if any(i.problem for i in files if i.field.startswith(READ_HERE)):

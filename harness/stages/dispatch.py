@@ -2,7 +2,7 @@
 
 Ray-free: actors are reached through a `harness.stages.backends.Backend` (Ray actors, or plain objects
 in this process for `--no-ray` and the tests), so every rule below is testable without
-a cluster.
+a cluster. The queues, slots and bounds it works on are in `harness.stages.dispatch_state`.
 
 Rules:
 
@@ -36,11 +36,9 @@ Rules:
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.stages.backends import (
@@ -49,93 +47,16 @@ from harness.stages.backends import (
     ActorSpec,
     Backend,
     Batch,
-    MethodKey,
     Placement,
     TaskFailed,
     first_line,
 )
+from harness.stages.dispatch_state import Call, ModelWork, Policy, Slot
 from jobs.spec import ModelRef
 from results.run.invoke import check_interrupt
 
 log = logging.getLogger("harness")
 PIPELINE = 2  # batches held by one actor: one running, one queued on it
-
-
-@dataclasses.dataclass
-class ModelWork:
-    """One model's share of the stage: its queue of (batch, attempts so far), the `source` that
-    refills it lazily (None: the queue holds everything), and counts. `total` is the number of
-    jobs of the queue and the source together."""
-
-    model: ModelRef
-    keys: list[MethodKey]
-    placement: Placement
-    batches: collections.deque[tuple[Batch, int]]
-    total: int = 0
-    done: int = 0
-    failed: int = 0
-    prepared: bool = False
-    error: str | None = None  # set: this model cannot run; its queued jobs stay pending
-    source: Iterator[Batch] | None = None
-    pulled: int = 0  # batches taken from `source` so far
-    batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
-    groups: list[Any] = dataclasses.field(default_factory=list)  # reservation per slot index
-
-    def has_batches(self, want: int = 1) -> bool:
-        """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
-        while len(self.batches) < want and self.source is not None:
-            batch = next(self.source, None)
-            if batch is None:
-                self.source = None  # exhausted: let the iterator and its chunk go
-                break
-            self.pulled += 1
-            self.batches.append((batch, 0))
-        return bool(self.batches)
-
-    def take(self) -> tuple[Batch, int]:
-        """The next (batch, attempts): retried batches first, then the source."""
-        self.has_batches()
-        return self.batches.popleft()
-
-
-@dataclasses.dataclass
-class Slot:
-    """One replica position of a model; its actor is replaced when it dies."""
-
-    work: ModelWork
-    index: int
-    actor: Any = None
-    record: ActorRecord | None = None
-    ready: bool = False
-    started_at: float = 0.0
-    restarts: int = 0
-    failed_starts: int = 0  # in a row: deaths before the actor was ready
-    group: Any = None  # its reservation (a placement group), freed when the slot is done
-    inflight: list[tuple[Any, Call]] = dataclasses.field(default_factory=list)  # oldest first
-
-    @property
-    def live(self) -> bool:
-        return self.actor is not None
-
-
-@dataclasses.dataclass
-class Call:
-    slot: Slot
-    kind: str  # "prepare" | "batch"
-    record: ActorRecord
-    batch: Batch | None = None
-    attempts: int = 0
-
-
-@dataclasses.dataclass
-class Policy:
-    """Bounds of the fault handling (from `runtime` in the config)."""
-
-    max_batch_retries: int = 2
-    max_actor_restarts: int = 2
-    start_timeout_s: float = 600.0
-    log_every_s: float = 30.0
-
 
 FailBatch = Callable[[Batch, str], int]  # writes error rows; returns how many jobs it recorded
 Progress = Callable[[int, int], None]  # (jobs finished, of which ok)

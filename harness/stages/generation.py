@@ -14,16 +14,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from harness.config import ModelConfig, RunConfig
 from harness.progress import Progress
 from harness.stages.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
-from harness.stages.dispatch import PIPELINE, Dispatcher, ModelWork, Observer, Policy
+from harness.stages.devices import visible_gpus
+from harness.stages.dispatch import PIPELINE, Dispatcher, Observer
+from harness.stages.dispatch_state import ModelWork, Policy
 from harness.stages.planning import Plan
 from harness.stages.reservation import (
     Budget,
@@ -303,27 +303,6 @@ def on_gpu(where: Placement) -> bool:
     if where.device:
         return False
     return visible_gpus() > 0
-
-
-def visible_gpus(proc: str = "/proc/driver/nvidia/gpus") -> int:
-    """NVIDIA GPUs this process may use, without importing torch (the driver stays torch-free).
-
-    The NVIDIA kernel driver lists each GPU under `proc`; `CUDA_VISIBLE_DEVICES` narrows them
-    (empty or "-1": none). A machine with a GPU but a CPU-only torch build counts its GPU
-    here: the in-process generator then runs on CPU with GPU-sized batches of `auto`.
-    """
-    root = Path(proc)
-    try:
-        count = sum(1 for _ in root.iterdir()) if root.is_dir() else 0
-    except OSError:
-        count = 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return count
-    ids = [v for v in visible.split(",") if v.strip()]
-    if not ids or ids[0].strip() == "-1":
-        return 0
-    return min(count, len(ids))
 
 
 def batch_jobs(size: int | str, where: Placement, pending: int) -> int:

@@ -1,4 +1,10 @@
-"""The plan as a stream: one pass that checks, writes and counts it, then the pending jobs again.
+"""The plan stage: the config's prompts and grid, streamed into plan.parquet and counted.
+
+`plan_stage` loads the prompts (`load_prompts`), refuses a grid too large to hold, and runs
+`plan_pass`, then writes the config snapshot (`config_snapshot`). `plan` and `write_plan` do the
+same for a plan held as a list (tests and small tools).
+
+The plan as a stream: one pass that checks, writes and counts it, then the pending jobs again.
 
 `plan_pass` walks the grid once (`jobs.iter_plan` chunks of one (model, method, task) slice): each
 chunk's job ids go to the identity check (`results.run.identity.PlanCheck`), its rows to plan.parquet
@@ -12,20 +18,33 @@ lazily, so the generation stage holds about one chunk of `JobSpec`s per model.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from harness.config import RunConfig, redacted
+from harness.config import (
+    ConfigError,
+    GenerationConfig,
+    ModelConfig,
+    RunConfig,
+    check_grid_size,
+    dump_config,
+    redacted,
+)
 from harness.stages.backends import MethodKey
-from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey
+from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
 from jobs.spec import JobSpec, ModelRef, plan_columns
+from jobs.words import GroupWords, load_group_words
 from results.run.identity import PlanCheck
 from results.run.store import RunStore
 from results.schema import PLAN_SCHEMA
+
+log = logging.getLogger("harness")
 
 # (slices to expand, or None for all; jobs per chunk) → the grid's chunks in plan order
 ChunkSource = Callable[[Callable[[SliceKey], bool] | None, int], Iterator[PlanChunk]]
@@ -142,3 +161,143 @@ def plan_pass(
     store.makedirs()
     store.write_plan_tables(tables())
     return Plan(source, done, list(counts.values()), identity)
+
+
+def load_words(cfg: RunConfig) -> GroupWords:
+    return load_group_words(
+        cfg.gender_words, sha256=cfg.gender_words_sha256, cache_dir=cfg.runtime.cache_dir
+    )
+
+
+def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
+    ds = cfg.dataset
+    if ds.kind == "paired-jsonl":
+        assert ds.files is not None
+        return load_paired_jsonl(
+            ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir
+        )
+    assert ds.path is not None
+    sha = (ds.sha256 or {}).get("path")
+    return load_prompt_list(
+        ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
+    )
+
+
+def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
+    """The model's own `generation`, else the run's, with the paper's sampling parameters as the
+    defaults for a model the paper ran (e.g. OPT-6.7B: temperature 0.75, repetition penalty 1.2)."""
+    if model.generation is not None:
+        return model.generation
+    from jobs.catalog import paper_generation
+
+    paper = paper_generation(model.id)
+    given = {k: getattr(cfg.generation, k) for k in cfg.generation.model_fields_set}
+    if "generation" not in cfg.model_fields_set:
+        given = {}
+    return GenerationConfig(**{**cfg.generation.model_dump(), **paper, **given})
+
+
+def grid_axes(cfg: RunConfig) -> tuple[list[Any], list[Any], dict[Any, dict[str, str]]]:
+    """(models with their sampling parameters, methods with theirs, heads per model and task)."""
+    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
+    methods = [(m.name, dict(m.params)) for m in cfg.methods]
+    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    return models, methods, heads
+
+
+def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
+    """Every job of the config's grid as one list (tests and small tools; `run` streams)."""
+    prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
+    models, methods, heads = grid_axes(cfg)
+    return expand_grid(
+        prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
+    )
+
+
+def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
+    """The grid of `cfg` over `prompts`, expandable again and again, slice by slice."""
+    models, methods, heads = grid_axes(cfg)
+    tasks = list(cfg.tasks)
+
+    def source(only: Callable[[SliceKey], bool] | None, chunk_size: int) -> Iterator[PlanChunk]:
+        return iter_plan(
+            prompts,
+            models,
+            methods,
+            tasks,
+            cfg.samples_per_prompt,
+            chunk_size=chunk_size,
+            heads=heads,
+            only=only,
+        )
+
+    return source
+
+
+def config_snapshot(store: RunStore, cfg: RunConfig) -> str:
+    """config.yaml for `cfg` (secrets redacted), keeping the scorers the run's snapshot records
+    and `cfg` lacks: those `score` added (`harness.stages.scorer_selection.record_scorers`); their
+    scores stay in the run, so a re-run of the original config must not drop the record of how
+    they were computed."""
+    if store.exists("config.yaml"):
+        import yaml
+
+        from harness.config import parse_config
+
+        try:
+            old = parse_config(
+                yaml.safe_load(store.read_text("config.yaml")), f"{store.uri}/config.yaml"
+            )
+        except (ConfigError, OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            log.warning("%s/config.yaml could not be read (%s): rewritten", store.uri, exc)
+        else:
+            named = {s.name for s in cfg.scorers}
+            extra = [s for s in old.scorers if s.name not in named]
+            if extra:
+                cfg = cfg.model_copy(update={"scorers": [*cfg.scorers, *extra]})
+    return dump_config(cfg)
+
+
+def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
+    """config.yaml and plan.parquet of a plan held as a list (`run` streams it instead)."""
+    store.makedirs()
+    store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
+    store.write_plan_jobs(jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
+
+
+def plan_stage(
+    store: RunStore,
+    cfg: RunConfig,
+    words: GroupWords,
+    replan: bool = False,
+    retry_failed: bool = False,
+) -> Plan:
+    """Check the config's plan against the run's, write plan.parquet and config.yaml, and count
+    planned and pending jobs: one streamed pass (`plan_pass`).
+
+    Jobs with an error row count as done unless `retry_failed`.
+
+    Raises:
+        results.run.identity.PlanChangedError: the config alters or drops planned jobs and
+            `replan` is false (plan.parquet and config.yaml are left as they were).
+    """
+    prompts = load_prompts(cfg, words)
+    check_grid_size(cfg, len(prompts))  # refuse before expanding a grid too large to run
+    done = store.done_ids(include_errors=not retry_failed)
+    the_plan = plan_pass(store, cfg, chunk_source(cfg, prompts), done, replan=replan)
+    store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
+    identity = the_plan.identity
+    if identity["kind"] == "replan":
+        log.warning(
+            "--replan: %s now holds a new plan of %d jobs; the %d jobs of the old plan stay on "
+            "disk, outside every count (changed: %s)",
+            store.uri,
+            the_plan.planned,
+            identity["old_jobs"],
+            "; ".join(identity["changed"]) or "-",
+        )
+    elif identity["kind"] == "extend":
+        log.info("the config adds %d jobs to the plan of %s", identity["added"], store.uri)
+    log.info("planned %d jobs into %s (%d pending)", the_plan.planned, store.uri, the_plan.pending)
+    return the_plan

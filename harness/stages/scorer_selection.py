@@ -1,0 +1,141 @@
+"""Which scorers run, and which are read: the `score` command's list (`scorers_to_run`), recorded
+in the run's config snapshot (`record_scorers`); the scorer read per metric when several gave it
+(`scorer_preference`, `first_scorer_per_metric`); and the config the scorers that follow
+generation run with (`follow_config`, `harness.stages.score_follow`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from harness.config import ConfigError, RunConfig, ScorerConfig, dump_config, load_yaml
+from harness.stages.score_follow import pool_wants_gpu
+from harness.stages.score_settings import Share, pool_settings
+from results.run.store import RunStore
+
+log = logging.getLogger("harness")
+
+
+def scorers_to_run(
+    cfg: RunConfig,
+    names: list[str] | None,
+    settings: list[str] | None = None,
+    cache_only: bool = False,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(name, params) of the scorers `score` runs, checked (names, parameter names) now.
+
+    No names: the config's scorers. A named scorer the config lists keeps its parameters;
+    any other registered scorer runs with its defaults. `settings` (`KEY=VALUE`, or
+    `NAME.KEY=VALUE` with several names; values read as YAML) override parameters.
+
+    Raises:
+        ConfigError: an unknown scorer or parameter, or a malformed setting.
+    """
+
+    from workers.scorers.registry import check_scorer_name, load_scorer
+
+    given = {s.name: dict(s.params) for s in cfg.scorers}
+    chosen = list(dict.fromkeys(names)) if names else list(given)
+    if not chosen:
+        raise ConfigError("the run's config names no scorer: pass --scorer NAME")
+    params: dict[str, dict[str, Any]] = {}
+    for name in chosen:
+        try:
+            check_scorer_name(name)
+        except KeyError as exc:
+            raise ConfigError(f"--scorer: {exc.args[0]}") from None
+        params[name] = dict(given.get(name, {}))
+    for item in settings or []:
+        key, eq, raw = item.partition("=")
+        target, dot, field = key.rpartition(".")
+        if not eq or not field or (not dot and len(chosen) != 1):
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE (NAME.KEY=VALUE when several scorers run)"
+            )
+        target = target or chosen[0]
+        if target not in params:
+            raise ConfigError(f"--set {item!r}: {target!r} is not among the scorers {chosen}")
+        params[target][field] = load_yaml(raw, f"--set {item!r}: the value")  # 1e-3: a float
+    if cache_only:
+        if "perspective" not in params:
+            raise ConfigError("--cache-only applies to --scorer perspective only")
+        params["perspective"]["cache_only"] = True
+    for name, p in params.items():
+        try:
+            load_scorer(name).check_params(p)  # imports the module only: no torch here
+        except (KeyError, ValueError) as exc:
+            msg = exc.args[0] if exc.args else exc
+            raise ConfigError(f"--scorer {name}: {msg}") from None
+    return list(params.items())
+
+
+def record_scorers(store: RunStore, scorers: list[tuple[str, dict[str, Any]]]) -> None:
+    """Add scorers run by `score` to the config snapshot (secrets redacted), or update them."""
+    if not store.exists("config.yaml"):
+        return
+    import yaml
+
+    from harness.config import parse_config
+
+    snap = parse_config(yaml.safe_load(store.read_text("config.yaml")), f"{store.uri}/config.yaml")
+    entries = {s.name: s for s in snap.scorers}
+    for name, params in scorers:
+        entries[name] = ScorerConfig(name=name, params=params)
+    updated = snap.model_copy(update={"scorers": list(entries.values())})
+    text = dump_config(updated)
+    if text != store.read_text("config.yaml"):
+        store.write_bytes("config.yaml", text.encode())
+
+
+def scorer_preference(
+    cfg: RunConfig, named: list[str], present: list[str] | None = None
+) -> list[str]:
+    """One scorer per metric for aggregation: the ones just run first, then the config's
+    (only those with scores in `present`, when given)."""
+    from jobs.catalog import SCORER_METRICS
+
+    chosen: dict[str, str] = {}
+    for name in [*named, *(s.name for s in cfg.scorers)]:
+        if present is None or name in present:
+            chosen.setdefault(SCORER_METRICS[name], name)
+    return list(chosen.values())
+
+
+def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
+    """The config's scorers, keeping the first listed for each metric (what `run` aggregates)."""
+    from jobs.catalog import SCORER_METRICS
+
+    chosen: dict[str, str] = {}
+    for s in cfg.scorers:
+        chosen.setdefault(SCORER_METRICS[s.name], s.name)
+    return list(chosen.values())
+
+
+def follow_config(cfg: RunConfig, growing: bool, pending: int = 1) -> RunConfig:
+    """The config the follower runs with: while generation grows onto GPU nodes that join
+    (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
+    actor could take a joining node's GPU before generation's new reservation does. With no
+    job `pending` nothing follows: the final pass scores what is missing (started for a
+    generation that ends at once, the scorers' actors were each reported "not ready")."""
+    if not pending and cfg.runtime.score_during_generation is not False:
+        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
+        return cfg.model_copy(update={"runtime": runtime})
+    if not growing or cfg.runtime.score_during_generation is not True:
+        return cfg
+    settings = pool_settings(cfg)
+    on_gpu = [
+        s.name
+        for s in cfg.scorers
+        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
+    ]
+    if not on_gpu:
+        return cfg
+    log.warning(
+        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
+        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
+        "runtime.gpus to score during generation",
+        ", ".join(on_gpu),
+    )
+    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
+    return cfg.model_copy(update={"runtime": runtime})
