@@ -20,8 +20,8 @@ from harness.stages.score_pool import pool_plans
 from harness.stages.score_settings import PoolSettings, Share
 from harness.stages.scoring import ScoringError, score_run
 from results.run.store import RunStore
-from workers.cache_mirror import CacheMirror, scorer_context
 from workers.scorers.base import Scorer, ScorerContext, ScorerError
+from workers.scorers.cache_mirror import CacheMirror, scorer_context
 
 CTX = ScorerContext(device="cpu")
 

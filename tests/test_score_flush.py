@@ -13,8 +13,8 @@ from harness.stages.score_settings import PoolSettings
 from harness.stages.scoring import score_run
 from results.run.store import RunStore
 from tests.fake_run import generation_row
-from workers.score_buffer import ScoreBuffer, ScoringError
 from workers.scorers.base import ScorerContext
+from workers.scorers.score_buffer import ScoreBuffer, ScoringError
 
 IDS = [f"j{i:03d}" for i in range(8)]
 

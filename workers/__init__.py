@@ -10,16 +10,16 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "CacheMirror": "workers.cache_mirror",
+    "CacheMirror": "workers.scorers.cache_mirror",
     "Generator": "workers.generator",
     "LoadedLM": "workers.models",
-    "ScoreBuffer": "workers.score_buffer",
-    "ScoringError": "workers.score_buffer",
+    "ScoreBuffer": "workers.scorers.score_buffer",
+    "ScoringError": "workers.scorers.score_buffer",
     "decode_batch": "workers.decoding",
     "load_lm": "workers.models",
     "load_method": "workers.methods.registry",
     "load_scorer": "workers.scorers.registry",
-    "scorer_context": "workers.cache_mirror",
+    "scorer_context": "workers.scorers.cache_mirror",
 }
 
 __all__ = sorted(_LAZY)

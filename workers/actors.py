@@ -92,8 +92,8 @@ class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
     A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`workers.cache_mirror.scorer_context`). `score_chunk` holds the
-    rows it scored (`workers.score_buffer.ScoreBuffer`) and writes them itself as one atomic shard
+    context names a `cache_dir` (`workers.scorers.cache_mirror.scorer_context`). `score_chunk` holds the
+    rows it scored (`workers.scorers.score_buffer.ScoreBuffer`) and writes them itself as one atomic shard
     of ~8k rows (named by their job ids and the scorer version); it returns each row's job id
     and status, and whether everything it scored so far is now written (`flushed`). The
     driver never carries score rows, and requeues the chunks it has not seen flushed when the
@@ -115,7 +115,7 @@ class ScorerActor:
         self.name, self.run_uri = name, run_uri
         self.buffer: Any = None
         if run_uri is not None:
-            from workers.cache_mirror import scorer_context
+            from workers.scorers.cache_mirror import scorer_context
 
             context, self.mirror = scorer_context(name, params, context, run_uri)
         self.scorer = load_scorer(name)(params, context)
@@ -163,7 +163,7 @@ class ScorerActor:
     def _buffer(self, flush_rows: int | None) -> Any:
         if self.buffer is None:
             from results.run.store import RunStore
-            from workers.score_buffer import FLUSH_ROWS, ScoreBuffer
+            from workers.scorers.score_buffer import FLUSH_ROWS, ScoreBuffer
 
             if self.run_uri is None:
                 raise ValueError("ScorerActor.score_chunk needs the run's URI (run_uri)")

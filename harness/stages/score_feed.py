@@ -1,5 +1,5 @@
 """What the scoring stage reads: generation rows streamed in chunks (the Perspective cache
-mirrored into the run's storage is `workers.cache_mirror`).
+mirrored into the run's storage is `workers.scorers.cache_mirror`).
 
 The driver never holds the run's generation rows: `ok_chunks` reads one generation shard at a
 time, only the columns scorers use, drops rows that are not ok or already scored, and turns

@@ -35,10 +35,10 @@ from harness.stages.score_settings import PoolSettings, Share, pool_settings
 from harness.stages.score_work import Work
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.cache_mirror import scorer_context
-from workers.score_buffer import ScoringError
 from workers.scorers.base import ScorerContext, ScorerError
+from workers.scorers.cache_mirror import scorer_context
 from workers.scorers.registry import load_scorer
+from workers.scorers.score_buffer import ScoringError
 
 log = logging.getLogger("harness")
 FOLLOW_POLL_S = 5.0  # how often the generation folder is listed

@@ -35,8 +35,8 @@ from harness.stages.score_settings import PoolSettings
 from harness.stages.score_work import new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore
-from workers.score_buffer import Row, ScoringError, check_rows
 from workers.scorers.base import ScorerContext, ScorerError
+from workers.scorers.score_buffer import Row, ScoringError, check_rows
 
 log = logging.getLogger("harness")
 PIPELINE = 2  # chunks queued per actor: the next one waits while one runs
@@ -110,7 +110,7 @@ class ScoreLoop:
     ) -> None:
         self.store, self.pools, self.timeout = store, pools, call_timeout_s
         self.flush_rows = (
-            flush_rows  # None: the actors' default (`workers.score_buffer.FLUSH_ROWS`)
+            flush_rows  # None: the actors' default (`workers.scorers.score_buffer.FLUSH_ROWS`)
         )
         self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
         self.run_uri = store.uri

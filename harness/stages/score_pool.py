@@ -24,10 +24,10 @@ from typing import Any
 from harness.stages.backends import cpu_threads
 from harness.stages.score_settings import PoolSettings, Share
 from harness.stages.score_work import Work
-from workers.cache_mirror import SYNCED_CACHES
-from workers.score_buffer import Row
 from workers.scorers.base import ScorerContext
+from workers.scorers.cache_mirror import SYNCED_CACHES
 from workers.scorers.registry import load_scorer
+from workers.scorers.score_buffer import Row
 
 log = logging.getLogger("harness")
 

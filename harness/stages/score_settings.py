@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.score_buffer import FLUSH_ROWS
+from workers.scorers.score_buffer import FLUSH_ROWS
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from harness.stages.score_feed import OkRows, input_columns, read_shard_columns, scored_ids
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.score_buffer import Row, ScoreBuffer, ScoringError, check_rows, write_chunk
 from workers.scorers.registry import load_scorer
+from workers.scorers.score_buffer import Row, ScoreBuffer, ScoringError, check_rows, write_chunk
 
 GIVE_UP_IN_A_ROW = 5  # chunks given up one after the other: the scorer stops
 

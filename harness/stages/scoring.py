@@ -5,7 +5,7 @@ scorer's *current* version (so a new model revision or API version rescores ever
 a re-run with nothing new does no work). The rows stream from the generation shards
 (`harness.stages.score_feed.OkRows`: one shard at a time, only the columns scorers read) in
 chunks. Scored rows are written by whoever scored them (the actor; without Ray this process)
-as atomic shards of ~8k rows (`workers.score_buffer.ScoreBuffer`: `FLUSH_ROWS`, or every
+as atomic shards of ~8k rows (`workers.scorers.score_buffer.ScoreBuffer`: `FLUSH_ROWS`, or every
 `FLUSH_S` seconds), and the stage ends by compacting each scorer's shards to ~50k rows
 (`compact_scores`), so an interrupted stage resumes from what was written. Scoring never
 generates: a run without generations is an error.
@@ -37,10 +37,10 @@ from harness.stages.score_settings import PoolSettings
 from harness.stages.score_work import Work, new_work
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.cache_mirror import CacheMirror, scorer_context
-from workers.score_buffer import Row, ScoreBuffer, ScoringError
 from workers.scorers.base import ScorerContext, ScorerError
+from workers.scorers.cache_mirror import CacheMirror, scorer_context
 from workers.scorers.registry import check_scorer_name, load_scorer
+from workers.scorers.score_buffer import Row, ScoreBuffer, ScoringError
 
 if TYPE_CHECKING:
     from harness.stages.score_follow import Followed
