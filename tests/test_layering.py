@@ -210,3 +210,29 @@ def test_the_circle_finder_finds_circles(
     rules: dict[str, dict[str, int]], breaks: list[frozenset[str]]
 ) -> None:
     assert cycles(rules) == breaks
+
+
+def layout_section() -> list[list[str]]:
+    """The rows of docs/design.md's "Layout" table, as [floor, room, what, torch] cells."""
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]  # no header
+
+
+def test_the_design_doc_draws_the_tree_as_it_is() -> None:
+    """Each folder's modules, as `ls` shows them, are the ones the Layout table names for it."""
+    drawn: dict[str, set[str]] = {}
+    package = ""
+    for floor, room, *_ in layout_section():
+        package = floor.split("`")[1].rstrip("/") if floor else package
+        names = room.split("`")[1::2]
+        if names[0].endswith("/"):  # a room: `name/` (`module`, ...)
+            drawn.setdefault(f"{package}/{names[0].rstrip('/')}", set()).update(names[1:])
+        else:  # modules of the package itself
+            drawn.setdefault(package, set()).update(n.removesuffix(".py") for n in names)
+    on_disk: dict[str, set[str]] = {}
+    for path in modules().values():
+        if path.stem not in ("__init__", "__main__"):
+            on_disk.setdefault(str(path.parent.relative_to(REPO)), set()).add(path.stem)
+    assert drawn == on_disk
