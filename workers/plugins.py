@@ -27,11 +27,13 @@ classes are imported only where they run (inside actors), like the built-in ones
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from jobs.catalog import add_method, add_scorer
 
@@ -117,3 +119,25 @@ def _register_scorer(name: str, spec: Any, where: str) -> None:
         )
     except ValueError as exc:
         raise PluginError(f"{where}: {exc}") from None
+
+
+def import_target(target: str) -> type[Any]:
+    """The class a catalog target (`"module:Class"`) names, imported now (inside actors only)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def after_plugins(lookup: Callable[P, R]) -> Callable[P, R]:
+    """`lookup` (a catalog function) run once the plugins are loaded, so that it sees their
+    methods and scorers too."""
+
+    @functools.wraps(lookup)
+    def looked_up(*args: P.args, **kwargs: P.kwargs) -> R:
+        load_plugins()
+        return lookup(*args, **kwargs)
+
+    return looked_up

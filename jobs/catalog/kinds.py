@@ -7,7 +7,9 @@ a config is validated; `harness list` shows every parameter's kind.
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Iterable
 from typing import Any
 
 _KIND_OF_TYPE: dict[type, str] = {
@@ -70,3 +72,12 @@ def check_kinds(owner: str, kinds: Any) -> dict[str, str]:
                 f"{', '.join(known)} (a trailing ? allows null)"
             )
     return {str(p): k for p, k in kinds.items()}
+
+
+def unknown_name(what: str, name: str, known: Iterable[str]) -> str:
+    """The message for a `what` (method, scorer) named `name` that is not among `known`, with
+    the nearest names."""
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"unknown {what} {name!r}{hint} (known: {', '.join(names)})"

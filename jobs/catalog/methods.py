@@ -7,11 +7,10 @@ their methods here through `add_method`.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.catalog.kinds import check_kinds, kind_error, kind_of_default
+from jobs.catalog.kinds import check_kinds, kind_error, kind_of_default, unknown_name
 from jobs.catalog.paper import model_defaults
 
 METHODS: dict[str, str] = {
@@ -124,11 +123,7 @@ class UnknownMethodError(KeyError):
 def check_method_name(name: str) -> None:
     """Raise `UnknownMethodError` (with the nearest names) unless `name` is in the catalog."""
     if name not in METHODS:
-        close = difflib.get_close_matches(name, list(METHODS), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UnknownMethodError(
-            f"unknown method {name!r}{hint} (known: {', '.join(sorted(METHODS))})"
-        )
+        raise UnknownMethodError(unknown_name("method", name, METHODS))
 
 
 def takes_head(name: str) -> bool:

@@ -8,11 +8,10 @@ through `add_scorer`. The built-in scorers' `default_params` and `SCORER_PARAMS`
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection
 from typing import Any
 
-from jobs.catalog.kinds import check_kinds, kind_of_default
+from jobs.catalog.kinds import check_kinds, kind_of_default, unknown_name
 
 SCORERS: dict[str, str] = {
     "gender": "workers.scorers.gender:GenderLabels",
@@ -124,11 +123,7 @@ class UnknownScorerError(KeyError):
 def check_scorer_name(name: str) -> None:
     """Raise `UnknownScorerError` (with the nearest names) unless `name` is in the catalog."""
     if name not in SCORERS:
-        close = difflib.get_close_matches(name, list(SCORERS), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UnknownScorerError(
-            f"unknown scorer {name!r}{hint} (known: {', '.join(sorted(SCORERS))})"
-        )
+        raise UnknownScorerError(unknown_name("scorer", name, SCORERS))
 
 
 def scorer_param_kind(name: str, param: str, default: Any = None) -> str:

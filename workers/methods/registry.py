@@ -8,37 +8,20 @@ parameters resolve are the catalog's (`jobs.catalog`, torch-free). This module a
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
 from typing import Any
 
 import jobs.catalog as catalog
-from workers.plugins import load_plugins
+from workers.plugins import after_plugins, import_target
 
-
-def check_method_name(name: str) -> None:
-    """Load the plugins, then raise `jobs.catalog.UnknownMethodError` for an unknown `name`."""
-    load_plugins()
-    catalog.check_method_name(name)
-
-
-def resolve_params(
-    name: str,
-    params: dict[str, Any],
-    model_id: str,
-    task: str | None = None,
-    heads: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """`jobs.catalog.resolve_params` once the plugins are loaded (a plugin method's too)."""
-    load_plugins()
-    return catalog.resolve_params(name, params, model_id, task, heads)
+# the catalog's lookups, after the plugins (a plugin method's name and parameters too)
+check_method_name = after_plugins(catalog.check_method_name)
+resolve_params = after_plugins(catalog.resolve_params)
 
 
 def load_method(name: str) -> type[Any]:
     """Import the method class registered under `name` (inside actors only)."""
     check_method_name(name)
-    module, _, attr = catalog.METHODS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return import_target(catalog.METHODS[name])
 
 
 def register_method(

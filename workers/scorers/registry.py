@@ -8,24 +8,18 @@ makes.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import jobs.catalog as catalog
-from workers.plugins import load_plugins
+from workers.plugins import after_plugins, import_target
 
-
-def check_scorer_name(name: str) -> None:
-    """Load the plugins, then raise `jobs.catalog.UnknownScorerError` (a `KeyError`) for an
-    unknown `name`."""
-    load_plugins()
-    catalog.check_scorer_name(name)
+# the catalog's lookup, after the plugins; raises `jobs.catalog.UnknownScorerError` (a KeyError)
+check_scorer_name = after_plugins(catalog.check_scorer_name)
 
 
 def load_scorer(name: str) -> type[Any]:
     check_scorer_name(name)
-    module, _, attr = catalog.SCORERS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return import_target(catalog.SCORERS[name])
 
 
 def register_scorer(
