@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,3 +65,25 @@ def ray_local(_ray_session: str) -> None:
 
     if not ray.is_initialized():
         _start_local_ray(_ray_session)
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty HF cache and a hub endpoint that refuses connections; the process-wide
+    probe memo and offline switch are put back after the test."""
+    from tests.validate_helpers import closed_port
+    from workers import hub
+
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `go_offline` sets the first
+        monkeypatch.setenv(name, "0")  # recorded, so the value before the test comes back
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(hub, "_probed", {})
+    monkeypatch.setattr(hub, "_offline_why", [])
+    if "huggingface_hub.constants" in sys.modules:
+        constants = sys.modules["huggingface_hub.constants"]
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)
+    yield endpoint
