@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,16 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         constants = sys.modules["huggingface_hub.constants"]
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)
     yield endpoint
+
+
+@pytest.fixture(scope="session")
+def report_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A synthetic run over two models, aggregated as the driver does (the report tests)."""
+    from fake_run import synthetic_run
+
+    from results.report.build import aggregate_run
+    from workers.tiny import report_tokenizer
+
+    root = tmp_path_factory.mktemp("report") / "run"
+    store = synthetic_run(str(root), models=("gpt2-large", "tiny-random/gpt2"))
+    return aggregate_run(store, n_boot=200, tokenizer_for=report_tokenizer)  # as the driver does
