@@ -1,4 +1,5 @@
-"""Shared fixtures: paths to ../shared, job factories, one local Ray for the whole session."""
+"""Shared fixtures: paths to ../shared, one local Ray for the whole session, an offline hub, and
+the runs the report and everyday CLI tests share (made once a session)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,25 @@ def report_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("report") / "run"
     store = synthetic_run(str(root), models=("gpt2-large", "tiny-random/gpt2"))
     return aggregate_run(store, n_boot=200, tokenizer_for=report_tokenizer)  # as the driver does
+
+
+@pytest.fixture(scope="session")
+def everyday_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """(run dir, stdout, stderr) of `run --no-ray -v` over 2 pairs, vanilla, 1 sample (the
+    last two set with --set), in this process, no Ray: the everyday CLI tests read it, or change
+    a copy of it (`tests.cli_run.copy_run`)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from harness.cli.commands import main
+    from tests.cli_run import config
+
+    tmp = tmp_path_factory.mktemp("everyday")
+    out = tmp / "run"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    args = ["run", str(config(tmp)), "--out", str(out), "--no-ray", "--no-progress", "-v"]
+    args += ["--set", "methods=[vanilla]", "--set", "samples_per_prompt=1"]
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        rc = main(args)
+    assert rc == 0, stderr.getvalue()[-3000:]
+    return out, stdout.getvalue(), stderr.getvalue()
