@@ -6,7 +6,6 @@ starts."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ register_scorer("vader-typed", "workers.scorers.vader:VaderSentiment", "sentimen
 
 
 def test_list_scorers_shows_included_scorers_with_typed_parameters(tmp_path: Path) -> None:
+    import subprocess
 
     (tmp_path / "typed_scorer.py").write_text(INCLUDED)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
