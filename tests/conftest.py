@@ -1,12 +1,15 @@
-"""Shared fixtures: paths to ../shared, job factories, one local Ray for the whole session."""
+"""Shared fixtures: paths to ../shared, one local Ray for the whole session, an offline hub, and
+the runs the report and everyday CLI tests share (made once a session)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,3 +67,60 @@ def ray_local(_ray_session: str) -> None:
 
     if not ray.is_initialized():
         _start_local_ray(_ray_session)
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty HF cache and a hub endpoint that refuses connections; the process-wide
+    probe memo and offline switch are put back after the test."""
+    from tests.validate_helpers import closed_port
+    from workers import hub
+
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `go_offline` sets the first
+        monkeypatch.setenv(name, "0")  # recorded, so the value before the test comes back
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(hub, "_probed", {})
+    monkeypatch.setattr(hub, "_offline_why", [])
+    if "huggingface_hub.constants" in sys.modules:
+        constants = sys.modules["huggingface_hub.constants"]
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)
+    yield endpoint
+
+
+@pytest.fixture(scope="session")
+def report_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A synthetic run over two models, aggregated as the driver does (the report tests)."""
+    from fake_run import synthetic_run
+
+    from results.report.build import aggregate_run
+    from workers.tiny import report_tokenizer
+
+    root = tmp_path_factory.mktemp("report") / "run"
+    store = synthetic_run(str(root), models=("gpt2-large", "tiny-random/gpt2"))
+    return aggregate_run(store, n_boot=200, tokenizer_for=report_tokenizer)  # as the driver does
+
+
+@pytest.fixture(scope="session")
+def everyday_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """(run dir, stdout, stderr) of `run --no-ray -v` over 2 pairs, vanilla, 1 sample (the
+    last two set with --set), in this process, no Ray: the everyday CLI tests read it, or change
+    a copy of it (`tests.cli_run.copy_run`)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from harness.cli.commands import main
+    from tests.cli_run import config
+
+    tmp = tmp_path_factory.mktemp("everyday")
+    out = tmp / "run"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    args = ["run", str(config(tmp)), "--out", str(out), "--no-ray", "--no-progress", "-v"]
+    args += ["--set", "methods=[vanilla]", "--set", "samples_per_prompt=1"]
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        rc = main(args)
+    assert rc == 0, stderr.getvalue()[-3000:]
+    return out, stdout.getvalue(), stderr.getvalue()

@@ -23,8 +23,8 @@ from harness.stages.generation import GenerationError
 from jobs.spec import JobSpec
 from results.run.identity import PlanChangedError
 from results.run.store import RunStore
+from tests.fake_dispatch import Clock, FakeBackend, Script
 from tests.helpers import make_jobs
-from tests.test_dispatch import Clock, FakeBackend, Script
 
 REPO = Path(__file__).resolve().parents[1]
 

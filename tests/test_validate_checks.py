@@ -1,77 +1,28 @@
 """`validate` runs every check `run` would hit before its first generation; `run` and `score`
-refuse on the same problems before anything starts. Servers on 127.0.0.1 only; unreachable URLs
-are closed ports; the hub is a fake endpoint (HF_ENDPOINT) and an empty HF_HOME."""
+refuse on the same problems before anything starts: every problem listed at once, API keys and
+endpoints, devices, local files and the output folder, URLs probed together. Servers on
+127.0.0.1 only; unreachable URLs are closed ports; the hub is a fake endpoint (HF_ENDPOINT) and an
+empty HF_HOME (the `offline_hub` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fake_perspective import FakePerspective
-from tiny_config import tiny_config
 
 from harness.cli import machine, preflight
 from harness.cli.validate import validate
 from harness.config import parse_config
-from workers import hub
+from tests.validate_helpers import closed_port, problems_of, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"
-
-
-def closed_port() -> int:
-    """A port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def cluster() -> Iterator[str]:
-    """HOST:PORT of something listening on 127.0.0.1 (the check only connects)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield f"127.0.0.1:{s.getsockname()[1]}"
-
-
-@pytest.fixture
-def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """An empty HF cache and a hub endpoint that refuses connections; the process-wide
-    probe memo and offline switch are put back after the test."""
-    endpoint = f"http://127.0.0.1:{closed_port()}"
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `go_offline` sets the first
-        monkeypatch.setenv(name, "0")  # recorded, so the value before the test comes back
-        monkeypatch.delenv(name)
-    monkeypatch.setattr(hub, "_probed", {})
-    monkeypatch.setattr(hub, "_offline_why", [])
-    if "huggingface_hub.constants" in sys.modules:
-        constants = sys.modules["huggingface_hub.constants"]
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)
-    yield endpoint
-
-
-def write_config(tmp_path: Path, **changes: Any) -> Path:
-    runtime = {"device": "cpu", "cache_dir": str(tmp_path / "cache")}
-    return tiny_config(tmp_path, **{"runtime": runtime, **changes})
-
-
-def problems_of(lines: list[str]) -> list[str]:
-    start = lines.index(next(line for line in lines if line.startswith("problems (")))
-    return [line.strip() for line in lines[start + 1 : -1]]
 
 
 BOTH = """
@@ -148,124 +99,6 @@ def test_run_refuses_a_missing_key_before_generating(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stderr[-2000:]
     assert "PERSPECTIVE_API_KEY: scorers.1 (perspective) needs an API key" in res.stderr
     assert not out.exists()  # no plan, no generations: nothing was written
-
-
-def test_offline_score_perplexity_fails_at_once_naming_the_model(
-    tmp_path: Path, offline_hub: str
-) -> None:
-    cfg = write_config(tmp_path)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(cfg.read_text())
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-m", "harness", "score", str(run), "--scorer", "perplexity"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    took = time.perf_counter() - t0
-    assert res.returncode == 2, res.stderr[-2000:]
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: scorer perplexity, parameter model: ")
-    assert "openai-community/gpt2-xl is not in the Hugging Face cache" in lines[0]
-    assert took < 30, f"{took:.1f}s: the hub was retried"  # transformers alone: ~49 s
-
-
-def test_a_user_offline_setting_is_honoured_without_a_probe(
-    monkeypatch: pytest.MonkeyPatch, offline_hub: str
-) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    found = hub.availability("org/model")
-    assert found.problem is not None and "HF_HUB_OFFLINE is set" in found.problem
-    assert hub._probed == {}  # nothing was asked of the network
-
-
-def fake_snapshot(root: Path, repo: str, files: list[str]) -> Path:
-    folder = root / "hub" / ("models--" + repo.replace("/", "--"))
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text("abc123")
-    snap = folder / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
-    for name in files:
-        (snap / name).write_text("{}")
-    return snap
-
-
-def test_cached_models_need_no_network_and_partial_ones_are_named(
-    tmp_path: Path, offline_hub: str
-) -> None:
-    hf = tmp_path / "hf"
-    fake_snapshot(hf, "org/full", ["config.json", "model.safetensors", "tokenizer.json"])
-    fake_snapshot(hf, "org/half", ["config.json"])
-    assert hub.availability("org/full") == hub.Availability("in the Hugging Face cache (offline)")
-    assert hub.availability("org/full", kind="tokenizer").problem is None
-    assert os.environ["HF_HUB_OFFLINE"] == "1"  # the probe failed: offline from now on
-    assert list(hub._probed) == [offline_hub]  # probed once
-    shards = fake_snapshot(hf, "org/sharded", ["config.json", "a.safetensors"])
-    (shards / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"w1": "a.safetensors", "w2": "b.safetensors"}})
-    )
-    assert "(only partly: no weights)" in str(hub.availability("org/sharded").problem)
-    (shards / "b.safetensors").write_text("")
-    assert hub.availability("org/sharded").problem is None
-    half = hub.availability("org/half")
-    assert half.problem is not None and "(only partly: no weights)" in half.problem
-    assert "does not answer" in str(hub.availability("org/other").problem)
-    assert list(hub._probed) == [offline_hub]  # still the one probe
-
-
-class FakeHub(BaseHTTPRequestHandler):
-    """HEAD / answers; /api/models/<id> knows `org/exists`, refuses `org/gated`."""
-
-    seen: list[str] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self.seen.append("HEAD " + self.path)
-        self.send_response(200)
-        self.end_headers()
-
-    def do_GET(self) -> None:
-        self.seen.append("GET " + self.path)
-        repo = self.path.removeprefix("/api/models/")
-        if repo == "org/exists":
-            body = json.dumps({"id": repo, "sha": "abc"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(403 if repo == "org/gated" else 404)
-        self.send_header("X-Error-Code", "GatedRepo" if repo == "org/gated" else "RepoNotFound")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-
-def test_an_answering_hub_is_asked_for_metadata_only(
-    monkeypatch: pytest.MonkeyPatch, offline_hub: str
-) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    FakeHub.seen = []
-    try:
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-        assert hub.availability("org/exists") == hub.Availability("hub, downloads when loaded")
-        assert "not found on the hub" in str(hub.availability("org/missing").problem)
-        assert "is gated" in str(hub.availability("org/gated").problem)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert FakeHub.seen == [
-        "HEAD /",
-        "GET /api/models/org/exists",
-        "GET /api/models/org/missing",
-        "GET /api/models/org/gated",
-    ]  # one probe, then metadata; no file was fetched
-    assert "HF_HUB_OFFLINE" not in os.environ
 
 
 def test_perspective_key_file_and_endpoint_name_their_field(
@@ -352,78 +185,6 @@ def test_the_method_model_parameters_match_the_methods() -> None:
         assert load_method(name).needs.extra_models == params
 
 
-def test_an_actor_loading_an_uncached_model_offline_fails_at_once(
-    offline_hub: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Where the loading happens (a generation or scorer actor): one error naming the
-    parameter and the model, no hub retries (transformers alone retries for ~49 s)."""
-    from workers.scorers.base import ScorerContext, ScorerError
-    from workers.scorers.perplexity import Perplexity
-
-    t0 = time.perf_counter()
-    with pytest.raises(ScorerError) as exc:
-        Perplexity({"model": "org/uncached"}, ScorerContext(device="cpu"))
-    assert str(exc.value).startswith(
-        "scorer 'perplexity', parameter model: model 'org/uncached': org/uncached is not in the "
-        "Hugging Face cache"
-    )
-    assert "\n" not in str(exc.value) and "Retrying" not in caplog.text
-    assert time.perf_counter() - t0 < 30
-
-
-def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path, cluster: str) -> None:
-    """A local run refuses a missing head or model folder; on an attached cluster the actors
-    read them on the nodes, so the driver not seeing them is no problem (prompts it reads
-    itself still are)."""
-    base = json.loads(write_config(tmp_path).read_text())
-    data = {
-        **base,
-        "models": [{"id": str(tmp_path / "lm-on-the-nodes")}],
-        "methods": [{"name": "uddia", "params": {"head": str(tmp_path / "head.safetensors")}}],
-        "gender_words": str(tmp_path / "words.txt"),
-    }
-    local = validate(parse_config(data), "c.yaml")
-    assert problems_of(local[0]) == [
-        "gender_words: no such file",
-        "methods.0.params.head: no such file",
-        f"models.0.id: {tmp_path / 'lm-on-the-nodes'}: no such folder",
-    ]
-    attached = {**data, "runtime": {**data["runtime"], "ray_address": cluster}}
-    lines, problems = validate(parse_config(attached), "c.yaml")
-    assert problems_of(lines) == ["gender_words: no such file"]
-    assert "    uddia × sentiment: ? jobs; head " in "\n".join(lines)
-    assert "not seen here; the nodes read it" in "\n".join(lines)
-
-
-CACHED_LOAD = """
-import sys, time, torch
-from jobs.spec import ModelRef
-from workers.models import load_lm
-from workers.tiny import build_tiny_lm
-model, tokenizer = build_tiny_lm("tiny-random/gpt2", torch.float32)
-model.save_pretrained(SNAP)
-tokenizer.save_pretrained(SNAP)
-t0 = time.perf_counter()
-lm = load_lm(ModelRef("org/tiny"), device="cpu")
-print("loaded", lm.model.config.n_embd == model.config.n_embd, "took %.1f" % (time.perf_counter() - t0))
-"""
-
-
-def test_a_cached_model_loads_offline_without_hub_retries(tmp_path: Path, offline_hub: str) -> None:
-    """transformers checks a cached model's files on the hub too, retrying for minutes when it
-    does not answer (146 s measured); the probe puts the load in offline mode instead. In a
-    fresh process: huggingface_hub reads HF_HOME and HF_ENDPOINT once, at import."""
-    snap = fake_snapshot(tmp_path / "hf", "org/tiny", [])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-c", CACHED_LOAD.replace("SNAP", repr(str(snap)))],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert "loaded True" in res.stdout, res.stderr[-3000:]
-    assert "Retrying" not in res.stderr and time.perf_counter() - t0 < 60, res.stdout
-
-
 def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
     """Three URLs, five fields: three probes in flight together (a barrier of three would
     break if they ran one after another), one line per URL naming every field that uses it."""
@@ -451,57 +212,3 @@ def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
         "methods.1.params.head, methods.2.params.head: http://h/head.pt: unreachable (test); "
         "without network, download it elsewhere and set them to the local path"
     )
-
-
-def test_validate_prints_the_gpu_budget_it_will_ask_for(tmp_path: Path, cluster: str) -> None:
-    """`runtime.gpus` is the run's total, split between the models: 4 over 2 models is 2
-    replicas of each, 4 GPUs, never 8."""
-    base = json.loads(write_config(tmp_path).read_text())
-    data = {
-        **base,
-        "models": [{"id": "tiny-random/gpt2"}, {"id": "tiny-random/opt", "num_gpus": 1}],
-        "runtime": {**base["runtime"], "device": None, "gpus": 4, "ray_address": cluster},
-    }
-    lines, _ = validate(parse_config(data), "c.yaml")
-    (budget,) = [line.strip() for line in lines if "GPU budget" in line]
-    assert budget.startswith("GPU budget: 4 GPU(s)"), budget
-    assert "tiny-random/gpt2: 2 × 1 GPU" in budget and "tiny-random/opt: 2 × 1 GPU" in budget
-    cpu = {**base, "runtime": {**base["runtime"], "device": "cpu"}}
-    lines, _ = validate(parse_config(cpu), "c.yaml")
-    assert "  GPU budget: none (every model runs on CPU replicas)" in lines
-
-
-def test_address_names_the_cluster_on_the_command_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: str
-) -> None:
-    """`--address` is `runtime.ray_address`: what only the nodes read is then left to them."""
-    from harness.cli.commands import main
-
-    cfg = write_config(tmp_path, models=[{"id": str(tmp_path / "lm-on-the-nodes")}])
-    assert main(["validate", str(cfg)]) == 2
-    assert "lm-on-the-nodes: no such folder" in capsys.readouterr().out
-    assert main(["validate", str(cfg), "--address", cluster]) == 0
-    assert "0 problem(s)" in capsys.readouterr().out
-
-
-def test_a_cluster_that_does_not_answer_is_named_before_ray_waits_on_it(
-    tmp_path: Path, cluster: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`ray.init` on an address nothing answers retries for minutes, printing only Ray's own
-    warnings: `validate` (and so `run`) names the address and its source at once."""
-    base = json.loads(write_config(tmp_path).read_text())
-    dead = f"127.0.0.1:{closed_port()}"
-    monkeypatch.setenv("RAY_ADDRESS", dead)
-    lines, problems = validate(parse_config(base), "c.yaml")
-    (line,) = [p for p in problems_of(lines) if p.startswith("RAY_ADDRESS: ")]
-    assert line.startswith(f"RAY_ADDRESS: {dead}: no Ray cluster answers (")
-    assert "unset RAY_ADDRESS for a local run" in line and problems == 1
-    assert validate(parse_config(base), "c.yaml", use_ray=False)[1] == 0  # --no-ray: no Ray
-    named = {**base, "runtime": {**base["runtime"], "ray_address": f"ray://{dead}"}}
-    lines, _ = validate(parse_config(named), "c.yaml")  # the config's address wins
-    assert [p.split(":")[0] for p in problems_of(lines)] == ["runtime.ray_address"]
-    monkeypatch.setenv("RAY_ADDRESS", cluster)
-    lines, problems = validate(parse_config(base), "c.yaml")
-    assert problems == 0 and f"  RAY_ADDRESS: {cluster} (reachable)" in lines
-    monkeypatch.setenv("RAY_ADDRESS", "auto")  # Ray's address file: left to Ray
-    assert not [line for line in validate(parse_config(base), "c.yaml")[0] if "auto" in line]

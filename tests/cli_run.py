@@ -1,0 +1,38 @@
+"""The config of the everyday CLI tests (two pairs of the example prompts, tiny GPT-2, vanilla
+and LIDAO-min, the gender and VADER scorers) and a copy of the run they share (the
+`everyday_run` fixture, tests/conftest.py) for a test that changes it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = REPO / "examples" / "data"
+
+
+def config(tmp_path: Path, **changes: object) -> Path:
+    data: dict[str, object] = {
+        "name": "everyday",
+        "dataset": {
+            "kind": "paired-jsonl",
+            "files": {g: str(PAIRS / f"pairs-{g}.jsonl") for g in ("female", "male")},
+            "limit": 2,
+        },
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla", "lidao-min"],
+        "tasks": ["sentiment"],
+        "generation": {"max_new_tokens": 3},
+        "scorers": ["gender", "sentiment-vader"],
+        **changes,
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def copy_run(everyday_run: tuple[Path, str, str], tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(everyday_run[0], dst)
+    return dst
