@@ -95,26 +95,20 @@ def job_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
 NUCLEUS_CANDIDATES = 256  # top-k tried first; rows whose nucleus is wider fall back to a full sort
 
 
-def _by_prob_then_id(p: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates (B, k) ordered by probability (descending), exact ties by token id (ascending)."""
-    ids, perm = torch.sort(ids, dim=-1)
-    p = p.gather(-1, perm)
-    p, perm = torch.sort(p, dim=-1, descending=True, stable=True)
-    return p, ids.gather(-1, perm)
+def _draw_by_id(p: torch.Tensor, keep: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """(B,) positions: the inverse CDF at `uniforms` of the `keep` entries of (B, n) `p`, which
+    are laid out in ascending token id; the rest count as 0.
 
-
-def _inverse_cdf(
-    sorted_p: torch.Tensor, order: torch.Tensor, top_p: float, uniforms: torch.Tensor
-) -> torch.Tensor:
-    """(B,) tokens: the smallest prefix with mass ≥ top_p, inverse CDF at `uniforms`."""
-    cum = torch.cumsum(sorted_p, dim=-1)
-    keep = (cum - sorted_p) < top_p  # always keeps the most likely token
-    kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-    cdf = torch.cumsum(kept, dim=-1)
-    target = uniforms.double().unsqueeze(-1) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).clamp_max(sorted_p.shape[-1] - 1)
-    idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1)  # never past the nucleus
-    return order.gather(-1, idx).squeeze(-1)
+    Accumulating in token-id order (not probability order) makes the draw continuous in the
+    probabilities: a rounding change moves each boundary of the CDF by about that rounding, so
+    it changes the token only for a uniform within rounding of a boundary. In probability order
+    two near-equal tokens that swap would change the token for a share of uniforms equal to
+    their combined mass. Past the end (u·total rounded up) the last token with mass is taken.
+    """
+    cdf = torch.cumsum(torch.where(keep, p, torch.zeros_like(p)), dim=-1)
+    total = cdf[:, -1:].contiguous()
+    idx = torch.searchsorted(cdf, uniforms.double().unsqueeze(-1) * total, right=True)
+    return torch.minimum(idx, torch.searchsorted(cdf, total)).squeeze(-1)
 
 
 def nucleus_topk(
@@ -122,17 +116,22 @@ def nucleus_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Nucleus sampling over the top-k candidates of (B, V) float64 `probs`, without a host sync.
 
-    Returns (tokens, exact): `exact[i]` says row i's nucleus ended on a candidate strictly more
-    likely than the k-th one, so every token of it (and all its ties) is among the candidates, in
-    the same (probability, id) order as a full sort: the token is then the full sort's token,
-    bit for bit on a CPU. Rows that are not exact must be redone with `nucleus_full`.
+    The nucleus: the candidates by (probability descending, id ascending), cut at `top_p`; the
+    draw: `_draw_by_id` over its tokens in id order. Returns (tokens, exact): `exact[i]` says
+    row i's nucleus ended on a candidate strictly more likely than the k-th one, so all of it
+    (and all its ties) is among the candidates: the token is then `nucleus_full`'s, bit for bit
+    on a CPU (the same sums in the same order). Rows that are not exact must be redone with it.
     """
     k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
-    sorted_p, order = _by_prob_then_id(*torch.topk(probs, k, dim=-1))
-    tokens = _inverse_cdf(sorted_p, order, top_p, uniforms)
+    p, ids = torch.topk(probs, k, dim=-1)
+    ids, by_id = torch.sort(ids, dim=-1)
+    p = p.gather(-1, by_id)  # candidates in id order
+    sorted_p, perm = torch.sort(p, dim=-1, descending=True, stable=True)  # ties: lower id first
+    cum = torch.cumsum(sorted_p, dim=-1)
+    keep = torch.zeros_like(perm, dtype=torch.bool).scatter_(1, perm, (cum - sorted_p) < top_p)
+    tokens = ids.gather(-1, _draw_by_id(p, keep, uniforms).unsqueeze(-1)).squeeze(-1)
     if k == probs.shape[-1]:
         return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    cum = torch.cumsum(sorted_p, dim=-1)
     exact = ((cum >= top_p) & (sorted_p > sorted_p[:, -1:])).any(-1)
     return tokens, exact
 
@@ -153,9 +152,13 @@ def full_order(probs: torch.Tensor) -> torch.Tensor:
 
 
 def nucleus_full(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    """Nucleus sampling over a full sort of (B, V) float64 `probs` (stable: ties by token id)."""
+    """Nucleus sampling over a full stable sort of (B, V) float64 `probs`: the nucleus cut by
+    (probability descending, id ascending), the draw over it in id order (`_draw_by_id`)."""
     order = full_order(probs)
-    return _inverse_cdf(probs.gather(-1, order), order, top_p, uniforms)
+    sorted_p = probs.gather(-1, order)
+    in_nucleus = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < top_p  # keeps the most likely
+    keep = torch.zeros_like(in_nucleus).scatter_(1, order, in_nucleus)  # back in id order
+    return _draw_by_id(probs, keep, uniforms)
 
 
 def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
