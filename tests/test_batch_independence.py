@@ -5,16 +5,18 @@ batch, all 32 as a batch, and the batch of 8 again at 2 threads. The design does
 bit-identical distributions across batch shapes or thread counts (the kernels' rounding
 changes); it promises that no method amplifies that rounding (docs/design.md, "What is
 guaranteed"): the distributions agree step by step within `TOL_TUNED` (vanilla and the
-bias-tuned methods) or `TOL` (GeDi, DExperts), and the tokens agree unless the uniform fell
-within rounding of a boundary (`tests.agreement.near_tie`). With Adam's fixed eps instead of
-the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail here
-(δ moved by up to a third of lr between a job alone and in a batch of 32).
+bias-tuned methods), `TOL` (GeDi, DExperts) or `TOL_PPLM`, and the tokens agree unless the
+uniform fell within rounding of a boundary of the inverse CDF, or a token sits at the top-p cut
+(`tests.agreement.near_tie`). With Adam's fixed eps instead of the tuning step's scaled one
+(`biastune.tuning_step`), LLaMA's -min methods fail here (δ moved by up to a third of lr
+between a job alone and in a batch of 32).
 
-PPLM is the exception the design states: its ten normalised gradient steps amplify rounding
-~50x (1e-9 → ~1e-7 in probability), and on the tiny models' nearly flat distributions that
-reorders tokens of near-equal probability, which moves the inverse CDF's boundaries; its texts
-can part (3 of 32 LLaMA rows at 1 vs 2 threads, 4 tokens, measured). For PPLM the test holds
-the distributions within `TOL_PPLM` up to the step where the texts part.
+PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability): its distributions
+get the looser `TOL_PPLM`, and its tokens the same rule as every method's. Drawn in
+probability order its texts parted (3 of 32 LLaMA rows at 1 vs 2 threads, default 10 steps,
+4 tokens): on the tiny models' nearly flat distributions a 1e-7 change swapped near-equal
+tokens; the sampler now draws in token-id order, where such a change moves the token only for
+a uniform within ~1e-7 of a boundary.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import torch
 from jobs.spec import GenerationParams, JobSpec, ModelRef
 from tests.agreement import assert_same_samples, traced
 from tests.helpers import PROMPTS as HELPER_PROMPTS
-from workers.decoding import StepTrace
 from workers.methods.biastune import adam_first_step, tuning_step
 from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
@@ -53,7 +54,7 @@ TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeD
 # vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
 TOL_TUNED = 3e-8
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
-TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 before the texts part
+TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 (3 steps)
 ALONE = 2  # jobs also run alone
 
 
@@ -78,20 +79,6 @@ def jobs_for(lm: LoadedLM, method: str) -> list[JobSpec]:
     ]  # fmt: skip
 
 
-def parted_within(a: list[StepTrace], b: list[StepTrace], row_a: int, row_b: int) -> float:
-    """Max |Δp| of one row over the steps up to (and with) the first differing token."""
-    worst = 0.0
-    for sa, sb in zip(a, b, strict=False):
-        if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
-            break
-        p = torch.softmax(sa.logprobs[row_a].double(), -1)
-        q = torch.softmax(sb.logprobs[row_b].double(), -1)
-        worst = max(worst, float((p - q).abs().max()))
-        if int(sa.tokens[row_a]) != int(sb.tokens[row_b]):
-            break
-    return worst
-
-
 @pytest.mark.parametrize("method", sorted(PARAMS))
 def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     lm: LoadedLM, method: str, threads: None
@@ -107,11 +94,7 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     pairs = [(mid, i, big, i) for i in range(8)] + [(mid2, i, mid, i) for i in range(8)]
     pairs += [(alone[i], 0, big, i) for i in range(ALONE)]
     assert all(r["status"] == "ok" for r in rows32), [r["error"] for r in rows32][:2]
-    if method == "pplm":
-        worst = max(parted_within(a, b, ra, rb) for a, ra, b, rb in pairs)
-        assert worst <= TOL_PPLM, worst
-        return
-    tol = TOL_TUNED if method in TUNED else TOL
+    tol = TOL_TUNED if method in TUNED else TOL_PPLM if method == "pplm" else TOL
     compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, tol) for a, ra, b, rb in pairs)
     assert compared >= len(pairs)  # tokens were compared, not only the first step
 

@@ -1,10 +1,10 @@
 """The shared batched decoding loop: one place for padding, cache, sampling and stopping.
 
 Each job's randomness is one uniform per step, a hash of (`JobSpec.rng_seed`, step) computed on
-the device (`job_uniforms`), turned into a token by inverse-CDF sampling over the nucleus
-(`nucleus_sample`). So a job draws the same uniforms alone or in any batch, and a method whose
-distribution equals vanilla's samples vanilla's tokens (see docs/design.md for what is exact
-and what holds within rounding).
+the device (`job_uniforms`), turned into a token by inverse-CDF sampling over the nucleus, its
+tokens taken in id order (`nucleus_sample`). So a job draws the same uniforms alone or in any
+batch, and a method whose distribution equals vanilla's samples vanilla's tokens (see
+docs/design.md for what is exact and what holds within rounding).
 """
 
 from __future__ import annotations
@@ -96,14 +96,12 @@ NUCLEUS_CANDIDATES = 256  # top-k tried first; rows whose nucleus is wider fall 
 
 
 def _draw_by_id(p: torch.Tensor, keep: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) positions: the inverse CDF at `uniforms` of the `keep` entries of (B, n) `p`, which
-    are laid out in ascending token id; the rest count as 0.
+    """(B,) positions: the inverse CDF at `uniforms` over the `keep` entries of (B, n) `p`, laid
+    out in ascending token id (u·total rounded up to the total: the last token with mass).
 
-    Accumulating in token-id order (not probability order) makes the draw continuous in the
-    probabilities: a rounding change moves each boundary of the CDF by about that rounding, so
-    it changes the token only for a uniform within rounding of a boundary. In probability order
-    two near-equal tokens that swap would change the token for a share of uniforms equal to
-    their combined mass. Past the end (u·total rounded up) the last token with mass is taken.
+    In id order a rounding change moves each boundary of the CDF by about that rounding, so the
+    token changes only for a uniform within rounding of a boundary; in probability order two
+    near-equal tokens that rounding swaps would change it for a share equal to their mass.
     """
     cdf = torch.cumsum(torch.where(keep, p, torch.zeros_like(p)), dim=-1)
     total = cdf[:, -1:].contiguous()
@@ -162,11 +160,10 @@ def nucleus_full(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> t
 
 
 def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) tokens from (B, V) log-probs: smallest set with mass ≥ top_p, inverse CDF at `uniforms`.
-
-    Computed in float64 over tokens ordered by (probability descending, token id ascending) on
-    both paths: the `topk` candidates (~8× cheaper than sorting 50k entries) and, for rows whose
-    nucleus does not end strictly inside them, a full stable sort. Each row's token depends only
+    """(B,) tokens from (B, V) log-probs, in float64: the nucleus (smallest set with mass ≥
+    top_p by probability, ties by id) from the `topk` candidates (~8× cheaper than sorting 50k
+    entries) or, for rows whose nucleus does not end strictly inside them, a full stable sort;
+    then the inverse CDF at `uniforms` over it in token-id order. Each row's token depends only
     on its own distribution and uniform, whichever path ran and whatever the batch.
     """
     probs = torch.softmax(logprobs.double(), dim=-1)
