@@ -17,6 +17,13 @@ probability order its texts parted (3 of 32 LLaMA rows at 1 vs 2 threads, defaul
 4 tokens): on the tiny models' nearly flat distributions a 1e-7 change swapped near-equal
 tokens; the sampler now draws in token-id order, where such a change moves the token only for
 a uniform within ~1e-7 of a boundary.
+
+GeDi's filter ranks desirability on a grid of 2^-10 nats; a value within rounding of a grid
+line flips its cell, and the cut can move by a token or two. With MKL_CBWR=COMPATIBLE or
+ATEN_CPU_CAPABILITY=default (desirability ~8e-7 apart alone vs batched) that happened on LLaMA
+(one job alone vs in the batch of 32, step 3: one token 5e-7 nats from a grid line, two tokens
+dropped in one run only). Such a step counts as a near-tie (`tests.agreement.filter_flip`: at
+most a few tokens cut differently, the rest of the distribution within `TOL`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef
-from tests.agreement import assert_same_samples, traced
+from tests.agreement import assert_same_samples, filter_flip, traced
 from tests.helpers import PROMPTS as HELPER_PROMPTS
 from workers.methods.biastune import adam_first_step, tuning_step
 from workers.methods.gedi import gedi_filter
@@ -95,7 +102,10 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     pairs += [(alone[i], 0, big, i) for i in range(ALONE)]
     assert all(r["status"] == "ok" for r in rows32), [r["error"] for r in rows32][:2]
     tol = TOL_TUNED if method in TUNED else TOL_PPLM if method == "pplm" else TOL
-    compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, tol) for a, ra, b, rb in pairs)
+    cut = method == "gedi"  # its filter's cut may flip within rounding (see the docstring)
+    compared = sum(
+        assert_same_samples(a, ra, b, rb, GEN.top_p, tol, filter_cut=cut) for a, ra, b, rb in pairs
+    )
     assert compared >= len(pairs)  # tokens were compared, not only the first step
 
 
@@ -138,3 +148,20 @@ def test_gedi_cut_ignores_rounding_of_near_equal_desirability() -> None:
     a = gedi_filter(scores, desired, 0.5, 0.8) < -5000
     b = gedi_filter(scores, moved, 0.5, 0.8) < -5000
     assert a.any() and torch.equal(a, b)
+
+
+def test_a_filter_flip_is_only_a_cut_that_moved_by_a_few_tokens() -> None:
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.log_softmax(torch.randn(300, generator=gen, dtype=torch.float64), -1)
+    cut = scores.clone()
+    cut[:100] -= 10000.0
+    moved = cut.clone()
+    moved[[100, 101]] -= 10000.0  # two more tokens dropped: the cut moved
+    assert filter_flip(cut, moved, TOL)
+    assert not filter_flip(cut, cut, TOL)  # nothing moved: not a flip
+    many = cut.clone()
+    many[100:110] -= 10000.0
+    assert not filter_flip(cut, many, TOL)  # more than a few tokens
+    other = moved.clone()
+    other[200] += 1e-3  # and the kept tokens' distribution changed
+    assert not filter_flip(cut, other, TOL)
