@@ -16,7 +16,10 @@ from typing import Any
 
 # Bump when the meaning of the hashed fields changes (e.g. a new decoding convention), so
 # that old run directories are not silently resumed with incompatible outputs.
-JOB_ID_VERSION = 2  # 2: device-hashed uniforms and BOS-free repetition penalty change every text
+# 2: device-hashed uniforms and BOS-free repetition penalty change every text.
+# 3: the nucleus is drawn from in token-id order (chosen by probability as before), so that
+#    rounding that swaps two near-equal tokens no longer changes the token: every text changes.
+JOB_ID_VERSION = 3
 
 
 def canonical_json(obj: Any) -> str:

@@ -5,16 +5,25 @@ batch, all 32 as a batch, and the batch of 8 again at 2 threads. The design does
 bit-identical distributions across batch shapes or thread counts (the kernels' rounding
 changes); it promises that no method amplifies that rounding (docs/design.md, "What is
 guaranteed"): the distributions agree step by step within `TOL_TUNED` (vanilla and the
-bias-tuned methods) or `TOL` (GeDi, DExperts), and the tokens agree unless the uniform fell
-within rounding of a boundary (`tests.agreement.near_tie`). With Adam's fixed eps instead of
-the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail here
-(δ moved by up to a third of lr between a job alone and in a batch of 32).
+bias-tuned methods), `TOL` (GeDi, DExperts) or `TOL_PPLM`, and the tokens agree unless the
+uniform fell within rounding of a boundary of the inverse CDF, or a token sits at the top-p cut
+(`tests.agreement.near_tie`). With Adam's fixed eps instead of the tuning step's scaled one
+(`biastune.tuning_step`), LLaMA's -min methods fail here (δ moved by up to a third of lr
+between a job alone and in a batch of 32).
 
-PPLM is the exception the design states: its ten normalised gradient steps amplify rounding
-~50x (1e-9 → ~1e-7 in probability), and on the tiny models' nearly flat distributions that
-reorders tokens of near-equal probability, which moves the inverse CDF's boundaries; its texts
-can part (3 of 32 LLaMA rows at 1 vs 2 threads, 4 tokens, measured). For PPLM the test holds
-the distributions within `TOL_PPLM` up to the step where the texts part.
+PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability): its distributions
+get the looser `TOL_PPLM`, and its tokens the same rule as every method's. Drawn in
+probability order its texts parted (3 of 32 LLaMA rows at 1 vs 2 threads, default 10 steps,
+4 tokens): on the tiny models' nearly flat distributions a 1e-7 change swapped near-equal
+tokens; the sampler now draws in token-id order, where such a change moves the token only for
+a uniform within ~1e-7 of a boundary.
+
+GeDi's filter ranks desirability on a grid of 2^-10 nats; a value within rounding of a grid
+line flips its cell, and the cut can move by a token or two. With MKL_CBWR=COMPATIBLE or
+ATEN_CPU_CAPABILITY=default (desirability ~8e-7 apart alone vs batched) that happened on LLaMA
+(one job alone vs in the batch of 32, step 3: one token 5e-7 nats from a grid line, two tokens
+dropped in one run only). Such a step counts as a near-tie (`tests.agreement.filter_flip`: at
+most a few tokens cut differently, the rest of the distribution within `TOL`).
 """
 
 from __future__ import annotations
@@ -27,9 +36,8 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef
-from tests.agreement import assert_same_samples, traced
+from tests.agreement import assert_same_samples, filter_flip, traced
 from tests.helpers import PROMPTS as HELPER_PROMPTS
-from workers.decoding import StepTrace
 from workers.methods.biastune import adam_first_step, tuning_step
 from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
@@ -53,7 +61,7 @@ TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeD
 # vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
 TOL_TUNED = 3e-8
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
-TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 before the texts part
+TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 (3 steps)
 ALONE = 2  # jobs also run alone
 
 
@@ -78,20 +86,6 @@ def jobs_for(lm: LoadedLM, method: str) -> list[JobSpec]:
     ]  # fmt: skip
 
 
-def parted_within(a: list[StepTrace], b: list[StepTrace], row_a: int, row_b: int) -> float:
-    """Max |Δp| of one row over the steps up to (and with) the first differing token."""
-    worst = 0.0
-    for sa, sb in zip(a, b, strict=False):
-        if not (bool(sa.active[row_a]) and bool(sb.active[row_b])):
-            break
-        p = torch.softmax(sa.logprobs[row_a].double(), -1)
-        q = torch.softmax(sb.logprobs[row_b].double(), -1)
-        worst = max(worst, float((p - q).abs().max()))
-        if int(sa.tokens[row_a]) != int(sb.tokens[row_b]):
-            break
-    return worst
-
-
 @pytest.mark.parametrize("method", sorted(PARAMS))
 def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     lm: LoadedLM, method: str, threads: None
@@ -107,12 +101,11 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     pairs = [(mid, i, big, i) for i in range(8)] + [(mid2, i, mid, i) for i in range(8)]
     pairs += [(alone[i], 0, big, i) for i in range(ALONE)]
     assert all(r["status"] == "ok" for r in rows32), [r["error"] for r in rows32][:2]
-    if method == "pplm":
-        worst = max(parted_within(a, b, ra, rb) for a, ra, b, rb in pairs)
-        assert worst <= TOL_PPLM, worst
-        return
-    tol = TOL_TUNED if method in TUNED else TOL
-    compared = sum(assert_same_samples(a, ra, b, rb, GEN.top_p, tol) for a, ra, b, rb in pairs)
+    tol = TOL_TUNED if method in TUNED else TOL_PPLM if method == "pplm" else TOL
+    cut = method == "gedi"  # its filter's cut may flip within rounding (see the docstring)
+    compared = sum(
+        assert_same_samples(a, ra, b, rb, GEN.top_p, tol, filter_cut=cut) for a, ra, b, rb in pairs
+    )
     assert compared >= len(pairs)  # tokens were compared, not only the first step
 
 
@@ -155,3 +148,20 @@ def test_gedi_cut_ignores_rounding_of_near_equal_desirability() -> None:
     a = gedi_filter(scores, desired, 0.5, 0.8) < -5000
     b = gedi_filter(scores, moved, 0.5, 0.8) < -5000
     assert a.any() and torch.equal(a, b)
+
+
+def test_a_filter_flip_is_only_a_cut_that_moved_by_a_few_tokens() -> None:
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.log_softmax(torch.randn(300, generator=gen, dtype=torch.float64), -1)
+    cut = scores.clone()
+    cut[:100] -= 10000.0
+    moved = cut.clone()
+    moved[[100, 101]] -= 10000.0  # two more tokens dropped: the cut moved
+    assert filter_flip(cut, moved, TOL)
+    assert not filter_flip(cut, cut, TOL)  # nothing moved: not a flip
+    many = cut.clone()
+    many[100:110] -= 10000.0
+    assert not filter_flip(cut, many, TOL)  # more than a few tokens
+    other = moved.clone()
+    other[200] += 1e-3  # and the kept tokens' distribution changed
+    assert not filter_flip(cut, other, TOL)

@@ -10,7 +10,7 @@ import torch
 
 from jobs.spec import GenerationParams, ModelRef
 from results.run.store import RunStore
-from tests.agreement import assert_alone_matches_batched
+from tests.agreement import assert_alone_matches_batched, twin_token
 from tests.helpers import PROMPTS, make_jobs
 from workers import decoding
 from workers.decoding import decode_batch, nucleus_sample, repetition_penalty
@@ -107,23 +107,6 @@ def test_an_over_long_prompt_fails_only_its_own_job() -> None:
 # --- stable sampling, device uniforms, the seen mask -------------------------------------------
 
 
-def _reference_token(probs: torch.Tensor, top_p: float, u: float) -> int:
-    """Nucleus + inverse CDF written plainly: order by (probability desc, token id asc)."""
-    order = sorted(range(probs.shape[0]), key=lambda t: (-float(probs[t]), t))
-    nucleus, mass = [], 0.0
-    for t in order:
-        if mass >= top_p:
-            break
-        nucleus.append(t)
-        mass += float(probs[t])
-    target, acc = u * mass, 0.0
-    for t in nucleus:
-        acc += float(probs[t])
-        if target < acc:
-            return t
-    return nucleus[-1]
-
-
 def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> None:
     vocab = 50257  # a real vocabulary, so the top-k path runs
     tied = torch.full((vocab,), -30.0)
@@ -139,8 +122,8 @@ def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> 
         alone = int(nucleus_sample(tied.unsqueeze(0), 0.9, uu[:1])[0])
         beside = nucleus_sample(torch.stack([tied, flat]), 0.9, uu)
         full = int(decoding.nucleus_full(probs[:1], 0.9, uu[:1])[0])
-        assert alone == int(beside[0]) == full == _reference_token(probs[0], 0.9, u)
-        assert int(beside[1]) == _reference_token(probs[1], 0.9, u)
+        assert alone == int(beside[0]) == full == twin_token(probs[0], 0.9, u)
+        assert int(beside[1]) == twin_token(probs[1], 0.9, u)
 
 
 def test_topk_path_equals_a_full_sort_on_random_peaked_rows() -> None:

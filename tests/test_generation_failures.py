@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.stages.generation import _fail_batch, failed_row
-from jobs.spec import JobSpec, ModelRef
+from jobs.spec import JOB_ID_VERSION, JobSpec, ModelRef
 from results.run.store import RunStore
 from tests.helpers import make_jobs
 
@@ -24,9 +24,8 @@ def test_failed_batches_become_error_rows_unless_an_attempt_wrote_them(tmp_path:
     assert fail(jobs[:2], "actor x died: SIGKILL") == 2
     rows = store.read_generations()
     assert rows["status"].to_list() == ["error", "error"]
-    assert all(
-        e.startswith("job j2-") and e.endswith("actor x died: SIGKILL") for e in rows["error"]
-    )
+    prefix = f"job j{JOB_ID_VERSION}-"
+    assert all(e.startswith(prefix) and e.endswith("actor x died: SIGKILL") for e in rows["error"])
     store.write_generations(
         [dict(failed_row(j, "x"), status="ok") for j in jobs[2:]]
     )  # written, reply lost
