@@ -1,11 +1,16 @@
 """The config of the everyday CLI tests (two pairs of the example prompts, tiny GPT-2, vanilla
 and LIDAO-min, the gender and VADER scorers) and a copy of the run they share (the
-`everyday_run` fixture, tests/conftest.py) for a test that changes it."""
+`everyday_run` fixture, tests/conftest.py) for a test that changes it; `run_python` and
+`harness`, a child Python process started from the checkout."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,3 +41,32 @@ def copy_run(everyday_run: tuple[Path, str, str], tmp_path: Path) -> Path:
     dst = tmp_path / "run"
     shutil.copytree(everyday_run[0], dst)
     return dst
+
+
+def run_python(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str = REPO,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in a child process, its output captured as text. `env`: the child's whole
+    environment (default: this process's, with PYTHONPATH the checkout)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=dict(env) if env is not None else {**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def harness(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str = REPO,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m harness ARGS` (`run_python`)."""
+    return run_python(["-m", "harness", *args], env=env, cwd=cwd, timeout=timeout)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from results.run.store import RunStore
+from tests import cli_run
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -26,14 +27,7 @@ ENV = {
 
 
 def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return cli_run.harness(*args, env=ENV, timeout=timeout)
 
 
 def paper_pairs(shared: Path) -> dict[str, object]:

@@ -6,7 +6,6 @@ starts."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 
 from harness.cli.commands import main
 from results.run.store import RunStore
-from tests.cli_run import REPO, copy_run
+from tests.cli_run import REPO, copy_run, harness
 
 
 def test_status_knows_a_scorer_this_process_has_not_registered(
@@ -39,18 +38,9 @@ register_scorer("vader-typed", "workers.scorers.vader:VaderSentiment", "sentimen
 
 
 def test_list_scorers_shows_included_scorers_with_typed_parameters(tmp_path: Path) -> None:
-    import subprocess
-
     (tmp_path / "typed_scorer.py").write_text(INCLUDED)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    res = subprocess.run(
-        [sys.executable, "-m", "harness", "list", "scorers", "--include", "typed_scorer"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    res = harness("list", "scorers", "--include", "typed_scorer", env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "vader-typed  (metric sentiment; workers.scorers.vader:VaderSentiment)" in res.stdout
     assert "    threshold: float = 0.5" in res.stdout

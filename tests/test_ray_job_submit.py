@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from results.run.store import RunStore
+from tests.cli_run import harness
 from tests.ray_procs import (
     free_port,
     listening_addresses,
@@ -233,24 +234,16 @@ def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: 
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
     env.update(RAY_ADDRESS=f"127.0.0.1:{head.port}", PYTHONPATH=f"{REPO}:{plugins}")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "--include",
-            "included_scorer",
-            "run",
-            str(tmp_path / "cfg.yaml"),
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        cwd=tmp_path,
+    res = harness(
+        "--include",
+        "included_scorer",
+        "run",
+        str(tmp_path / "cfg.yaml"),
+        "--out",
+        str(out),
+        "--no-progress",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"Ray cluster at 127.0.0.1:{head.port}: 1 node(s)" in res.stderr
@@ -274,14 +267,13 @@ def test_a_local_run_starts_its_own_ray_beside_a_cluster_on_the_machine(
     env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}  # RAY_TMPDIR stays
     env["PYTHONPATH"] = str(REPO)
     out = tmp_path / "local"
-    res = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "examples/quickstart.yaml", "--out", str(out)]
-        + ["--limit", "1", "--samples", "1", "--no-progress"],
-        cwd=REPO,
+    res = harness(
+        "run",
+        "examples/quickstart.yaml",
+        "--out",
+        str(out),
+        *("--limit", "1", "--samples", "1", "--no-progress"),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "local Ray: 1 node(s)" in res.stderr and "Ray cluster at" not in res.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from harness.config import ConfigError, load_config
 from harness.stages.planning import load_words, plan
 from jobs.spec import ModelRef
 from results.run.store import RunStore
+from tests import cli_run
 from tests.helpers import make_jobs
 from workers.generator import Generator
 from workers.methods.heads import random_head, save_head
@@ -164,14 +164,7 @@ def test_a_head_that_does_not_load_fails_only_its_jobs(
 
 def harness(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return cli_run.harness(*args, env=env, timeout=600)
 
 
 @pytest.mark.slow

@@ -5,11 +5,9 @@ The import rules between packages are in test_layering.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli_run import run_python
 
 PROBE = """
 import sys
@@ -30,9 +28,7 @@ print("heavy:", heavy)
 
 
 def test_planning_and_registries_do_not_import_torch() -> None:
-    res = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    res = run_python(["-c", PROBE], env=os.environ, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "heavy: []" in res.stdout
 
@@ -61,14 +57,6 @@ print("heavy:", heavy)
 def test_a_run_on_ray_does_not_import_torch_in_the_driver(tmp_path: Path) -> None:
     """plan → generation (placement, actors) → scoring → aggregation on a local Ray: the models
     load in the actors; the driver's process never imports torch (about 210 MB)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, "-c", RUN_PROBE, str(tmp_path / "run")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_python(["-c", RUN_PROBE, str(tmp_path / "run")])
     assert res.returncode == 0, res.stderr[-3000:]
     assert "heavy: []" in res.stdout, res.stdout[-2000:]

@@ -108,68 +108,36 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     import transformers as tf
 
     eos = bos = 0  # "<|endoftext|>" is id 0 in tiny_vocab()
-    pad = 2
     common: dict[str, Any] = {"vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
     if family == "gpt2":
         return tf.GPT2Config(n_layer=4, n_embd=TINY_WIDTH, n_head=4, n_positions=512, **common)
-    if family == "opt":
+    # every other family: 4 heads over TINY_WIDTH, "<pad>" (id 2) as padding
+    heads: dict[str, Any] = {"hidden_size": TINY_WIDTH, "num_attention_heads": 4, "pad_token_id": 2}
+    decoder = {"num_hidden_layers": 4, **heads, **common}
+    if family in ("opt", "opt-proj"):  # opt-proj is opt-350m's layout: post-norm blocks, no
+        # final norm, the embeddings (32 wide) projected in to the blocks' 64 and out again
+        # before the LM head
         return tf.OPTConfig(
-            num_hidden_layers=4,
-            hidden_size=TINY_WIDTH,
-            num_attention_heads=4,
             ffn_dim=128,
-            word_embed_proj_dim=TINY_WIDTH,
+            word_embed_proj_dim=tiny_head_width(family),
+            do_layer_norm_before=family == "opt",
             max_position_embeddings=512,
-            pad_token_id=pad,
-            **common,
-        )
-    if family == "opt-proj":  # opt-350m's layout: post-norm blocks, no final norm, the
-        # embeddings (32 wide) projected in to the blocks' 64 and out again before the LM head
-        return tf.OPTConfig(
-            num_hidden_layers=4,
-            hidden_size=TINY_WIDTH,
-            num_attention_heads=4,
-            ffn_dim=128,
-            word_embed_proj_dim=TINY_PROJECTED,
-            do_layer_norm_before=False,
-            max_position_embeddings=512,
-            pad_token_id=pad,
-            **common,
+            **decoder,
         )
     if family == "falcon":
         return tf.FalconConfig(
-            num_hidden_layers=4,
-            hidden_size=TINY_WIDTH,
-            num_attention_heads=4,
             new_decoder_architecture=False,
             multi_query=True,
             parallel_attn=True,
             bias=False,
             alibi=False,
-            pad_token_id=pad,
-            **common,
+            **decoder,
         )
+    mlp = {"intermediate_size": 128, "max_position_embeddings": 512}
     if family == "llama":
-        return tf.LlamaConfig(
-            num_hidden_layers=4,
-            hidden_size=TINY_WIDTH,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            pad_token_id=pad,
-            **common,
-        )
+        return tf.LlamaConfig(num_key_value_heads=2, **mlp, **decoder)
     if family == "bert":  # an encoder, for classifier scorers in tests
-        return tf.BertConfig(
-            num_hidden_layers=2,
-            hidden_size=TINY_WIDTH,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            pad_token_id=pad,
-            vocab_size=vocab_size,
-        )
+        return tf.BertConfig(num_hidden_layers=2, vocab_size=vocab_size, **mlp, **heads)
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(TINY_FAMILIES)}")
 
 

@@ -110,17 +110,19 @@ def score_run(
     names = [name for name, _ in scorers]
     try:
         try:
-            stats, failures = _score(
-                store,
-                scorers,
-                context,
-                use_ray,
-                batch_size,
-                progress,
-                start_timeout_s,
-                pools,
-                followed,
-            )
+            _check(store, scorers)
+            settings = pools or PoolSettings()
+            live = followed.take(scorers) if followed is not None else {}
+            if use_ray:
+                from harness.stages.score_loop import score_on_ray
+
+                stats, failures = score_on_ray(
+                    store, scorers, context, batch_size, progress, start_timeout_s, settings, live
+                )
+            else:
+                stats, failures = _score_in_process(
+                    store, scorers, context, batch_size, progress, settings, live
+                )
         finally:
             if followed is not None:
                 followed.close()  # what no scorer of this pass took over (or an error came first)
@@ -139,18 +141,9 @@ def score_run(
     return stats
 
 
-def _score(
-    store: RunStore,
-    scorers: Sequence[tuple[str, dict[str, Any]]],
-    context: ScorerContext,
-    use_ray: bool,
-    batch_size: int,
-    progress: bool,
-    start_timeout_s: float,
-    pools: PoolSettings | None,
-    followed: Followed | None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """`score_run` without the final report: checks, then the scorers on Ray or here."""
+def _check(store: RunStore, scorers: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """`score_run`'s checks before any work: each scorer once, known, with parameters it takes,
+    and generations to score."""
     names = [name for name, _ in scorers]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -161,15 +154,6 @@ def _score(
         check_scorer_name(name)
         load_scorer(name).check_params(params)  # imports the module only: no torch here
     check_has_generations(store)
-    settings = pools or PoolSettings()
-    live = followed.take(scorers) if followed is not None else {}
-    if use_ray:
-        from harness.stages.score_loop import score_on_ray
-
-        return score_on_ray(
-            store, scorers, context, batch_size, progress, start_timeout_s, settings, live
-        )
-    return _score_in_process(store, scorers, context, batch_size, progress, settings, live)
 
 
 def _score_in_process(
