@@ -15,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"
+PAIR_FILES = {g: str(PAIRS / f"pairs-{g}.jsonl") for g in ("female", "male")}  # paired-jsonl
 
 
 def config(tmp_path: Path, **changes: object) -> Path:
@@ -22,7 +23,7 @@ def config(tmp_path: Path, **changes: object) -> Path:
         "name": "everyday",
         "dataset": {
             "kind": "paired-jsonl",
-            "files": {g: str(PAIRS / f"pairs-{g}.jsonl") for g in ("female", "male")},
+            "files": dict(PAIR_FILES),
             "limit": 2,
         },
         "models": [{"id": "tiny-random/gpt2"}],

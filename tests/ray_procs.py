@@ -1,18 +1,53 @@
 """Process helpers for tests that start Ray themselves: free ports, the processes of one
 cluster (found by its temp dir or GCS address, with their descendants), stopping them by PID
-(never `ray stop`, which would kill every Ray on the machine), and the addresses they listen on.
+(never `ray stop`, which would kill every Ray on the machine), and the addresses they listen on;
+`local_cluster`, a multi-node `ray.cluster_utils.Cluster` on 127.0.0.1.
 
 Linux only: reads /proc.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def local_cluster(prefix: str, node_gpus: Iterable[int] = ()) -> Iterator[Any]:
+    """A `ray.cluster_utils.Cluster` on 127.0.0.1, `ray` connected to it: a CPU-only head (one
+    CPU, no dashboard) and a node of 2 CPUs per entry of `node_gpus` (its logical GPUs). A
+    session-wide local Ray from another module is shut down first; at the end Ray and the
+    cluster are shut down and the temp dir (`prefix`, under /tmp) removed."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from harness.stages.ray_runtime import local_ray_env
+
+    local_ray_env()  # 127.0.0.1 only, no token auth (conftest set it before Ray was imported)
+    if ray.is_initialized():  # a session-wide local Ray from another module: this one needs its own
+        ray.shutdown()
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: unix socket paths are limited
+    head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
+    c = None
+    try:
+        c = Cluster(initialize_head=True, head_node_args=head)
+        for gpus in node_gpus:
+            c.add_node(num_cpus=2, num_gpus=gpus)
+        ray.init(address=c.address)
+        yield c
+    finally:
+        ray.shutdown()
+        if c is not None:
+            c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ import yaml
 
 from results.run.store import RunStore
 from tests import cli_run
+from tests.cli_run import PAIR_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -42,9 +43,7 @@ def paper_pairs(shared: Path) -> dict[str, object]:
 
 def write_config(tmp_path: Path, **changes: object) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    cfg["dataset"]["files"] = {
-        g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
-    }
+    cfg["dataset"]["files"] = dict(PAIR_FILES)
     cfg.update(changes)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -107,29 +106,17 @@ def test_sigkill_of_the_driver_then_rerun_finishes_every_job_exactly_once(tmp_pa
         tmp_path,
         samples_per_prompt=4,
         runtime={"batch_size": 2},
-        dataset={
-            "kind": "paired-jsonl",
-            "limit": 6,
-            "files": {
-                g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
-            },
-        },
+        dataset={"kind": "paired-jsonl", "limit": 6, "files": PAIR_FILES},
     )
     out = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "harness",
-        "run",
-        str(cfg),
-        "--out",
-        str(out),
-        "--no-ray",
-        "--no-progress",
-    ]
+    run = ["run", str(cfg), "--out", str(out), "--no-ray", "--no-progress"]
     for delay in (4.0, 6.0):  # kill at different moments: mid-generation
         proc = subprocess.Popen(
-            args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [sys.executable, "-m", "harness", *run],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.time() + 120
         while time.time() < deadline and not (out / "generations").is_dir():
@@ -137,7 +124,7 @@ def test_sigkill_of_the_driver_then_rerun_finishes_every_job_exactly_once(tmp_pa
         time.sleep(delay - 3.5)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress")
+    res = harness(*run)
     assert res.returncode == 0, res.stderr[-2000:]
     plan = RunStore(str(out)).read_plan()
     rows = pl.concat([pl.read_parquet(p) for p in (out / "generations").glob("part-*.parquet")])
@@ -219,13 +206,7 @@ def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> Non
     cfg = write_config(
         tmp_path,
         samples_per_prompt=1,
-        dataset={
-            "kind": "paired-jsonl",
-            "limit": 2,
-            "files": {
-                g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
-            },
-        },
+        dataset={"kind": "paired-jsonl", "limit": 2, "files": PAIR_FILES},
     )
     out = tmp_path / "run"
     assert harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress").returncode == 0

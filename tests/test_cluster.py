@@ -7,9 +7,7 @@ GPUs (1, 1 and 2), so placement by `num_gpus` is exercised without CUDA; models 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,9 @@ from harness import driver
 from harness.config import RunConfig, parse_config
 from harness.stages import planning
 from harness.stages.generation import generate_stage
-from harness.stages.ray_runtime import local_ray_env
 from jobs.spec import JobSpec
 from results.run.store import RunStore
-from tests.ray_procs import listening_addresses, loopback_only, process_tree
+from tests.ray_procs import listening_addresses, local_cluster, loopback_only, process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -38,33 +35,12 @@ AWS_ENV = {
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    local_ray_env()  # 127.0.0.1 only, no token auth (conftest set it before Ray was imported)
-    if ray.is_initialized():  # a session-wide local Ray from another module: this one needs its own
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: unix socket paths are limited
     # Nodes pass their environment to actors: credentials for the local S3 stand-in (moto).
-    saved = {k: os.environ.get(k) for k in AWS_ENV}
-    os.environ.update(AWS_ENV)
-    head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
-    c = None
-    try:
-        c = Cluster(initialize_head=True, head_node_args=head)
-        for gpus in (1, 1, 2):
-            c.add_node(num_cpus=2, num_gpus=gpus)
-        ray.init(address=c.address)
-        yield c
-    finally:
-        ray.shutdown()
-        if c is not None:
-            c.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in AWS_ENV.items():
+            env.setenv(key, value)
+        with local_cluster("rc", node_gpus=(1, 1, 2)) as c:
+            yield c
 
 
 def make_config(models: list[dict[str, Any]], limit: int = 5, samples: int = 4) -> RunConfig:

@@ -8,8 +8,6 @@ end a fourth joins during a run with `runtime.gpus` unset. Models and scorers ru
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,10 +24,11 @@ from harness import driver
 from harness.config import RunConfig, parse_config
 from harness.stages import planning
 from harness.stages.generation import GenerationError, generate_stage
-from harness.stages.ray_runtime import cluster_gpus, cluster_mode, local_ray_env
+from harness.stages.ray_runtime import cluster_gpus, cluster_mode
 from harness.stages.score_settings import PoolSettings, Share
 from harness.stages.scoring import ScoringError, score_run
 from results.run.store import RunStore
+from tests.ray_procs import local_cluster
 from workers.scorers.base import ScorerContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,23 +38,8 @@ NODE_GPUS = (1, 1, 1)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    local_ray_env()
-    if ray.is_initialized():  # a session-wide local Ray from another module
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="rg", dir="/tmp")
-    head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
-    c = None
-    try:
-        c = Cluster(initialize_head=True, head_node_args=head)
-        ray.init(address=c.address)
+    with local_cluster("rg") as c:  # the GPU nodes join in the tests
         yield c
-    finally:
-        ray.shutdown()
-        if c is not None:
-            c.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def paper_config(model: dict[str, Any], **runtime: Any) -> RunConfig:
@@ -110,6 +94,19 @@ def test_without_gpus_a_gpu_scorer_fails_and_the_others_score(cluster: Any, tmp_
             pools=PoolSettings(gpu_wait_s=1),
         )  # fmt: skip
     assert err.value.stats["gender"]["scored"] == 8 and "perplexity" not in store.scorers()
+
+
+def score_perplexity(store: RunStore, pools: PoolSettings) -> dict[str, dict[str, Any]]:
+    """The tiny GPT-2's perplexity on the cluster, on CPU, 4 rows a chunk."""
+    return score_run(
+        store,
+        [("perplexity", {"model": "tiny-random/gpt2"})],
+        ScorerContext(device="cpu"),
+        use_ray=True,
+        batch_size=4,
+        progress=False,
+        pools=pools,
+    )
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -221,15 +218,7 @@ def test_a_gpu_scorer_pool_uses_every_gpu_node(cluster: Any, tmp_path: Path) -> 
     assert len(nodes) == 3
     store = fake_generations(tmp_path / "run", 16)
     pools = PoolSettings(shares={"perplexity": Share(num_gpus=1)})
-    stats = score_run(
-        store,
-        [("perplexity", {"model": "tiny-random/gpt2"})],
-        ScorerContext(device="cpu"),
-        use_ray=True,
-        batch_size=4,
-        progress=False,
-        pools=pools,
-    )
+    stats = score_perplexity(store, pools)
     actors = stats["perplexity"]["actors"]
     assert len(actors) == 3 and all(a["num_gpus"] == 1 for a in actors)
     worked = {a["node_id"] for a in actors if a["chunks"]}
@@ -248,15 +237,7 @@ def test_a_call_past_its_timeout_replaces_the_actor_and_the_stage_ends(
         call_timeout_s=0.001, chunk_retries=0, shares={"perplexity": Share(1, 0.0)}
     )
     with pytest.raises(ScoringError, match=r"no actor left \(last: call timed out\)") as err:
-        score_run(
-            store,
-            [("perplexity", {"model": "tiny-random/gpt2"})],
-            ScorerContext(device="cpu"),
-            use_ray=True,
-            batch_size=4,
-            progress=False,
-            pools=pools,
-        )
+        score_perplexity(store, pools)
     stats = err.value.stats["perplexity"]
     assert [a["end"] for a in stats["actors"]] == ["call timed out"] * 3  # 2 replacements
     assert stats["failed_chunks"] == 3 and "perplexity" not in store.scorers()
