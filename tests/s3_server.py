@@ -22,12 +22,9 @@ from typing import Any
 from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
 from werkzeug.serving import make_server
 
+from tests.aws_env import AWS_ENV
+
 COUNTS_PATH = "/__requests"
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "test",
-    "AWS_SECRET_ACCESS_KEY": "test",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 def request_kind(method: str, query: str, headers: dict[str, str]) -> str:

@@ -22,25 +22,18 @@ from harness.stages import planning
 from harness.stages.generation import generate_stage
 from jobs.spec import JobSpec
 from results.run.store import RunStore
+from tests.aws_env import aws_test_env
 from tests.ray_procs import listening_addresses, local_cluster, loopback_only, process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "test",
-    "AWS_SECRET_ACCESS_KEY": "test",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     # Nodes pass their environment to actors: credentials for the local S3 stand-in (moto).
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in AWS_ENV.items():
-            env.setenv(key, value)
-        with local_cluster("rc", node_gpus=(1, 1, 2)) as c:
-            yield c
+    with aws_test_env(), local_cluster("rc", node_gpus=(1, 1, 2)) as c:
+        yield c
 
 
 def make_config(models: list[dict[str, Any]], limit: int = 5, samples: int = 4) -> RunConfig:

@@ -20,25 +20,20 @@ from results.stats.join import latest_version
 from tests.fake_run import generation_row
 
 pytest.importorskip("moto.server")
-from tests.s3_server import AWS_ENV, CountingMotoServer  # noqa: E402
+from tests.aws_env import aws_test_env  # noqa: E402
+from tests.s3_server import CountingMotoServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[CountingMotoServer]:
-    saved = {k: os.environ.get(k) for k in AWS_ENV}
-    os.environ.update(AWS_ENV)
-    srv = CountingMotoServer()
-    srv.start()
-    try:
-        srv.create_bucket("runs")
-        yield srv
-    finally:
-        srv.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with aws_test_env():
+        srv = CountingMotoServer()
+        srv.start()
+        try:
+            srv.create_bucket("runs")
+            yield srv
+        finally:
+            srv.stop()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 from harness.stages.generation import failed_row
 from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
+from tests.aws_env import aws_test_env
 from tests.helpers import make_jobs
 
 
@@ -79,11 +80,6 @@ def test_shards_of_an_older_schema_read_with_missing_columns_as_null(tmp_path: P
 
 
 # ---- scale: quarantine, aborted uploads, compaction, cache, modes ---------------------------
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "test",
-    "AWS_SECRET_ACCESS_KEY": "test",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
@@ -92,21 +88,15 @@ def s3_uri() -> Iterator[str]:
     moto_server = pytest.importorskip("moto.server")
     import boto3
 
-    saved = {k: os.environ.get(k) for k in AWS_ENV}
-    os.environ.update(AWS_ENV)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="runs")
-        yield f"s3://runs/{{}}?endpoint_override={host}:{port}&scheme=http"
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with aws_test_env():
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="runs")
+            yield f"s3://runs/{{}}?endpoint_override={host}:{port}&scheme=http"
+        finally:
+            server.stop()
 
 
 def shards_of_two(store: RunStore, jobs: list[JobSpec]) -> list[str]:
