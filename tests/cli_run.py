@@ -1,7 +1,7 @@
 """The config of the everyday CLI tests (two pairs of the example prompts, tiny GPT-2, vanilla
 and LIDAO-min, the gender and VADER scorers) and a copy of the run they share (the
 `everyday_run` fixture, tests/conftest.py) for a test that changes it; `run_python` and
-`harness`, a child Python process started from the checkout."""
+`harness`, a child Python process started from the checkout; `run_here`, `run` in this process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "examples" / "data"
@@ -71,3 +72,18 @@ def harness(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m harness ARGS` (`run_python`)."""
     return run_python(["-m", "harness", *args], env=env, cwd=cwd, timeout=timeout)
+
+
+def run_here(tmp_path: Path, cfg: dict[str, Any]) -> Any:
+    """`run` of `cfg` (written to tmp_path/cfg.yaml) in this process, without Ray or bars, into
+    tmp_path/run, which must succeed; its generation rows (a polars DataFrame)."""
+    import yaml
+
+    from harness.cli.commands import main
+    from results.run.store import RunStore
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--no-ray", "--no-progress"]) == 0
+    return RunStore(str(out)).read_generations()

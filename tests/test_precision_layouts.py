@@ -21,6 +21,7 @@ from torch import nn
 
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import builtin_gender_words
+from tests.cli_run import PAIR_FILES, run_here
 from tests.helpers import step0_context
 from workers.methods.base import StepContext
 from workers.methods.biastune import bias_offsets, find_sites
@@ -30,7 +31,6 @@ from workers.methods.heads import lm_hidden_size, resolve_head
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
-REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("gpt2", "opt", "falcon", "llama", "opt-proj")
 DTYPES = ("float32", "bfloat16", "float16")
 METHODS = (
@@ -332,15 +332,9 @@ def test_every_method_on_every_family_and_dtype_through_harness_run(tmp_path: Pa
     """`python -m harness run` (in process, no Ray): the nine methods on the five tiny models
     (the four families and OPT-350m's layout) in float32, bfloat16 and float16, one prompt
     pair, 3 tokens: every job ok, in its dtype; UDDIA's redo recorded per row."""
-    import yaml
-
-    from harness.cli.commands import main as cli_main
-    from results.run.store import RunStore
-
-    files = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
     cfg = {
         "name": "precision-layouts",
-        "dataset": {"kind": "paired-jsonl", "files": files, "limit": 1},
+        "dataset": {"kind": "paired-jsonl", "files": PAIR_FILES, "limit": 1},
         "models": [
             {"id": f"tiny-random/{f}", "dtype": d, "name": f"{f}-{d}"}
             for f in FAMILIES
@@ -372,11 +366,7 @@ def test_every_method_on_every_family_and_dtype_through_harness_run(tmp_path: Pa
         "generation": {"max_new_tokens": 3},
         "scorers": ["gender"],
     }
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "run"
-    assert cli_main(["run", str(path), "--out", str(out), "--no-ray", "--no-progress"]) == 0
-    gens = RunStore(str(out)).read_generations()
+    gens = run_here(tmp_path, cfg)
     cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in gens.iter_rows(named=True):
         cells.setdefault((row["model"], row["model_dtype"], row["method"]), []).append(row)

@@ -103,12 +103,17 @@ def shards_of_two(store: RunStore, jobs: list[JobSpec]) -> list[str]:
     return [store.write_generations([ok_row(j) for j in jobs[i : i + 2]]) for i in (0, 2, 4)]
 
 
+def three_shards(tmp_path: Path) -> tuple[RunStore, list[JobSpec], list[str]]:
+    """A run directory of six ok jobs, two a shard: (store, jobs, the shards' paths)."""
+    store = RunStore(str(tmp_path))
+    jobs = make_jobs(n=6)
+    return store, jobs, shards_of_two(store, jobs)
+
+
 def test_an_unreadable_shard_is_quarantined_and_its_jobs_are_pending_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = RunStore(str(tmp_path))
-    jobs = make_jobs(n=6)
-    paths = shards_of_two(store, jobs)
+    store, jobs, paths = three_shards(tmp_path)
     with open(paths[1], "r+b") as fh:  # a torn shard: its footer is gone
         fh.truncate(os.path.getsize(paths[1]) // 2)
     with caplog.at_level(logging.WARNING, logger="harness"):
@@ -165,9 +170,7 @@ def test_an_exception_inside_a_streamed_write_publishes_nothing(
 def test_compaction_merges_shards_and_a_kill_half_way_counts_nothing_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RunStore(str(tmp_path))
-    jobs = make_jobs(n=6)
-    shards_of_two(store, jobs)
+    store, jobs, _ = three_shards(tmp_path)
     store.write_generations([failed_row(jobs[0], "boom")], kind="failed")  # ok wins over it
     real_delete = store.delete
     deleted: list[str] = []
@@ -259,9 +262,7 @@ def test_reads_are_cached_until_the_folder_changes(
 def test_the_resume_check_streams_two_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RunStore(str(tmp_path))
-    jobs = make_jobs(n=6)
-    shards_of_two(store, jobs)
+    store, jobs, _ = three_shards(tmp_path)
     store.write_generations([failed_row(jobs[0], "boom")], kind="failed")
     store.write_generations([failed_row(jobs[5], "boom")], kind="failed")
     read: list[list[str]] = []

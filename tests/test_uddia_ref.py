@@ -13,6 +13,7 @@ import torch
 from harness.cli.commands import main as cli_main
 from jobs.spec import GenerationParams, ModelRef, canonical_json
 from jobs.words import GroupWords, from_pairs
+from tests.cli_run import PAIR_FILES, run_here
 from tests.helpers import make_jobs, step0_context
 from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.estimators import gender_geometry, hellinger_gate
@@ -217,15 +218,9 @@ def test_geometry_cache_is_keyed_by_the_word_list_contents(lm: LoadedLM) -> None
 
 @pytest.mark.slow
 def test_uddia_with_redo_and_a_prior_runs_through_the_cli(she_prior: Path, tmp_path: Path) -> None:
-    import yaml
-
-    from results.run.store import RunStore
-
-    repo = Path(__file__).resolve().parents[1]
-    files = {g: str(repo / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")}
     cfg = {
         "name": "uddia-ref",
-        "dataset": {"kind": "paired-jsonl", "files": files, "limit": 1},
+        "dataset": {"kind": "paired-jsonl", "files": PAIR_FILES, "limit": 1},
         "models": [{"id": "tiny-random/gpt2"}],
         "methods": [
             {"name": "uddia", "params": {"redo": True, "prior": str(she_prior), "blocks": 4}}
@@ -234,11 +229,7 @@ def test_uddia_with_redo_and_a_prior_runs_through_the_cli(she_prior: Path, tmp_p
         "generation": {"max_new_tokens": 3},
         "scorers": ["gender"],
     }
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "run"
-    assert cli_main(["run", str(path), "--out", str(out), "--no-ray", "--no-progress"]) == 0
-    gens = RunStore(str(out)).read_generations()
+    gens = run_here(tmp_path, cfg)
     assert gens.height == 2 and (gens["status"] == "ok").all()
     for row in gens.iter_rows(named=True):
         eff = json.loads(row["effective_params"])
