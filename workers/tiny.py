@@ -113,7 +113,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
         return tf.GPT2Config(n_layer=4, n_embd=TINY_WIDTH, n_head=4, n_positions=512, **common)
     # every other family: 4 heads over TINY_WIDTH, "<pad>" (id 2) as padding
     heads: dict[str, Any] = {"hidden_size": TINY_WIDTH, "num_attention_heads": 4, "pad_token_id": 2}
-    decoder = {"num_hidden_layers": 4, **heads, **common}
+    decoder: dict[str, Any] = {"num_hidden_layers": 4, **heads, **common}
     if family in ("opt", "opt-proj"):  # opt-proj is opt-350m's layout: post-norm blocks, no
         # final norm, the embeddings (32 wide) projected in to the blocks' 64 and out again
         # before the LM head
@@ -133,7 +133,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
             alibi=False,
             **decoder,
         )
-    mlp = {"intermediate_size": 128, "max_position_embeddings": 512}
+    mlp: dict[str, Any] = {"intermediate_size": 128, "max_position_embeddings": 512}
     if family == "llama":
         return tf.LlamaConfig(num_key_value_heads=2, **mlp, **decoder)
     if family == "bert":  # an encoder, for classifier scorers in tests
