@@ -84,7 +84,7 @@ def test_the_halves_of_an_out_of_memory_batch_run_after_its_memory_is_released(
     gen = generator.Generator(ModelRef("tiny-random/gpt2"), str(tmp_path / "run"), device="cpu")
     n = 4
     if sized:  # a GPU replica: the failing attempt is the probe, run from a parent call
-        from tests.test_decoding import FakeMemory
+        from tests.fake_memory import FakeMemory
 
         gen.sizer = generator.BatchSizer(FakeMemory(capacity=10**9, per_token=1))
         n = generator.PROBE_BATCH + 4

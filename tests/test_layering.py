@@ -47,11 +47,7 @@ RANK: dict[str, tuple[int, int]] = {
 # and the test fails on any break not listed here and on any listed break that is gone.
 KNOWN_UP: set[tuple[str, str]] = set()
 KNOWN_CYCLES: set[frozenset[str]] = set()
-KNOWN_LONG: set[str] = {
-    "tests/test_baselines.py",
-    "tests/test_decoding.py",
-    "benchmarks/bench_methods.py",
-}
+KNOWN_LONG: set[str] = set()
 
 
 def modules() -> dict[str, Path]:
