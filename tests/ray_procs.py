@@ -95,11 +95,12 @@ def stop_processes(pids: set[int], grace_s: float = 3.0) -> None:
             except OSError:
                 pass
         deadline = time.time() + grace_s
-        while sig == signal.SIGTERM and time.time() < deadline and any(_alive(p) for p in pids):
+        while sig == signal.SIGTERM and time.time() < deadline and any(alive(p) for p in pids):
             time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited process not yet reaped, a zombie, does not)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
