@@ -1,5 +1,6 @@
-"""Shared fixtures: paths to ../shared, one local Ray for the whole session, an offline hub, and
-the runs the report and everyday CLI tests share (made once a session)."""
+"""Shared fixtures: paths to ../shared, one local Ray for the whole session, an offline hub, the
+runs the report and everyday CLI tests share (made once a session), and the tiny models of the
+baseline tests (`lm`, `models`: a module that needs other models defines its own)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,21 @@ def everyday_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, s
         rc = main(args)
     assert rc == 0, stderr.getvalue()[-3000:]
     return out, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def lm() -> Any:
+    """The tiny GPT-2 (random weights, offline), loaded once per test module on the CPU."""
+    from jobs.spec import ModelRef
+    from workers.models import load_lm
+
+    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The baselines' extra tiny models (experts, GeDi's class-conditional LM), saved once per
+    test module: name → local path."""
+    from tests.baseline_helpers import save_tiny_variants
+
+    return save_tiny_variants(tmp_path_factory.mktemp("models"))

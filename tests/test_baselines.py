@@ -19,24 +19,12 @@ from tests.baseline_helpers import (
     build,
     make_jobs,
     run,
-    save_tiny_variants,
 )
 from workers.methods.base import MethodError
 from workers.methods.dexperts import nucleus_filter
 from workers.methods.experts import load_extra_lm
 from workers.methods.gedi import gedi_filter
 from workers.models import LoadedLM, load_lm
-
-
-@pytest.fixture(scope="module")
-def lm() -> LoadedLM:
-    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return save_tiny_variants(tmp_path_factory.mktemp("models"))
-
 
 # --- zero strength is vanilla, token for token -------------------------------------------------
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from jobs.spec import ModelRef
 from tests.baseline_helpers import (
     GEN_PLAIN,
     PROMPTS,
@@ -14,21 +12,10 @@ from tests.baseline_helpers import (
     full_logits,
     make_jobs,
     prefill,
-    save_tiny_variants,
 )
 from workers.decoding import decode_batch
 from workers.methods.dexperts import DExperts, ensemble, nucleus_filter
-from workers.models import LoadedLM, load_lm
-
-
-@pytest.fixture(scope="module")
-def lm() -> LoadedLM:
-    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return save_tiny_variants(tmp_path_factory.mktemp("models"))
+from workers.models import LoadedLM
 
 
 def test_nucleus_filter_keeps_the_smallest_set_above_top_p() -> None:

@@ -25,11 +25,6 @@ from workers.models import LoadedLM, load_lm
 from workers.tiny import build_tiny_lm
 
 
-@pytest.fixture(scope="module")
-def lm() -> LoadedLM:
-    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
-
-
 def test_gedi_posterior_is_bayes_rule_with_length_normalisation() -> None:
     lp = torch.log(torch.tensor([[[0.9, 0.1]], [[0.1, 0.9]]]))  # (2 classes, 1 row, 2 tokens)
     none = torch.zeros(2, 1)

@@ -24,11 +24,6 @@ from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
 
-@pytest.fixture(scope="module")
-def lm() -> LoadedLM:
-    return load_lm(ModelRef("tiny-random/gpt2"), device="cpu")
-
-
 def test_window_mask_keeps_the_most_recent_positions() -> None:
     cpu = torch.device("cpu")
     assert window_mask(5, 0, False, cpu).flatten().tolist() == [1.0] * 5
