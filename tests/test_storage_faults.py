@@ -8,12 +8,14 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from results.run import shards
+from results.run import quarantine, shards
 from results.run.store import RunStore, StoreError
 from results.schema import score_schema
 from results.stats.join import latest_version
@@ -142,8 +144,25 @@ def test_a_shard_is_quarantined_only_when_the_whole_object_was_fetched(tmp_path:
         fh.truncate(os.path.getsize(paths[0]) // 2)
     reader = store.reader
     reader.listing(("generations",))
-    reader._sizes[paths[1]] = reader._sizes[paths[1]] + 10  # says more bytes than come back
-    assert list(reader._damaged(paths)) == [paths[0]]
+    assert list(reader._damaged(paths)) == [paths[0]]  # the truncated one, fetched whole
+
+    # On a connection where paths[1] (healthy) comes back short and paths[2] fails to fetch,
+    # neither is damage: only bytes as many as listed that do not parse are; paths[0] still is.
+    class Transport:
+        local = pafs.LocalFileSystem()
+
+        def get_file_info(self, wanted: list[str]) -> list[Any]:
+            return list(self.local.get_file_info(wanted))
+
+        def open_input_stream(self, path: str) -> Any:
+            if path == paths[2]:
+                raise OSError("connection reset by peer")
+            if path == paths[1]:
+                with open(path, "rb") as fh:
+                    return pa.BufferReader(fh.read()[:100])  # the connection dropped
+            return self.local.open_input_stream(path)
+
+    assert list(quarantine.damaged(Transport, paths, "run", 2)) == [paths[0]]
 
 
 def test_temp_files_of_a_killed_plan_writer_are_removed_by_the_next_run(
