@@ -203,6 +203,25 @@ def select_rows(diffs: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
     return rows.sort(KEYS)
 
 
+def why_empty(diffs: pl.DataFrame, args: argparse.Namespace) -> str:
+    """Why `select_rows` kept nothing of `diffs`: each filter that matches none of its values
+    (naming the values there are), else the filters together."""
+    if diffs.is_empty():
+        return "the two runs have no summary cells"
+    reasons = []
+    for col, flag, wanted in (
+        ("metric", "--metric", args.metric),
+        ("view", "--view", args.view),
+        ("stat", "--stat", args.stat),
+    ):
+        known = sorted(set(diffs[col].drop_nulls().to_list()))
+        if wanted and not set(wanted) & set(known):
+            reasons.append(f"{flag} {' '.join(wanted)} matches none of: {', '.join(known)}")
+    if not reasons and args.min_diff > 0:
+        reasons.append(f"no difference is at least --min-diff {args.min_diff:g}")
+    return "; ".join(reasons) or "no cell passes the filters together (--all shows every stat)"
+
+
 def _fmt(v: Any, signed: bool = False) -> str:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "–"
@@ -282,6 +301,8 @@ def compare_main(args: argparse.Namespace) -> int:
     only_a = rows.filter(pl.col("b").is_null() & pl.col("a").is_not_null()).height
     only_b = rows.filter(pl.col("a").is_null() & pl.col("b").is_not_null()).height
     print(f"\n{rows.height} cells shown; only in A: {only_a}, only in B: {only_b}")
+    if rows.is_empty():
+        print(f"no cells: {why_empty(diffs, args)}")
     print(
         f"bias rows: abs_diff = |bias B| − |bias A| over the same resamples, "
         f"{100 * level:g}% interval; real: p < {1 - level:.2g} (no: not distinguishable at "
