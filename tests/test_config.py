@@ -169,6 +169,10 @@ def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None
         ("runtime: {batch_size: 0}", r"runtime.batch_size: .*or 'auto', got 0"),
         ("runtime: {batch_size: true}", r"runtime.batch_size: .*or 'auto', got True"),
         ("generation: {temperature: true}", r"generation.temperature: .*valid number"),
+        (  # an unquoted all-digit value (a short commit hash, say) is a number in YAML
+            "runtime: {cache_dir: 1234567}",
+            r"runtime.cache_dir: .*valid string, got the number 1234567: quote the value",
+        ),
     ],
 )
 def test_strict_types(tmp_path: Path, extra: str, message: str) -> None:

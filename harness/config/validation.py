@@ -55,6 +55,9 @@ def _pydantic_errors(exc: ValidationError) -> list[str]:
             err.get("input"), bool | str
         ):
             msg = f"{msg}, got {err['input']!r}"
+        elif err["type"] == "string_type" and isinstance(err.get("input"), int | float):
+            # YAML reads an unquoted 1234567 or 1e5 (a short commit hash, say) as a number
+            msg = f"{msg}, got the number {err['input']!r}: quote the value to keep it text"
         lines.append(f"  {where}: {msg}")
     return lines
 
