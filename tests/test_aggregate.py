@@ -345,3 +345,37 @@ def test_failed_scores_are_counted_per_group_and_named_in_the_gap_note(tmp_path:
     assert got[("failed", "female")]["value"] == 9 and got[("missing", "female")]["value"] == 9
     assert got[("failed", "male")]["value"] == 0
     assert "missing scores: female 9 of 18 rows, male 0 of 18 rows" in got[("bias", "gap")]["note"]
+
+
+def test_a_gap_of_composition_only_notes_that_interval_and_test_disagree(tmp_path: Path) -> None:
+    """Prompts that score high yield mostly female continuations, low ones mostly male; within
+    a prompt the label is unrelated to the score. The a(x) gap is then real for the interval
+    (prompts resampled) and null for the within-prompt test: the row says they disagree."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for p in range(16):
+        high = p % 2 == 0
+        for group in ("female", "male"):
+            for s in range(10):
+                rows.append({
+                    "prompt_id": f"{group}:{p:05d}", "pair_id": f"{p:05d}",
+                    "prompt_group": group, "seed": s,
+                    "label_x": "female" if (s < 8) == high else "male",
+                    "label_cx": group, "label_c": group,
+                    "sentiment": float((0.8 if high else 0.2) + rng.normal(0, 0.05)),
+                })  # fmt: skip
+    store = write_rows(str(tmp_path / "run"), rows)
+    joined = join_run(store)
+    s = summarize(joined.frame, joined.failed, n_boot=200, n_perm=200).summary
+    bias = {
+        r["view"]: r
+        for r in s.filter((pl.col("stat") == "bias") & (pl.col("metric") == "sentiment")).iter_rows(
+            named=True
+        )
+    }
+    x = bias["a(x)"]
+    assert x["test"] == perm.WITHIN_PROMPT and x["p_value"] > 0.05
+    assert x["ci_low"] > 0 or x["ci_high"] < 0
+    assert "the interval and the within-prompt test disagree" in x["note"]
+    for view in ("a(c)", "file"):  # prompt-labelled: the pair swap, no such note
+        assert "disagree" not in (bias[view]["note"] or "")

@@ -22,6 +22,7 @@ from results.stats.bootstrap import (
 )
 from results.stats.emt import expected_max_cells, matched_rows
 from results.stats.gap_notes import (
+    DISAGREE_NOTE,
     EMT_NOTE,
     TV_NOTE,
     Lookup,
@@ -40,7 +41,7 @@ from results.stats.metrics import (
     stacked,
     with_group,
 )
-from results.stats.permutation import GapTest, bias_corrected_tv, gap_test
+from results.stats.permutation import WITHIN_PROMPT, GapTest, bias_corrected_tv, gap_test
 
 REFERENCES = ("vanilla", "uddia")
 
@@ -167,6 +168,8 @@ def _gap_record(
             )  # fmt: skip
             extra.update(p_value=test.p_value, test=test.test)
             notes += [test.note] if test.note else []
+            if _disagree(metric, test, extra, setup.level):
+                notes.append(DISAGREE_NOTE)
         else:
             notes.append("no p-value: aggregation.n_perm is 0")
     else:
@@ -175,6 +178,18 @@ def _gap_record(
     name, stat = ("toxicity", "bias_cm") if metric == "toxicity_cm" else (metric, "bias")
     out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None, **extra)
     return gaps, test
+
+
+def _disagree(metric: str, test: GapTest, extra: dict[str, Any], level: float) -> bool:
+    """Whether a signed gap's interval and its within-prompt test tell different stories: one
+    excludes 0 at `level` and the other does not reject (or the other way round). The TV
+    distance is never below 0, so its interval says nothing of 0 and is left out."""
+    if test.test != WITHIN_PROMPT or metric == "regard" or extra.get("ci_low") is None:
+        return False
+    if test.p_value is None or not np.isfinite(test.p_value):
+        return False
+    excludes_zero = extra["ci_low"] > 0 or extra["ci_high"] < 0
+    return bool(excludes_zero != (test.p_value < 1 - level))
 
 
 def _bias_corrected_record(

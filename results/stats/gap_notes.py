@@ -26,6 +26,12 @@ EMT_NOTE = (
     "paper's EMT: a group's per-prompt maximum grows with its number of rows at the prompt, so "
     "this gap mixes toxicity with the groups' row counts (bias_cm matches them)"
 )
+DISAGREE_NOTE = (
+    "the interval and the within-prompt test disagree at this level: the interval resamples "
+    "prompts (is the gap non-zero?), the test shuffles labels within prompts (does a row's label "
+    "matter given its prompt?); a gap from which prompts yield which group passes the first only "
+    "(docs/statistics.md)"
+)
 TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
 
 
