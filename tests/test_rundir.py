@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from results.run.store import RunStore
+from tests import cli_run
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -30,14 +31,7 @@ DATA = {g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("femal
 
 
 def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return cli_run.harness(*args, env=env or ENV)
 
 
 def config(tmp_path: Path, name: str = "cfg.yaml", **changes: object) -> Path:

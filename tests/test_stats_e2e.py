@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from fake_run import write_rows
 
 from results.report.build import aggregate_run
 from results.run.store import RunStore
+from tests import cli_run
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}  # fmt: skip
@@ -36,10 +36,7 @@ TEXTS = [
 
 
 def harness(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    return cli_run.harness(*args, env=ENV, timeout=600)
 
 
 @pytest.fixture(scope="module")

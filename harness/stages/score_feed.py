@@ -143,9 +143,16 @@ class FollowRows(OkRows):
     into a `part-c-` shard) is skipped: the next poll lists the shard that holds them now.
     """
 
-    def __init__(self, *args: Any, poll_s: float = 5.0, **kwargs: Any) -> None:
-        """`OkRows`' arguments, then `poll_s`."""
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        store: RunStore,
+        columns: list[str],
+        skip: pa.Array,
+        chunk_size: int,
+        only: pa.Array | None = None,
+        poll_s: float = 5.0,
+    ) -> None:
+        super().__init__(store, columns, skip, chunk_size, only)
         self.poll_s = poll_s
         self.read_paths: set[str] = set()
         self.polls = 0
