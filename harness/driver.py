@@ -2,10 +2,10 @@
 each stage's work is in `harness.stages` and its record goes to the run directory (`results.run`).
 
 The `score` and `aggregate` commands call the last stages, with the scorer choice of
-`harness.stages.scorer_selection`. The driver never imports torch or transformers; models load
+`harness.stages.scoring.selection`. The driver never imports torch or transformers; models load
 inside Ray actors. `run` streams the plan: `plan_stage` checks, writes and counts it in one pass
 over the grid, and the generation stage expands each model's pending slices again as its actors
-need batches (`harness.stages.planning`), so the driver's memory does not grow with the number
+need batches (`harness.stages.generation.planning`), so the driver's memory does not grow with the number
 of jobs.
 """
 
@@ -16,16 +16,21 @@ import time
 from typing import Any
 
 from harness.config import RunConfig
-from harness.stages.generation import GenerationError, Setup, generate_stage, reserve_generation
-from harness.stages.planning import Plan, load_words, plan_stage
-from harness.stages.ray_runtime import bind_run, reassert_signal_handlers
-from harness.stages.score_follow import Followed, following
-from harness.stages.score_settings import pool_settings
-from harness.stages.scorer_selection import (
+from harness.stages.generation.planning import Plan, load_words, plan_stage
+from harness.stages.generation.ray_runtime import bind_run, reassert_signal_handlers
+from harness.stages.generation.stage import (
+    GenerationError,
+    Setup,
+    generate_stage,
+    reserve_generation,
+)
+from harness.stages.scoring.follow import Followed, following
+from harness.stages.scoring.selection import (
     first_scorer_per_metric,
     follow_config,
 )
-from harness.stages.scoring import ScoringError, score_run
+from harness.stages.scoring.settings import pool_settings
+from harness.stages.scoring.stage import ScoringError, score_run
 from jobs.words import GroupWords
 from results.run.history import Invocation
 from results.run.manifest import update_manifest
@@ -118,9 +123,9 @@ def generation_stage(
     scorers that followed generation).
 
     Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
-    `harness.stages.score_follow`); the follower is stopped and joined before compaction, and its
+    `harness.stages.scoring.follow`); the follower is stopped and joined before compaction, and its
     result goes to the final scoring pass. On Ray the generation replicas' GPUs are reserved
-    first (`harness.stages.generation.reserve_generation`), so a scorer that follows can only take
+    first (`harness.stages.generation.stage.reserve_generation`), so a scorer that follows can only take
     what the reservations leave. A `GenerationError` (a model that could not run, a method
     that could not start) is returned, not raised: what was generated is compacted, scored and
     aggregated all the same, and `run` raises the error at its end.
@@ -174,7 +179,7 @@ def score_stage(
     followed: Followed | None = None,
 ) -> dict[str, Any]:
     """Score what is missing; `scorers` (name, params) replaces the config's list; `followed`:
-    the scorers that scored during generation (`harness.stages.score_follow`), taken over."""
+    the scorers that scored during generation (`harness.stages.scoring.follow`), taken over."""
     if scorers is None:
         scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
     context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
@@ -222,7 +227,7 @@ def scoring_and_aggregation(
     followed: Followed | None = None,
 ) -> dict[str, Any]:
     """`run`'s last two stages, recorded in `inv`; returns the scoring stats. `followed`: the
-    scorers that scored during generation (`harness.stages.score_follow`), taken over."""
+    scorers that scored during generation (`harness.stages.scoring.follow`), taken over."""
     t0 = time.perf_counter()
     score_stats = score_stage(
         store, cfg, words, use_ray=use_ray, progress=progress, followed=followed

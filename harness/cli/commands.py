@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return interrupt.code
     finally:
-        if "harness.stages.ray_runtime" in sys.modules:
-            from harness.stages.ray_runtime import shutdown_ray
+        if "harness.stages.generation.ray_runtime" in sys.modules:
+            from harness.stages.generation.ray_runtime import shutdown_ray
 
             shutdown_ray()
         for key in env_set:

@@ -59,7 +59,7 @@ def run_status(store: RunStore) -> str:
             "kept, not counted"
         )
     if manifest:  # actors and throughput of the last generation run
-        from harness.stages.generation import actor_lines
+        from harness.stages.generation.stage import actor_lines
 
         lines.extend(actor_lines(manifest))
     ok_in_plan = DoneIds(ok.ids[plan.contains_bytes(ok.ids)]) if len(plan) else DoneIds(ok.ids[:0])

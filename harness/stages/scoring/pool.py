@@ -8,7 +8,7 @@ both. In cluster mode the GPUs are asked of the autoscaler and waited for
 `runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
 process holds the quota's rate limiter and writes the cache. Actors set torch's threads to
 their CPUs. `start_pools` keeps the actors ready within the start timeout; the driver then
-feeds them (`harness.stages.score_loop`).
+feeds them (`harness.stages.scoring.loop`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.backends import cpu_threads
-from harness.stages.score_settings import PoolSettings, Share
-from harness.stages.score_work import Work
+from harness.stages.generation.backends import cpu_threads
+from harness.stages.scoring.settings import PoolSettings, Share
+from harness.stages.scoring.work import Work
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import SYNCED_CACHES
 from workers.scorers.registry import load_scorer
@@ -115,7 +115,7 @@ def plan_with_gpus(
     failures: dict[str, str],
 ) -> dict[str, PoolPlan]:
     """Pool plans; in cluster mode GPU scorers ask for their GPUs and wait for them."""
-    from harness.stages.ray_runtime import (
+    from harness.stages.generation.ray_runtime import (
         NoGpuError,
         cluster_gpus,
         cluster_mode,
@@ -147,7 +147,7 @@ def plan_with_gpus(
 
 
 def withdraw_gpus() -> None:
-    from harness.stages.ray_runtime import cluster_mode, request_gpus
+    from harness.stages.generation.ray_runtime import cluster_mode, request_gpus
 
     if cluster_mode():
         request_gpus([])

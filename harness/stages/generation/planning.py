@@ -34,7 +34,7 @@ from harness.config import (
     dump_config,
     redacted,
 )
-from harness.stages.backends import MethodKey
+from harness.stages.generation.backends import MethodKey
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
@@ -237,7 +237,7 @@ def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
 
 def config_snapshot(store: RunStore, cfg: RunConfig) -> str:
     """config.yaml for `cfg` (secrets redacted), keeping the scorers the run's snapshot records
-    and `cfg` lacks: those `score` added (`harness.stages.scorer_selection.record_scorers`); their
+    and `cfg` lacks: those `score` added (`harness.stages.scoring.selection.record_scorers`); their
     scores stay in the run, so a re-run of the original config must not drop the record of how
     they were computed."""
     if store.exists("config.yaml"):

@@ -1,9 +1,9 @@
 """The generation stage: pending jobs → per-model queues of batches → actors → shards.
 
 `generate_stage` plans the placement of each model (how many replicas, which resources, which
-device), then hands the queues to a `harness.stages.dispatch.Dispatcher` over Ray actors (or over
+device), then hands the queues to a `harness.stages.generation.dispatch.Dispatcher` over Ray actors (or over
 plain `Generator`s in this process with `--no-ray`). Each model's queue pulls its batches
-lazily from the plan (`harness.stages.planning.Plan.batches`: the model's pending slices expanded
+lazily from the plan (`harness.stages.generation.planning.Plan.batches`: the model's pending slices expanded
 again, a chunk at a time), so the driver holds about one chunk of jobs per model whatever the
 size of the grid. Actors write their shards themselves; the stage writes only the error rows
 of batches that failed every retry. Per-actor throughput and utilisation go to the manifest.
@@ -20,12 +20,12 @@ from typing import Any
 
 from harness.config import ModelConfig, RunConfig
 from harness.progress import Progress
-from harness.stages.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
-from harness.stages.devices import visible_gpus
-from harness.stages.dispatch import PIPELINE, Dispatcher, Observer
-from harness.stages.dispatch_state import ModelWork, Policy
-from harness.stages.planning import Plan
-from harness.stages.reservation import (
+from harness.stages.generation.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
+from harness.stages.generation.devices import visible_gpus
+from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
+from harness.stages.generation.dispatch_state import ModelWork, Policy
+from harness.stages.generation.planning import Plan
+from harness.stages.generation.reservation import (
     Budget,
     Growth,
     NotPlaced,
@@ -85,7 +85,7 @@ LOCAL_PLACE_S = 10.0  # a local Ray's GPUs are there at once: how long to wait f
 @dataclasses.dataclass
 class Setup:
     """What the stage runs on: each model's placement, its replicas' reservations (placement
-    groups, `harness.stages.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
+    groups, `harness.stages.generation.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
 
     placements: dict[ModelRef, Placement]
     groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
@@ -94,7 +94,7 @@ class Setup:
 
     def release(self) -> None:
         """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
-        from harness.stages.reservation import remove_groups
+        from harness.stages.generation.reservation import remove_groups
 
         groups = [g for gs in self.groups.values() for g in gs]
         groups += self.grow.created if self.grow is not None else []
@@ -106,7 +106,7 @@ class Setup:
 def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
     """The placement of each model, and a placement group reserved for each GPU replica.
 
-    The budget (`harness.stages.reservation.request_budget`: `runtime.gpus` split between the models,
+    The budget (`harness.stages.generation.reservation.request_budget`: `runtime.gpus` split between the models,
     or the GPUs the cluster has) is computed once and logged. Every replica's group is created
     at once (pending groups are the autoscaler's demand) and waited for up to
     `runtime.gpu_wait_s` in cluster mode (a local Ray: a few seconds, its GPUs are all there
@@ -116,7 +116,7 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
     Ray without GPUs runs models without `num_gpus` on CPU replicas, said in a warning; only
     `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs in cluster mode.
     """
-    from harness.stages.ray_runtime import cluster_gpus, cluster_mode
+    from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 
     rt = cfg.runtime
     configs = {m: _model_config(cfg, m) for m in models}
@@ -347,7 +347,7 @@ def _work(
 
 
 def _warn_local_run_dir(store: RunStore) -> None:
-    from harness.stages.ray_runtime import alive_nodes
+    from harness.stages.generation.ray_runtime import alive_nodes
 
     if store.local and alive_nodes() > 1:
         log.warning(

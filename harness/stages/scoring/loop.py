@@ -1,4 +1,4 @@
-"""Scoring on Ray: every scorer on its pool (`harness.stages.score_pool`), all at once, fed
+"""Scoring on Ray: every scorer on its pool (`harness.stages.scoring.pool`), all at once, fed
 chunk by chunk and supervised by the driver (`score_on_ray`, `ScoreLoop`).
 
 The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
@@ -9,7 +9,7 @@ rows held until ~8k, then one atomic shard); the driver gets back each row's job
 and whether the actor's rows are now written. It counts a chunk as scored only once its
 actor says so; the chunks of an actor that dies or is replaced before that are scored again.
 When no chunk is left every actor writes what it holds (`flush`), and the stage compacts the
-shards (`harness.stages.scoring.compact_scores`).
+shards (`harness.stages.scoring.stage.compact_scores`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.stages.backends import actor_error
-from harness.stages.score_pool import (
+from harness.stages.generation.backends import actor_error
+from harness.stages.scoring.pool import (
     Pool,
     PoolActor,
     close_pool,
@@ -31,8 +31,8 @@ from harness.stages.score_pool import (
     start_pools,
     withdraw_gpus,
 )
-from harness.stages.score_settings import PoolSettings
-from harness.stages.score_work import new_work
+from harness.stages.scoring.settings import PoolSettings
+from harness.stages.scoring.work import new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
@@ -55,7 +55,7 @@ def score_on_ray(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every scorer on its pool, all at once; chunks are written as they come back.
 
-    `live`: pools already running (they followed generation, `harness.stages.score_follow`), taken
+    `live`: pools already running (they followed generation, `harness.stages.scoring.follow`), taken
     over as they are: the same actors, the same Perspective rate limiter.
     """
     failures: dict[str, str] = {}

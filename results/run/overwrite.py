@@ -16,14 +16,13 @@ the old scores are then in RUN/overwrite/<scorer>.old.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from harness.config import RunConfig
 from results.run.store import RunStore, shard_name
 from results.schema import score_schema
 
@@ -69,21 +68,15 @@ def _delete_dir(store: RunStore, rel: str) -> None:
 
 
 def score_overwriting(
-    store: RunStore,
-    cfg: RunConfig,
-    words: Any,
-    use_ray: bool,
-    scorers: list[tuple[str, dict[str, Any]]],
+    store: RunStore, names: Sequence[str], score: Callable[[RunStore], dict[str, Any]]
 ) -> dict[str, Any]:
-    """Score every ok row with `scorers` into the staging folder, then swap it in."""
-    from harness import driver
-
-    names = [name for name, _ in scorers]
+    """`score` (the scoring stage) every ok row of `names` into the staging folder, then swap
+    it in."""
     for name in names:
         _delete_dir(store, f"{STAGING}/{name}")  # a partial earlier attempt
         _delete_dir(store, f"{STAGING}/{name}.old")
     staged = StagedScores(store.uri, names)
-    stats = driver.score_stage(staged, cfg, words, use_ray, scorers=scorers)  # raises on failure
+    stats = score(staged)  # raises on failure
     for name in names:
         new = f"{STAGING}/{name}"
         if not staged.exists(new):  # nothing scored (no ok rows): the old scores stay

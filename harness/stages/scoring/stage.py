@@ -3,7 +3,7 @@
 For each scorer, the rows to score are the ok generation rows with no score row at the
 scorer's *current* version (so a new model revision or API version rescores everything, and
 a re-run with nothing new does no work). The rows stream from the generation shards
-(`harness.stages.score_feed.OkRows`: one shard at a time, only the columns scorers read) in
+(`harness.stages.scoring.feed.OkRows`: one shard at a time, only the columns scorers read) in
 chunks. Scored rows are written by whoever scored them (the actor; without Ray this process)
 as atomic shards of ~8k rows (`workers.scorers.score_buffer.ScoreBuffer`: `FLUSH_ROWS`, or every
 `FLUSH_S` seconds), and the stage ends by compacting each scorer's shards to ~50k rows
@@ -14,16 +14,16 @@ A chunk that fails (the scorer raised, its actor died, the call outlived
 `runtime.score_call_timeout_s`) is retried up to `runtime.score_chunk_retries` times; after
 that its rows stay unscored (a later `score` tries them again), the scorer goes on with the
 other chunks, and the stage ends with a `ScoringError` that counts them (each scorer's share
-of the stage: `harness.stages.score_work.Work`).
+of the stage: `harness.stages.scoring.work.Work`).
 
-With Ray each scorer runs on a pool of actors (`harness.stages.score_pool`), all scorers at
-once, fed and supervised by the driver (`harness.stages.score_loop`); GPU scorers get one actor
-per GPU of the budget (`harness.stages.score_settings`: budget, timeouts, retries, pool sizes).
+With Ray each scorer runs on a pool of actors (`harness.stages.scoring.pool`), all scorers at
+once, fed and supervised by the driver (`harness.stages.scoring.loop`); GPU scorers get one actor
+per GPU of the budget (`harness.stages.scoring.settings`: budget, timeouts, retries, pool sizes).
 Without Ray the same plain classes run here, one scorer after the other. The driver imports no
 torch: scorer modules import it lazily.
 
 `run` starts the scorers that hold no GPU while generation is still going
-(`harness.stages.score_follow`); this stage then takes them over (`followed=`) and scores the rest.
+(`harness.stages.scoring.follow`); this stage then takes them over (`followed=`) and scores the rest.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.stages.score_feed import check_has_generations
-from harness.stages.score_settings import PoolSettings
-from harness.stages.score_work import Work, new_work
+from harness.stages.scoring.feed import check_has_generations
+from harness.stages.scoring.settings import PoolSettings
+from harness.stages.scoring.work import Work, new_work
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
@@ -43,7 +43,7 @@ from workers.scorers.registry import check_scorer_name, load_scorer
 from workers.scorers.score_buffer import Row, ScoreBuffer, ScoringError
 
 if TYPE_CHECKING:
-    from harness.stages.score_follow import Followed
+    from harness.stages.scoring.follow import Followed
 
 log = logging.getLogger("harness")
 
@@ -92,7 +92,7 @@ def score_run(
             before the stage gives up on it.
         pools: GPU budget, waits, timeouts, retries and per-scorer pool sizes (defaults:
             `PoolSettings()`).
-        followed: what scored during generation (`harness.stages.score_follow`): its scorers,
+        followed: what scored during generation (`harness.stages.scoring.follow`): its scorers,
             still running, are taken over, and its counts added to the stats.
 
     Returns:
@@ -114,7 +114,7 @@ def score_run(
             settings = pools or PoolSettings()
             live = followed.take(scorers) if followed is not None else {}
             if use_ray:
-                from harness.stages.score_loop import score_on_ray
+                from harness.stages.scoring.loop import score_on_ray
 
                 stats, failures = score_on_ray(
                     store, scorers, context, batch_size, progress, start_timeout_s, settings, live

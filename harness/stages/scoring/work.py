@@ -1,5 +1,5 @@
 """One scorer's share of the scoring stage (`Work`): where its rows come from (a feed of
-`harness.stages.score_feed`), chunks to retry, what came back, and its stats.
+`harness.stages.scoring.feed`), chunks to retry, what came back, and its stats.
 
 A chunk that fails is retried up to `retries` times; after that its rows stay unscored, and
 `GIVE_UP_IN_A_ROW` chunks given up one after the other stop the scorer (`ScoringError`).
@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from harness.stages.score_feed import OkRows, input_columns, read_shard_columns, scored_ids
+from harness.stages.scoring.feed import OkRows, input_columns, read_shard_columns, scored_ids
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.scorers.registry import load_scorer

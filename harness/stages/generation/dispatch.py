@@ -1,8 +1,8 @@
 """Hand batches of jobs to generation actors from per-model queues, and survive actor deaths.
 
-Ray-free: actors are reached through a `harness.stages.backends.Backend` (Ray actors, or plain objects
+Ray-free: actors are reached through a `harness.stages.generation.backends.Backend` (Ray actors, or plain objects
 in this process for `--no-ray` and the tests), so every rule below is testable without
-a cluster. The queues, slots and bounds it works on are in `harness.stages.dispatch_state`.
+a cluster. The queues, slots and bounds it works on are in `harness.stages.generation.dispatch_state`.
 
 Rules:
 
@@ -28,7 +28,7 @@ Rules:
 * An actor is released as soon as its model's queue is dry and it holds no batch, freeing its
   GPU for actors of other models that are still waiting for one.
 * A slot may hold a reservation (`ModelWork.groups[i]`: a Ray placement group, see
-  `harness.stages.reservation`): its actors, the first and every replacement, are created in it, and
+  `harness.stages.generation.reservation`): its actors, the first and every replacement, are created in it, and
   it is freed when the slot is done for good (released, retired, its model given up). `grow`
   hands over reservations placed while the stage runs (GPU nodes that joined): each becomes a
   new slot of its model while the model still has batches, and is freed otherwise.
@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.stages.backends import (
+from harness.stages.generation.backends import (
     ActorLost,
     ActorRecord,
     ActorSpec,
@@ -51,7 +51,7 @@ from harness.stages.backends import (
     TaskFailed,
     first_line,
 )
-from harness.stages.dispatch_state import Call, ModelWork, Policy, Slot
+from harness.stages.generation.dispatch_state import Call, ModelWork, Policy, Slot
 from jobs.spec import ModelRef
 from results.run.invoke import check_interrupt
 

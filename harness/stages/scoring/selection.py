@@ -1,7 +1,7 @@
 """Which scorers run, and which are read: the `score` command's list (`scorers_to_run`), recorded
 in the run's config snapshot (`record_scorers`); the scorer read per metric when several gave it
 (`scorer_preference`, `first_scorer_per_metric`); and the config the scorers that follow
-generation run with (`follow_config`, `harness.stages.score_follow`).
+generation run with (`follow_config`, `harness.stages.scoring.follow`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import logging
 from typing import Any
 
 from harness.config import ConfigError, RunConfig, ScorerConfig, dump_config, load_yaml
-from harness.stages.score_follow import pool_wants_gpu
-from harness.stages.score_settings import Share, pool_settings
+from harness.stages.scoring.follow import pool_wants_gpu
+from harness.stages.scoring.settings import Share, pool_settings
 from results.run.store import RunStore
 
 log = logging.getLogger("harness")

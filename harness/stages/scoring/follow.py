@@ -11,7 +11,7 @@ fit); `false` none.
 
 When the block ends normally the follower stops taking new chunks, waits for those in flight,
 and is joined (an unexpected error in it is raised here): compaction may then run, it no longer
-reads. Its scorers stay up (`Followed`) for the final pass (`harness.stages.scoring.score_run(...,
+reads. Its scorers stay up (`Followed`) for the final pass (`harness.stages.scoring.stage.score_run(...,
 followed=)`), which scores the rest with every scorer at once and skips what is already
 scored, as any `score` does. Perspective thus keeps one actor, one rate limiter and one cache
 from the first shard to the last. When the block raises, the follower stops at once and its
@@ -30,9 +30,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.score_feed import FollowRows, input_columns, scored_ids
-from harness.stages.score_settings import PoolSettings, Share, pool_settings
-from harness.stages.score_work import Work
+from harness.stages.scoring.feed import FollowRows, input_columns, scored_ids
+from harness.stages.scoring.settings import PoolSettings, Share, pool_settings
+from harness.stages.scoring.work import Work
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
@@ -83,7 +83,7 @@ def follow_work(
 class Followed:
     """What the follower leaves to the final pass: its scorers, still up, and what they did.
 
-    `live`: name → (parameters, a `harness.stages.score_pool.Pool` on Ray, or (scorer, cache mirror)
+    `live`: name → (parameters, a `harness.stages.scoring.pool.Pool` on Ray, or (scorer, cache mirror)
     in this process). `stats`: name → what it scored during generation.
     """
 
@@ -112,7 +112,7 @@ class Followed:
                     for actor in held.actors:
                         ray.kill(actor.handle)
                 elif self.use_ray:
-                    from harness.stages.score_pool import close_pool
+                    from harness.stages.scoring.pool import close_pool
 
                     close_pool(held)
                 else:
@@ -282,11 +282,11 @@ class Follower:
             mirror.maybe_put()
 
     def _follow_on_ray(self) -> None:
-        """A pool of actors per scorer (`harness.stages.score_pool`), fed as shards appear
-        (`harness.stages.score_loop.ScoreLoop`)."""
-        from harness.stages.ray_runtime import cluster_gpus
-        from harness.stages.score_loop import ScoreLoop
-        from harness.stages.score_pool import Pool, pool_plans, start_pools
+        """A pool of actors per scorer (`harness.stages.scoring.pool`), fed as shards appear
+        (`harness.stages.scoring.loop.ScoreLoop`)."""
+        from harness.stages.generation.ray_runtime import cluster_gpus
+        from harness.stages.scoring.loop import ScoreLoop
+        from harness.stages.scoring.pool import Pool, pool_plans, start_pools
 
         have, budget = cluster_gpus(), self.settings.gpus
         gpus = min(float(budget), have) if budget and have else have
