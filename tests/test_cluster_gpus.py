@@ -25,7 +25,7 @@ from harness.config import RunConfig, parse_config
 from harness.stages.generation import planning
 from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 from harness.stages.generation.stage import GenerationError, generate_stage
-from harness.stages.scoring.settings import PoolSettings, Share
+from harness.stages.scoring.pool import PoolSettings, Share
 from harness.stages.scoring.stage import ScoringError, score_run
 from results.run.store import RunStore
 from tests.ray_procs import local_cluster

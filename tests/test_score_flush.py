@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness.stages.scoring.loop import ScoreLoop
-from harness.stages.scoring.settings import PoolSettings
+from harness.stages.scoring.pool import PoolSettings
 from harness.stages.scoring.stage import score_run
 from results.run.store import RunStore
 from tests.fake_run import generation_row

@@ -17,10 +17,10 @@ from fake_run import generation_row
 from harness import driver
 from harness.config import ConfigError, RunConfig, parse_config
 from harness.stages.scoring import follow as score_follow
-from harness.stages.scoring.feed import FollowRows
 from harness.stages.scoring.follow import Follower, follow_scorers
-from harness.stages.scoring.settings import PoolSettings, Share
+from harness.stages.scoring.pool import PoolSettings, Share
 from harness.stages.scoring.stage import score_run
+from harness.stages.scoring.work import FollowRows
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 
