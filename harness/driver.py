@@ -12,12 +12,15 @@ import time
 from typing import Any
 
 from harness.config import RunConfig
-from harness.stages.generation.planning import Plan, load_words, plan_stage
-from harness.stages.generation.ray_runtime import bind_run, reassert_signal_handlers
-from harness.stages.generation.stage import (
+from harness.stages.generation import (
     GenerationError,
+    Plan,
     Setup,
+    bind_run,
     generate_stage,
+    load_words,
+    plan_stage,
+    reassert_signal_handlers,
     reserve_generation,
 )
 from harness.stages.scoring import (

@@ -1,16 +1,16 @@
 """`score --overwrite`: score every ok row again and replace a scorer's scores, losing nothing
 on failure.
 
-The new scores are written to RUN/overwrite/<scorer>/ (a `RunStore` whose score reads and
-writes for those scorers go there; it starts empty, so every row is scored again, at any
-version). Only when every scorer finished without a failed chunk is each scores/<scorer>/
-replaced: the old folder is moved to RUN/overwrite/<scorer>.old, the new one moved in, the
-old one deleted. A failure or an interrupt before that leaves scores/ as it was (the partial
-new scores stay in RUN/overwrite/ until the next `--overwrite`, which starts it afresh).
+The new scores are written to RUN/overwrite/<scorer>/ (`StagedScores`: a `RunStore` whose
+score reads and writes for those scorers go there; it starts empty, so every row is scored
+again, at any version). Only when the scoring stage finished without a failure is each
+scores/<scorer>/ replaced: the old folder is moved to RUN/overwrite/<scorer>.old, the new one
+moved in, the old one deleted. A failure or an interrupt before that leaves scores/ as it was.
 
-The two moves are renames on a local or shared filesystem; on an object store (s3://, gs://)
-a folder move is a copy of each shard, so a crash between the two moves is possible there:
-the old scores are then in RUN/overwrite/<scorer>.old.
+The moves are renames on a local or shared filesystem; on an object store (s3://, gs://) a
+folder move copies each shard, so a crash between the two moves is possible there: the old
+scores are then in RUN/overwrite/<scorer>.old, and the next `--overwrite` moves them back
+before anything else.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import polars as pl
-import pyarrow as pa
 import pyarrow.fs as pafs
 
-from results.run.store import RunStore, shard_name
-from results.schema import score_schema
+from results.run.store import RunStore
 
 log = logging.getLogger("harness")
 
@@ -38,32 +35,16 @@ class StagedScores(RunStore):
         super().__init__(root)
         self.staged = set(names)
 
-    def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:
-        if scorer not in self.staged:
-            return super().write_scores(scorer, metric, rows)
-        table = pa.Table.from_pylist(list(rows), score_schema(metric))
-        keys = (f"{r['job_id']}\x00{r['scorer_version']}" for r in rows)
-        return self.write_table(f"{STAGING}/{scorer}/" + shard_name(keys), table)
+    def score_dir(self, scorer: str) -> tuple[str, str]:
+        return (STAGING, scorer) if scorer in self.staged else super().score_dir(scorer)
 
-    def read_scores(
-        self, scorer: str, metric: str, columns: list[str] | None = None
-    ) -> pl.DataFrame:
-        if scorer not in self.staged:
-            return super().read_scores(scorer, metric, columns)
-        want = list(columns or score_schema(metric).names)
-        cols = want + [c for c in ("job_id", "scorer_version") if c not in want]
-        frame = pl.from_arrow(self.reader.scan((STAGING, scorer), score_schema(metric), cols))
-        assert isinstance(frame, pl.DataFrame)
-        if frame.is_empty():
-            return frame.select(want)
-        return frame.unique(["job_id", "scorer_version"], keep="last", maintain_order=True).select(
-            want
-        )
+
+def _is_dir(store: RunStore, rel: str) -> bool:
+    return store.fs.get_file_info(store.path(rel)).type == pafs.FileType.Directory
 
 
 def _delete_dir(store: RunStore, rel: str) -> None:
-    info = store.fs.get_file_info(store.path(rel))
-    if info.type == pafs.FileType.Directory:
+    if _is_dir(store, rel):
         store.fs.delete_dir(store.path(rel))
 
 
@@ -71,18 +52,22 @@ def score_overwriting(
     store: RunStore, names: Sequence[str], score: Callable[[RunStore], dict[str, Any]]
 ) -> dict[str, Any]:
     """`score` (the scoring stage) every ok row of `names` into the staging folder, then swap
-    it in."""
+    it in. Old scores a crash left aside are moved back first."""
     for name in names:
+        old, aside = f"scores/{name}", f"{STAGING}/{name}.old"
+        if _is_dir(store, aside) and not _is_dir(store, old):
+            log.warning("%s: old scores recovered from %s", name, store.path(aside))
+            store.makedirs("scores")
+            store.fs.move(store.path(aside), store.path(old))
+        _delete_dir(store, aside)
         _delete_dir(store, f"{STAGING}/{name}")  # a partial earlier attempt
-        _delete_dir(store, f"{STAGING}/{name}.old")
     staged = StagedScores(store.uri, names)
     stats = score(staged)  # raises on failure
     for name in names:
-        new = f"{STAGING}/{name}"
+        new, old, aside = f"{STAGING}/{name}", f"scores/{name}", f"{STAGING}/{name}.old"
         if not staged.exists(new):  # nothing scored (no ok rows): the old scores stay
             continue
-        old, aside = f"scores/{name}", f"{STAGING}/{name}.old"
-        had_old = store.fs.get_file_info(store.path(old)).type == pafs.FileType.Directory
+        had_old = _is_dir(store, old)
         if had_old:
             store.fs.move(store.path(old), store.path(aside))
         store.makedirs("scores")
