@@ -110,31 +110,24 @@ def score_run(
     Args:
         store: the run directory.
         scorers: (registry name, parameters) pairs.
-        context: seed words, cache directory, device for the scorers. Without a `cache_dir`,
-            persistent caches (Perspective's) live in the run's storage (RUN/cache/).
-        use_ray: a pool of actors per scorer (all at once) on the connected Ray; else in
-            process.
-        batch_size: rows per chunk (and per written shard).
+        context: seed words, cache directory, device. Without a `cache_dir`, persistent caches
+            (Perspective's) live in the run's storage (RUN/cache/).
+        use_ray: a pool of actors per scorer (all at once); else in process, one after the other.
+        batch_size: rows per chunk.
         progress: progress bars per scorer.
-        start_timeout_s: Ray only: how long an actor may take to start (model download)
-            before the stage gives up on it.
-        pools: GPU budget, waits, timeouts, retries and per-scorer pool sizes (defaults:
-            `PoolSettings()`).
-        followed: what scored during generation (`follow`): its scorers, still running, are
-            taken over, and its counts added to the stats.
+        start_timeout_s: Ray only: how long an actor may take to start.
+        pools: GPU budget, waits, timeouts, retries and pool sizes (`PoolSettings()`).
+        followed: what scored during generation (`follow`): taken over, its counts added.
 
     Returns:
-        Stats per scorer: version, scored (rows scored now), skipped (already scored),
-        status counts, failed_chunks, elapsed_s, and the scorer's own `close()` stats (Ray:
-        one per actor, with where it ran and what it did).
+        Stats per scorer: version, scored, skipped, status counts, failed_chunks, elapsed_s, and
+        the scorer's own `close()` stats (Ray: one per actor, with where it ran).
 
     Raises:
-        StoreError: no generations, or a shard written by a newer schema than this code reads.
-        KeyError / ValueError: an unknown scorer name or parameter, a scorer listed twice
-            (before any work).
-        ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
-            every retry (the others still finish, and what was scored is on disk).
-    """
+        StoreError: no generations, or a shard of a newer schema.
+        KeyError / ValueError: an unknown scorer or parameter, a scorer listed twice.
+        ScoringError: a scorer that could not start or failed, or chunks that failed every retry
+            (the others still finish; what was scored is on disk)."""
     names = [name for name, _ in scorers]
     try:
         try:
