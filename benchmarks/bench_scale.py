@@ -15,7 +15,7 @@ of 2 models × 2 methods × 2 tasks × 25 samples per prompt:
 * status    `harness.cli.status.run_status`
 * score-read `RunStore.iter_generations` over the columns a scorer reads, batch by batch
 * score     (`--phases scores`, after plan/fakegen) the real scoring stage
-            (`harness.stages.scoring.score_run`, `--no-ray`, the gender scorer, chunks of
+            (`harness.stages.scoring.stage.score_run`, `--no-ray`, the gender scorer, chunks of
             `--score-batch` rows), its compaction held back: one shard per chunk, as before
 * status-chunks / aggregate-chunks   `status` and the aggregation read (`results.stats.join.join_run`)
             over those chunk shards
@@ -204,7 +204,7 @@ def phase_compact(uri: str, batches: int) -> dict[str, Any]:
 
 def phase_score(uri: str, batch: int) -> dict[str, Any]:
     """The scoring stage in this process, one shard per chunk (its compaction held back)."""
-    from harness.stages import scoring
+    from harness.stages.scoring import stage as scoring
     from workers.scorers.base import ScorerContext
 
     store = RunStore(uri)
@@ -268,7 +268,7 @@ def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
         "tasks": TASKS,
         "samples_per_prompt": SAMPLES,
         "scorers": ["gender"],
-        # generation only: no scorer follows it (harness/stages/score_follow.py)
+        # generation only: no scorer follows it (harness/stages/scoring/follow.py)
         "runtime": {
             "batch_size": batch_size,
             "max_jobs": 100_000_000,
@@ -281,8 +281,8 @@ def run_config(uri: str, n_jobs: int, batch_size: int) -> Any:
 def phase_run(uri: str, cfg: Any) -> dict[str, Any]:
     """`driver.run`'s plan and generation stages (what runs before scoring)."""
     from harness import driver
-    from harness.stages import generation
-    from harness.stages.backends import LocalBackend
+    from harness.stages.generation import stage as generation
+    from harness.stages.generation.backends import LocalBackend
 
     generation._local_backend = lambda store, words: LocalBackend(  # type: ignore[assignment]
         lambda spec: FakeGenerator(store.uri)
@@ -317,7 +317,7 @@ def child(args: argparse.Namespace) -> None:
     out = []
     if want & {"run", "run-resume"}:
         from harness import driver  # noqa: F401 - imports before measuring
-        from harness.stages import generation  # noqa: F401
+        from harness.stages.generation import stage  # noqa: F401
 
         cfg = run_config(uri, n, args.batch_size)
         base, q, query = uri.partition("?")  # s3://bucket/run-N?endpoint_override=...

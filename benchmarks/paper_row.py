@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from benchmarks.method_timing import PROMPTS
-from harness.stages.backends import Placement
-from harness.stages.generation import batch_jobs
+from harness.stages.generation.backends import Placement
+from harness.stages.generation.stage import batch_jobs
 from jobs.queue import make_batches
 from jobs.spec import GenerationParams, JobSpec, canonical_json
 from workers.decoding import decode_batch

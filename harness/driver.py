@@ -1,12 +1,8 @@
 """The orchestrator: plan → generate → score → aggregate. `run` calls the four stages in order;
-each stage's work is in `harness.stages` and its record goes to the run directory (`results.run`).
-
-The `score` and `aggregate` commands call the last stages, with the scorer choice of
-`harness.stages.scorer_selection`. The driver never imports torch or transformers; models load
-inside Ray actors. `run` streams the plan: `plan_stage` checks, writes and counts it in one pass
-over the grid, and the generation stage expands each model's pending slices again as its actors
-need batches (`harness.stages.planning`), so the driver's memory does not grow with the number
-of jobs.
+`score` and `aggregate` call the last ones. Each stage's work is in `harness.stages` (its
+rooms `generation` and `scoring`), its record goes to the run directory (`results.run`). The
+driver never imports torch or transformers, and its memory does not grow with the number of
+jobs: the plan is streamed, and expanded again as actors need batches.
 """
 
 from __future__ import annotations
@@ -16,21 +12,28 @@ import time
 from typing import Any
 
 from harness.config import RunConfig
-from harness.stages.generation import GenerationError, Setup, generate_stage, reserve_generation
-from harness.stages.planning import Plan, load_words, plan_stage
-from harness.stages.ray_runtime import bind_run, reassert_signal_handlers
-from harness.stages.score_follow import Followed, following
-from harness.stages.score_settings import pool_settings
-from harness.stages.scorer_selection import (
-    first_scorer_per_metric,
-    follow_config,
+from harness.stages.generation import (
+    GenerationError,
+    Plan,
+    Setup,
+    bind_run,
+    generate_stage,
+    load_words,
+    plan_stage,
+    reassert_signal_handlers,
+    reserve_generation,
 )
-from harness.stages.scoring import ScoringError, score_run
+from harness.stages.scoring import (
+    Followed,
+    follow_config,
+    following,
+    score_stage,
+    scorer_preference,
+)
 from jobs.words import GroupWords
 from results.run.history import Invocation
 from results.run.manifest import update_manifest
 from results.run.store import RunStore
-from workers.scorers.base import ScorerContext
 
 __all__ = [
     # the pipeline and its stages, in order
@@ -115,15 +118,11 @@ def generation_stage(
     progress: bool = True,
 ) -> tuple[dict[str, Any], GenerationError | None, Followed]:
     """Generate the plan's pending jobs, then compact the shards; returns (stats, error, the
-    scorers that followed generation).
+    scorers that followed generation, for the final scoring pass).
 
-    Scorers that need no GPU score shards as they appear (`runtime.score_during_generation`,
-    `harness.stages.score_follow`); the follower is stopped and joined before compaction, and its
-    result goes to the final scoring pass. On Ray the generation replicas' GPUs are reserved
-    first (`harness.stages.generation.reserve_generation`), so a scorer that follows can only take
-    what the reservations leave. A `GenerationError` (a model that could not run, a method
-    that could not start) is returned, not raised: what was generated is compacted, scored and
-    aggregated all the same, and `run` raises the error at its end.
+    On Ray the replicas' GPUs are reserved first (`reserve_generation`), so a scorer that
+    follows generation takes only what is left. A `GenerationError` is returned, not raised:
+    what was generated is compacted, scored and aggregated all the same, and `run` raises it.
     """
     error: GenerationError | None = None
     setup: Setup | None = None
@@ -163,44 +162,6 @@ def generation_stage(
     return stats, error, follow_result
 
 
-def score_stage(
-    store: RunStore,
-    cfg: RunConfig,
-    words: GroupWords,
-    use_ray: bool,
-    only: list[str] | None = None,
-    progress: bool = True,
-    scorers: list[tuple[str, dict[str, Any]]] | None = None,
-    followed: Followed | None = None,
-) -> dict[str, Any]:
-    """Score what is missing; `scorers` (name, params) replaces the config's list; `followed`:
-    the scorers that scored during generation (`harness.stages.score_follow`), taken over."""
-    if scorers is None:
-        scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
-    context = ScorerContext(words=words, cache_dir=cfg.runtime.cache_dir, device=cfg.runtime.device)
-    batch = cfg.runtime.score_batch_size
-    if use_ray:
-        reassert_signal_handlers()
-        bind_run(store)
-    try:
-        stats = score_run(
-            store,
-            scorers,
-            context,
-            use_ray,
-            batch_size=batch,
-            progress=progress,
-            start_timeout_s=cfg.runtime.actor_start_timeout_s,
-            pools=pool_settings(cfg),
-            followed=followed,
-        )
-    except ScoringError as exc:
-        update_manifest(store, {"scoring": exc.stats})
-        raise
-    update_manifest(store, {"scoring": stats})
-    return stats
-
-
 def aggregate_stage(store: RunStore, use: list[str] | None = None, **options: Any) -> Any:
     """Summary and reports; `use` names the scorer to read where several gave one metric;
     `options` (ppl_max, n_boot, seed) override the run config's `aggregation:`."""
@@ -221,14 +182,13 @@ def scoring_and_aggregation(
     progress: bool,
     followed: Followed | None = None,
 ) -> dict[str, Any]:
-    """`run`'s last two stages, recorded in `inv`; returns the scoring stats. `followed`: the
-    scorers that scored during generation (`harness.stages.score_follow`), taken over."""
+    """`run`'s last two stages, recorded in `inv`; returns the scoring stats."""
     t0 = time.perf_counter()
     score_stats = score_stage(
         store, cfg, words, use_ray=use_ray, progress=progress, followed=followed
     )
     inv.stage("scoring", score_stats, time.perf_counter() - t0)
     t0 = time.perf_counter()
-    aggregate_stage(store, use=first_scorer_per_metric(cfg))
+    aggregate_stage(store, use=scorer_preference(cfg, []))
     inv.stage("aggregate", {"summary": "summary.parquet"}, time.perf_counter() - t0)
     return score_stats

@@ -1,11 +1,6 @@
-"""Progress bars per stage, and logging that cooperates with them (what a process asks of
-its console, bars or not, is `workers.console`, which scorers in actors ask too).
-
-On a terminal: tqdm bars on stderr, and log lines written through `tqdm.write` so that they
-print above the bars instead of breaking them. Not on a terminal (a file, a pipe, `ray job
-logs`): no bars and no escape codes; a plain line per stage at most every `plain_every_s`
-seconds and one when the stage ends.
-"""
+"""Progress bars per stage, and logging that cooperates with them (`workers.console` says what
+the console can take). On a terminal: tqdm bars on stderr, log lines above them. Otherwise no
+bars: a plain line per stage at most every `plain_every_s` seconds and one at its end."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from harness.stages.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
-from harness.stages.dispatch import Dispatcher
-from harness.stages.dispatch_state import ModelWork, Policy
+from harness.stages.generation.backends import ActorLost, ActorSpec, Batch, LocalBackend, Placement
+from harness.stages.generation.dispatch import Dispatcher
+from harness.stages.generation.dispatch_state import ModelWork, Policy
 from jobs.queue import make_batches
 from jobs.spec import JobSpec, ModelRef
 from tests.helpers import make_jobs

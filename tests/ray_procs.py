@@ -29,7 +29,7 @@ def local_cluster(prefix: str, node_gpus: Iterable[int] = ()) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from harness.stages.ray_runtime import local_ray_env
+    from harness.stages.generation.ray_runtime import local_ray_env
 
     local_ray_env()  # 127.0.0.1 only, no token auth (conftest set it before Ray was imported)
     if ray.is_initialized():  # a session-wide local Ray from another module: this one needs its own

@@ -200,7 +200,7 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
 
 
 def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> None:
-    from harness.stages.generation import failed_row
+    from harness.stages.generation.stage import failed_row
     from jobs.spec import JobSpec
 
     cfg = write_config(

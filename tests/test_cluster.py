@@ -18,8 +18,8 @@ import ray
 
 from harness import driver
 from harness.config import RunConfig, parse_config
-from harness.stages import planning
-from harness.stages.generation import generate_stage
+from harness.stages.generation import planning
+from harness.stages.generation.stage import generate_stage
 from jobs.spec import JobSpec
 from results.run.store import RunStore
 from tests.aws_env import aws_test_env

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.stages.ray_runtime import PACKAGES, code_runtime_env
+from harness.stages.generation.ray_runtime import PACKAGES, code_runtime_env
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*REPO.glob("ray_cluster*.yaml"), *(REPO / "examples").glob("ray_cluster*.yaml")])

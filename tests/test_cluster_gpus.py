@@ -22,11 +22,11 @@ from fake_run import generation_row
 
 from harness import driver
 from harness.config import RunConfig, parse_config
-from harness.stages import planning
-from harness.stages.generation import GenerationError, generate_stage
-from harness.stages.ray_runtime import cluster_gpus, cluster_mode
-from harness.stages.score_settings import PoolSettings, Share
-from harness.stages.scoring import ScoringError, score_run
+from harness.stages.generation import planning
+from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
+from harness.stages.generation.stage import GenerationError, generate_stage
+from harness.stages.scoring.pool import PoolSettings, Share
+from harness.stages.scoring.stage import ScoringError, score_run
 from results.run.store import RunStore
 from tests.ray_procs import local_cluster
 from workers.scorers.base import ScorerContext
@@ -249,7 +249,7 @@ def test_with_gpus_auto_a_node_that_joins_during_the_run_gets_a_replica(
     """`runtime.gpus: auto`: one replica per GPU at the start (3), and one more for the GPU
     node that joins while the model still has batches. The stage's loop is slowed (0.3 s per
     finished batch) only until that replica is ready, so the work cannot run out first."""
-    import harness.stages.reservation as reservation
+    import harness.stages.generation.reservation as reservation
 
     assert cluster_gpus() == 3
     cfg = paper_config(

@@ -11,14 +11,13 @@ import pyarrow as pa
 import pytest
 from fake_run import generation_row
 
-import harness.stages.scoring as scoring
+import harness.stages.scoring.stage as scoring
 from harness.config import ModelConfig
-from harness.stages.generation import placement
-from harness.stages.ray_runtime import NoGpuError, wait_for_gpus
-from harness.stages.score_feed import SCORE_INPUT_COLUMNS, OkRows
-from harness.stages.score_pool import pool_plans
-from harness.stages.score_settings import PoolSettings, Share
-from harness.stages.scoring import ScoringError, score_run
+from harness.stages.generation.ray_runtime import NoGpuError, wait_for_gpus
+from harness.stages.generation.stage import placement
+from harness.stages.scoring.pool import PoolSettings, Share, pool_plans
+from harness.stages.scoring.stage import ScoringError, score_run
+from harness.stages.scoring.work import SCORE_INPUT_COLUMNS, OkRows
 from results.run.store import RunStore
 from workers.scorers.base import Scorer, ScorerContext, ScorerError
 from workers.scorers.cache_mirror import CacheMirror, scorer_context

@@ -88,7 +88,7 @@ def test_example_configs_validate(name: str) -> None:
 
 
 def test_a_paper_model_defaults_to_the_papers_sampling_parameters() -> None:
-    from harness.stages.planning import generation_for
+    from harness.stages.generation.planning import generation_for
 
     opt = {"id": "facebook/opt-6.7b"}
     cfg = parse_config(with_(models=[opt, {"id": "tiny-random/gpt2"}]))
@@ -134,7 +134,7 @@ def test_exponent_numbers_without_a_dot_are_numbers(tmp_path: Path) -> None:
 
 
 def test_score_settings_read_exponents_as_numbers(tmp_path: Path) -> None:
-    from harness.stages.scorer_selection import scorers_to_run
+    from harness.stages.scoring.selection import scorers_to_run
 
     cfg = load_config(write_cfg(tmp_path, QUICK))
     ((name, params),) = scorers_to_run(cfg, ["perspective"], ["qps=5e-1", "max_retries=2"])

@@ -1,6 +1,6 @@
 """The dispatcher's fault handling, without Ray: scripted actors that die, raise or never start.
 
-Every test runs `harness.stages.dispatch.Dispatcher` over `LocalBackend` with fake generators and a
+Every test runs `harness.stages.generation.dispatch.Dispatcher` over `LocalBackend` with fake generators and a
 fake clock (`tests/fake_dispatch.py`); `tests/test_cluster.py` checks the same rules against real
 Ray actors.
 """
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness.stages.backends import ActorSpec, Batch, LocalBackend
-from harness.stages.dispatch import Dispatcher
-from harness.stages.dispatch_state import Policy
-from harness.stages.generation import _model_stats
+from harness.stages.generation.backends import ActorSpec, Batch, LocalBackend
+from harness.stages.generation.dispatch import Dispatcher
+from harness.stages.generation.dispatch_state import Policy
+from harness.stages.generation.stage import _model_stats
 from jobs.queue import make_batches
 from jobs.spec import ModelRef
 from tests.fake_dispatch import Clock, FakeBackend, FakeGenerator, Script, dispatch, on_model, work

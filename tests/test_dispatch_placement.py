@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from harness.config import ModelConfig
-from harness.stages.backends import Placement
-from harness.stages.generation import batch_jobs, placement
+from harness.stages.generation.backends import Placement
+from harness.stages.generation.stage import batch_jobs, placement
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_auto_batch_size_in_process_follows_the_gpus_the_driver_sees(
 ) -> None:
     """--no-ray without runtime.device: GPU batches where NVIDIA's driver lists a GPU that
     CUDA_VISIBLE_DEVICES leaves visible; told without importing torch."""
-    import harness.stages.generation as generation
+    import harness.stages.generation.stage as generation
 
     proc = tmp_path / "gpus"
     proc.mkdir()
@@ -78,7 +78,7 @@ def test_auto_batch_size_in_process_follows_the_gpus_the_driver_sees(
 
 def test_the_budget_is_split_between_models_and_printed() -> None:
     from harness.config import RuntimeConfig
-    from harness.stages.reservation import budget_for, request_budget
+    from harness.stages.generation.reservation import budget_for, request_budget
 
     two = [ModelConfig(id="a"), ModelConfig(id="b")]
     b = budget_for(two, None, 4, None)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.stages.generation import _fail_batch, failed_row
+from harness.stages.generation.stage import _fail_batch, failed_row
 from jobs.spec import JOB_ID_VERSION, JobSpec, ModelRef
 from results.run.store import RunStore
 from tests.helpers import make_jobs

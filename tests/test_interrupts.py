@@ -91,7 +91,7 @@ def test_the_commands_handlers_survive_ray_setting_its_own() -> None:
     """`ray.init` sets a SIGTERM handler that exits 15; `keep_signal_handlers` (around it in
     `init_ray`) and `reassert_signal_handlers` (as each stage starts) put the command's back."""
     import results.run.invoke as invoke_state
-    from harness.stages.ray_runtime import (
+    from harness.stages.generation.ray_runtime import (
         forget_signal_handlers,
         keep_signal_handlers,
         reassert_signal_handlers,

@@ -35,10 +35,12 @@ RANK: dict[str, tuple[int, int]] = {
     "harness.config": (4, 0),
     "harness.progress": (4, 0),
     "harness.stages": (4, 1),
-    "harness.driver": (4, 2),
-    "harness.tools": (4, 2),
-    "harness.cli": (4, 3),
-    "harness.__main__": (4, 3),
+    "harness.stages.generation": (4, 1),
+    "harness.stages.scoring": (4, 2),
+    "harness.driver": (4, 3),
+    "harness.tools": (4, 3),
+    "harness.cli": (4, 4),
+    "harness.__main__": (4, 4),
 }
 # Faces that resolve names lazily (importlib) import nothing themselves: their floor is the
 # package's floor; every other face sits on its room's floor.
@@ -167,7 +169,7 @@ def test_every_import_points_down_or_sideways() -> None:
         ("jobs.grid", "workers.methods.registry", True),  # the old planner → methods arrow
         ("results.run.identity", "harness.config", True),
         ("results.run.store", "results.stats.join", True),  # a room above in the same package
-        ("harness.cli.commands", "harness.stages.planning", False),
+        ("harness.cli.commands", "harness.stages.generation.planning", False),
         ("results.report.build", "results.stats.aggregate", False),
         ("workers.actors", "workers.scorers.registry", False),
     ],

@@ -1,4 +1,4 @@
-"""The scoring stage (`harness.stages.scoring.score_run`): only what is missing, per scorer version."""
+"""The scoring stage (`harness.stages.scoring.stage.score_run`): only what is missing, per scorer version."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from fake_run import generation_row
 
-from harness.stages.scoring import ScoringError, score_run
+from harness.stages.scoring.stage import ScoringError, score_run
 from jobs.words import GroupWords
 from results.run.store import RunStore, StoreError
 from results.schema import GENERATION_SCHEMA

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import harness.stages.ray_runtime as rt
+import harness.stages.generation.ray_runtime as rt
 from results.run.store import RunStore
 
 
@@ -75,7 +75,7 @@ def test_while_generation_grows_gpu_scorers_wait_for_the_final_pass(
     """`score_during_generation: true` with `runtime.gpus` unset: a GPU scorer waiting for a
     share could take a joining node's GPU before generation's new reservation: it scores after
     generation instead (said in a warning); CPU scorers still follow."""
-    from harness.stages.scorer_selection import follow_config
+    from harness.stages.scoring.follow import follow_config
 
     gpu = {"name": "perplexity", "num_gpus": 0.25, "params": {"model": "tiny-random/gpt2"}}
     cfg = _config(["gender", gpu], score_during_generation=True)

@@ -15,11 +15,12 @@ import pytest
 import jobs.grid
 from harness import driver
 from harness.config import RunConfig, load_config
-from harness.stages import generation, planning
-from harness.stages.backends import ActorSpec, Batch, LocalBackend, Placement
-from harness.stages.dispatch import PIPELINE, Dispatcher
-from harness.stages.dispatch_state import ModelWork, Policy
-from harness.stages.generation import GenerationError
+from harness.stages.generation import planning
+from harness.stages.generation import stage as generation
+from harness.stages.generation.backends import ActorSpec, Batch, LocalBackend, Placement
+from harness.stages.generation.dispatch import PIPELINE, Dispatcher
+from harness.stages.generation.dispatch_state import ModelWork, Policy
+from harness.stages.generation.stage import GenerationError
 from jobs.spec import JobSpec
 from results.run.identity import PlanChangedError
 from results.run.store import RunStore

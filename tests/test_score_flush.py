@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from harness.stages.score_loop import ScoreLoop
-from harness.stages.score_settings import PoolSettings
-from harness.stages.scoring import score_run
+from harness.stages.scoring.loop import ScoreLoop
+from harness.stages.scoring.pool import PoolSettings
+from harness.stages.scoring.stage import score_run
 from results.run.store import RunStore
 from tests.fake_run import generation_row
 from workers.scorers.base import ScorerContext

@@ -1,4 +1,4 @@
-"""Scoring that follows generation (`harness.stages.score_follow`): shards scored as they appear,
+"""Scoring that follows generation (`harness.stages.scoring.follow`): shards scored as they appear,
 each ok row exactly once, the same scores as scoring after generation."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from fake_run import generation_row
 
 from harness import driver
 from harness.config import ConfigError, RunConfig, parse_config
-from harness.stages import score_follow
-from harness.stages.score_feed import FollowRows
-from harness.stages.score_follow import Follower, follow_scorers
-from harness.stages.score_settings import PoolSettings, Share
-from harness.stages.scoring import score_run
+from harness.stages.scoring import follow as score_follow
+from harness.stages.scoring.follow import Follower, follow_scorers
+from harness.stages.scoring.pool import PoolSettings, Share
+from harness.stages.scoring.stage import score_run
+from harness.stages.scoring.work import FollowRows
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from harness.stages.generation import failed_row
+from harness.stages.generation.stage import failed_row
 from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
 from tests.aws_env import aws_test_env

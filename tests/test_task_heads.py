@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from harness.config import ConfigError, load_config
-from harness.stages.planning import load_words, plan
+from harness.stages.generation.planning import load_words, plan
 from jobs.spec import ModelRef
 from results.run.store import RunStore
 from tests import cli_run

@@ -14,7 +14,7 @@ import sys
 from harness import driver
 from harness.cli import commands as cli
 from harness.config import load_config
-from harness.stages import planning
+from harness.stages.generation import planning
 from results.run.store import RunStore
 import workers.methods.registry, workers.scorers.registry
 cfg = load_config("examples/methods-tiny.yaml")
@@ -36,10 +36,10 @@ def test_planning_and_registries_do_not_import_torch() -> None:
 RUN_PROBE = """
 import sys
 from harness import driver
-from harness.stages.backends import Placement
+from harness.stages.generation.backends import Placement
 from harness.config import load_config
-from harness.stages.generation import batch_jobs
-from harness.stages.ray_runtime import init_ray, shutdown_ray
+from harness.stages.generation.stage import batch_jobs
+from harness.stages.generation.ray_runtime import init_ray, shutdown_ray
 cfg = load_config("examples/quickstart.yaml", {"limit": 1, "samples": 1})
 cfg = cfg.model_copy(update={"scorers": cfg.scorers[:1]})
 init_ray(num_cpus=4)

@@ -1,11 +1,6 @@
-"""`python -m harness {run,status,score,aggregate,validate,list,export,train-head,token-prior,compare,
-samples}` (also installed as the `lidao-harness` command): parse, set up logging, run the command,
-turn its errors into one line and an exit code.
-
-Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).
-`-v` / `-q` / `--include MODULE` go before or after the subcommand. The options of each command
-are `harness.cli.parser`; the commands that write a run directory `harness.cli.run_commands`.
-"""
+"""`python -m harness COMMAND` (also `lidao-harness`): parse, set up logging, run the command,
+turn its errors into one line and an exit code: 0 done, 1 a stage failed at run time, 2 bad
+input (config, files, names)."""
 
 from __future__ import annotations
 
@@ -56,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return interrupt.code
     finally:
-        if "harness.stages.ray_runtime" in sys.modules:
-            from harness.stages.ray_runtime import shutdown_ray
+        if "harness.stages.generation.ray_runtime" in sys.modules:
+            from harness.stages.generation.ray_runtime import shutdown_ray
 
             shutdown_ray()
         for key in env_set:

@@ -1,24 +1,12 @@
 """`python -m harness compare RUN_A RUN_B`: cell-by-cell differences of two runs, with paired tests.
 
-Both runs are aggregated in memory (nothing is written) with the same settings (run A's
-`aggregation:` unless `--seed` / `--n-boot` / `--ppl-max` say otherwise), so a (model, task)
-gets the same bootstrap resamples of its pairs (or prompts) in both runs. Cells are matched on
-(model, method, variant, task, view, metric, stat, group); `diff = B − A`. For bias rows the
-difference is |bias B| − |bias A| with its paired-bootstrap interval and two-sided p-value
-(`results.stats.bootstrap.compare_gaps`): the same resamples of both runs, so the noise the two runs
-share cancels.
-
-The pairing needs the same resampling units in both runs: a pair (or prompt) that has rows in
-one run only (e.g. the perplexity filter dropped all its rows in B) is dropped from *both*
-runs, with a WARNING naming how many, so every (model, task) is resampled over the same units
-in the same order and the paired intervals keep their width. Intervals are at
-`aggregation.level`; "real" means p < 1 − level.
-
-That pairing only means something when the runs planned the same prompts, samples (seeds) and
-generation parameters: `compare` checks the two plans and refuses when they differ (exit 2),
-unless `--allow-plan-mismatch`, which prints a warning on every run. `--fail-above X` exits 1
-when some |diff| exceeds X or when B lacks a cell that A has.
-"""
+Both runs are aggregated in memory with the same settings (run A's `aggregation:` unless
+`--seed` / `--n-boot` / `--ppl-max`), so a (model, task) gets the same bootstrap resamples in
+both; cells match on `KEYS`, `diff = B − A`. Bias rows add |bias B| − |bias A| with its paired
+interval and p-value (`results.stats.bootstrap.compare_gaps`). A pair (or prompt) with rows in
+one run only is dropped from both, with a warning. `compare` refuses runs whose plans differ in
+prompts, seeds or generation parameters (exit 2) unless `--allow-plan-mismatch`;
+`--fail-above X` exits 1 when some |diff| exceeds X or B lacks a cell of A."""
 
 from __future__ import annotations
 

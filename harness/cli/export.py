@@ -1,13 +1,7 @@
-"""`export RUN --hub REPO`: a run's Parquet tables and report to a Hugging Face Hub dataset
-repository (extra `hub`: huggingface_hub), in one commit.
-
-What goes: config.yaml (secrets already redacted), manifest.json, results.json, plan.parquet,
-generations/, scores/<scorer>/, summary.parquet / summary.csv, report/ (HTML, tables,
-figures), and a README.md card written here. What stays: the lock, history.jsonl (command
-lines and host names), cache/ (Perspective's cache), quarantined shards, temporary files.
-The token comes from huggingface_hub's own places (`HF_TOKEN`, `hf auth login`); the
-endpoint from `HF_ENDPOINT`.
-"""
+"""`export RUN --hub REPO`: a run's tables and report to a Hugging Face Hub dataset repository
+(extra `hub`), in one commit, with a README card written here. Not exported: the lock,
+history.jsonl, cache/, quarantined shards, temporary files. The token and endpoint come from
+huggingface_hub's own settings (`HF_TOKEN`, `HF_ENDPOINT`)."""
 
 from __future__ import annotations
 

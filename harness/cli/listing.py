@@ -1,10 +1,6 @@
-"""`harness list methods|scorers|models`: what can be named in a config, with defaults.
-
-Torch-free: names, parameter defaults and kinds come from the catalog (`jobs.catalog`), after
-the plugins are loaded; a plugin scorer that declares no defaults gets its class's (whose module
-imports no torch). Models come from the tiny-model list, the paper's table and the local
-Hugging Face cache (no network).
-"""
+"""`harness list methods|scorers|models`: what can be named in a config, with defaults, from the
+catalog after plugins load (torch-free); models from the tiny list, the paper's table and the
+local Hugging Face cache."""
 
 from __future__ import annotations
 

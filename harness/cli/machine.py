@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.cli.preflight import Item
 from harness.config import RunConfig
-from harness.stages.devices import visible_ids
+from harness.stages.generation.devices import visible_ids
 
 _gpu_count: list[tuple[int, str]] = []
 

@@ -1,12 +1,7 @@
-"""What `run` would hit before its first generation, checked without starting anything.
-
-Torch-free and Ray-free. Each check gives `Item`s: a config field (or a variable, or `--out`),
-what it names, where that comes from, and a problem or None. `harness.cli.validate` prints them
-with the plan; `run` and `score` refuse to start when any has a problem. Nothing is downloaded:
-URLs not in the download cache get one HEAD request each (all at once, in threads), hub models
-are looked up in the local cache, then by their metadata when the hub answers
-(`workers.hub`). This machine's GPUs and the run directory: `harness.cli.machine`.
-"""
+"""What `run` would hit before its first generation, checked without starting anything (no torch,
+no Ray, no download): `Item`s naming a config field, what it names, where that comes from, and a
+problem or None. URLs not in the download cache get one HEAD request each (in threads); hub
+models are looked up in the local cache, then by metadata. This machine: `machine`."""
 
 from __future__ import annotations
 

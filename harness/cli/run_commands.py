@@ -35,7 +35,7 @@ def run_main(args: argparse.Namespace) -> int:
     with driven(store, "run") as inv:
         inv.config_hash = _config_hash(cfg)
         if use_ray:
-            from harness.stages.ray_runtime import init_ray
+            from harness.stages.generation.ray_runtime import init_ray
 
             init_ray(cfg.runtime.ray_address, cfg.runtime.num_cpus)
         try:
@@ -67,7 +67,7 @@ def run_main(args: argparse.Namespace) -> int:
 def score_main(args: argparse.Namespace) -> int:
     """`score RUN`: the scores a run lacks (or all of them again, `--overwrite`)."""
     from harness import driver
-    from harness.stages import scorer_selection
+    from harness.stages.scoring import selection as scorer_selection
     from results.run.invoke import driven
 
     _check_trackers(args)
@@ -94,15 +94,19 @@ def score_main(args: argparse.Namespace) -> int:
             inv.extra["overwrite"] = True
         scorer_selection.record_scorers(store, scorers)
         if use_ray:
-            from harness.stages.ray_runtime import init_ray
+            from harness.stages.generation.ray_runtime import init_ray
 
             init_ray(args.address or cfg.runtime.ray_address, cfg.runtime.num_cpus)
         t0 = time.perf_counter()
         words = driver.load_words(cfg)
         if overwrite:
-            from harness.cli.overwrite import score_overwriting
+            from results.run.overwrite import score_overwriting
 
-            stats = score_overwriting(store, cfg, words, use_ray, scorers)
+            stats = score_overwriting(
+                store,
+                [n for n, _ in scorers],
+                lambda staged: driver.score_stage(staged, cfg, words, use_ray, scorers=scorers),
+            )
         else:
             stats = driver.score_stage(store, cfg, words, use_ray, scorers=scorers)
         inv.stage("scoring", stats, time.perf_counter() - t0)

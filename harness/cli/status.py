@@ -12,10 +12,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from jobs.catalog import SCORER_METRICS
 from results.run.done import DoneIds
 from results.run.manifest import read_manifest
 from results.run.store import RunStore, StoreError
+from results.stats.join import JoinError, scorer_metric
 from workers.plugins import load_plugins
 
 
@@ -59,7 +59,7 @@ def run_status(store: RunStore) -> str:
             "kept, not counted"
         )
     if manifest:  # actors and throughput of the last generation run
-        from harness.stages.generation import actor_lines
+        from harness.stages.generation.stage import actor_lines
 
         lines.extend(actor_lines(manifest))
     ok_in_plan = DoneIds(ok.ids[plan.contains_bytes(ok.ids)]) if len(plan) else DoneIds(ok.ids[:0])
@@ -69,11 +69,14 @@ def run_status(store: RunStore) -> str:
     newest_score = 0.0
     load_plugins()  # entry-point scorers; --include ones are registered by the CLI
     for name in scorers:
-        metric = SCORER_METRICS.get(name) or _shard_metric(store, name)
+        try:  # a scorer not registered here (a plugin not loaded): its shards' metric column
+            metric = scorer_metric(store, name)
+        except (JoinError, OSError, KeyError, pa.ArrowException):
+            metric = None
         if metric is None:
             lines.append(f"  {name}: no readable score rows")
             continue
-        newest_score = max([newest_score, *_mtimes(store, "scores", name)])
+        newest_score = max([newest_score, *store.shard_mtimes("scores", name)])
         scores = store.read_scores(name, metric, columns=["job_id", "status"])
         ids = scores["job_id"].to_arrow().cast(pa.string())
         wanted = pl.Series(ok_in_plan.contains(ids))
@@ -120,32 +123,11 @@ def _listed(store: RunStore, folder: str, ext: str) -> list[str]:
     ]
 
 
-def _shard_metric(store: RunStore, name: str) -> str | None:
-    """The metric a scorer's shards hold (a scorer not registered in this process: a plugin
-    not installed or not --include'd here): read from the first shard's `metric` column."""
-    import pyarrow.parquet as pq
-
-    for path in store.list_shards("scores", name):
-        try:
-            with store.fs.open_input_file(path) as fh:
-                col = pq.ParquetFile(fh).read(columns=["metric"]).column("metric")
-        except (OSError, KeyError, pa.ArrowException):
-            continue
-        values = [v for v in col.unique().to_pylist() if v]
-        if values:
-            return str(values[0])
-    return None
-
-
-def _mtimes(store: RunStore, *parts: str) -> list[float]:
-    return store.shard_mtimes(*parts)  # one listing, not a request per shard
-
-
 def _summary_state(store: RunStore, newest_score: float) -> str:
     if not store.exists("summary.parquet"):
         return "not yet"
     mtime = store.fs.get_file_info(store.path("summary.parquet")).mtime
-    newest = max([newest_score, *_mtimes(store, "generations")])
+    newest = max([newest_score, *store.shard_mtimes("generations")])
     if mtime is not None and mtime.timestamp() < newest:
         return "STALE (older than the newest scores; run `python -m harness aggregate`)"
     return "written (up to date with the scores)"

@@ -1,15 +1,7 @@
-"""Opt-in experiment tracking: a run's summary and report figures to Weights & Biases
-(`--wandb PROJECT`, extra `wandb`) or TensorBoard (`--tensorboard DIR`, extra `tensorboard`:
-tensorboardX, which needs no torch on the driver).
-
-Logged after every aggregation, from what the run directory holds (nothing is tracked during
-generation): each summary.parquet row with a value as a scalar named
-`model/method/task/view/metric/stat/group` (`_variant_` after the method where set; a `/` in a
-name and characters TensorBoard refuses in a tag become `_`), its
-interval and p-value as `.../ci_low`, `.../ci_high`, `.../p_value`; the figures of report/
-(PNG) as images; the config (secrets redacted, from results.json) as the run's config / a text
-entry. W&B honours its own environment (`WANDB_MODE=offline`, `WANDB_DIR`, `WANDB_API_KEY`).
-"""
+"""Opt-in experiment tracking after every aggregation: the summary rows as scalars
+(`model/method/task/view/metric/stat/group`, with `.../ci_low`, `ci_high`, `p_value`), the
+report's PNG figures and the redacted config, to Weights & Biases (`--wandb PROJECT`, extra
+`wandb`, honouring `WANDB_*`) or TensorBoard (`--tensorboard DIR`, tensorboardX: no torch)."""
 
 from __future__ import annotations
 

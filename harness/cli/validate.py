@@ -44,7 +44,7 @@ def validate_main(args: argparse.Namespace) -> int:
 
 def _dataset_lines(cfg: RunConfig) -> list[str]:
     """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
-    from harness.stages import planning
+    from harness.stages.generation import planning
 
     try:  # read (or fetched into the cache) by validate already
         prompts = planning.load_prompts(cfg, planning.load_words(cfg))
@@ -81,7 +81,7 @@ def validate(
     given. Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
     # imported here, not at the top: harness.stages loads Ray's module (and `main` then stops Ray)
-    from harness.stages.reservation import request_budget
+    from harness.stages.generation.reservation import request_budget
 
     local = is_local_run(cfg, use_ray)
     files = check_files(file_specs(cfg), cfg.runtime.cache_dir, probe, local)
@@ -116,7 +116,7 @@ def _counted(
 ) -> tuple[list[str], int | None]:
     """The header line with the plan's size (prompts read when their files are there; a bad
     prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
-    from harness.stages.planning import load_prompts, load_words
+    from harness.stages.generation.planning import load_prompts, load_words
 
     n_prompts = None
     if any(i.problem for i in files if i.field.startswith(READ_HERE)):

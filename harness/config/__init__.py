@@ -1,15 +1,8 @@
 """The run config: a YAML file checked by pydantic, strictly and completely, before anything runs.
 
-Strict: unknown keys, duplicate YAML keys, a bool where a number belongs, non-finite floats,
-unknown method / scorer names and method parameter values of the wrong type are errors. Complete:
-every error of a file is reported at once, each naming its field (and line, for YAML errors),
-with "did you mean" for misspelt keys and names.
-
-The face of the package; its rooms: `sections` (the pydantic models, `RunConfig`), `validation`
-(`parse_config`: every error at once; the grid's size), `reading` (UTF-8 text, strict YAML,
-relative paths), `overrides` (`--set KEY=VALUE` and the command line's options), `loading`
-(`load_config`, `dump_config`), `errors` (`ConfigError`). Redaction is `jobs.redact`'s.
-"""
+Strict: unknown or duplicate keys, wrong types, non-finite floats and unknown names are errors;
+complete: every error at once, naming its field (and YAML line), with "did you mean". Rooms:
+`sections` (the models), `validation`, `reading`, `overrides`, `loading`, `errors`."""
 
 from __future__ import annotations
 

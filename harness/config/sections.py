@@ -114,7 +114,7 @@ class ScorerConfig(NamedConfig):
 
 class RuntimeConfig(Strict):
     # jobs per batch handed to a generation actor; "auto": 8 on CPU replicas, up to
-    # AUTO_GPU_BATCH on GPU replicas, which cut it to what fits (harness.stages.generation.batch_jobs)
+    # AUTO_GPU_BATCH on GPU replicas, which cut it to what fits (harness.stages.generation.stage.batch_jobs)
     batch_size: int | Literal["auto"] = "auto"
     score_batch_size: int = Field(64, ge=1)
     ray_address: str | None = None  # None: RAY_ADDRESS or a local in-process Ray
@@ -132,7 +132,7 @@ class RuntimeConfig(Strict):
     gpu_wait_s: float = Field(900.0, gt=0)  # cluster mode: how long to wait for GPUs to join
     score_call_timeout_s: float = Field(600.0, gt=0)  # one scoring chunk; then it is retried
     score_chunk_retries: int = Field(2, ge=0)  # then its rows stay unscored (re-run `score`)
-    # `run` scores generation shards as they appear (harness/stages/score_follow.py): auto = the
+    # `run` scores generation shards as they appear (harness/stages/scoring/follow.py): auto = the
     # scorers whose pool holds no GPU; true = every scorer; false = after generation only.
     score_during_generation: bool | Literal["auto"] = "auto"
     # Largest grid (prompts × models × methods × tasks × samples) a run may plan.

@@ -1,17 +1,7 @@
-"""`python -m harness token-prior CORPUS --model M --out FILE`: unigram token counts of a corpus.
-
-UDDIA's gate weights the clearly gendered tokens by a unigram prior (the reference used
-OpenWebText counts for GPT-2 large). This command counts a text corpus with the model's own
-tokenizer and writes the counts as JSON, read by `uddia`'s `prior:` parameter
-(`workers.methods.prior.load_prior`):
-
-    {"format": "lidao-token-prior/1", "model": ..., "revision": ..., "vocab_size": V,
-     "total": N, "documents": n, "corpus": [paths], "corpus_sha256": [...],
-     "created": UTC date, "counts": {"<token id>": count, ...}}
-
-A corpus is one or more files: plain text (one document per non-blank line) or JSONL (one
-object per line, the text under `--text-field`, dots for nested keys).
-"""
+"""`python -m harness token-prior CORPUS --model M --out FILE`: unigram token counts of a corpus,
+the prior UDDIA's gate weights gendered tokens by (`uddia`'s `prior:`, read by
+`workers.methods.prior.load_prior`; format "lidao-token-prior/1", counts by token id). A corpus
+is plain text (a document per non-blank line) or JSONL (the text under `--text-field`)."""
 
 from __future__ import annotations
 

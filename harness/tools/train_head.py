@@ -1,16 +1,10 @@
 """`python -m harness train-head`: fit a linear attribute head on a frozen LM.
 
-The recipe of the PPLM discriminators that the paper's heads follow: the frozen LM's final
-hidden states (after the final norm), mean-pooled over the tokens of a text with BOS prepended,
-feed one linear layer trained with Adam (lr 1e-4, batch 64, 10 epochs). Texts have fewer than
-100 tokens: longer ones are truncated (default) or skipped (PPLM skips them). Embeddings are
-extracted once, batched, under `inference_mode`; only the head is trained.
-
-Input: JSONL, CSV or Parquet with a text and a label column (names configurable), or a hub
-dataset id when the `datasets` package is installed. Labels are class names or integer ids.
-
-This module imports torch only inside `train_head_main`, so building the CLI stays light.
-"""
+The PPLM discriminators' recipe, which the paper's heads follow: the LM's final hidden states,
+mean-pooled over BOS + text (fewer than 100 tokens: longer ones truncated or skipped), feed
+one linear layer trained with Adam (lr 1e-4, batch 64, 10 epochs). Input: JSONL, CSV, Parquet
+or a hub dataset id (with `datasets`); labels are class names or ids. Torch is imported only
+when the command runs."""
 
 from __future__ import annotations
 

@@ -19,13 +19,17 @@ from results.schema import score_schema
 class ScoreShards(RunFiles):
     """The score rows of a run directory, per scorer and scorer version."""
 
+    def score_dir(self, scorer: str) -> tuple[str, str]:
+        """Where `write_scores` / `read_scores` keep a scorer's shards (`overwrite` stages)."""
+        return ("scores", scorer)
+
     def write_scores(self, scorer: str, metric: str, rows: Sequence[dict[str, Any]]) -> str:
         """One atomic shard of score rows; its name hashes job ids *and* scorer versions, so a
         retried chunk rewrites its own file while a rescoring at a new version never
         overwrites the rows of the old one."""
         table = pa.Table.from_pylist(list(rows), score_schema(metric))
         keys = (f"{r['job_id']}\x00{r['scorer_version']}" for r in rows)
-        return self.write_table(f"scores/{scorer}/" + shard_name(keys), table)
+        return self.write_table("/".join(self.score_dir(scorer)) + "/" + shard_name(keys), table)
 
     def score_versions(self, scorer: str) -> dict[str, float]:
         """Scorer version → when its newest rows were written (unix seconds): a chunk shard's
@@ -71,7 +75,7 @@ class ScoreShards(RunFiles):
         """Score rows of one scorer, one per (job id, scorer version), newest shard wins."""
         want = list(columns or score_schema(metric).names)
         cols = want + [c for c in ("job_id", "scorer_version") if c not in want]
-        frame = to_frame(self.reader.scan(("scores", scorer), score_schema(metric), cols))
+        frame = to_frame(self.reader.scan(self.score_dir(scorer), score_schema(metric), cols))
         if frame.is_empty():
             return frame.select(want)
         return frame.unique(["job_id", "scorer_version"], keep="last", maintain_order=True).select(

@@ -2,7 +2,7 @@
 as atomic score shards of ~8k rows (`ScoreBuffer`), or one shard per chunk (`write_chunk`).
 
 A `workers.actors.ScorerActor` holds its rows here and writes them itself; without Ray the
-scoring stage (`harness.stages.scoring`) does the same in the driver. `ScoringError` is the
+scoring stage (`harness.stages.scoring.stage`) does the same in the driver. `ScoringError` is the
 scoring stage's error: a scorer whose rows do not match its input raises it here.
 """
 
@@ -57,7 +57,7 @@ class ScoreBuffer:
     one atomic shard once `flush_rows` rows are held or the oldest is `flush_s` old, so that
     a stage writes a shard per ~8k rows instead of one per chunk. What is held and not yet
     written is not a score: a writer that dies loses it, and its chunks are scored again
-    (`harness.stages.score_loop.ScoreLoop` requeues every chunk of an actor that it has not
+    (`harness.stages.scoring.loop.ScoreLoop` requeues every chunk of an actor that it has not
     seen flushed).
     """
 

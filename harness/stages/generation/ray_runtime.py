@@ -1,25 +1,15 @@
-"""Starting or attaching to Ray: a local in-process Ray, or the cluster the driver runs in.
+"""Starting or attaching to Ray, and asking the autoscaler for GPUs. `init_ray` decides:
 
-Three cases, decided by `init_ray`:
+* inside `ray job submit` (`RAY_ADDRESS` and the job's runtime env are set): attach, adding
+  only the variable naming `--include` modules;
+* an address given (`runtime.ray_address`, or `RAY_ADDRESS`): attach and ship this project's
+  packages and the `--include` modules as `py_modules`;
+* no address: a local Ray of its own (`address="local"`, its own temp dir) bound to 127.0.0.1,
+  without token auth or usage reporting; another cluster on this machine is left alone.
 
-* inside `ray job submit` (the job supervisor sets `RAY_ADDRESS` and the job's runtime env,
-  whose `--working-dir` already carries the code to every worker): attach, adding only the
-  variable that names `--include` modules (Ray merges it into the job's env);
-* an address given (config `runtime.ray_address`, or `RAY_ADDRESS` in a shell on a cluster
-  node): attach and ship this project's packages and the `--include` modules as `py_modules`,
-  so actors on other nodes import the driver's version of the code;
-* no address: start a local Ray of its own (`address="local"`, in a temp dir of its own) bound
-  to 127.0.0.1, without token auth or usage reporting. A cluster someone else started on this
-  machine (`ray start --head`, a leftover session) is never attached to without being named,
-  and is left untouched.
-
-`ray.init` installs Ray's own SIGTERM handler (it exits with status 15 and no clean-up);
-`init_ray` puts back whatever handler was installed before it (the command's, which turns
-SIGTERM into `Interrupted`: outcome "interrupted", exit 143, the resume line).
-
-Ray is imported inside the functions: the loopback setting must be in the environment before
-Ray reads its constants, and `python -m harness status` should not pay for importing Ray.
-"""
+`ray.init` installs its own SIGTERM handler (exit 15, no clean-up); `init_ray` puts back the
+command's. Ray is imported inside the functions: the loopback setting must be in the
+environment before Ray reads its constants, and `status` should not pay for importing Ray."""
 
 from __future__ import annotations
 
@@ -56,14 +46,9 @@ def cluster_address(address: str | None = None) -> str | None:
 
 
 def local_ray_env() -> None:
-    """Environment for a local Ray that listens on 127.0.0.1 only.
-
-    Ray 2.60 rewrites 127.0.0.1 (`_node_ip_address`, `--node-ip-address`) to the machine's
-    outward address, and its servers then listen on every interface, unless multi-node mode is
-    off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when Ray is first imported). Token auth
-    (on by default for a local `ray.init`) would write ~/.ray/auth_token and switch later
-    `ray start`s to token mode too.
-    """
+    """Environment for a local Ray that listens on 127.0.0.1 only: multi-node mode off (else
+    Ray rewrites 127.0.0.1 to the outward address and listens everywhere), no token auth (it would
+    write ~/.ray/auth_token), no usage stats."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -85,13 +70,9 @@ def code_runtime_env() -> dict[str, Any]:
 
 
 def include_env() -> dict[str, Any]:
-    """The part of a runtime env that makes `--include` modules reach workers on every node.
-
-    Workers of an attached cluster are started by the nodes' raylets, not by this process, so
-    they inherit neither `LIDAO_HARNESS_INCLUDE` nor `PYTHONPATH`: the variable travels in
-    `env_vars`, and the code of each included module not installed in site-packages (a package
-    directory, or a single `.py` file) in `py_modules`. Empty without `--include`.
-    """
+    """The runtime env part that makes `--include` modules reach workers on every node: the
+    variable in `env_vars` (raylets start the workers, which inherit nothing from this process), and
+    in `py_modules` each included module not installed in site-packages. Empty without `--include`."""
     import importlib.util
 
     from workers.plugins import INCLUDE_ENV
@@ -118,12 +99,8 @@ _command_handlers: dict[int, Any] = {}  # SIGINT/SIGTERM handlers in force befor
 
 @contextlib.contextmanager
 def keep_signal_handlers() -> Iterator[None]:
-    """Put back the SIGINT/SIGTERM handlers that were installed before the block.
-
-    `ray.init` sets a SIGTERM handler of its own (`sys.exit(15)`) over the command's, which
-    would make `ray job stop` read as a crash (outcome "error", exit 15, no resume line).
-    Only in the main thread: elsewhere handlers cannot be set, and Ray does not set one either.
-    """
+    """Put back the SIGINT/SIGTERM handlers installed before the block (`ray.init` sets its
+    own SIGTERM one). Only in the main thread, where handlers can be set."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -156,12 +133,9 @@ def reassert_signal_handlers() -> None:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
-    """Attach to the cluster (see the module docstring), else start a local Ray of our own.
-
-    Local mode declares more logical CPUs than cores: actors holding one CPU each would
-    otherwise starve every other task on a 2-core machine. Attaching passes no local resources
-    (`num_cpus`): the cluster's nodes declare their own. Returns the cluster resources.
-    """
+    """Attach to the cluster (see the module docstring), else start a local Ray of our own;
+    returns the cluster resources. A local Ray declares more logical CPUs than cores, so that
+    one-CPU actors do not starve every other task on a small machine."""
     target = cluster_address(address)
     if target is None:
         local_ray_env()
@@ -240,11 +214,8 @@ def remove_local_temp() -> None:
 
 
 def cluster_mode() -> bool:
-    """True when attached to a cluster this process did not start (nodes may join later).
-
-    A local Ray started by `init_ray` (or a test's plain `ray.init()`) holds its head node in
-    this process: its GPUs are all there will ever be.
-    """
+    """True when attached to a cluster this process did not start (nodes may join later);
+    a local Ray started here holds its head node in this process."""
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None)  # noqa: SLF001 - no public API
@@ -265,14 +236,9 @@ _bound: list[Any] = []  # the RunStore of this driver's run (one slot)
 
 
 def bind_run(store: Any) -> None:
-    """This driver works on run `store`: withdraw a request an earlier driver left, and record
-    this driver's own requests there from now on.
-
-    `ray.autoscaler.sdk.request_resources` is one standing request per cluster, kept by the
-    autoscaler until the next call replaces it: a driver killed before withdrawing its request
-    (`kill -9`, a lost head connection) would keep GPU nodes up forever. Placement groups
-    (generation) die with their driver; scorer pools still ask through `request_gpus`.
-    """
+    """This driver works on run `store`: withdraw an autoscaler request an earlier driver of
+    the run left standing (killed before it could: the autoscaler would keep GPU nodes up), and
+    record this driver's own requests there from now on."""
     _bound[:] = [store]
     try:
         stale = store.exists(REQUEST_MARKER)
@@ -307,12 +273,8 @@ def _forget_request(store: Any) -> None:
 
 
 def request_gpus(bundles: list[float]) -> None:
-    """Ask the autoscaler for room for these GPU bundles at once ([] withdraws the request).
-
-    A hint the autoscaler acts on immediately (it would otherwise scale only on pending actors,
-    at `upscaling_speed`); without an autoscaler it does nothing. With a run bound
-    (`bind_run`), a standing request is recorded in the run directory until withdrawn.
-    """
+    """Ask the autoscaler for room for these GPU bundles at once ([] withdraws the request);
+    a hint only. With a run bound (`bind_run`) a standing request is recorded in the run directory."""
     from ray.autoscaler.sdk import request_resources
 
     wanted = [{"GPU": g} for g in bundles if g > 0]
@@ -345,15 +307,11 @@ def wait_for_gpus(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
-    """Wait until the cluster has `want` GPUs, at most `timeout_s`; returns how many it has.
-
-    With fewer than `want` but at least `minimum` at the timeout, goes on with what there is
-    (a warning says so; actors that do not fit wait for nodes that may still join).
+    """Wait until the cluster has `want` GPUs, at most `timeout_s`; returns how many it has
+    (with fewer than `want` but at least `minimum`, goes on with a warning).
 
     Raises:
-        NoGpuError: fewer than `minimum` GPUs after `timeout_s`; the message says what the
-            cluster has and how to go on.
-    """
+        NoGpuError: fewer than `minimum` GPUs after `timeout_s`, saying how to go on."""
     start = last_log = clock()
     have = float(gpus())
     if have < want:

@@ -1,19 +1,11 @@
 """The plan stage: the config's prompts and grid, streamed into plan.parquet and counted.
 
-`plan_stage` loads the prompts (`load_prompts`), refuses a grid too large to hold, and runs
-`plan_pass`, then writes the config snapshot (`config_snapshot`). `plan` and `write_plan` do the
-same for a plan held as a list (tests and small tools).
-
-The plan as a stream: one pass that checks, writes and counts it, then the pending jobs again.
-
-`plan_pass` walks the grid once (`jobs.iter_plan` chunks of one (model, method, task) slice): each
-chunk's job ids go to the identity check (`results.run.identity.PlanCheck`), its rows to plan.parquet
-(one row group a chunk; the new file replaces the old one only when the check passes), and its
-jobs are counted per slice as planned and pending against the done ids. The `Plan` it returns
-holds those counts and the done ids, never the jobs: `Plan.batches(model)` expands again only
-that model's slices with pending jobs, filters them against the same done ids and cuts batches
-lazily, so the generation stage holds about one chunk of `JobSpec`s per model.
-"""
+`plan_stage` loads the prompts, refuses a grid too large to hold, runs `plan_pass` and writes
+the config snapshot. `plan_pass` walks the grid once (`jobs.iter_plan` chunks of one (model,
+method, task) slice): each chunk's ids go to the identity check (`PlanCheck`), its rows to
+plan.parquet, its jobs are counted per slice as planned and pending. The `Plan` holds those
+counts and the done ids, never the jobs: `Plan.batches(model)` expands that model's pending
+slices again and cuts batches lazily. `plan` and `write_plan` do the same for a list of jobs."""
 
 from __future__ import annotations
 
@@ -34,7 +26,7 @@ from harness.config import (
     dump_config,
     redacted,
 )
-from harness.stages.backends import MethodKey
+from harness.stages.generation.backends import MethodKey
 from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
@@ -237,7 +229,7 @@ def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
 
 def config_snapshot(store: RunStore, cfg: RunConfig) -> str:
     """config.yaml for `cfg` (secrets redacted), keeping the scorers the run's snapshot records
-    and `cfg` lacks: those `score` added (`harness.stages.scorer_selection.record_scorers`); their
+    and `cfg` lacks: those `score` added (`harness.stages.scoring.selection.record_scorers`); their
     scores stay in the run, so a re-run of the original config must not drop the record of how
     they were computed."""
     if store.exists("config.yaml"):

@@ -1,23 +1,16 @@
-"""Scoring that follows generation: scorers score the ok rows of shards as generation writes them.
+"""How scoring follows generation: while the generation stage runs, a thread (the *follower*)
+scores the ok rows of generation shards as they appear.
 
-`following(store, cfg, words, use_ray=...)` is a context manager around the generation stage
-(`harness.driver.run`). It starts a thread, the *follower*, that polls RUN/generations/ every
-few seconds (`FollowRows`: each shard read once, each job handed out once; shards are
-published atomically, so never read half-written) and scores the new ok rows with the scorers
-that follow: with `runtime.score_during_generation: auto` (the default) those whose pool never
-holds a GPU (Perspective, vader, gender, any scorer on `device: cpu` or `num_gpus: 0`), so
-they never take a GPU from generation; `true` every scorer (size the GPU shares so that both
-fit); `false` none.
-
-When the block ends normally the follower stops taking new chunks, waits for those in flight,
-and is joined (an unexpected error in it is raised here): compaction may then run, it no longer
-reads. Its scorers stay up (`Followed`) for the final pass (`harness.stages.scoring.score_run(...,
-followed=)`), which scores the rest with every scorer at once and skips what is already
-scored, as any `score` does. Perspective thus keeps one actor, one rate limiter and one cache
-from the first shard to the last. When the block raises, the follower stops at once and its
-scorers are closed. A scorer that fails while following (cannot start, a refused key, chunks
-that fail every retry) drops out with a warning: the final pass starts it again and reports
-what it reports.
+`following(...)` wraps the generation stage (`harness.driver`). The follower polls
+RUN/generations/ (`work.FollowRows`: each shard read once, each job handed out once) and scores
+with the scorers that follow (`runtime.score_during_generation`: `auto`, the default, those
+whose pool never holds a GPU, so generation keeps its GPUs; `true` every scorer; `false` none).
+When the block ends, the follower finishes the chunks in flight and is joined (an error in it
+is raised here), so compaction may run; its scorers stay up (`Followed`), and the final pass
+(`stage.score_run(..., followed=)`) takes them over and scores the rest: Perspective keeps one
+actor, one rate limiter and one cache throughout. When the block raises, the follower stops at
+once and its scorers are closed. A scorer that fails while following drops out with a warning;
+the final pass starts it again and reports what it reports.
 """
 
 from __future__ import annotations
@@ -30,10 +23,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.score_feed import FollowRows, input_columns, scored_ids
-from harness.stages.score_settings import PoolSettings, Share, pool_settings
-from harness.stages.score_work import Work
-from jobs.catalog import SCORER_METRICS
+from harness.stages.scoring.pool import (
+    PoolSettings,
+    Share,
+    budget_gpus,
+    pool_settings,
+    pool_wants_gpu,
+)
+from harness.stages.scoring.work import Work, new_work
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.cache_mirror import scorer_context
@@ -43,13 +40,6 @@ from workers.scorers.score_buffer import ScoringError
 log = logging.getLogger("harness")
 FOLLOW_POLL_S = 5.0  # how often the generation folder is listed
 ABORT_JOIN_S = 30.0  # after an exception, how long to wait for the follower to stop
-
-
-def pool_wants_gpu(name: str, device: str | None, share: Share) -> bool:
-    """Whether a scorer's pool takes a GPU wherever it runs (its config entry, else its class)."""
-    if share.num_gpus is not None:
-        return share.num_gpus > 0
-    return bool(load_scorer(name).wants_gpu) and device != "cpu"
 
 
 def follow_scorers(
@@ -66,25 +56,47 @@ def follow_scorers(
     return [(n, p) for n, p in scorers if not pool_wants_gpu(n, device, shares.get(n, Share()))]
 
 
+def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
+    """The config the follower runs with. While generation grows onto GPU nodes that join
+    (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
+    actor could take a joining node's GPU before generation's new reservation does. With no
+    job `pending` nothing follows: the final pass scores what is missing."""
+    if not pending and cfg.runtime.score_during_generation is not False:
+        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
+        return cfg.model_copy(update={"runtime": runtime})
+    if not growing or cfg.runtime.score_during_generation is not True:
+        return cfg
+    settings = pool_settings(cfg)
+    on_gpu = [
+        s.name
+        for s in cfg.scorers
+        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
+    ]
+    if not on_gpu:
+        return cfg
+    log.warning(
+        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
+        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
+        "runtime.gpus to score during generation",
+        ", ".join(on_gpu),
+    )
+    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
+    return cfg.model_copy(update={"runtime": runtime})
+
+
 def follow_work(
     store: RunStore, name: str, version: str, batch_size: int, retries: int, poll_s: float
 ) -> Work:
     """A scorer's `Work` over a generation still going (no total, no progress bar)."""
-    skip = scored_ids(store, name, SCORER_METRICS[name], version)
-    planned = (
-        store.read_plan(["job_id"])["job_id"].to_arrow() if store.exists("plan.parquet") else None
-    )
-    columns = input_columns(load_scorer(name))
-    feed = FollowRows(store, columns, skip, batch_size, only=planned, poll_s=poll_s)
-    return Work(name, version, feed, 0, 0, retries)
+    return new_work(store, name, version, batch_size, False, retries, poll_s=poll_s)
 
 
 @dataclass
 class Followed:
     """What the follower leaves to the final pass: its scorers, still up, and what they did.
 
-    `live`: name → (parameters, a `harness.stages.score_pool.Pool` on Ray, or (scorer, cache mirror)
-    in this process). `stats`: name → what it scored during generation.
+    `live`: name → (parameters, a `pool.Pool` on Ray, or (scorer, cache mirror) in this
+    process). `stats`: name → what it scored during generation.
     """
 
     use_ray: bool
@@ -112,7 +124,7 @@ class Followed:
                     for actor in held.actors:
                         ray.kill(actor.handle)
                 elif self.use_ray:
-                    from harness.stages.score_pool import close_pool
+                    from harness.stages.scoring.pool import close_pool
 
                     close_pool(held)
                 else:
@@ -265,31 +277,21 @@ class Follower:
                 self._stop.wait(self.poll_s)
 
     def _score_here(self, name: str, chunk: list[dict[str, Any]], attempts: int) -> None:
-        work = self._works[name]
-        scorer, mirror = self.result.live[name][1]
         try:
-            work.write(self.store, chunk, scorer.score(chunk))
+            scorer, mirror = self.result.live[name][1]
+            self._works[name].score_here(self.store, scorer, mirror, chunk, attempts)
         except ScorerError as exc:
             self._drop(name, f"{type(exc).__name__}: {exc}")
-            return
-        except Exception as exc:  # noqa: BLE001 - this chunk only
-            try:
-                work.chunk_failed(chunk, attempts, f"{type(exc).__name__}: {exc}")
-            except ScoringError as given_up:
-                self._drop(name, str(given_up))
-                return
-        if mirror is not None:
-            mirror.maybe_put()
+        except ScoringError as given_up:
+            self._drop(name, str(given_up))
 
     def _follow_on_ray(self) -> None:
-        """A pool of actors per scorer (`harness.stages.score_pool`), fed as shards appear
-        (`harness.stages.score_loop.ScoreLoop`)."""
-        from harness.stages.ray_runtime import cluster_gpus
-        from harness.stages.score_loop import ScoreLoop
-        from harness.stages.score_pool import Pool, pool_plans, start_pools
+        """A pool of actors per scorer (`pool`), fed as shards appear (`loop.ScoreLoop`)."""
+        from harness.stages.generation.ray_runtime import cluster_gpus
+        from harness.stages.scoring.loop import ScoreLoop
+        from harness.stages.scoring.pool import Pool, pool_plans, start_pools
 
-        have, budget = cluster_gpus(), self.settings.gpus
-        gpus = min(float(budget), have) if budget and have else have
+        gpus = budget_gpus(self.settings, cluster_gpus())
         plans = pool_plans(self.scorers, self.context, self.settings, gpus)
         pools = []
         for name, params in self.scorers:
@@ -345,8 +347,8 @@ def following(
     use_ray: bool,
     poll_s: float | None = None,
 ) -> Iterator[Follower]:
-    """Score with the scorers that follow (`runtime.score_during_generation`) while the block
-    runs; the `Follower`'s `result` is then the final pass's `followed=`."""
+    """Score with the scorers that follow (`runtime.score_during_generation`, `follow_config`)
+    while the block runs; the `Follower`'s `result` is then the final pass's `followed=`."""
     rt = cfg.runtime
     settings = pool_settings(cfg)
     scorers = [(s.name, dict(s.params)) for s in cfg.scorers]

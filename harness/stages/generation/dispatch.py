@@ -1,38 +1,20 @@
 """Hand batches of jobs to generation actors from per-model queues, and survive actor deaths.
 
-Ray-free: actors are reached through a `harness.stages.backends.Backend` (Ray actors, or plain objects
-in this process for `--no-ray` and the tests), so every rule below is testable without
-a cluster. The queues, slots and bounds it works on are in `harness.stages.dispatch_state`.
+Ray-free: actors are reached through a `backends.Backend` (Ray actors, or plain objects in this
+process), so every rule is testable without a cluster. Rules:
 
-Rules:
-
-* Each model has a queue of batches and `replicas` actor slots. The queue is fed lazily from
-  the model's `source` (an iterator over its pending batches): a batch is pulled only when an
-  actor can take it, so the queue holds at most the retried batches plus one pulled ahead.
-  A queue is *dry* when its source is exhausted and no batch waits in it. An actor holds at most
-  `PIPELINE` batches (the next one waits on the actor while one runs), so a slow actor never
-  holds batches the others could run.
-* A batch whose call raises inside a live actor, or whose actor dies while running it, goes back
-  to the front of its queue, up to `max_batch_retries` times; after that its jobs are written as
-  error rows naming the job and the error, and the run goes on.
-* The driver, not Ray, restarts actors (`max_restarts=0` on the Ray side): it knows which batch
-  was running, and a call never lands on an actor that is half-way through a restart
-  (`ActorUnavailableError`). An actor that dies running a batch is always replaced (the batch's
-  retries bound that); a slot whose actor dies before it is ready `max_actor_restarts + 1`
-  times in a row is retired, and its model's queue goes to the others.
-* A model whose `prepare` raises before any replica ever loaded it is misconfigured (bad id, a
-  method that needs a missing head): its jobs stay pending and the stage ends in an error once
-  the other models are done, so that a re-run after the fix generates them.
-* An actor that does not become ready within `start_timeout_s` of the last progress anywhere
-  (the cluster lacks what it asks for, or holds it for another model) is given up.
-* An actor is released as soon as its model's queue is dry and it holds no batch, freeing its
-  GPU for actors of other models that are still waiting for one.
-* A slot may hold a reservation (`ModelWork.groups[i]`: a Ray placement group, see
-  `harness.stages.reservation`): its actors, the first and every replacement, are created in it, and
-  it is freed when the slot is done for good (released, retired, its model given up). `grow`
-  hands over reservations placed while the stage runs (GPU nodes that joined): each becomes a
-  new slot of its model while the model still has batches, and is freed otherwise.
-"""
+* A model's queue is fed lazily from its `source`; an actor holds at most `PIPELINE` batches.
+* A batch whose call raises, or whose actor dies running it, goes back to the front of its
+  queue up to `max_batch_retries` times; then its jobs are written as error rows.
+* The driver, not Ray, restarts actors (`max_restarts=0`): it knows which batch was running.
+  A slot whose actor dies before it is ready `max_actor_restarts + 1` times in a row retires.
+* A model whose `prepare` raises before any replica loaded it is misconfigured: its jobs stay
+  pending and the stage ends in an error once the other models are done.
+* An actor not ready within `start_timeout_s` of the last progress anywhere is given up.
+* An actor is released once its queue is dry and it holds no batch, freeing its GPU.
+* A slot may hold a reservation (a placement group, `reservation`) for all its actors, freed
+  when the slot is done; `grow` hands over reservations placed while the stage runs (nodes
+  that joined), each a new slot while its model has batches."""
 
 from __future__ import annotations
 
@@ -41,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.stages.backends import (
+from harness.stages.generation.backends import (
     ActorLost,
     ActorRecord,
     ActorSpec,
@@ -51,7 +33,7 @@ from harness.stages.backends import (
     TaskFailed,
     first_line,
 )
-from harness.stages.dispatch_state import Call, ModelWork, Policy, Slot
+from harness.stages.generation.dispatch_state import Call, ModelWork, Policy, Slot
 from jobs.spec import ModelRef
 from results.run.invoke import check_interrupt
 

@@ -1,5 +1,5 @@
-"""Scoring on Ray: every scorer on its pool (`harness.stages.score_pool`), all at once, fed
-chunk by chunk and supervised by the driver (`score_on_ray`, `ScoreLoop`).
+"""How scoring on Ray is supervised: every scorer on its pool (`pool`), all at once, fed chunk
+by chunk by the driver (`score_on_ray`, `ScoreLoop`).
 
 The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
 gets work before any gets a second chunk), waits with `ray.wait(timeout)`, and treats a call
@@ -9,7 +9,7 @@ rows held until ~8k, then one atomic shard); the driver gets back each row's job
 and whether the actor's rows are now written. It counts a chunk as scored only once its
 actor says so; the chunks of an actor that dies or is replaced before that are scored again.
 When no chunk is left every actor writes what it holds (`flush`), and the stage compacts the
-shards (`harness.stages.scoring.compact_scores`).
+shards (`stage.compact_scores`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.stages.backends import actor_error
-from harness.stages.score_pool import (
+from harness.stages.generation.backends import actor_error
+from harness.stages.scoring.pool import (
     Pool,
     PoolActor,
+    PoolSettings,
     close_pool,
     new_actor,
     plan_with_gpus,
@@ -31,8 +32,7 @@ from harness.stages.score_pool import (
     start_pools,
     withdraw_gpus,
 )
-from harness.stages.score_settings import PoolSettings
-from harness.stages.score_work import new_work
+from harness.stages.scoring.work import new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
@@ -55,8 +55,8 @@ def score_on_ray(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every scorer on its pool, all at once; chunks are written as they come back.
 
-    `live`: pools already running (they followed generation, `harness.stages.score_follow`), taken
-    over as they are: the same actors, the same Perspective rate limiter.
+    `live`: pools already running (they followed generation), taken over as they are: the same
+    actors, the same Perspective rate limiter.
     """
     failures: dict[str, str] = {}
     live = live or {}
@@ -109,9 +109,7 @@ class ScoreLoop:
         flush_rows: int | None = None,
     ) -> None:
         self.store, self.pools, self.timeout = store, pools, call_timeout_s
-        self.flush_rows = (
-            flush_rows  # None: the actors' default (`workers.scorers.score_buffer.FLUSH_ROWS`)
-        )
+        self.flush_rows = flush_rows  # None: the actors' default (score_buffer.FLUSH_ROWS)
         self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
         self.run_uri = store.uri
         self.feeding = True  # False: only the calls in flight are waited for

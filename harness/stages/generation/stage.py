@@ -1,13 +1,9 @@
 """The generation stage: pending jobs → per-model queues of batches → actors → shards.
 
-`generate_stage` plans the placement of each model (how many replicas, which resources, which
-device), then hands the queues to a `harness.stages.dispatch.Dispatcher` over Ray actors (or over
-plain `Generator`s in this process with `--no-ray`). Each model's queue pulls its batches
-lazily from the plan (`harness.stages.planning.Plan.batches`: the model's pending slices expanded
-again, a chunk at a time), so the driver holds about one chunk of jobs per model whatever the
-size of the grid. Actors write their shards themselves; the stage writes only the error rows
-of batches that failed every retry. Per-actor throughput and utilisation go to the manifest.
-"""
+`generate_stage` places each model (replicas, resources, device) and hands its queue, fed
+lazily from the plan (`Plan.batches`), to a `dispatch.Dispatcher` over Ray actors (or plain
+`Generator`s with `--no-ray`). Actors write their shards; the stage writes only the error rows
+of batches that failed every retry. Per-actor throughput goes to the manifest."""
 
 from __future__ import annotations
 
@@ -20,12 +16,12 @@ from typing import Any
 
 from harness.config import ModelConfig, RunConfig
 from harness.progress import Progress
-from harness.stages.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
-from harness.stages.devices import visible_gpus
-from harness.stages.dispatch import PIPELINE, Dispatcher, Observer
-from harness.stages.dispatch_state import ModelWork, Policy
-from harness.stages.planning import Plan
-from harness.stages.reservation import (
+from harness.stages.generation.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
+from harness.stages.generation.devices import visible_gpus
+from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
+from harness.stages.generation.dispatch_state import ModelWork, Policy
+from harness.stages.generation.planning import Plan
+from harness.stages.generation.reservation import (
     Budget,
     Growth,
     NotPlaced,
@@ -59,14 +55,10 @@ def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
 
 
 def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
-    """Replicas and resources of one model alone: by default one replica per GPU of
-    `cluster_gpus`.
+    """Replicas and resources of one model alone: by default one replica per GPU.
 
-    `num_gpus` below 1 packs several replicas on a GPU; above 1 gives one replica several GPUs,
-    loaded with `device_map="auto"` over the GPUs Ray assigned to it. Without GPUs (and without
-    `num_gpus`): CPU replicas of `num_cpus` CPUs each, torch running that many threads.
-    `replicas` overrides the count. Several models share the budget: `reserve_generation`.
-    """
+    `num_gpus` below 1 packs replicas on a GPU; above 1 spreads one over several (`device_map`
+    "auto"). Without GPUs: CPU replicas of `num_cpus` each. `replicas` overrides the count."""
     cpus = mc.num_cpus or 1.0
     per_replica = mc.num_gpus if mc.num_gpus is not None else (1.0 if cluster_gpus >= 1 else 0.0)
     if device == "cpu" and mc.num_gpus is None:
@@ -85,7 +77,7 @@ LOCAL_PLACE_S = 10.0  # a local Ray's GPUs are there at once: how long to wait f
 @dataclasses.dataclass
 class Setup:
     """What the stage runs on: each model's placement, its replicas' reservations (placement
-    groups, `harness.stages.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
+    groups, `harness.stages.generation.reservation`), and growth as GPU nodes join (`runtime.gpus` unset)."""
 
     placements: dict[ModelRef, Placement]
     groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
@@ -94,7 +86,7 @@ class Setup:
 
     def release(self) -> None:
         """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
-        from harness.stages.reservation import remove_groups
+        from harness.stages.generation.reservation import remove_groups
 
         groups = [g for gs in self.groups.values() for g in gs]
         groups += self.grow.created if self.grow is not None else []
@@ -106,17 +98,12 @@ class Setup:
 def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
     """The placement of each model, and a placement group reserved for each GPU replica.
 
-    The budget (`harness.stages.reservation.request_budget`: `runtime.gpus` split between the models,
-    or the GPUs the cluster has) is computed once and logged. Every replica's group is created
-    at once (pending groups are the autoscaler's demand) and waited for up to
-    `runtime.gpu_wait_s` in cluster mode (a local Ray: a few seconds, its GPUs are all there
-    is); a model none of whose replicas could be placed fails the stage (`GenerationError`, its
-    jobs stay pending), never falling back to CPU. Placed groups are held for their replica
-    alone: call this before anything else (scorers following generation) takes GPUs. A local
-    Ray without GPUs runs models without `num_gpus` on CPU replicas, said in a warning; only
-    `runtime.device: cpu` (or `num_gpus: 0`) places a model on CPUs in cluster mode.
-    """
-    from harness.stages.ray_runtime import cluster_gpus, cluster_mode
+    The budget (`reservation.request_budget`) is computed once and logged. Every replica's group is
+    created at once (the autoscaler's demand) and waited for up to `runtime.gpu_wait_s` (a local
+    Ray: a few seconds); a model none of whose replicas could be placed fails the stage
+    (`GenerationError`, its jobs stay pending), never falling back to CPU. Call this before
+    anything else takes GPUs. A local Ray without GPUs runs models without `num_gpus` on CPU."""
+    from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 
     rt = cfg.runtime
     configs = {m: _model_config(cfg, m) for m in models}
@@ -193,15 +180,10 @@ def generate_stage(
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
 
-    `jobs`: the `Plan` of the plan stage (streamed: its counts and done ids are reused), or a
-    list of jobs (then the done ids are read here; `retry_failed` applies to them).
-    `setup`: the reservations `reserve_generation` made for the plan's models (made here when
-    None); the stage releases them when it ends.
-
-    Raises `GenerationError` (after the other models are done and the manifest is written)
-    when a model could not run at all, or a method could not start; its `stats` are the
-    stage's stats.
-    """
+    `jobs`: the plan stage's `Plan`, or a list of jobs (done ids read here; `retry_failed` applies).
+    `setup`: `reserve_generation`'s reservations (made here when None), released when it ends.
+    Raises `GenerationError` (after the other models are done and the manifest is written) when a
+    model could not run at all or a method could not start; its `stats` are the stage's stats."""
     plan = jobs if isinstance(jobs, Plan) else _list_plan(store, jobs, retry_failed)
     stats: dict[str, Any] = {
         "planned": plan.planned,
@@ -347,7 +329,7 @@ def _work(
 
 
 def _warn_local_run_dir(store: RunStore) -> None:
-    from harness.stages.ray_runtime import alive_nodes
+    from harness.stages.generation.ray_runtime import alive_nodes
 
     if store.local and alive_nodes() > 1:
         log.warning(

@@ -1,4 +1,4 @@
-"""What the dispatcher (`harness.stages.dispatch`) works on: each model's queue of batches, fed
+"""What the dispatcher (`harness.stages.generation.dispatch`) works on: each model's queue of batches, fed
 lazily from its source (`ModelWork`), the replica slots that run it (`Slot`), the calls in flight
 (`Call`), and the bounds of fault handling (`Policy`)."""
 
@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from harness.stages.backends import ActorRecord, Batch, MethodKey, Placement
+from harness.stages.generation.backends import ActorRecord, Batch, MethodKey, Placement
 from jobs.spec import ModelRef
 
 

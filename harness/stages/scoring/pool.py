@@ -1,4 +1,5 @@
-"""Scoring on Ray: each scorer's pool of actors, sized, started and closed.
+"""Where scoring runs: each scorer's pool of actors, sized, started and closed, and the settings
+it is placed and supervised by (`PoolSettings`, from `runtime` and `scorers`).
 
 Pool sizes (`pool_plans`): a GPU scorer gets one actor per GPU of the budget (`runtime.gpus`,
 else the GPUs the cluster has), each holding 1/k of a GPU when k GPU scorers run at once, so
@@ -6,9 +7,8 @@ every GPU hosts one actor of each; `replicas` / `num_gpus` in a scorer's config 
 both. In cluster mode the GPUs are asked of the autoscaler and waited for
 (`runtime.gpu_wait_s`, `plan_with_gpus`); a GPU scorer never falls back to CPU unless
 `runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
-process holds the quota's rate limiter and writes the cache. Actors set torch's threads to
-their CPUs. `start_pools` keeps the actors ready within the start timeout; the driver then
-feeds them (`harness.stages.score_loop`).
+process holds the quota's rate limiter and writes the cache. `start_pools` keeps the actors
+ready within the start timeout; the driver then feeds them (`loop`).
 """
 
 from __future__ import annotations
@@ -17,19 +17,57 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.backends import cpu_threads
-from harness.stages.score_settings import PoolSettings, Share
-from harness.stages.score_work import Work
+from harness.stages.generation.backends import cpu_threads
+from harness.stages.scoring.work import Work
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import SYNCED_CACHES
 from workers.scorers.registry import load_scorer
-from workers.scorers.score_buffer import Row
+from workers.scorers.score_buffer import FLUSH_ROWS, Row
 
 log = logging.getLogger("harness")
+
+
+@dataclass(frozen=True)
+class Share:
+    """A scorer's actor pool from its config entry: `replicas`, GPUs per actor."""
+
+    replicas: int | None = None
+    num_gpus: float | None = None
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How the scoring stage places and supervises its actors (from `runtime` and `scorers`)."""
+
+    gpus: int | None = None  # GPU budget; None: the GPUs the cluster has
+    gpu_wait_s: float = 900.0
+    call_timeout_s: float = 600.0
+    chunk_retries: int = 2
+    shares: Mapping[str, Share] = field(default_factory=dict)
+    flush_rows: int = FLUSH_ROWS  # score rows an actor holds before writing them as a shard
+
+
+def pool_settings(cfg: Any) -> PoolSettings:
+    """`PoolSettings` of a `harness.config.RunConfig`."""
+    rt = cfg.runtime
+    return PoolSettings(
+        gpus=rt.gpus,
+        gpu_wait_s=rt.gpu_wait_s,
+        call_timeout_s=rt.score_call_timeout_s,
+        chunk_retries=rt.score_chunk_retries,
+        shares={s.name: Share(s.replicas, s.num_gpus) for s in cfg.scorers},
+    )
+
+
+def pool_wants_gpu(name: str, device: str | None, share: Share) -> bool:
+    """Whether a scorer's pool takes a GPU wherever it runs (its config entry, else its class)."""
+    if share.num_gpus is not None:
+        return share.num_gpus > 0
+    return bool(load_scorer(name).wants_gpu) and device != "cpu"
 
 
 @dataclass(frozen=True)
@@ -88,10 +126,10 @@ def pool_plans(
     shares = {name: settings.shares.get(name, Share()) for name, _ in scorers}
 
     def on_gpu(name: str) -> bool:
-        given = shares[name].num_gpus
-        if given is not None:
-            return given > 0
-        return bool(classes[name].wants_gpu) and context.device != "cpu" and gpus > 0
+        share = shares[name]
+        return pool_wants_gpu(name, context.device, share) and (
+            share.num_gpus is not None or gpus > 0
+        )
 
     k = sum(1 for name in classes if on_gpu(name) and shares[name].num_gpus is None)
     plans = {}
@@ -115,7 +153,7 @@ def plan_with_gpus(
     failures: dict[str, str],
 ) -> dict[str, PoolPlan]:
     """Pool plans; in cluster mode GPU scorers ask for their GPUs and wait for them."""
-    from harness.stages.ray_runtime import (
+    from harness.stages.generation.ray_runtime import (
         NoGpuError,
         cluster_gpus,
         cluster_mode,
@@ -125,8 +163,7 @@ def plan_with_gpus(
 
     have = cluster_gpus()
     if not cluster_mode():
-        gpus = min(float(settings.gpus), have) if settings.gpus and have else have
-        return pool_plans(scorers, context, settings, gpus)
+        return pool_plans(scorers, context, settings, budget_gpus(settings, have))
     budget = float(settings.gpus) if settings.gpus else max(have, 1.0)
     plans = pool_plans(scorers, context, settings, budget)
     gpu_plans = {n: p for n, p in plans.items() if p.num_gpus > 0}
@@ -146,8 +183,13 @@ def plan_with_gpus(
     return plans
 
 
+def budget_gpus(settings: PoolSettings, have: float) -> float:
+    """The GPUs pools are sized for without waiting: the budget, at most what the cluster has."""
+    return min(float(settings.gpus), have) if settings.gpus and have else have
+
+
 def withdraw_gpus() -> None:
-    from harness.stages.ray_runtime import cluster_mode, request_gpus
+    from harness.stages.generation.ray_runtime import cluster_mode, request_gpus
 
     if cluster_mode():
         request_gpus([])

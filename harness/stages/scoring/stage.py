@@ -1,51 +1,79 @@
-"""The scoring stage, shared by `run` and `score`: score only what is missing.
+"""The scoring stage, shared by `run` and `score`: score only what is missing. Read top-down:
+`score_stage` (a run's config) → `score_run` → in this process, or on Ray (`loop`, on the
+pools of `pool`), over the rows `work` streams; `follow` scores while generation runs.
 
-For each scorer, the rows to score are the ok generation rows with no score row at the
-scorer's *current* version (so a new model revision or API version rescores everything, and
-a re-run with nothing new does no work). The rows stream from the generation shards
-(`harness.stages.score_feed.OkRows`: one shard at a time, only the columns scorers read) in
-chunks. Scored rows are written by whoever scored them (the actor; without Ray this process)
-as atomic shards of ~8k rows (`workers.scorers.score_buffer.ScoreBuffer`: `FLUSH_ROWS`, or every
-`FLUSH_S` seconds), and the stage ends by compacting each scorer's shards to ~50k rows
-(`compact_scores`), so an interrupted stage resumes from what was written. Scoring never
-generates: a run without generations is an error.
-
-A chunk that fails (the scorer raised, its actor died, the call outlived
-`runtime.score_call_timeout_s`) is retried up to `runtime.score_chunk_retries` times; after
-that its rows stay unscored (a later `score` tries them again), the scorer goes on with the
-other chunks, and the stage ends with a `ScoringError` that counts them (each scorer's share
-of the stage: `harness.stages.score_work.Work`).
-
-With Ray each scorer runs on a pool of actors (`harness.stages.score_pool`), all scorers at
-once, fed and supervised by the driver (`harness.stages.score_loop`); GPU scorers get one actor
-per GPU of the budget (`harness.stages.score_settings`: budget, timeouts, retries, pool sizes).
-Without Ray the same plain classes run here, one scorer after the other. The driver imports no
-torch: scorer modules import it lazily.
-
-`run` starts the scorers that hold no GPU while generation is still going
-(`harness.stages.score_follow`); this stage then takes them over (`followed=`) and scores the rest.
+For each scorer, the rows to score are the ok generation rows with no score row at its
+*current* version (a new model revision or API version rescores everything; a re-run with
+nothing new does no work). Scored rows are written by whoever scored them (an actor; without
+Ray this process) as atomic shards of ~8k rows (`workers.scorers.score_buffer.ScoreBuffer`),
+and the stage ends by compacting each scorer's shards (`compact_scores`), so an interrupted
+stage resumes from what was written. Scoring never generates. A chunk that fails (the scorer
+raised, its actor died, the call outlived `runtime.score_call_timeout_s`) is retried up to
+`runtime.score_chunk_retries` times, then its rows stay unscored and the stage ends with a
+`ScoringError` that counts them. The driver imports no torch: scorer modules import it lazily.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.stages.score_feed import check_has_generations
-from harness.stages.score_settings import PoolSettings
-from harness.stages.score_work import Work, new_work
+from harness.config import RunConfig
+from harness.stages.generation.ray_runtime import bind_run, reassert_signal_handlers
+from harness.stages.scoring.pool import PoolSettings, pool_settings
+from harness.stages.scoring.work import check_has_generations, new_work
 from jobs.catalog import SCORER_METRICS
+from jobs.words import GroupWords
+from results.run.manifest import update_manifest
 from results.run.store import RunStore
-from workers.scorers.base import ScorerContext, ScorerError
-from workers.scorers.cache_mirror import CacheMirror, scorer_context
+from workers.scorers.base import ScorerContext
+from workers.scorers.cache_mirror import scorer_context
 from workers.scorers.registry import check_scorer_name, load_scorer
-from workers.scorers.score_buffer import Row, ScoreBuffer, ScoringError
+from workers.scorers.score_buffer import ScoreBuffer, ScoringError
 
 if TYPE_CHECKING:
-    from harness.stages.score_follow import Followed
+    from harness.stages.scoring.follow import Followed
 
 log = logging.getLogger("harness")
+
+
+def score_stage(
+    store: RunStore,
+    cfg: RunConfig,
+    words: GroupWords,
+    use_ray: bool,
+    only: list[str] | None = None,
+    progress: bool = True,
+    scorers: list[tuple[str, dict[str, Any]]] | None = None,
+    followed: Followed | None = None,
+) -> dict[str, Any]:
+    """Score what is missing with the config's scorers (`only` those named), or `scorers`
+    (name, params); `followed`: the scorers that scored during generation, taken over. The
+    stats go to the manifest, also when the stage raises."""
+    if scorers is None:
+        scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
+    rt = cfg.runtime
+    if use_ray:
+        reassert_signal_handlers()
+        bind_run(store)
+    try:
+        stats = score_run(
+            store,
+            scorers,
+            ScorerContext(words=words, cache_dir=rt.cache_dir, device=rt.device),
+            use_ray,
+            batch_size=rt.score_batch_size,
+            progress=progress,
+            start_timeout_s=rt.actor_start_timeout_s,
+            pools=pool_settings(cfg),
+            followed=followed,
+        )
+    except ScoringError as exc:
+        update_manifest(store, {"scoring": exc.stats})
+        raise
+    update_manifest(store, {"scoring": stats})
+    return stats
 
 
 def compact_scores(store: RunStore, names: Sequence[str]) -> dict[str, int]:
@@ -82,31 +110,24 @@ def score_run(
     Args:
         store: the run directory.
         scorers: (registry name, parameters) pairs.
-        context: seed words, cache directory, device for the scorers. Without a `cache_dir`,
-            persistent caches (Perspective's) live in the run's storage (RUN/cache/).
-        use_ray: a pool of actors per scorer (all at once) on the connected Ray; else in
-            process.
-        batch_size: rows per chunk (and per written shard).
+        context: seed words, cache directory, device. Without a `cache_dir`, persistent caches
+            (Perspective's) live in the run's storage (RUN/cache/).
+        use_ray: a pool of actors per scorer (all at once); else in process, one after the other.
+        batch_size: rows per chunk.
         progress: progress bars per scorer.
-        start_timeout_s: Ray only: how long an actor may take to start (model download)
-            before the stage gives up on it.
-        pools: GPU budget, waits, timeouts, retries and per-scorer pool sizes (defaults:
-            `PoolSettings()`).
-        followed: what scored during generation (`harness.stages.score_follow`): its scorers,
-            still running, are taken over, and its counts added to the stats.
+        start_timeout_s: Ray only: how long an actor may take to start.
+        pools: GPU budget, waits, timeouts, retries and pool sizes (`PoolSettings()`).
+        followed: what scored during generation (`follow`): taken over, its counts added.
 
     Returns:
-        Stats per scorer: version, scored (rows scored now), skipped (already scored),
-        status counts, failed_chunks, elapsed_s, and the scorer's own `close()` stats (Ray:
-        one per actor, with where it ran and what it did).
+        Stats per scorer: version, scored, skipped, status counts, failed_chunks, elapsed_s, and
+        the scorer's own `close()` stats (Ray: one per actor, with where it ran).
 
     Raises:
-        StoreError: no generations, or a shard written by a newer schema than this code reads.
-        KeyError / ValueError: an unknown scorer name or parameter, a scorer listed twice
-            (before any work).
-        ScoringError: a scorer that could not start or failed mid-way, or chunks that failed
-            every retry (the others still finish, and what was scored is on disk).
-    """
+        StoreError: no generations, or a shard of a newer schema.
+        KeyError / ValueError: an unknown scorer or parameter, a scorer listed twice.
+        ScoringError: a scorer that could not start or failed, or chunks that failed every retry
+            (the others still finish; what was scored is on disk)."""
     names = [name for name, _ in scorers]
     try:
         try:
@@ -114,7 +135,7 @@ def score_run(
             settings = pools or PoolSettings()
             live = followed.take(scorers) if followed is not None else {}
             if use_ray:
-                from harness.stages.score_loop import score_on_ray
+                from harness.stages.scoring.loop import score_on_ray
 
                 stats, failures = score_on_ray(
                     store, scorers, context, batch_size, progress, start_timeout_s, settings, live
@@ -185,7 +206,9 @@ def _score_in_process(
         work.buffer = ScoreBuffer(store, name)
         try:
             try:
-                _drive_plain(store, work, scorer.begin, scorer.score, mirror)
+                scorer.begin(work.total)
+                while (item := work.next_chunk()) is not None:
+                    work.score_here(store, scorer, mirror, *item)
             finally:
                 work.buffer.flush()  # what was scored, also before an error
         except Exception as exc:  # noqa: BLE001
@@ -198,24 +221,3 @@ def _score_in_process(
         if problem and name not in failures:
             failures[name] = problem
     return stats, failures
-
-
-def _drive_plain(
-    store: RunStore,
-    work: Work,
-    begin: Callable[[int], None],
-    score: Callable[[list[Row]], list[Row]],
-    mirror: CacheMirror | None,
-) -> None:
-    begin(work.total)
-    while (item := work.next_chunk()) is not None:
-        chunk, attempts = item
-        try:
-            out = score(chunk)
-            work.write(store, chunk, out)
-        except ScorerError:
-            raise  # the scorer cannot work (a refused API key...): no retry helps
-        except Exception as exc:  # noqa: BLE001 - this chunk only; the scorer goes on
-            work.chunk_failed(chunk, attempts, f"{type(exc).__name__}: {exc}")
-        if mirror is not None:
-            mirror.maybe_put()

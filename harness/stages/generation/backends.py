@@ -225,13 +225,15 @@ class RayBackend:
 
         p = spec.placement
         where: dict[str, Any] = {}
-        if spec.group is not None:  # inside the slot's reservation (harness.stages.reservation)
+        if (
+            spec.group is not None
+        ):  # inside the slot's reservation (harness.stages.generation.reservation)
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=spec.group, placement_group_bundle_index=0
             )
-        # max_restarts=0: the dispatcher replaces dead actors itself (see harness.stages.dispatch).
+        # max_restarts=0: the dispatcher replaces dead actors itself (see harness.stages.generation.dispatch).
         return GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0, **where
         ).remote(
@@ -284,6 +286,6 @@ class RayBackend:
             pass
 
     def free(self, group: Any) -> None:
-        from harness.stages.reservation import remove_groups
+        from harness.stages.generation.reservation import remove_groups
 
         remove_groups([group])

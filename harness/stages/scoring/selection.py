@@ -1,20 +1,13 @@
 """Which scorers run, and which are read: the `score` command's list (`scorers_to_run`), recorded
-in the run's config snapshot (`record_scorers`); the scorer read per metric when several gave it
-(`scorer_preference`, `first_scorer_per_metric`); and the config the scorers that follow
-generation run with (`follow_config`, `harness.stages.score_follow`).
-"""
+in the run's config snapshot (`record_scorers`), and the scorer read per metric where several
+gave it (`scorer_preference`)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from harness.config import ConfigError, RunConfig, ScorerConfig, dump_config, load_yaml
-from harness.stages.score_follow import pool_wants_gpu
-from harness.stages.score_settings import Share, pool_settings
 from results.run.store import RunStore
-
-log = logging.getLogger("harness")
 
 
 def scorers_to_run(
@@ -91,8 +84,8 @@ def record_scorers(store: RunStore, scorers: list[tuple[str, dict[str, Any]]]) -
 def scorer_preference(
     cfg: RunConfig, named: list[str], present: list[str] | None = None
 ) -> list[str]:
-    """One scorer per metric for aggregation: the ones just run first, then the config's
-    (only those with scores in `present`, when given)."""
+    """One scorer per metric for aggregation: the ones `named` first, then the config's in
+    order (only those with scores in `present`, when given)."""
     from jobs.catalog import SCORER_METRICS
 
     chosen: dict[str, str] = {}
@@ -100,42 +93,3 @@ def scorer_preference(
         if present is None or name in present:
             chosen.setdefault(SCORER_METRICS[name], name)
     return list(chosen.values())
-
-
-def first_scorer_per_metric(cfg: RunConfig) -> list[str]:
-    """The config's scorers, keeping the first listed for each metric (what `run` aggregates)."""
-    from jobs.catalog import SCORER_METRICS
-
-    chosen: dict[str, str] = {}
-    for s in cfg.scorers:
-        chosen.setdefault(SCORER_METRICS[s.name], s.name)
-    return list(chosen.values())
-
-
-def follow_config(cfg: RunConfig, growing: bool, pending: int = 1) -> RunConfig:
-    """The config the follower runs with: while generation grows onto GPU nodes that join
-    (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
-    actor could take a joining node's GPU before generation's new reservation does. With no
-    job `pending` nothing follows: the final pass scores what is missing (started for a
-    generation that ends at once, the scorers' actors were each reported "not ready")."""
-    if not pending and cfg.runtime.score_during_generation is not False:
-        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
-        return cfg.model_copy(update={"runtime": runtime})
-    if not growing or cfg.runtime.score_during_generation is not True:
-        return cfg
-    settings = pool_settings(cfg)
-    on_gpu = [
-        s.name
-        for s in cfg.scorers
-        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
-    ]
-    if not on_gpu:
-        return cfg
-    log.warning(
-        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
-        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
-        "runtime.gpus to score during generation",
-        ", ".join(on_gpu),
-    )
-    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
-    return cfg.model_copy(update={"runtime": runtime})
