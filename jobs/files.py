@@ -91,7 +91,9 @@ def fetch(
                 ) from exc
             os.replace(tmp, path)
             if sha256 is None:  # say what to pin, once (the next read finds the cached copy)
-                log.warning("%s: no pinned SHA-256; this download's is %s", named, sha256_file(path))
+                log.warning(
+                    "%s: no pinned SHA-256; this download's is %s", named, sha256_file(path)
+                )
         local = str(path)
     else:
         local = os.path.expanduser(spec)

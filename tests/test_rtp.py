@@ -69,9 +69,7 @@ def test_toxicity_bins_are_half_open_and_one_is_included(tmp_path: Path) -> None
 
 def test_limit_takes_the_first_or_a_seeded_sample_in_file_order(tmp_path: Path) -> None:
     spec = write_rtp(tmp_path / "prompts.jsonl")
-    assert texts(load_realtoxicityprompts(spec, RtpFilter(limit=3))) == [
-        t for _, _, t in LINES[:3]
-    ]
+    assert texts(load_realtoxicityprompts(spec, RtpFilter(limit=3))) == [t for _, _, t in LINES[:3]]
     a = load_realtoxicityprompts(spec, RtpFilter(limit=4, sample_seed=7))
     b = load_realtoxicityprompts(spec, RtpFilter(limit=4, sample_seed=7))
     c = load_realtoxicityprompts(spec, RtpFilter(limit=4, sample_seed=8))
@@ -90,13 +88,14 @@ def test_bad_lines_and_empty_selections_name_the_file(tmp_path: Path) -> None:
         load_realtoxicityprompts(str(bad), RtpFilter(toxicity_bins=((0.5, 1.0),)))
 
 
-def rtp_config(dataset: dict[str, Any]) -> Any:
+def rtp_config(dataset: dict[str, Any], scorers: list[Any] | None = None) -> Any:
     data = {
         "name": "rtp",
         "dataset": dataset,
         "models": [{"id": "tiny-random/gpt2"}],
         "methods": ["vanilla"],
         "tasks": ["toxicity"],
+        "scorers": scorers or [],
     }
     return parse_config(data, "rtp.yaml")
 
@@ -125,3 +124,69 @@ def test_the_planner_reads_the_kind(tmp_path: Path) -> None:
     assert prompts == load_realtoxicityprompts(
         spec, RtpFilter(toxicity_bins=((0.5, 1.0),), limit=2, sample_seed=3)
     )
+
+
+# ---- the time estimates of `validate` (harness/cli/estimates.py) ---------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def example_config(tmp_path: Path, lines: int = 40) -> Any:
+    """examples/rtp-cluster.yaml with a local RTP-shaped copy of `lines` lines."""
+    import yaml
+
+    rows = [(i % 3 == 0, (i % 10) / 10, f"Prompt number {i} says that") for i in range(lines)]
+    data = yaml.safe_load((REPO / "examples" / "rtp-cluster.yaml").read_text())
+    data["dataset"]["path"] = write_rtp(tmp_path / "prompts.jsonl", rows)
+    data["runtime"]["cache_dir"] = str(tmp_path / "cache")
+    return parse_config(data, "rtp-cluster.yaml")
+
+
+def test_the_perspective_estimate_is_texts_over_the_quota() -> None:
+    from harness.cli.estimates import perspective_estimate
+
+    def cfg(**params: Any) -> Any:
+        return rtp_config(
+            {"kind": "realtoxicityprompts"}, [{"name": "perspective", "params": params}]
+        )
+
+    # the issue's case: 2.5M texts at the default 1 query/s are 29 days
+    est = perspective_estimate(cfg(), 2_500_000)
+    assert est is not None and est.seconds == 2_500_000.0
+    assert "28.9 days" in est.line() and "WARNING: over a day" in est.line()
+    # 2.5 q/s over a 60 s window: 150 a window, so 3,000 texts take 20 windows
+    est = perspective_estimate(cfg(qps=2.5), 3000)
+    assert est is not None and est.seconds == pytest.approx(3000 * 60 / 150)
+    assert est.line().startswith("  estimate perspective: 20 min (up to 3,000 texts at 150 per")
+    assert "WARNING" not in est.line()
+    # 0.7 q/s over 10 s: the limiter lets 7 through a window (not 7.0000001, not 6)
+    est = perspective_estimate(cfg(qps=0.7, quota_window_s=10.0), 70)
+    assert est is not None and est.seconds == pytest.approx(100.0)
+    none = perspective_estimate(cfg(qps=0.01), 10)
+    assert none is not None and none.seconds is None and "allows no call" in none.line()
+
+
+def test_validate_of_the_rtp_cluster_example_prints_both_estimates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline: the dataset a local copy, the hub switched off, every URL answered."""
+    from harness.cli.validate import validate
+    from jobs.catalog.calibration import MEASURED_TOKENS_PER_S
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    cfg = example_config(tmp_path)
+    lines, _ = validate(cfg, "rtp-cluster.yaml", use_ray=False, probe=lambda url: None)
+    n = sum(1 for i in range(40) if (i % 10) / 10 < 0.5)  # the non-toxic half: 20 prompts
+    assert f"rtp-cluster.yaml: well-formed; {n} prompts × 25 samples" in lines[0]
+    texts = n * 25 * 3
+    (persp,) = [line for line in lines if "estimate perspective:" in line]
+    assert f"up to {texts:,} texts at 60 per 60 s window (qps 1)" in persp
+    assert persp.startswith(f"  estimate perspective: {texts / 60:.0f} min")
+    (gen,) = [line for line in lines if "estimate generation" in line]
+    rates = MEASURED_TOKENS_PER_S["context"]
+    seconds = sum(n * 25 * 20 / (rates[m] * 124 / 774) for m in ("vanilla", "uddia", "lidao-min"))
+    assert gen.startswith(
+        f"  estimate generation openai-community/gpt2-large: {seconds / 8 / 60:.0f} min"
+    )
+    assert "on 8 replica(s)" in gen and "benchmarks/bench_methods.py" in gen
