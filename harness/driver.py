@@ -18,7 +18,7 @@ from typing import Any
 from harness.config import RunConfig
 from harness.stages.generation import GenerationError, Setup, generate_stage, reserve_generation
 from harness.stages.planning import Plan, load_words, plan_stage
-from harness.stages.ray_runtime import bind_run, reassert_signal_handlers
+from harness.stages.ray_runtime import reassert_signal_handlers
 from harness.stages.score_follow import Followed, following
 from harness.stages.score_settings import pool_settings
 from harness.stages.scorer_selection import (
@@ -130,7 +130,6 @@ def generation_stage(
     stats: dict[str, Any] = {}
     if use_ray:
         reassert_signal_handlers()  # SIGTERM stays an interruption (`ray job stop`)
-        bind_run(store)  # withdraws an autoscaler request a killed driver of this run left
         if the_plan.pending:
             try:
                 setup = reserve_generation(cfg, the_plan.models())
@@ -181,7 +180,6 @@ def score_stage(
     batch = cfg.runtime.score_batch_size
     if use_ray:
         reassert_signal_handlers()
-        bind_run(store)
     try:
         stats = score_run(
             store,

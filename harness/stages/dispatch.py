@@ -29,7 +29,8 @@ Rules:
   GPU for actors of other models that are still waiting for one.
 * A slot may hold a reservation (`ModelWork.groups[i]`: a Ray placement group, see
   `harness.stages.reservation`): its actors, the first and every replacement, are created in it, and
-  it is freed when the slot is done for good (released, retired, its model given up). `grow`
+  it is freed when the slot is done for good (released, retired, its model given up); a
+  replacement's reservation is renewed first when its node died (`Backend.renew`). `grow`
   hands over reservations placed while the stage runs (GPU nodes that joined): each becomes a
   new slot of its model while the model still has batches, and is freed otherwise.
 """
@@ -239,6 +240,8 @@ class Dispatcher:
             self._free(slot)
         elif work.error is None and work.has_batches():
             slot.restarts += 1
+            if slot.group is not None:  # on a live node, not the one it may have died with
+                slot.group = self.backend.renew(slot.group)
             self._start(slot)
         else:
             self._free(slot)
