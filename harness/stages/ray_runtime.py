@@ -250,7 +250,7 @@ def cluster_mode() -> bool:
     return node is None or not bool(getattr(node, "head", False))
 
 
-_most_gpus = [0.0]  # the most GPUs this process has seen the attached cluster hold
+_most_gpus: dict[str, float] = {}  # GCS address → the most GPUs this process saw it hold
 
 
 def cluster_gpus() -> float:
@@ -258,11 +258,14 @@ def cluster_gpus() -> float:
     import ray
 
     have = float(ray.cluster_resources().get("GPU", 0))
-    _most_gpus[0] = max(_most_gpus[0], have)
+    key = ray.get_runtime_context().gcs_address
+    _most_gpus[key] = max(_most_gpus.get(key, 0.0), have)
     return have
 
 
 def lost_gpus() -> float:
-    """GPUs the cluster had earlier in this process and has no more (GPU nodes lost)."""
+    """GPUs the attached cluster held earlier in this process and holds no more (nodes lost)."""
+    import ray
+
     have = cluster_gpus()
-    return max(0.0, _most_gpus[0] - have)
+    return max(0.0, _most_gpus[ray.get_runtime_context().gcs_address] - have)

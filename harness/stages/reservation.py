@@ -176,7 +176,8 @@ def live_group(group: Any) -> Any:
     if state in ("PENDING", "PREPARED") or (state == "CREATED" and on <= alive):
         return group
     bundles = [dict(b) for _, b in sorted(table["bundles"].items())]
-    fresh = placement_group(bundles, strategy="STRICT_PACK", name=table.get("name") or "")
+    name = (table.get("name") or "") + "'"  # names are unique while the old one lives
+    fresh = placement_group(bundles, strategy="STRICT_PACK", name=name)
     log.info("placement group %s was on a lost node (%s): a new one", table.get("name"), state)
     remove_groups([group])
     return fresh
