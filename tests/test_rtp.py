@@ -190,3 +190,22 @@ def test_validate_of_the_rtp_cluster_example_prints_both_estimates(
         f"  estimate generation openai-community/gpt2-large: {seconds / 8 / 60:.0f} min"
     )
     assert "on 8 replica(s)" in gen and "benchmarks/bench_methods.py" in gen
+
+
+def test_run_logs_the_estimates_and_warns_of_a_stage_over_a_day(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run`'s refusal step (what it runs before starting) logs the estimate lines."""
+    from harness.cli.validate import refuse_on_problems
+
+    slow = {"cache_only": True, "qps": 1 / 86_400, "quota_window_s": 86_400.0}  # 1 text a day
+    cfg = rtp_config(
+        {"kind": "realtoxicityprompts", "path": write_rtp(tmp_path / "prompts.jsonl")},
+        [{"name": "perspective", "params": slow}],
+    )
+    with caplog.at_level("INFO", logger="harness"):
+        refuse_on_problems(cfg, "rtp.yaml", str(tmp_path / "run"), use_ray=False)
+    (warned,) = [r for r in caplog.records if "estimate perspective" in r.getMessage()]
+    assert warned.levelname == "WARNING" and "8.0 days" in warned.getMessage()
+    generation = [r for r in caplog.records if "estimate generation" in r.getMessage()]
+    assert len(generation) == 1 and "none (no calibration" in generation[0].getMessage()
