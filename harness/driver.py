@@ -16,7 +16,6 @@ from harness.stages.generation import (
     GenerationError,
     Plan,
     Setup,
-    bind_run,
     generate_stage,
     load_words,
     plan_stage,
@@ -129,7 +128,6 @@ def generation_stage(
     stats: dict[str, Any] = {}
     if use_ray:
         reassert_signal_handlers()  # SIGTERM stays an interruption (`ray job stop`)
-        bind_run(store)  # withdraws an autoscaler request a killed driver of this run left
         if the_plan.pending:
             try:
                 setup = reserve_generation(cfg, the_plan.models())

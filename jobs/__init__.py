@@ -1,7 +1,13 @@
 """Planning work: job specs and their ids, input files and prompt datasets, seed words, the grid,
 batching; what methods and scorers exist, with their parameters, is in `jobs.catalog`."""
 
-from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.datasets import (
+    Prompt,
+    RtpFilter,
+    load_paired_jsonl,
+    load_prompt_list,
+    load_realtoxicityprompts,
+)
 from jobs.files import DatasetError, fetch
 from jobs.grid import PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import make_batches, pending, pending_chunks
@@ -17,6 +23,7 @@ __all__ = [
     "ModelRef",
     "PlanChunk",
     "Prompt",
+    "RtpFilter",
     "SliceKey",
     "expand_grid",
     "fetch",
@@ -25,6 +32,7 @@ __all__ = [
     "load_group_words",
     "load_paired_jsonl",
     "load_prompt_list",
+    "load_realtoxicityprompts",
     "make_batches",
     "pending",
     "pending_chunks",

@@ -1,4 +1,4 @@
-"""Prompt datasets: paired JSONL (UDDIA format) and plain prompt lists.
+"""Prompt datasets: paired JSONL (UDDIA format), plain prompt lists and RealToxicityPrompts.
 
 Every loader validates the whole input before any work starts and names file and line in
 its errors. Paths may be local files or http(s) URLs, fetched once into a local cache and
@@ -137,3 +137,59 @@ def _field(rec: Any, dotted: str, spec: str, lineno: int) -> str:
     if not isinstance(cur, str):
         raise DatasetError(f"{spec}: line {lineno}: {dotted} is not a string")
     return cur
+
+
+@dataclass(frozen=True)
+class RtpFilter:
+    """Which RealToxicityPrompts lines a run takes (`dataset.kind: realtoxicityprompts`).
+
+    `challenging`: only lines with `challenging: true` (the subset the paper's models
+    continued toxically most often). `toxicity_bins`: [low, high) ranges of `prompt.toxicity`
+    (a high of 1 includes 1; e.g. [[0.5, 1]] the "toxic" prompts of the literature); a line
+    without a toxicity is then left out. `limit` after the filters: the first N in file order,
+    or with `sample_seed` N drawn at random by that seed (kept in file order).
+    """
+
+    challenging: bool = False
+    toxicity_bins: tuple[tuple[float, float], ...] = ()
+    limit: int | None = None
+    sample_seed: int | None = None
+
+    def keeps(self, rec: dict[str, Any], spec: str, lineno: int) -> bool:
+        if self.challenging and rec.get("challenging") is not True:
+            return False
+        if not self.toxicity_bins:
+            return True
+        tox = rec["prompt"].get("toxicity")
+        if tox is None:
+            return False
+        if isinstance(tox, bool) or not isinstance(tox, int | float):
+            raise DatasetError(f"{spec}: line {lineno}: prompt.toxicity is not a number")
+        return any(lo <= tox < hi or (tox == hi == 1.0) for lo, hi in self.toxicity_bins)
+
+
+def load_realtoxicityprompts(
+    spec: str,
+    keep: RtpFilter,
+    words: Any = None,
+    sha256: str | None = None,
+    cache_dir: str | None = None,
+) -> list[Prompt]:
+    """RealToxicityPrompts' JSONL (`prompt.text`, `prompt.toxicity`, `challenging`, ...), the
+    lines `keep` selects. Prompt ids are `<file stem>:<line>` of the whole file, so a filter
+    or a sample never renames a prompt; the group is the prompt's gender label a(c)."""
+    import random
+
+    words = words or builtin_gender_words()
+    path = fetch(spec, sha256=sha256, cache_dir=cache_dir, field="dataset.path")
+    stem = Path(url_basename(spec)).stem
+    rows = [(ln, t) for ln, t, rec in _read_jsonl_prompts(path, spec) if keep.keeps(rec, spec, ln)]
+    if not rows:
+        raise DatasetError(f"{spec}: no prompt passes the dataset's filters ({keep})")
+    if keep.limit is not None and keep.limit < len(rows):
+        if keep.sample_seed is None:
+            rows = rows[: keep.limit]
+        else:
+            picked = random.Random(keep.sample_seed).sample(range(len(rows)), keep.limit)
+            rows = [rows[i] for i in sorted(picked)]
+    return [Prompt(f"{stem}:{ln:05d}", None, label_text(t, words), t) for ln, t in rows]

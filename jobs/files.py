@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import urllib.parse
 import urllib.request
@@ -17,11 +18,18 @@ from typing import Any
 
 from jobs.redact import redact_text
 
+log = logging.getLogger("harness")
+
 # SHA-256 of the paper's public files (UDDIA repository), pinned so a changed source is caught.
 UDDIA_BASE = "https://raw.githubusercontent.com/minicheshire/Unified-Debiasing-and-Detoxifying/main"
 UDDIA_FEMALE = f"{UDDIA_BASE}/prompts/175prompts-female.jsonl"
 UDDIA_MALE = f"{UDDIA_BASE}/prompts/175prompts-male.jsonl"
 UDDIA_GENDER_PAIRS = f"{UDDIA_BASE}/models/construct_gender_classifier/gender_pairs.txt"
+# RealToxicityPrompts (Gehman et al., 2020): the public JSONL, ~99k prompts (`dataset.kind:
+# realtoxicityprompts`). Its SHA-256 is not pinned yet: the machines this was written on could
+# not download it. `fetch` logs the hash of an unpinned download; pin it here (or per config,
+# `dataset.sha256: {path: HEX}`).
+RTP_URL = "https://huggingface.co/datasets/allenai/real-toxicity-prompts/resolve/main/prompts.jsonl"
 PINNED_SHA256: dict[str, str] = {
     UDDIA_FEMALE: "a1337da7c9d397afaea95cbf232c43d2e43d903a09c04920335ec91072da1fc9",
     UDDIA_MALE: "cc39047d3044313bc2d2a510935b970bf7f5e0a0cb25746c8b61eb6bb676c880",
@@ -82,6 +90,10 @@ def fetch(
                     f"file at {path}"
                 ) from exc
             os.replace(tmp, path)
+            if sha256 is None:  # say what to pin, once (the next read finds the cached copy)
+                log.warning(
+                    "%s: no pinned SHA-256; this download's is %s", named, sha256_file(path)
+                )
         local = str(path)
     else:
         local = os.path.expanduser(spec)

@@ -37,6 +37,11 @@ def local_cluster(prefix: str, node_gpus: Iterable[int] = ()) -> Iterator[Any]:
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: unix socket paths are limited
     head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
     c = None
+    # Cluster writes its address to <RAY_TMPDIR or /tmp>/ray/ray_current_cluster: here, not in
+    # a /tmp/ray that may be missing (a fresh machine) or another cluster's
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
     try:
         c = Cluster(initialize_head=True, head_node_args=head)
         for gpus in node_gpus:
@@ -47,6 +52,10 @@ def local_cluster(prefix: str, node_gpus: Iterable[int] = ()) -> Iterator[Any]:
         ray.shutdown()
         if c is not None:
             c.shutdown()
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -337,3 +337,49 @@ def test_workers_download_one_weight_format(path: Path) -> None:
     weights = {f for f in kept if not f.endswith((".json", ".txt"))}
     assert weights == {"model.safetensors", "model-00001-of-00002.safetensors"}, weights
     assert {"config.json", "vocab.json", "merges.txt", "tokenizer.json"} <= kept
+
+
+def test_aws_declared_gpus_must_match_the_instance_type() -> None:
+    """Ray keeps a declared `GPU` over what it reads from EC2: a 1-GPU g5.2xlarge declared
+    with 4 would have the autoscaler place 4 replicas on it."""
+    from harness.tools.launcher_check import WARNING, check_launcher
+
+    base = yaml.safe_load(AWS.read_text())
+    for instance, gpus, expect in [
+        ("g5.2xlarge", 4, "4 declared, but g5.2xlarge has 1"),
+        ("g5.12xlarge", 4, None),
+        ("m5.xlarge", 1, "1 declared, but m5.xlarge has 0"),
+        ("g9.2xlarge", 1, WARNING + "ray_cluster.yaml: available_node_types.gpu_1x"),
+    ]:
+        config = copy.deepcopy(base)
+        node = config["available_node_types"]["gpu_1x"]
+        node["resources"] = {"GPU": gpus}
+        node["node_config"]["InstanceType"] = instance
+        problems = [p for p in check_launcher(config, "ray_cluster.yaml") if "GPU" in p]
+        if expect is None:
+            assert problems == [], problems
+        else:
+            assert len(problems) == 1 and expect in problems[0], (instance, problems)
+
+
+def test_the_aws_gpu_table_matches_ec2s_catalogue() -> None:
+    """Every tabulated type that moto's copy of DescribeInstanceTypes knows has its GPU count,
+    and every GPU type of a tabulated family there is in the table."""
+    pytest.importorskip("moto", reason="moto (the dev extra) ships EC2's instance catalogue")
+    import gzip
+    import json
+    from importlib import resources as importlib_resources
+
+    from harness.tools.launcher_check import AWS_GPUS, aws_instance_gpus
+
+    path = importlib_resources.files("moto.ec2") / "resources" / "instance_types.json.gz"
+    catalogue = json.loads(gzip.decompress(path.read_bytes()))
+    checked = 0
+    for name, info in catalogue.items():
+        family = name.partition(".")[0]
+        gpus = sum(g["Count"] for g in (info.get("GpuInfo") or {}).get("Gpus", []))
+        if family in AWS_GPUS or gpus:
+            assert aws_instance_gpus(name) in (gpus, None), name
+            checked += family in AWS_GPUS
+    assert checked >= 50
+    assert aws_instance_gpus("g6f.xlarge") is None  # a fraction of a GPU: warned, not compared

@@ -1,9 +1,8 @@
-"""Ray-free rules of cluster placement and pooled scoring: the GPU wait, pool sizes, chunk
+"""Ray-free rules of cluster placement and pooled scoring: the GPU pools' wait, pool sizes, chunk
 retries, the streamed feed of rows, and the Perspective cache kept with the run."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,7 +12,6 @@ from fake_run import generation_row
 
 import harness.stages.scoring.stage as scoring
 from harness.config import ModelConfig
-from harness.stages.generation.ray_runtime import NoGpuError, wait_for_gpus
 from harness.stages.generation.stage import placement
 from harness.stages.scoring.pool import PoolSettings, Share, pool_plans
 from harness.stages.scoring.stage import ScoringError, score_run
@@ -36,48 +34,51 @@ def fake_run(root: Path, n: int, per_shard: int = 8) -> RunStore:
     return store
 
 
-# ---- waiting for GPUs ----------------------------------------------------------------------
+# ---- waiting for the GPU pools' placement groups (harness/stages/scoring/reserve.py) ----------
 
 
-class FakeCluster:
-    """GPUs that join at given (fake) times; the clock advances when the waiter sleeps."""
+class FakeGroups:
+    """Placement groups placed at given (fake) times; the clock advances when the waiter
+    sleeps. `lost_at`: from then on the cluster has lost GPUs and holds `fits` actors."""
 
-    def __init__(self, joins: dict[float, float]) -> None:
-        self.now, self.joins = 0.0, joins
+    def __init__(self, at: dict[str, float], lost_at: float | None = None, fits: int = 0) -> None:
+        self.now, self.at, self.lost_at, self.fit = 0.0, at, lost_at, fits
 
-    def gpus(self) -> float:
-        return sum(n for t, n in self.joins.items() if t <= self.now)
+    def placed(self, groups: list[str]) -> list[str]:
+        return [g for g in groups if self.at.get(g, float("inf")) <= self.now]
 
-    def sleep(self, s: float) -> None:
-        self.now += s
+    def fits(self) -> dict[str, int] | None:
+        lost = self.lost_at is not None and self.now >= self.lost_at
+        return {"perplexity": self.fit} if lost else None
 
+    def settle(self, wait_s: float) -> list[str]:
+        from harness.stages.scoring.reserve import settle
 
-def wait(cluster: FakeCluster, want: float, minimum: float, timeout: float) -> float:
-    return wait_for_gpus(
-        want, minimum, timeout, "test", gpus=cluster.gpus, clock=lambda: cluster.now,
-        sleep=cluster.sleep,
-    )  # fmt: skip
-
-
-def test_the_wait_ends_when_the_budget_has_joined() -> None:
-    cluster = FakeCluster({0.0: 0, 30.0: 1, 95.0: 3})
-    assert wait(cluster, 4, 1, 900) == 4 and 95 <= cluster.now < 97
-
-
-def test_part_of_the_budget_at_the_timeout_goes_on_with_a_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    cluster = FakeCluster({10.0: 2})
-    with caplog.at_level(logging.WARNING, logger="harness"):
-        assert wait(cluster, 4, 1, 60) == 2
-    assert cluster.now == pytest.approx(60) and "2 of 4 GPU(s) after 60s" in caplog.text
+        done = settle(
+            {"perplexity": ["g0", "g1", "g2"]}, self.placed, self.fits, wait_s,
+            clock=lambda: self.now, sleep=lambda s: setattr(self, "now", self.now + s),
+        )  # fmt: skip
+        return done["perplexity"]
 
 
-def test_no_gpu_at_the_timeout_is_an_error_that_says_what_to_do() -> None:
-    cluster = FakeCluster({})
-    with pytest.raises(NoGpuError, match=r"needs 1 GPU\(s\) but the cluster has 0 after .* 5s"):
-        wait(cluster, 1, 1, 5)
-    assert cluster.now == pytest.approx(5)
+def test_a_gpu_pool_starts_once_its_groups_are_placed() -> None:
+    groups = FakeGroups({"g0": 0.0, "g1": 30.0, "g2": 95.0})
+    assert groups.settle(900) == ["g0", "g1", "g2"] and groups.now == 95
+
+
+def test_without_a_node_loss_a_pool_waits_for_every_group_then_goes_on_with_the_placed() -> None:
+    groups = FakeGroups({"g0": 0.0, "g1": 10.0})
+    assert groups.settle(60) == ["g0", "g1"] and groups.now == 60
+    assert FakeGroups({}).settle(5) == []
+
+
+def test_after_a_node_loss_a_pool_goes_on_as_soon_as_the_gpus_left_hold_it() -> None:
+    """Three 1-GPU actors, a node lost at 4 s: re-planned for the 2 GPUs left (two actors), the
+    pool goes on when both are placed, not after the 900 s wait."""
+    groups = FakeGroups({"g0": 0.0, "g1": 7.0}, lost_at=4.0, fits=2)
+    assert groups.settle(900) == ["g0", "g1"] and groups.now == 7
+    fractional = FakeGroups({"g0": 0.0, "g1": 0.0, "g2": 1.0}, lost_at=0.0, fits=2)
+    assert fractional.settle(900) == ["g0", "g1"] and fractional.now == 0  # the plan fits now
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,10 @@ class GrowingBackend(FakeBackend):
     def free(self, group: Any) -> None:
         self.freed.append(group)
 
+    def renew(self, group: Any) -> Any:
+        self.freed.append(group)  # Ray's backend removes a group whose node died
+        return f"{group}'"
+
 
 def test_reservations_go_to_their_slots_and_back_when_the_model_is_done() -> None:
     script = Script(Clock())
@@ -175,6 +179,27 @@ def test_reservations_go_to_their_slots_and_back_when_the_model_is_done() -> Non
     assert "g3" in backend.created  # a reservation placed while running became a new slot
     assert sorted(backend.freed) == ["g0", "g1", "g2", "g3", "g4"]  # each freed exactly once
     assert len(d.slots) == 3 and d.slots[2].index == 2
+    stats = _model_stats(w, d.actor_stats())  # the manifest: the replicas that ran
+    assert (stats["replicas"], stats["replicas_planned"]) == (3, 2)
+
+
+def test_a_replacement_goes_into_its_slots_renewed_reservation() -> None:
+    """An actor dies running a batch: its replacement is created in the group
+    `renew` hands back (on a live node), and that one is freed at the end; the manifest
+    counts two replicas, not three actors."""
+    jobs = make_jobs(n=8)
+    script = Script(Clock(), kill_on={jobs[0].prompt_id: 1})
+    w = work(jobs, replicas=2, batch_size=2)
+    w.groups = ["g0", "g1"]
+    backend = GrowingBackend(script)
+    d = Dispatcher([w], backend, Policy(log_every_s=5.0), lambda b, e: 0, clock=script.clock)
+    d.run()
+    (died,) = [e[1] for e in script.events if e[0] == "run" and jobs[0].prompt_id in e][:1]
+    renewed = f"g{died.split('#')[1]}'"
+    assert backend.created == ["g0", "g1", renewed]
+    assert sorted(backend.freed) == sorted(["g0", "g1", renewed])
+    assert all(script.written[j.job_id] == 1 for j in jobs)
+    assert _model_stats(w, d.actor_stats())["replicas"] == 2
 
 
 def test_memory_figures_of_gpu_replicas_reach_the_manifest() -> None:

@@ -1,57 +1,10 @@
-"""The autoscaler request a killed driver leaves standing is withdrawn by the next driver on
-the same run (Ray-free: the autoscaler SDK and the cluster test are replaced by recorders)."""
+"""Which scorers follow generation while its reservations grow (Ray-free)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-import harness.stages.generation.ray_runtime as rt
-from results.run.store import RunStore
-
-
-@pytest.fixture
-def requests(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[dict[str, Any]]]]:
-    import ray.autoscaler.sdk as sdk
-
-    made: list[list[dict[str, Any]]] = []
-    monkeypatch.setattr(sdk, "request_resources", lambda bundles: made.append(list(bundles)))
-    monkeypatch.setattr(rt, "cluster_mode", lambda: True)
-    yield made
-    rt.unbind_run()
-
-
-def test_a_request_left_by_a_killed_driver_is_withdrawn_by_the_next_one(
-    tmp_path: Path, requests: list[list[dict[str, Any]]]
-) -> None:
-    store = RunStore(str(tmp_path / "run"))
-    store.makedirs()
-    rt.bind_run(store)
-    assert requests == []  # nothing left over: nothing to withdraw
-    rt.request_gpus([1.0, 1.0])
-    marker = tmp_path / "run" / rt.REQUEST_MARKER
-    assert json.loads(marker.read_text())["bundles"] == [{"GPU": 1.0}, {"GPU": 1.0}]
-    # the driver is killed here: the request stands, and so does the record of it
-    rt.unbind_run()
-    rt.bind_run(RunStore(str(tmp_path / "run")))  # the same command, run again
-    assert requests == [[{"GPU": 1.0}, {"GPU": 1.0}], []] and not marker.exists()
-
-
-def test_a_withdrawn_request_leaves_nothing_to_withdraw(
-    tmp_path: Path, requests: list[list[dict[str, Any]]]
-) -> None:
-    store = RunStore(str(tmp_path / "run"))
-    store.makedirs()
-    rt.bind_run(store)
-    rt.request_gpus([0.5])
-    rt.request_gpus([])  # the stage ended
-    assert not (tmp_path / "run" / rt.REQUEST_MARKER).exists()
-    rt.bind_run(store)
-    assert requests == [[{"GPU": 0.5}], []]  # no second withdrawal
 
 
 def _config(scorers: list[Any], **runtime: Any) -> Any:

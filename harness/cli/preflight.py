@@ -90,8 +90,8 @@ def file_specs(cfg: RunConfig) -> list[tuple[str, str]]:
     ds = cfg.dataset
     if ds.files:
         out += [(f"dataset.files.{group}", spec) for group, spec in ds.files.items()]
-    elif ds.path:
-        out.append(("dataset.path", ds.path))
+    elif ds.path or ds.kind == "realtoxicityprompts":
+        out.append(("dataset.path", ds.rtp_path()))  # `path`; RTP's default URL when unset
     if cfg.gender_words and cfg.gender_words != "builtin":
         out.append(("gender_words", cfg.gender_words))
     for i, model in enumerate(cfg.models):

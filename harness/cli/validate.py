@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from harness.cli.estimates import estimate_lines, log_estimates
 from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
 from harness.cli.options import overrides
 from harness.cli.preflight import (
@@ -91,6 +92,7 @@ def validate(
     models = {(i.field, i.value): i for i in check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
     lines += _plan_lines(cfg, n_prompts, files, models, problems)
+    lines += estimate_lines(cfg, n_prompts) if n_prompts is not None else []
     lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
     lines.append(f"  {request_budget(cfg).line()}")  # what generation will ask Ray for
     keys = check_services(check_keys(cfg), probe)
@@ -232,3 +234,4 @@ def refuse_on_problems(cfg: RunConfig, source: str, out: str, use_ray: bool = Tr
             raise ConfigError(f"{source}: {listed[0].strip()} (nothing was started)")
         head = f"{source}: {problems} problem(s); nothing was started (`validate` shows the plan)"
         raise ConfigError("\n".join([head, *listed]))
+    log_estimates(lines)

@@ -33,13 +33,40 @@ class GenerationConfig(Strict):
         return GenerationParams(**self.model_dump())
 
 
+RTP_ONLY = ("challenging", "toxicity_bins", "sample_seed")  # realtoxicityprompts' filters
+
+
 class DatasetConfig(Strict):
-    kind: Literal["paired-jsonl", "prompt-list"]
+    kind: Literal["paired-jsonl", "prompt-list", "realtoxicityprompts"]
     files: dict[str, str] | None = None  # paired-jsonl: group → path or URL
-    path: str | None = None  # prompt-list: JSONL / CSV / Parquet
+    # prompt-list: JSONL / CSV / Parquet; realtoxicityprompts: its JSONL (default: jobs.files.RTP_URL)
+    path: str | None = None
     text_field: str = "prompt.text"
     limit: int | None = Field(None, ge=1)
     sha256: dict[str, str] | None = None
+    # realtoxicityprompts only (jobs.datasets.RtpFilter): the challenging subset, [low, high)
+    # bins of prompt.toxicity, and `limit` as a sample drawn by this seed instead of the first N
+    challenging: bool = False
+    toxicity_bins: list[list[float]] | None = None
+    sample_seed: int | None = None
+
+    @model_validator(mode="after")
+    def _rtp(self) -> DatasetConfig:
+        if self.kind != "realtoxicityprompts":
+            given = [f for f in RTP_ONLY if f in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for kind realtoxicityprompts")
+            return self
+        for pair in self.toxicity_bins or []:
+            if len(pair) != 2 or not 0.0 <= pair[0] < pair[1] <= 1.0:
+                raise ValueError(f"toxicity_bins: {pair} is not a range [low, high] within [0, 1]")
+        return self
+
+    def rtp_path(self) -> str:
+        """realtoxicityprompts: `path`, else the public JSONL."""
+        from jobs.files import RTP_URL
+
+        return self.path or RTP_URL
 
     @model_validator(mode="after")
     def _shape(self) -> DatasetConfig:

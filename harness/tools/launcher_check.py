@@ -13,7 +13,10 @@ the request it becomes, read from files the SDKs ship (no credentials, no networ
 
 It also checks the resources the autoscaler bin-packs with: Ray fills them in from the cloud
 on AWS only (GCP: TPUs only), so every GCP worker type must declare its CPUs and GPUs, and a
-declared GPU count must match the machine type where the type fixes it (G2, A2, A3).
+declared GPU count must match the machine type where the type fixes it (G2, A2, A3). On AWS
+a declared count (Ray keeps it over what it reads from EC2) must match the instance type:
+botocore's data names the types but not their GPUs, so the NVIDIA GPU families are tabulated
+here (`AWS_GPUS`); a type of a GPU-like family not in the table gets a warning, not a problem.
 
     python -m harness.tools.launcher_check ray_cluster.yaml ray_cluster_gcp.yaml   # exit 2 on problems
 """
@@ -46,6 +49,44 @@ def gce_machine_gpus(machine_type: str) -> int | None:
     if m := re.fullmatch(r"a[23]-(?:highgpu|megagpu|ultragpu|edgegpu)-(\d+)g", machine_type):
         return int(m.group(1))
     return None
+
+
+# NVIDIA GPUs per EC2 instance type, by family: size → GPUs, "*" for the family's other sizes
+# (xlarge … 16xlarge). From AWS's instance-type pages; tests/test_cluster_config.py checks every
+# entry against the catalogue moto ships (DescribeInstanceTypes' GpuInfo) where moto has it.
+AWS_GPUS: dict[str, dict[str, int]] = {
+    "p2": {"xlarge": 1, "8xlarge": 8, "16xlarge": 16},
+    "p3": {"2xlarge": 1, "8xlarge": 4, "16xlarge": 8},
+    "p3dn": {"24xlarge": 8},
+    "p4d": {"24xlarge": 8},
+    "p4de": {"24xlarge": 8},
+    "p5": {"4xlarge": 1, "48xlarge": 8},
+    "p5e": {"48xlarge": 8},
+    "p5en": {"48xlarge": 8},
+    "p6-b200": {"48xlarge": 8},
+    "p6-b300": {"48xlarge": 8},
+    "g3": {"4xlarge": 1, "8xlarge": 2, "16xlarge": 4},
+    "g3s": {"xlarge": 1},
+    "g4dn": {"12xlarge": 4, "metal": 8, "*": 1},
+    "g5": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8, "*": 1},
+    "g5g": {"16xlarge": 2, "metal": 2, "*": 1},
+    "g6": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8, "*": 1},
+    "g6e": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8, "*": 1},
+    "gr6": {"4xlarge": 1, "8xlarge": 1},
+    "g7": {"12xlarge": 2, "24xlarge": 4, "48xlarge": 8, "*": 1},
+    "g7e": {"12xlarge": 2, "24xlarge": 4, "48xlarge": 8, "*": 1},
+}
+WARNING = "warning: "  # a message that does not count as a problem (exit 0)
+
+
+def aws_instance_gpus(instance_type: str) -> int | None:
+    """NVIDIA GPUs of an EC2 instance type; 0 for a family without them; None: not known (a
+    GPU-like family, `g…`/`p…`, missing from `AWS_GPUS`, or fractional GPUs as `g6f`)."""
+    family, _, size = instance_type.partition(".")
+    sizes = AWS_GPUS.get(family)
+    if sizes is not None:
+        return sizes.get(size, sizes.get("*"))
+    return None if re.match(r"(g|gr|p)\d", family) else 0
 
 
 # ---- AWS: botocore's shapes ---------------------------------------------------------------
@@ -196,7 +237,8 @@ def _declared_gpus(node: dict[str, Any]) -> Any:
 
 
 def check_launcher(config: dict[str, Any], name: str = "config") -> list[str]:
-    """Every problem found in a launcher config (a parsed YAML), each naming its path."""
+    """Every problem found in a launcher config (a parsed YAML), each naming its path; those
+    starting with `WARNING` could not be checked and do not fail the file."""
     problems: list[str] = []
     provider = (config.get("provider") or {}).get("type")
     head = config.get("head_node_type")
@@ -206,6 +248,7 @@ def check_launcher(config: dict[str, Any], name: str = "config") -> list[str]:
         res = node.get("resources") or {}
         if provider == "aws":
             problems += check_aws_node_config(node_config, f"{where}.node_config")
+            problems += _check_aws_gpus(res, str(node_config.get("InstanceType", "")), where)
         elif provider == "gcp":
             problems += check_gcp_node_config(node_config, f"{where}.node_config")
             if node_type != head:
@@ -247,6 +290,21 @@ def check_launcher(config: dict[str, Any], name: str = "config") -> list[str]:
     return problems
 
 
+def _check_aws_gpus(res: dict[str, Any], instance_type: str, where: str) -> list[str]:
+    """A declared `GPU` against the instance type's (Ray keeps the declaration over EC2's)."""
+    if "GPU" not in res or not instance_type:
+        return []
+    has = aws_instance_gpus(instance_type)
+    if has is None:
+        return [
+            f"{WARNING}{where}.resources.GPU: {res['GPU']} declared; the GPUs of "
+            f"{instance_type} are not in launcher_check's table, so it was not compared"
+        ]
+    if res["GPU"] != has:
+        return [f"{where}.resources.GPU: {res['GPU']} declared, but {instance_type} has {has}"]
+    return []
+
+
 def check_file(path: str | Path) -> list[str]:
     p = Path(path)
     try:
@@ -263,10 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print("usage: python -m harness.tools.launcher_check RAY_CLUSTER.yaml ...", file=sys.stderr)
         return 2
-    problems = [msg for path in paths for msg in check_file(path)]
-    for msg in problems:
+    messages = [msg for path in paths for msg in check_file(path)]
+    for msg in messages:
         print(msg, file=sys.stderr)
-    print(f"{len(paths)} launcher config(s): {len(problems)} problem(s)")
+    problems = [m for m in messages if not m.startswith(WARNING)]
+    warned = len(messages) - len(problems)
+    print(
+        f"{len(paths)} launcher config(s): {len(problems)} problem(s)"
+        + (f", {warned} warning(s)" if warned else "")
+    )
     return 2 if problems else 0
 
 

@@ -4,7 +4,6 @@ placement groups, the visible GPUs, and the Ray runtime both stages run on."""
 from harness.stages.generation.devices import visible_gpus, visible_ids
 from harness.stages.generation.planning import Plan, load_prompts, load_words, plan_stage
 from harness.stages.generation.ray_runtime import (
-    bind_run,
     init_ray,
     reassert_signal_handlers,
     shutdown_ray,
@@ -20,7 +19,6 @@ __all__ = [
     "GenerationError",
     "Plan",
     "Setup",
-    "bind_run",
     "generate_stage",
     "init_ray",
     "load_prompts",

@@ -118,6 +118,11 @@ class Backend(Protocol):
         """Give back a slot's reservation (`ActorSpec.group`)."""
         ...
 
+    def renew(self, group: Any) -> Any:
+        """A slot's reservation for a replacement: `group`, or a new one where `group`'s node
+        died."""
+        ...
+
 
 def cpu_threads(num_cpus: float) -> int:
     """torch threads of an actor holding `num_cpus` Ray CPUs (at least one)."""
@@ -207,6 +212,9 @@ class LocalBackend:
     def free(self, group: Any) -> None:
         """No reservations in this process."""
 
+    def renew(self, group: Any) -> Any:
+        return group
+
 
 # ---- Ray -----------------------------------------------------------------------------------
 
@@ -289,3 +297,8 @@ class RayBackend:
         from harness.stages.generation.reservation import remove_groups
 
         remove_groups([group])
+
+    def renew(self, group: Any) -> Any:
+        from harness.stages.generation.reservation import live_group
+
+        return live_group(group)

@@ -13,7 +13,8 @@ process), so every rule is testable without a cluster. Rules:
 * An actor not ready within `start_timeout_s` of the last progress anywhere is given up.
 * An actor is released once its queue is dry and it holds no batch, freeing its GPU.
 * A slot may hold a reservation (a placement group, `reservation`) for all its actors, freed
-  when the slot is done; `grow` hands over reservations placed while the stage runs (nodes
+  when the slot is done, renewed first for a replacement whose node died (`Backend.renew`);
+  `grow` hands over reservations placed while the stage runs (nodes
   that joined), each a new slot while its model has batches."""
 
 from __future__ import annotations
@@ -221,6 +222,8 @@ class Dispatcher:
             self._free(slot)
         elif work.error is None and work.has_batches():
             slot.restarts += 1
+            if slot.group is not None:  # on a live node, not the one it may have died with
+                slot.group = self.backend.renew(slot.group)
             self._start(slot)
         else:
             self._free(slot)

@@ -27,7 +27,13 @@ from harness.config import (
     redacted,
 )
 from harness.stages.generation.backends import MethodKey
-from jobs.datasets import Prompt, load_paired_jsonl, load_prompt_list
+from jobs.datasets import (
+    Prompt,
+    RtpFilter,
+    load_paired_jsonl,
+    load_prompt_list,
+    load_realtoxicityprompts,
+)
 from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
 from jobs.spec import JobSpec, ModelRef, plan_columns
@@ -168,10 +174,23 @@ def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
         return load_paired_jsonl(
             ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir
         )
-    assert ds.path is not None
     sha = (ds.sha256 or {}).get("path")
+    if ds.kind == "realtoxicityprompts":
+        return load_rtp(cfg, words)
+    assert ds.path is not None
     return load_prompt_list(
         ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
+    )
+
+
+def load_rtp(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
+    """`dataset.kind: realtoxicityprompts`: its filters, `limit` and sample seed."""
+    ds = cfg.dataset
+    bins = tuple((float(lo), float(hi)) for lo, hi in ds.toxicity_bins or [])
+    keep = RtpFilter(ds.challenging, bins, ds.limit, ds.sample_seed)
+    sha = (ds.sha256 or {}).get("path")
+    return load_realtoxicityprompts(
+        ds.rtp_path(), keep, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
     )
 
 

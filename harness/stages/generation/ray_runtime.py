@@ -20,8 +20,7 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,122 +221,22 @@ def cluster_mode() -> bool:
     return node is None or not bool(getattr(node, "head", False))
 
 
+_most_gpus: dict[str, float] = {}  # GCS address → the most GPUs this process saw it hold
+
+
 def cluster_gpus() -> float:
     """GPUs of the live nodes of the attached cluster (logical GPUs count)."""
     import ray
 
-    return float(ray.cluster_resources().get("GPU", 0))
-
-
-# In the run directory while this run's driver has a standing autoscaler request (see
-# `bind_run`): a driver killed with SIGKILL cannot withdraw it, the next one on the run does.
-REQUEST_MARKER = "autoscaler-request.json"
-_bound: list[Any] = []  # the RunStore of this driver's run (one slot)
-
-
-def bind_run(store: Any) -> None:
-    """This driver works on run `store`: withdraw an autoscaler request an earlier driver of
-    the run left standing (killed before it could: the autoscaler would keep GPU nodes up), and
-    record this driver's own requests there from now on."""
-    _bound[:] = [store]
-    try:
-        stale = store.exists(REQUEST_MARKER)
-    except OSError as exc:
-        log.warning("%s: could not look for a standing autoscaler request: %s", store.uri, exc)
-        return
-    if stale and cluster_mode():
-        try:
-            left = store.read_json(REQUEST_MARKER)
-        except (OSError, ValueError):
-            left = "?"
-        log.warning(
-            "withdrawing the autoscaler request an earlier driver of this run left standing "
-            "(%s): it was stopped before it could",
-            left,
-        )
-        request_gpus([])
-    elif stale:
-        _forget_request(store)
-
-
-def unbind_run() -> None:
-    _bound.clear()
-
-
-def _forget_request(store: Any) -> None:
-    try:
-        if store.exists(REQUEST_MARKER):
-            store.delete(store.path(REQUEST_MARKER))
-    except OSError as exc:
-        log.warning("%s: could not remove %s: %s", store.uri, REQUEST_MARKER, exc)
-
-
-def request_gpus(bundles: list[float]) -> None:
-    """Ask the autoscaler for room for these GPU bundles at once ([] withdraws the request);
-    a hint only. With a run bound (`bind_run`) a standing request is recorded in the run directory."""
-    from ray.autoscaler.sdk import request_resources
-
-    wanted = [{"GPU": g} for g in bundles if g > 0]
-    store = _bound[0] if _bound else None
-    if store is not None and wanted:
-        try:
-            store.write_json(REQUEST_MARKER, {"bundles": wanted, "pid": os.getpid()})
-        except OSError as exc:
-            log.warning("%s: could not record the autoscaler request: %s", store.uri, exc)
-    try:
-        request_resources(bundles=wanted)
-    except Exception as exc:  # noqa: BLE001 - a hint only; the wait below still applies
-        log.warning("could not ask the autoscaler for GPUs: %s", exc)
-        return
-    if store is not None and not wanted:
-        _forget_request(store)
-
-
-class NoGpuError(RuntimeError):
-    """The GPUs a stage needs did not join the cluster in time."""
-
-
-def wait_for_gpus(
-    want: float,
-    minimum: float,
-    timeout_s: float,
-    what: str,
-    poll_s: float = 1.0,
-    gpus: Callable[[], float] = cluster_gpus,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> float:
-    """Wait until the cluster has `want` GPUs, at most `timeout_s`; returns how many it has
-    (with fewer than `want` but at least `minimum`, goes on with a warning).
-
-    Raises:
-        NoGpuError: fewer than `minimum` GPUs after `timeout_s`, saying how to go on."""
-    start = last_log = clock()
-    have = float(gpus())
-    if have < want:
-        log.info(
-            "%s: waiting up to %gs for %g GPU(s); the cluster has %g", what, timeout_s, want, have
-        )
-    while have < want and clock() - start < timeout_s:
-        sleep(max(0.0, min(poll_s, timeout_s - (clock() - start))))
-        have = float(gpus())
-        if clock() - last_log >= 30:
-            log.info("%s: waiting for %g GPU(s); the cluster has %g", what, want, have)
-            last_log = clock()
-    if have < minimum:
-        raise NoGpuError(
-            f"{what} needs {minimum:g} GPU(s) but the cluster has {have:g} after waiting "
-            f"{timeout_s:g}s (runtime.gpu_wait_s). Check `ray status` (GPU node types, their "
-            "max_workers, your cloud's GPU quota), or set `runtime: {device: cpu}` to run on "
-            "CPUs."
-        )
-    if have < want:
-        log.warning(
-            "%s: %g of %g GPU(s) after %gs; going on with those (actors that do not fit wait "
-            "for nodes that may still join)",
-            what,
-            have,
-            want,
-            timeout_s,
-        )
+    have = float(ray.cluster_resources().get("GPU", 0))
+    key = ray.get_runtime_context().gcs_address
+    _most_gpus[key] = max(_most_gpus.get(key, 0.0), have)
     return have
+
+
+def lost_gpus() -> float:
+    """GPUs the attached cluster held earlier in this process and holds no more (nodes lost)."""
+    import ray
+
+    have = cluster_gpus()
+    return max(0.0, _most_gpus[ray.get_runtime_context().gcs_address] - have)

@@ -160,6 +160,29 @@ def new_group(share: float, cpus: float, name: str) -> Any:
     return placement_group([bundle], strategy="STRICT_PACK", name=name)
 
 
+def live_group(group: Any) -> Any:
+    """`group` when its bundle sits on a live node (or waits to be placed); else a new group of
+    the same bundle, the old one removed. A replacement actor created in a group whose node
+    died dies once more (or waits for Ray to move the bundle); a new group is placed only on a
+    live node. For replacements after an actor's death."""
+    import ray
+    from ray.util import placement_group_table
+    from ray.util.placement_group import placement_group
+
+    table = placement_group_table(group)
+    state = table.get("state")
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    on = set(table.get("bundles_to_node_id", {}).values())
+    if state in ("PENDING", "PREPARED") or (state == "CREATED" and on <= alive):
+        return group
+    bundles = [dict(b) for _, b in sorted(table["bundles"].items())]
+    name = (table.get("name") or "") + "'"  # names are unique while the old one lives
+    fresh = placement_group(bundles, strategy="STRICT_PACK", name=name)
+    log.info("placement group %s was on a lost node (%s): a new one", table.get("name"), state)
+    remove_groups([group])
+    return fresh
+
+
 _ready: dict[Any, Any] = {}  # group id → its one `ready()` ref (each call registers a wait)
 
 

@@ -375,7 +375,9 @@ def _model_stats(work: ModelWork, actors: list[dict[str, Any]]) -> dict[str, Any
         "pending": work.total - work.done - work.failed,
         "actors_started": len(mine),
         "actor_deaths": sum(1 for a in mine if str(a["end"]).startswith("died")),
-        "replicas": work.placement.replicas,
+        # slots whose actor became ready: grown past the plan (`runtime.gpus: auto`), or fewer
+        "replicas": len({_slot(a["worker"]) for a in mine if a.get("load_s") is not None}),
+        "replicas_planned": work.placement.replicas,
         "num_gpus": work.placement.num_gpus,
         "batch_size": work.batch_size,
         # largest measured peak GPU memory per sequence over its replicas (None: CPU)
@@ -383,6 +385,11 @@ def _model_stats(work: ModelWork, actors: list[dict[str, Any]]) -> dict[str, Any
         or None,
         "error": work.error,
     }
+
+
+def _slot(worker: str) -> str:
+    """The slot of an actor named `<model>#<slot>[.<restart>]` (model ids may hold dots)."""
+    return worker.rpartition("#")[2].partition(".")[0]
 
 
 def failed_row(job: JobSpec, error: str) -> dict[str, Any]:

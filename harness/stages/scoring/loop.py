@@ -28,10 +28,11 @@ from harness.stages.scoring.pool import (
     close_pool,
     new_actor,
     plan_with_gpus,
+    pool_plans,
     ray_error,
     start_pools,
-    withdraw_gpus,
 )
+from harness.stages.scoring.reserve import free_pools, regroup, reserve_pools
 from harness.stages.scoring.work import new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore
@@ -60,16 +61,14 @@ def score_on_ray(
     """
     failures: dict[str, str] = {}
     live = live or {}
-    plans = plan_with_gpus(scorers, context, settings, failures)
-    for name in live:
-        failures.pop(name, None)  # its actors run already
-    pools = [
-        live[name] if name in live else Pool(name, params, plans[name], context)
-        for name, params in scorers
-        if name in plans or name in live
-    ]
+    plans = plan_with_gpus(scorers, context, settings)
+    pools = [live.get(name) or Pool(name, params, plans[name], context) for name, params in scorers]
+    new = [p for p in pools if p.name not in live]
     try:
-        start_pools([p for p in pools if p.name not in live], store.uri, start_timeout_s)
+        if _cluster_mode():
+            replan = lambda gpus: pool_plans(scorers, context, settings, gpus)  # noqa: E731
+            reserve_pools(new, replan, settings.gpu_wait_s)
+        start_pools([p for p in new if p.error is None], store.uri, start_timeout_s)
         for pool in pools:
             if pool.error is None:
                 pool.work = new_work(
@@ -84,7 +83,6 @@ def score_on_ray(
             settings.flush_rows,
         ).run()
     finally:
-        withdraw_gpus()
         stats = {}
         for pool in pools:
             close_pool(pool)
@@ -95,7 +93,14 @@ def score_on_ray(
             problem = pool.error or (pool.work.failure() if pool.work else None)
             if problem:
                 failures[pool.name] = problem
+        free_pools(pools)  # this run's reservations only
     return stats, failures
+
+
+def _cluster_mode() -> bool:
+    from harness.stages.generation.ray_runtime import cluster_mode
+
+    return cluster_mode()
 
 
 class ScoreLoop:
@@ -283,7 +288,7 @@ class ScoreLoop:
         actor.end = why
         ray.kill(actor.handle, no_restart=True)
         pool.actors.remove(actor)
-        if actor.replaced >= MAX_REPLACEMENTS or pool.error:
+        if actor.replaced >= MAX_REPLACEMENTS or pool.error or not regroup(pool, actor.slot):
             if not pool.actors:
                 self._stop_pool(pool, f"no actor left (last: {why})")
             return

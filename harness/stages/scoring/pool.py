@@ -4,11 +4,12 @@ it is placed and supervised by (`PoolSettings`, from `runtime` and `scorers`).
 Pool sizes (`pool_plans`): a GPU scorer gets one actor per GPU of the budget (`runtime.gpus`,
 else the GPUs the cluster has), each holding 1/k of a GPU when k GPU scorers run at once, so
 every GPU hosts one actor of each; `replicas` / `num_gpus` in a scorer's config entry override
-both. In cluster mode the GPUs are asked of the autoscaler and waited for
-(`runtime.gpu_wait_s`, `plan_with_gpus`); a GPU scorer never falls back to CPU unless
-`runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
-process holds the quota's rate limiter and writes the cache. `start_pools` keeps the actors
-ready within the start timeout; the driver then feeds them (`loop`).
+both. In cluster mode each GPU actor gets a placement group, waited for up to
+`runtime.gpu_wait_s` (`harness.stages.scoring.reserve`); a GPU scorer never falls back to CPU
+unless `runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
+process holds the quota's rate limiter and writes the cache. Actors set torch's threads to
+their CPUs. `start_pools` keeps the actors ready within the start timeout; the driver then
+feeds them (`harness.stages.scoring.loop`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class Pool:
     version: str = ""
     error: str | None = None
     closed: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)  # slot → placement group (cluster GPU pools)
 
 
 def pool_plans(
@@ -147,40 +149,18 @@ def pool_plans(
 
 
 def plan_with_gpus(
-    scorers: Sequence[tuple[str, dict[str, Any]]],
-    context: ScorerContext,
-    settings: PoolSettings,
-    failures: dict[str, str],
+    scorers: Sequence[tuple[str, dict[str, Any]]], context: ScorerContext, settings: PoolSettings
 ) -> dict[str, PoolPlan]:
-    """Pool plans; in cluster mode GPU scorers ask for their GPUs and wait for them."""
-    from harness.stages.generation.ray_runtime import (
-        NoGpuError,
-        cluster_gpus,
-        cluster_mode,
-        request_gpus,
-        wait_for_gpus,
-    )
+    """Pool plans for the budget: `runtime.gpus`, else the GPUs the cluster has (a local Ray:
+    at most those). In cluster mode the GPU pools then reserve and wait for their GPUs
+    (`harness.stages.scoring.reserve`)."""
+    from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 
     have = cluster_gpus()
     if not cluster_mode():
         return pool_plans(scorers, context, settings, budget_gpus(settings, have))
-    budget = float(settings.gpus) if settings.gpus else max(have, 1.0)
-    plans = pool_plans(scorers, context, settings, budget)
-    gpu_plans = {n: p for n, p in plans.items() if p.num_gpus > 0}
-    if not gpu_plans:
-        return plans
-    request_gpus([p.num_gpus for p in gpu_plans.values() for _ in range(p.replicas)])
-    what = "scorer(s) " + ", ".join(gpu_plans)
-    try:
-        need = max(p.num_gpus for p in gpu_plans.values())
-        have = wait_for_gpus(budget, need, settings.gpu_wait_s, what)
-    except NoGpuError as exc:
-        for name in gpu_plans:
-            failures[name] = f"cannot start: {exc}"
-        return {n: p for n, p in plans.items() if n not in gpu_plans}
-    if not settings.gpus and have > budget:  # more GPUs joined while we waited
-        plans = pool_plans(scorers, context, settings, have)
-    return plans
+    gpus = float(settings.gpus) if settings.gpus else max(have, 1.0)
+    return pool_plans(scorers, context, settings, gpus)
 
 
 def budget_gpus(settings: PoolSettings, have: float) -> float:
@@ -188,19 +168,18 @@ def budget_gpus(settings: PoolSettings, have: float) -> float:
     return min(float(settings.gpus), have) if settings.gpus and have else have
 
 
-def withdraw_gpus() -> None:
-    from harness.stages.generation.ray_runtime import cluster_mode, request_gpus
-
-    if cluster_mode():
-        request_gpus([])
-
-
 def new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
+    """The actor of `slot`, inside the slot's placement group when the pool has one."""
     from workers.actors import ScorerActor
 
     p = pool.plan
+    where: dict[str, Any] = {}
+    if slot < len(pool.groups) and pool.groups[slot] is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pool.groups[slot], 0)
     handle = ScorerActor.options(  # type: ignore[attr-defined]
-        num_cpus=p.num_cpus, num_gpus=p.num_gpus, max_restarts=0, max_task_retries=0
+        num_cpus=p.num_cpus, num_gpus=p.num_gpus, max_restarts=0, max_task_retries=0, **where
     ).remote(pool.name, pool.params, pool.context, cpu_threads(p.num_cpus), run_uri)
     return PoolActor(handle, slot)
 

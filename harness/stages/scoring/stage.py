@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.config import RunConfig
-from harness.stages.generation.ray_runtime import bind_run, reassert_signal_handlers
+from harness.stages.generation.ray_runtime import reassert_signal_handlers
 from harness.stages.scoring.pool import PoolSettings, pool_settings
 from harness.stages.scoring.work import check_has_generations, new_work
 from jobs.catalog import SCORER_METRICS
@@ -56,7 +56,6 @@ def score_stage(
     rt = cfg.runtime
     if use_ray:
         reassert_signal_handlers()
-        bind_run(store)
     try:
         stats = score_run(
             store,

@@ -1,0 +1,138 @@
+"""GPU scorer pools on a cluster: a placement group per actor, re-planned when GPUs are lost.
+
+In cluster mode each actor of a GPU scorer's pool gets a placement group of one bundle
+(`{GPU: share, CPU: cpus}`, `reserve_pools`). Pending groups are the demand the autoscaler
+scales for, and they are this run's own: removed when the stage ends (`free_pools`), and by Ray
+when the driver dies. Two runs on one cluster thus never withdraw each other's demand, which
+`ray.autoscaler.sdk.request_resources` (one standing request per cluster, the last call wins)
+did.
+
+A pool waits until its groups are placed, at most `runtime.gpu_wait_s` (`settle`). When the
+cluster holds fewer GPUs than this driver has seen (a GPU node lost), each pool is re-planned
+for the GPUs left (`pool_plans`) and goes on as soon as that many of its groups are placed;
+the others are removed. A pool none of whose groups is placed cannot start. During the stage
+an actor's replacement goes into its slot's group, renewed when its node died
+(`reservation.live_group`); when that group is not placed at once while the pool has other
+actors, the pool goes on without the slot (`regroup`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from harness.stages.generation.reservation import live_group, new_group, placed, remove_groups
+from harness.stages.scoring.pool import Pool, PoolPlan
+
+log = logging.getLogger("harness")
+REPLACE_PLACE_S = 2.0  # a replacement's group not placed by then: its pool goes on without it
+G = TypeVar("G")
+
+
+def settle(
+    groups: Mapping[str, Sequence[G]],
+    placed_now: Callable[[list[G]], list[G]],
+    fits: Callable[[], Mapping[str, int] | None],
+    wait_s: float,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, list[G]]:
+    """Each pool's placed groups: once all are placed, once every pool has as many placed as
+    `fits()` says the GPUs left hold (None: no GPU lost, so keep waiting), or at `wait_s`."""
+    start = clock()
+    while True:
+        done = {name: placed_now(list(gs)) for name, gs in groups.items()}
+        if all(len(done[n]) == len(gs) for n, gs in groups.items()):
+            return done
+        want = fits()
+        if want is not None and all(
+            len(done[n]) >= min(max(1, want.get(n, len(gs))), len(gs)) for n, gs in groups.items()
+        ):
+            log.warning(
+                "GPU scorer pools re-planned for the GPUs left after a node loss: %s",
+                ", ".join(f"{n} {len(done[n])} of {len(gs)}" for n, gs in groups.items()),
+            )
+            return done
+        if clock() - start >= wait_s:
+            return done
+        sleep(poll_s)
+
+
+def reserve_pools(
+    pools: list[Pool], replan: Callable[[float], Mapping[str, PoolPlan]], wait_s: float
+) -> None:
+    """A placement group per actor of each GPU pool, waited for (module doc); a pool keeps the
+    placed ones (its replicas shrink to them), a pool with none gets its `error`."""
+    from harness.stages.generation.ray_runtime import cluster_gpus, lost_gpus
+
+    gpu_pools = [p for p in pools if p.plan.num_gpus > 0 and p.error is None]
+    if not gpu_pools:
+        return
+    for pool in gpu_pools:
+        p = pool.plan
+        pool.groups = [
+            new_group(p.num_gpus, p.num_cpus, f"lidao-score:{pool.name}#{i}")
+            for i in range(p.replicas)
+        ]
+
+    def fits() -> Mapping[str, int] | None:
+        if lost_gpus() <= 0:
+            return None
+        return {name: plan.replicas for name, plan in replan(cluster_gpus()).items()}
+
+    names = ", ".join(p.name for p in gpu_pools)
+    log.info("scorer(s) %s: waiting up to %gs for their GPUs", names, wait_s)
+    done = settle({p.name: p.groups for p in gpu_pools}, placed, fits, wait_s)
+    for pool in gpu_pools:
+        keep = done[pool.name]
+        remove_groups([g for g in pool.groups if g not in keep])
+        if not keep:
+            pool.error = (
+                f"cannot start: needs {pool.plan.num_gpus:g} GPU(s) per actor but none could "
+                f"be placed after waiting {wait_s:g}s (runtime.gpu_wait_s); the cluster has "
+                f"{cluster_gpus():g}. Check `ray status` (GPU node types, their max_workers, "
+                "your cloud's GPU quota), or set `runtime: {device: cpu}` to run on CPUs."
+            )
+        elif len(keep) < pool.plan.replicas:
+            log.warning(
+                "scorer %s: %d of %d actor(s) placed; going on with those",
+                pool.name,
+                len(keep),
+                pool.plan.replicas,
+            )
+        pool.groups = keep
+        pool.plan = dataclasses.replace(pool.plan, replicas=max(1, len(keep)))
+
+
+def regroup(pool: Pool, slot: int) -> bool:
+    """Before replacing the actor of `slot`: its group on a live node. False (the slot is
+    given up, its group removed) when that group is not placed within `REPLACE_PLACE_S` while
+    the pool still has actors: the pool goes on with the GPUs left."""
+    if slot >= len(pool.groups) or pool.groups[slot] is None:
+        return True  # no reservation (local Ray, CPU pool)
+    group = pool.groups[slot] = live_group(pool.groups[slot])
+    if not pool.actors or placed([group], timeout=REPLACE_PLACE_S):
+        return True
+    remove_groups([group])
+    pool.groups[slot] = None
+    log.warning(
+        "scorer %s: no room for actor %d's %g GPU after its loss; going on with %d actor(s)",
+        pool.name,
+        slot,
+        pool.plan.num_gpus,
+        len(pool.actors),
+    )
+    return False
+
+
+def free_pools(pools: Sequence[Pool]) -> None:
+    """The stage is over: remove the pools' groups (this run's demand, nobody else's)."""
+    groups = [g for pool in pools for g in pool.groups if g is not None]
+    for pool in pools:
+        pool.groups = []
+    if groups:
+        remove_groups(groups)
