@@ -42,6 +42,7 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, str]]]:
     """(first line of the record, its fields) of a CSV file; the header is line 1."""
     with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
+        _ = reader.fieldnames  # reads the header: line_num counts from it
         line = reader.line_num + 1
         for record in reader:
             yield line, {k: (v or "").strip() for k, v in record.items() if k is not None}
