@@ -94,11 +94,12 @@ def import_main(args: argparse.Namespace) -> int:
     from results.run.invoke import driven
 
     store = RunStore(args.run)
+    if not store.exists("human"):
+        raise HumanError(f"{args.run}: no annotation set (run `human sample` first)")
     with driven(store, "human import") as inv:
-        sets = read_sets(store)
-        if not sets:
-            raise HumanError(f"{args.run}: no annotation set (run `human sample` first)")
-        answers = read_answers(args.files, sets)
+        answers = read_answers(args.files, read_sets(store))
+        if answers.is_empty():
+            raise HumanError(f"no answers in {', '.join(args.files)}")
         stored = write_choices(store, answers)
         inv.extra["human_answers"] = [
             {"set": s, "annotator": a, "answers": n} for (s, a), n in stored.items()

@@ -45,7 +45,7 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, str]]]:
         _ = reader.fieldnames  # reads the header: line_num counts from it
         line = reader.line_num + 1
         for record in reader:
-            yield line, {k: (v or "").strip() for k, v in record.items() if k is not None}
+            yield line, {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
             line = reader.line_num + 1
 
 
@@ -153,12 +153,15 @@ def read_answers(paths: Sequence[str], sets: dict[str, AnnotationSet]) -> pl.Dat
     for path in paths:
         if not Path(path).is_file():
             raise HumanError(f"{path}: no such file")
-        for ans in _cells(path, every, problems):
-            found = checker.check(ans)
-            if isinstance(found, str):
-                problems.append(found)
-            else:
-                rows.append(found)
+        try:
+            for ans in _cells(path, every, problems):
+                found = checker.check(ans)
+                if isinstance(found, str):
+                    problems.append(found)
+                else:
+                    rows.append(found)
+        except (UnicodeDecodeError, csv.Error) as exc:  # e.g. a spreadsheet's own code page
+            problems.append(f"{path}: not a CSV file in UTF-8 ({exc})")
     problems += checker.left_out(rows)
     if problems:
         more = len(problems) - MAX_PROBLEMS

@@ -34,6 +34,7 @@ from results.stats.bootstrap import CI_METHOD, percentile_ci, prompt_weights
 
 OUTCOMES = ("method", "tie", "reference")
 CELL = ["model", "task", "method", "reference"]
+SIGN_NOTE = "items won or lost by net preference (ties dropped); exact, two-sided"
 
 
 def shares(outcome: np.ndarray, unit: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -128,29 +129,15 @@ def _criterion_rows(sub: pl.DataFrame, weights: np.ndarray, level: float) -> lis
         for j, name in enumerate(OUTCOMES):
             ci = percentile_ci(samples[1:, j], level)
             out.append(
-                {
-                    "stat": f"share_{name}",
-                    "group": group,
-                    "value": samples[0, j],
-                    "ci_low": ci.low,
-                    "ci_high": ci.high,
-                    "n": int(mask.sum()),
-                    "n_boot": ci.n_valid,
-                    "ci_method": CI_METHOD,
-                }
-            )
+                dict(stat=f"share_{name}", group=group, value=samples[0, j], n=int(mask.sum()),
+                     ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=CI_METHOD)
+            )  # fmt: skip
         wins, losses = item_votes(code, items[mask])
+        decided = wins + losses
         out.append(
-            {
-                "stat": "sign",
-                "group": group,
-                "value": wins / (wins + losses) if wins + losses else float("nan"),
-                "n": wins + losses,
-                "p_value": sign_test(wins, losses),
-                "test": "sign",
-                "note": "items won or lost by net preference (ties dropped); exact, two-sided",
-            }
-        )
+            dict(stat="sign", group=group, value=wins / decided if decided else float("nan"),
+                 n=decided, p_value=sign_test(wins, losses), test="sign", note=SIGN_NOTE)
+        )  # fmt: skip
     return out + _agreement_rows(sub)
 
 
@@ -167,7 +154,7 @@ def preference_rows(
     """
     rows: list[dict[str, Any]] = []
     if answers.is_empty():
-        return pl.DataFrame(schema=SUMMARY_SCHEMA)
+        return pl.DataFrame(rows, schema=SUMMARY_SCHEMA)
     code = pl.col("preferred").replace_strict(OUTCOMES, list(range(3)), return_dtype=pl.Int64)
     for keys, cell in (
         answers.with_columns(code=code).sort(CELL).group_by(CELL, maintain_order=True)
@@ -195,11 +182,7 @@ def preference_rows(
             for row in _criterion_rows(sub, weights, level):
                 stat = f"{row.pop('stat')}_vs_{reference}"
                 rows.append({**common, "metric": f"human:{criterion[0]}", "stat": stat, **row})
-    frame = pl.DataFrame(rows, schema_overrides=SUMMARY_SCHEMA, infer_schema_length=None)
-    return frame.select(
-        pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
-        for c, t in SUMMARY_SCHEMA.items()
-    )
+    return pl.DataFrame(rows, schema=SUMMARY_SCHEMA)
 
 
 def human_rows(
