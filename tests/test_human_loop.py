@@ -228,3 +228,24 @@ def test_sample_refuses_what_it_cannot_draw(
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--fraction", "1.5"]) == 2
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--criteria", "a,a"]) == 2
     assert not (tmp_path / "s").exists()
+
+
+def test_unpaired_prompts_are_drawn_per_group_and_incomplete_units_left_out(
+    tmp_path: Path,
+) -> None:
+    from results.human import draw_set
+    from tests.fake_run import write_rows
+
+    rows = []
+    for method in ("lidao-min", "uddia"):
+        for p in range(16):
+            group = "female" if p < 10 else "male"
+            status = "error" if (method, p) == ("uddia", 0) else "ok"  # prompt 0: one text only
+            rows.append(dict(job_id=f"{method}-{p}", method=method, prompt_id=f"list:{p:05d}",
+                             pair_id=None, prompt_group=group, status=status))  # fmt: skip
+    gens = write_rows(str(tmp_path / "run"), rows).read_generations()
+    key = draw_set(gens, "lidao-min", "uddia", 0.5, seed=1)
+    groups = key["prompt_group"].value_counts().sort("prompt_group").rows()
+    assert groups == [("female", 5), ("male", 3)]  # round(9 / 2) and 6 / 2: each group its share
+    assert "list:00000" not in set(key["prompt_id"]) and key["unit"].n_unique() == 8
+    assert set(key["method_side"]) == {"A", "B"}
