@@ -118,6 +118,42 @@ SUMMARY_SCHEMA = pa.schema(
 )
 
 
+# Human evaluation (results.human): RUN/human/<set>/key.parquet un-blinds a sampled set, one
+# row per item (never shown to annotators); RUN/human/<set>/choices/<annotator>.parquet holds one
+# annotator's imported answers, un-blinded (`preferred`).
+HUMAN_KEY_SCHEMA = pa.schema(
+    [
+        ("item_id", pa.string()),  # <set>-<n>: what annotators see
+        ("set_id", pa.string()),
+        ("model", pa.string()),
+        ("task", pa.string()),
+        ("method", pa.string()),
+        ("reference", pa.string()),
+        ("method_side", pa.string()),  # A | B: where the method's text is shown
+        ("prompt_id", pa.string()),
+        ("unit", pa.string()),  # resampling unit: the pair (else the prompt)
+        ("prompt_group", pa.string()),
+        ("seed", pa.int64()),  # the one seed of both texts
+        ("job_id_method", pa.string()),
+        ("job_id_reference", pa.string()),
+        ("prompt", pa.string()),
+        ("text_a", pa.string()),
+        ("text_b", pa.string()),
+    ]
+)
+HUMAN_CHOICE_SCHEMA = pa.schema(
+    [
+        ("set_id", pa.string()),
+        ("item_id", pa.string()),
+        ("annotator", pa.string()),
+        ("criterion", pa.string()),
+        ("choice", pa.string()),  # A | B | tie, as answered
+        ("preferred", pa.string()),  # method | tie | reference
+        ("source", pa.string()),  # FILE:LINE it was read from
+    ]
+)
+
+
 def generation_row(plan_row: dict[str, Any], **values: Any) -> dict[str, Any]:
     """A GENERATION_SCHEMA row: the plan row, every other column null (lists empty), then `values`."""
     row: dict[str, Any] = dict.fromkeys(GENERATION_SCHEMA.names)
@@ -144,6 +180,8 @@ def all_schemas() -> dict[str, pa.Schema]:
     for metric in METRIC_FIELDS:
         tables[f"scores.{metric}"] = score_schema(metric)
     tables["summary"] = SUMMARY_SCHEMA
+    tables["human.key"] = HUMAN_KEY_SCHEMA
+    tables["human.choices"] = HUMAN_CHOICE_SCHEMA
     return tables
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv for lidao-harness on a fresh machine. Idempotent: a second run only checks.
 #   bash scripts/setup.sh          # the harness
-#   bash scripts/setup.sh --dev    # + pytest, ruff, mypy; Chromium, TeX (pdflatex, lualatex)
+#   bash scripts/setup.sh --dev    # + pytest, ruff, mypy; Chromium + chromedriver, TeX (pdflatex, lualatex)
 #                                  #   and poppler-utils for the report tests (Debian, as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +23,13 @@ if [ $dev = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   { command -v pdflatex && command -v lualatex; } >/dev/null 2>&1 \
     || tex="texlive-latex-base texlive-latex-recommended texlive-luatex"
   { command -v pdftoppm && command -v pdftotext; } >/dev/null 2>&1 || tex="$tex poppler-utils"
-  if ! command -v chromium >/dev/null 2>&1 || [ -n "$tex" ]; then apt-get update -qq || true; fi
-  if ! command -v chromium >/dev/null 2>&1; then
-    apt-get install -y -qq chromium >/dev/null || echo "setup: chromium not installed; the HTML render test will skip" >&2
+  # Chromium and its chromedriver (the annotation page's Selenium test), from the same source.
+  browser=""
+  command -v chromium >/dev/null 2>&1 || browser="chromium"
+  command -v chromedriver >/dev/null 2>&1 || browser="$browser chromium-driver"
+  if [ -n "$browser" ] || [ -n "$tex" ]; then apt-get update -qq || true; fi
+  if [ -n "$browser" ]; then
+    apt-get install -y -qq $browser >/dev/null || echo "setup: $browser not installed; the browser tests will skip" >&2
   fi
   if [ -n "$tex" ]; then
     apt-get install -y -qq --no-install-recommends $tex >/dev/null \

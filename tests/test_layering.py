@@ -29,6 +29,7 @@ RANK: dict[str, tuple[int, int]] = {
     "results.schema": (2, 0),
     "results.run": (2, 1),
     "results.stats": (2, 2),
+    "results.human": (2, 2),
     "results.report": (2, 3),
     "workers": (3, 0),
     "harness": (4, 0),

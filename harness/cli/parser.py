@@ -11,6 +11,7 @@ import argparse
 
 from harness.cli.compare import add_compare_args, compare_main
 from harness.cli.export import export_main
+from harness.cli.human import add_human_args
 from harness.cli.options import ADDRESS_HELP, add_overrides, add_tracking, common_options
 from harness.cli.run_commands import aggregate_main, run_main, score_main
 from harness.cli.samples import add_samples_args
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = add("compare", "per-cell differences of two runs' summaries")
     add_compare_args(c)
     c.set_defaults(func=compare_main)
+    add_human_args(
+        add("human", "blinded pairwise human evaluation: sample a set, import answers"), common
+    )
     return p
 
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import polars as pl
 
+from results.human import human_rows
 from results.report import html as report_html
 from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
+from results.report.human import human_latex, human_markdown
 from results.report.paper import compare_with_paper
 from results.report.pieces import TokenizerFor, with_pieces
 from results.report.plot import figure_files, forest_figure, tradeoff_figure
@@ -122,6 +124,7 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
             "",
             markdown_table(lay),
         ]
+    out += human_markdown(res.summary, res.level)
     out += [
         "",
         f"## Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})",
@@ -271,9 +274,10 @@ def aggregate_run(
     cells = table_cells(agg.summary)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
     paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
+    human = human_rows(store, int(agg_cfg["seed"]), int(agg_cfg["n_boot"]), float(agg_cfg["level"]))
     res = AggregateResult(
         store.uri,
-        agg.summary,
+        pl.concat([agg.summary, human]),
         cells,
         paper,
         settings.notes + joined.notes + agg.notes,
@@ -290,9 +294,9 @@ def aggregate_run(
     )
     if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
         res.notes.append(empty_reason(agg.summary))
-    res.paths["summary.parquet"] = store.write_table("summary.parquet", agg.summary.to_arrow())
+    res.paths["summary.parquet"] = store.write_table("summary.parquet", res.summary.to_arrow())
     buf = io.BytesIO()
-    agg.summary.write_csv(buf)
+    res.summary.write_csv(buf)
     res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
     write_report(store, res, _sample_rows(joined.frame, tokenizer_for))
     return res
@@ -340,7 +344,8 @@ def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, 
             res.paths[f"{name}.{fmt}"] = store.write_bytes(f"report/{name}.{fmt}", data)
         images[f"{name}.png"] = files["png"]
     res.paths["tables.tex"] = store.write_bytes(
-        "report/tables.tex", latex_tables(res, layouts, MULTIPLICITY).encode()
+        "report/tables.tex",
+        (latex_tables(res, layouts, MULTIPLICITY) + human_latex(res.summary, res.level)).encode(),
     )
     pdfs = [f"{n}.pdf" for n in ("forest", "tradeoff", "tradeoff_acx") if n in figures]
     res.paths["report.tex"] = store.write_bytes(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from results.report.cells import counts_table, filter_table, paired_table
+from results.report.human import human_html
 from results.report.tables import (
     MULTIPLICITY,
     TASKS,
@@ -229,6 +230,8 @@ def render(
         text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests)
         parts += [f'<p class="legend">{prose_html(text)}</p>']
         parts += [paper_table_html(lay)]
+
+    parts += human_html(res.summary, res.level)
 
     def img(name: str, alt: str) -> str:
         data = base64.b64encode(images[name]).decode()

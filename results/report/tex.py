@@ -68,6 +68,7 @@ TEX_CHARS = {
     "²": r"\textsuperscript{2}",
     "³": r"\textsuperscript{3}",
     "µ": r"$\mu$",
+    "κ": r"$\kappa$",
     "\u00a0": "~",
     "ß": r"\ss{}",
     "æ": r"\ae{}",

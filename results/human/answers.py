@@ -1,0 +1,173 @@
+"""Reading annotators' answers: every line checked, then un-blinded with the set's key.
+
+Two forms of CSV are read, told apart by their header:
+
+* long (`choices.csv`, the page's export): `item_id, annotator, criterion, choice`;
+* wide (a filled copy of `items.csv`): `item_id`, `annotator` and one column per criterion
+  (`prompt`, `text_a`, `text_b` are ignored); a row left wholly blank is skipped.
+
+`choice` is `A`, `B` or `tie` (any case). Problems are collected over all files before
+anything is written, each named with its file and line: an unknown item, criterion, column or
+choice, an answer without an annotator, the same (item, annotator, criterion) twice (with the
+first place), and an annotator who left items out of a set they answered (blank cells by
+line, items with no row by id).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import polars as pl
+
+from results.human.files import AnnotationSet
+from results.human.sampling import ITEM_COLUMNS, RESERVED, HumanError
+from results.schema import HUMAN_CHOICE_SCHEMA
+
+CHOICES = {"a": "A", "b": "B", "tie": "tie"}
+MAX_PROBLEMS = 50  # listed in the error; the rest counted
+
+
+class Answer(NamedTuple):
+    item_id: str
+    annotator: str
+    criterion: str
+    choice: str
+    source: str  # FILE:LINE
+
+
+def _records(path: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """(first line of the record, its fields) of a CSV file; the header is line 1."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        _ = reader.fieldnames  # reads the header: line_num counts from it
+        line = reader.line_num + 1
+        for record in reader:
+            yield line, {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
+            line = reader.line_num + 1
+
+
+def _cells(path: str, criteria: set[str], problems: list[str]) -> Iterator[Answer]:
+    """Every answer of one file (long or wide form), with the lines' problems."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        header = [h.strip() for h in next(csv.reader(fh), [])]
+    long = {"item_id", "annotator", "criterion", "choice"}
+    if long <= set(header):
+        for line, rec in _records(path):
+            yield Answer(
+                rec["item_id"], rec["annotator"], rec["criterion"], rec["choice"], f"{path}:{line}"
+            )
+        return
+    extra = [h for h in header if h not in ITEM_COLUMNS and h not in criteria]
+    if not {"item_id", "annotator"} <= set(header) or extra:
+        problems.append(
+            f"{path}:1: neither the long form ({', '.join(sorted(long))}) nor a copy of items.csv"
+            + (f": unknown column(s) {', '.join(extra)}" if extra else "")
+        )
+        return
+    asked = [h for h in header if h in criteria]
+    for line, rec in _records(path):
+        if not any(rec.get(c) for c in ["annotator", *asked]):
+            continue  # a row nobody answered: its items count as left out below
+        for criterion in asked:
+            yield Answer(
+                rec["item_id"], rec["annotator"], criterion, rec[criterion], f"{path}:{line}"
+            )
+
+
+class _Checker:
+    """The checks of one import: items and criteria known, each answer once per annotator."""
+
+    def __init__(self, sets: dict[str, AnnotationSet]) -> None:
+        self.sets = sets
+        self.items = {
+            row["item_id"]: (set_id, row["method_side"])
+            for set_id, s in sets.items()
+            for row in s.key.select("item_id", "method_side").iter_rows(named=True)
+        }
+        self.seen: dict[tuple[str, str, str], str] = {}  # (item, annotator, criterion) → where
+        self.blank: set[tuple[str, str, str]] = set()  # reported by line already
+
+    def check(self, ans: Answer) -> str | tuple[str, ...]:
+        """A problem (text), else the answer's row (`HUMAN_CHOICE_SCHEMA` order)."""
+        where, name = ans.source, ans.annotator
+        if ans.item_id not in self.items:
+            return f"{where}: unknown item {ans.item_id!r} (no set of this run has it)"
+        set_id, side = self.items[ans.item_id]
+        criteria = self.sets[set_id].criteria
+        key = (ans.item_id, name, ans.criterion)
+        choice = CHOICES.get(ans.choice.lower())
+        if not name or name in RESERVED:
+            return f"{where}: " + (f"{name!r} is a reserved name" if name else "no annotator")
+        if ans.criterion not in criteria:
+            return (
+                f"{where}: unknown criterion {ans.criterion!r} (the set's: {', '.join(criteria)})"
+            )
+        if not ans.choice:
+            self.blank.add(key)
+            return f"{where}: annotator {name!r} left out item {ans.item_id}, {ans.criterion}"
+        if choice is None:
+            return f"{where}: unknown choice {ans.choice!r} (A, B or tie)"
+        if key in self.seen:
+            first = self.seen[key]
+            return f"{where}: {name!r} answered item {ans.item_id}, {ans.criterion} twice (first at {first})"
+        self.seen[key] = where
+        preferred = "tie" if choice == "tie" else "method" if choice == side else "reference"
+        return (set_id, ans.item_id, name, ans.criterion, choice, preferred, where)
+
+    def left_out(self, rows: list[tuple[str, ...]]) -> list[str]:
+        """Answers missing from a set that an annotator answered, by file (blank cells were
+        reported by line)."""
+        files: dict[tuple[str, str], set[str]] = {}
+        for row in rows:
+            files.setdefault((row[0], row[2]), set()).add(row[-1].rsplit(":", 1)[0])
+        out, done = [], self.seen.keys() | self.blank
+        for (set_id, name), paths in sorted(files.items()):
+            missing = [
+                f"{item} ({criterion})"
+                for item in self.sets[set_id].key["item_id"].to_list()
+                for criterion in self.sets[set_id].criteria
+                if (item, name, criterion) not in done
+            ]
+            if missing:
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                out.append(
+                    f"{', '.join(sorted(paths))}: annotator {name!r} left out {len(missing)} "
+                    f"answer(s) of set {set_id}: {', '.join(missing[:10])}{more}"
+                )
+        return out
+
+
+def read_answers(paths: Sequence[str], sets: dict[str, AnnotationSet]) -> pl.DataFrame:
+    """The answers of `paths`, checked and un-blinded (`HUMAN_CHOICE_SCHEMA` columns).
+
+    Raises:
+        HumanError: listing every problem (file:line: what), when there is any.
+    """
+    checker = _Checker(sets)
+    every = {c for s in sets.values() for c in s.criteria}
+    problems: list[str] = []
+    rows: list[tuple[str, ...]] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise HumanError(f"{path}: no such file")
+        try:
+            for ans in _cells(path, every, problems):
+                found = checker.check(ans)
+                if isinstance(found, str):
+                    problems.append(found)
+                else:
+                    rows.append(found)
+        except (UnicodeDecodeError, csv.Error) as exc:  # e.g. a spreadsheet's own code page
+            problems.append(f"{path}: not a CSV file in UTF-8 ({exc})")
+    problems += checker.left_out(rows)
+    if problems:
+        more = len(problems) - MAX_PROBLEMS
+        shown = problems[:MAX_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
+        raise HumanError(
+            f"{len(problems)} problem(s) in the answers; nothing was stored:\n  "
+            + "\n  ".join(shown)
+        )
+    return pl.DataFrame(rows, schema=list(HUMAN_CHOICE_SCHEMA.names), orient="row")
