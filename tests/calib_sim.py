@@ -135,7 +135,8 @@ def analyse(
     if metric == "toxicity":
         counts = perm.count_test(data.group, data.prompt, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
     signed = bs.is_signed(metric, n_groups)
-    mde = perm.mde(test.crit, float(np.std(gaps[1:])), signed, test.null_sq) if n_boot else np.nan
+    centre = test.null_mean if metric == "toxicity" else 0.0
+    mde = perm.mde(test, float(np.std(gaps[1:])), signed, centre) if n_boot else np.nan
     return Outcome(
         float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc,
         counts[0] if counts else np.nan, mde, bc_ci.low, bc_ci.high,

@@ -208,7 +208,8 @@ def _mde(metric: str, gaps: np.ndarray, test: GapTest, n_groups: int) -> float |
     spread = gaps[1:][np.isfinite(gaps[1:])]
     if spread.size < 2:
         return None
-    return mde(test.crit, float(spread.std()), is_signed(metric, n_groups), test.null_sq)
+    centre = test.null_mean if metric == "toxicity" else 0.0  # (the row counts' shift)
+    return mde(test, float(spread.std()), is_signed(metric, n_groups), centre)
 
 
 def _disagree(

@@ -304,14 +304,25 @@ def critical_value(null: np.ndarray, signed: bool, alpha: float) -> float:
 POWER = 0.8  # of the minimum detectable effect (`mde`, the summary's `mde` column)
 
 
-def mde(crit: float, spread: float, signed: bool, null_sq: float, power: float = POWER) -> float:
-    """The true gap × 100 a test rejecting past `crit` detects with probability `power`, the gap
-    being about normal with sd `spread` (its bootstrap's) around the truth (signed gaps) or, for
-    a distance (TV, K ≥ 3 range), around sqrt(truth² + E₀[T*²]) (`null_sq`)."""
-    if not (np.isfinite(crit) and np.isfinite(spread)):
+def mde(
+    test: GapTest, spread: float, signed: bool, centre: float = 0.0, power: float = POWER
+) -> float:
+    """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
+    `power` in either direction (docs/statistics.md, "Power and sample size").
+
+    A signed gap is about normal with sd `spread` (its bootstrap's) around the truth plus
+    `centre`, where the null puts it with no difference (0; the paper's EMT: its row-count
+    shift, `test.null_mean`): the harder direction needs crit + |centre| + z·spread. A distance (TV, K ≥ 3 range) is about normal
+    around sqrt(truth² + E₀[T*²]) with the sd of one share difference, sqrt(E₀[T*²] / 2) (its
+    bootstrap spread near 0 is that of a norm, too narrow away from 0).
+    """
+    z = NormalDist().inv_cdf(power)
+    if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
-    reach = crit + NormalDist().inv_cdf(power) * spread
-    return float(reach if signed else np.sqrt(max(0.0, reach**2 - null_sq)))
+    if signed:
+        return float(test.crit + abs(centre) + z * spread)
+    reach = test.crit + z * np.sqrt(test.null_sq / 2)
+    return float(np.sqrt(max(0.0, reach**2 - test.null_sq)))
 
 
 def bias_corrected_tv(observed: float, test: GapTest) -> float:
