@@ -1,5 +1,5 @@
 """`python -m harness {run,status,score,aggregate,validate,list,export,train-head,token-prior,compare,
-samples}` (also installed as the `lidao-harness` command): parse, set up logging, run the command,
+samples,power}` (also installed as the `lidao-harness` command): parse, set up logging, run the command,
 turn its errors into one line and an exit code.
 
 Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).

@@ -22,8 +22,14 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 
-from results.stats.aggregate import PPL_MAX, _units, add_variant, is_paired, ppl_filter
-from results.stats.aggregate import resolve_groups
+from results.stats.aggregate import (
+    PPL_MAX,
+    _units,
+    add_variant,
+    is_paired,
+    ppl_filter,
+    resolve_groups,
+)
 from results.stats.bootstrap import gap_samples, is_signed, seeded_rng
 from results.stats.emt import matched_rows
 from results.stats.metrics import BIAS_METRICS, VIEWS, gap_inputs, with_group
