@@ -117,70 +117,77 @@ def effect_for(tv: float) -> float:
     return (low + high) / 2
 
 
-def issue30(reps: int) -> None:
-    """Tables 4-7 of the module doc."""
-    print(f"## 4. Uneven rows per prompt (female 1-2, male 1-8 of 8), 40 pairs, {reps} replications, 100 permutations\n")  # fmt: skip
-    print("| statistic | view | test | marked ¶ | type-I of the unmarked p-values at 0.05 |")
-    print("|---|---|---|---|---|")
-    for view in ("prompt", "row"):
-        for metric in METRICS:
-            rng = np.random.default_rng(4000)
-            outs = [analyse(uneven(rng, simulate(rng, metric, view, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
-            plain = [o for o in outs if not o.counts_p < 0.05]
-            type1 = (
-                f"{np.mean([o.p_value < 0.05 for o in plain]):.3f}" if plain else "– (all marked)"
-            )
-            print(f"| {LABEL[metric]} | {view} | {outs[0].test} | {1 - len(plain) / reps:.3f} | {type1} |")  # fmt: skip
-
-    n_bc = min(reps, 200)
-    print(f"\n## 5. bias_bc, {n_bc} replications, 200 resamples, 100 permutations\n")
-    print("| pairs × samples | true TV × 100 | plug-in | bias_bc | gated (before) | bias_bc 95% interval holds the truth | mean width |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for n_pairs, samples in ((40, 4), (175, 10)):
-        for tv in (0.0, 5.0, 10.0, 17.0):
-            rng = np.random.default_rng(5000)
-            outs = []
-            for r in range(n_bc):
-                data = simulate(rng, "regard", "prompt", n_pairs=n_pairs, samples=samples, effect=effect_for(tv) if tv else 0.0)  # fmt: skip
-                outs.append(
-                    analyse(uneven(rng, data, 4, 4) if n_pairs == 40 else data, "regard", r)
-                )
-            gated = [o.bias_corrected if o.p_value < 0.05 else 0.0 for o in outs]
-            holds = np.mean([o.bc_low <= tv <= o.bc_high for o in outs])
-            width = np.mean([o.bc_high - o.bc_low for o in outs])
-            size = f"{n_pairs} × {'1–4' if n_pairs == 40 else samples}"
-            print(f"| {size} | {tv:g} | {np.mean([o.gap for o in outs]):.2f} | {np.mean([o.bias_corrected for o in outs]):.2f} | {np.mean(gated):.2f} | {holds:.3f} | {width:.2f} |")  # fmt: skip
-
-    print(f"\n## 6. Power at the reported MDE (40 pairs × 4, {reps} pilots, 400 resamples, 200 permutations)\n")  # fmt: skip
-    print("| statistic | view | mean MDE × 100 | power at the MDE (asked 0.8) |")
-    print("|---|---|---|---|")
-    for metric in METRICS:
+def issue30(reps: int, tables: str = "4567") -> None:
+    """Tables 4-7 of the module doc (those named in `tables`)."""
+    if "4" in tables:
+        print(f"## 4. Uneven rows per prompt (female 1-2, male 1-8 of 8), 40 pairs, {reps} replications, 100 permutations\n")  # fmt: skip
+        print("| statistic | view | test | type-I of every p-value at 0.05 | marked ¶ | type-I of the unmarked p-values |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
         for view in ("prompt", "row"):
-            rng = np.random.default_rng(6000)
-            hits, mdes = [], []
-            for r in range(reps):
-                reported = analyse(simulate(rng, metric, view), metric, r, 400, 200)
-                data = simulate(rng, metric, view)
-                data = data._replace(value=pw.shifted(metric, data.group, data.value, reported.mde, rng))  # fmt: skip
-                hits.append(analyse(data, metric, r, n_boot=0, n_perm=200).p_value < 0.05)
-                mdes.append(reported.mde)
-            print(f"| {LABEL[metric]} | {view} | {np.mean(mdes):.2f} | {np.mean(hits):.3f} |")
+            for metric in METRICS:
+                rng = np.random.default_rng(4000)
+                outs = [analyse(uneven(rng, simulate(rng, metric, view, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
+                plain = [o for o in outs if not o.counts_p < 0.05]
+                type1 = (
+                    f"{np.mean([o.p_value < 0.05 for o in plain]):.3f}"
+                    if plain
+                    else "– (all marked)"
+                )
+                every = np.mean([o.p_value < 0.05 for o in outs])
+                print(f"| {LABEL[metric]} | {view} | {outs[0].test} | {every:.3f} | {1 - len(plain) / reps:.3f} | {type1} |")  # fmt: skip
 
-    print(f"\n## 7. Power at the planned sizes (pilot 175 pairs × 4; {reps} simulated runs per size in the planner and at the plan)\n")  # fmt: skip
-    print("| statistic | view | gap × 100 | planned pairs (planner's power) | power at the plan (asked 0.8) |")  # fmt: skip
-    print("|---|---|---|---|---|")
-    for metric, view, gap in (("sentiment", "prompt", 6.0), ("sentiment", "row", 5.0), ("toxicity_cm", "row", 4.0), ("regard", "prompt", 15.0)):  # fmt: skip
-        rng = np.random.default_rng(7000)
-        d = simulate(rng, metric, view, n_pairs=175, samples=4)
-        pilot = pw.prepare(pw.Cell(metric, d.group, d.prompt, d.value, d.unit_of, 2, True))
-        got = pw.units_needed(pilot, 4, gap, 0.8, reps=reps, n_perm=100)
-        assert got is not None
-        hits = []
-        for r in range(reps):
-            data = simulate(rng, metric, view, n_pairs=got[0])
-            data = data._replace(value=pw.shifted(metric, data.group, data.value, gap, rng))
-            hits.append(analyse(data, metric, r, n_boot=0, n_perm=100).p_value < 0.05)
-        print(f"| {LABEL[metric]} | {view} | {gap:g} | {got[0]} ({got[1]:.3f}) | {np.mean(hits):.3f} |")  # fmt: skip
+    if "5" in tables:
+        n_bc = min(reps, 200)
+        print(f"\n## 5. bias_bc, {n_bc} replications, 200 resamples, 100 permutations\n")
+        print("| pairs × samples | true TV × 100 | plug-in | bias_bc | gated (before) | bias_bc 95% interval holds the truth | mean width |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for n_pairs, samples in ((40, 4), (175, 10)):
+            for tv in (0.0, 5.0, 10.0, 17.0):
+                rng = np.random.default_rng(5000)
+                outs = []
+                for r in range(n_bc):
+                    data = simulate(rng, "regard", "prompt", n_pairs=n_pairs, samples=samples, effect=effect_for(tv) if tv else 0.0)  # fmt: skip
+                    outs.append(
+                        analyse(uneven(rng, data, 4, 4) if n_pairs == 40 else data, "regard", r)
+                    )
+                gated = [o.bias_corrected if o.p_value < 0.05 else 0.0 for o in outs]
+                holds = np.mean([o.bc_low <= tv <= o.bc_high for o in outs])
+                width = np.mean([o.bc_high - o.bc_low for o in outs])
+                size = f"{n_pairs} × {'1–4' if n_pairs == 40 else samples}"
+                print(f"| {size} | {tv:g} | {np.mean([o.gap for o in outs]):.2f} | {np.mean([o.bias_corrected for o in outs]):.2f} | {np.mean(gated):.2f} | {holds:.3f} | {width:.2f} |")  # fmt: skip
+
+    if "6" in tables:
+        print(f"\n## 6. Power at the reported MDE (40 pairs × 4, {reps} pilots, 400 resamples, 200 permutations)\n")  # fmt: skip
+        print("| statistic | view | mean MDE × 100 | power at the MDE (asked 0.8) |")
+        print("|---|---|---|---|")
+        for metric in METRICS:
+            for view in ("prompt", "row"):
+                rng = np.random.default_rng(6000)
+                hits, mdes = [], []
+                for r in range(reps):
+                    reported = analyse(simulate(rng, metric, view), metric, r, 400, 200)
+                    data = simulate(rng, metric, view)
+                    data = data._replace(value=pw.shifted(metric, data.group, data.value, reported.mde, rng))  # fmt: skip
+                    hits.append(analyse(data, metric, r, n_boot=0, n_perm=200).p_value < 0.05)
+                    mdes.append(reported.mde)
+                print(f"| {LABEL[metric]} | {view} | {np.mean(mdes):.2f} | {np.mean(hits):.3f} |")
+
+    if "7" in tables:
+        print(f"\n## 7. Power at the planned sizes (pilot 175 pairs × 4; {reps} simulated runs per size in the planner and at the plan)\n")  # fmt: skip
+        print("| statistic | view | gap × 100 | planned pairs (planner's power) | power at the plan (asked 0.8) |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        for metric, view, gap in (("sentiment", "prompt", 6.0), ("sentiment", "row", 5.0), ("toxicity_cm", "row", 4.0), ("regard", "prompt", 15.0)):  # fmt: skip
+            rng = np.random.default_rng(7000)
+            d = simulate(rng, metric, view, n_pairs=175, samples=4)
+            pilot = pw.prepare(pw.Cell(metric, d.group, d.prompt, d.value, d.unit_of, 2, True))
+            got = pw.units_needed(pilot, 4, gap, 0.8, reps=reps, n_perm=100)
+            assert got is not None
+            hits = []
+            for r in range(reps):
+                data = simulate(rng, metric, view, n_pairs=got[0])
+                data = data._replace(value=pw.shifted(metric, data.group, data.value, gap, rng))
+                hits.append(analyse(data, metric, r, n_boot=0, n_perm=100).p_value < 0.05)
+            print(f"| {LABEL[metric]} | {view} | {gap:g} | {got[0]} ({got[1]:.3f}) | {np.mean(hits):.3f} |")  # fmt: skip
 
 
 def main() -> None:
@@ -188,12 +195,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=400, help="replications per cell")
     parser.add_argument("--time", action="store_true", help="only time `summarize` at paper scale")
     parser.add_argument("--issue30", action="store_true", help="only tables 4-7 (module doc)")
+    parser.add_argument("--tables", default="4567", help="with --issue30: which of them")
     args = parser.parse_args()
     if args.time:
         time_summarize()
         return
     if args.issue30:
-        issue30(args.reps)
+        issue30(args.reps, args.tables)
         return
     reps = args.reps
 

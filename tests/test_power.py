@@ -25,8 +25,9 @@ def _pilot(metric: str, view: str, n_pairs: int, seed: int = 0) -> pw.Pilot:
 
 def test_the_pilot_components_and_simulated_runs_are_the_pilots() -> None:
     pilot = _pilot("sentiment", "prompt", 200)
-    sb2, sw2 = pw.components(pilot.cell)  # truth: 0.2² × (0.5² + 0.5²) and 0.2² × 0.7²
-    assert sb2 == pytest.approx(0.02, rel=0.3) and sw2 == pytest.approx(0.0196, rel=0.1)
+    su2, sp2, sw2 = pw.components(pilot.cell)  # truth: 0.2² × (0.5², 0.5², 0.7²)
+    assert su2 == pytest.approx(0.01, rel=0.4) and sp2 == pytest.approx(0.01, rel=0.3)
+    assert sw2 == pytest.approx(0.0196, rel=0.1)
     rng = np.random.default_rng(1)
     data = pw.simulate(rng, pilot, 50, 3, gap=10.0)
     assert data.prompt.size == 300 and data.unit_of.size == 100 and set(data.unit_of) == set(range(50))  # fmt: skip

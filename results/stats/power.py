@@ -2,11 +2,11 @@
 
 A pilot cell is one (model, task, method, variant, view, metric) of a run: its rows, their
 prompts and units and groups. `simulate` draws a data set of n units × s rows per prompt from
-it: units (pairs or prompts) with replacement, so the between-prompt component and the pair
-effects are the pilot's; each row from its prompt's own rows with probability w_p, else from
-all the cell's rows, where w_p = sqrt(σ_b² / (σ_b² + σ_w² / n_p)) makes the prompts' means
-vary as much as the between-prompt component σ_b² (not as much as their noisy pilot means);
-the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
+it: units (pairs or prompts) with replacement, so the prompts and the pair effects are the
+pilot's; each row from its prompt's own rows with probability a_p, else from its unit's rows
+with probability b_p, else from all the cell's rows, where a_p and b_p make the prompts' means
+vary within a unit and between units as much as the pilot's variance components say (not as
+much as their noisy pilot means: `components`, `prepare`); the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
 prompts), are relabelled under the test's null (`null_labels`: the pilot's own gap removed)
 and group 0 is shifted by a known gap (`shifted`). `power` is the share of such data sets
 whose test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units
@@ -81,16 +81,21 @@ class Pilot(NamedTuple):
     order: np.ndarray  # rows sorted by prompt
     starts: np.ndarray  # (P,) first of each prompt's rows in `order`
     counts: np.ndarray  # (P,) rows per prompt
-    own: np.ndarray  # (P,) chance a simulated row is drawn from its prompt's rows (w_p)
+    own: np.ndarray  # (P,) chance a simulated row is drawn from its prompt's rows (a_p)
+    unit: np.ndarray  # (P,) chance it is drawn from its unit's rows instead (b_p)
+    unit_rows: np.ndarray  # rows sorted by unit
+    row_start: np.ndarray  # (U,) first of each unit's rows in `unit_rows`
+    row_count: np.ndarray  # (U,) rows per unit
     label: np.ndarray | None  # (P,) each prompt's group where the groups are the prompts'
     unit_prompts: np.ndarray  # prompts with rows, sorted by unit
     unit_start: np.ndarray  # (U',) first of each unit's prompts in `unit_prompts`
     unit_count: np.ndarray  # (U',) prompts with rows per unit
 
 
-def components(cell: Cell) -> tuple[float, float]:
-    """(between-prompt σ_b², within-prompt σ_w²) of the cell's scores (regard: summed over the
-    class indicators), by the one-way analysis of variance over prompts.
+def components(cell: Cell) -> tuple[float, float, float]:
+    """(between units σ_u², between the prompts of a unit σ_p², within prompts σ_w²) of the
+    cell's scores (regard: summed over the class indicators), by nested analysis of variance;
+    σ_p² is 0 where no unit has two prompts (then σ_u² is between prompts).
 
     Raises:
         ValueError: no prompt has two rows (the within-prompt part cannot be told apart).
@@ -98,24 +103,41 @@ def components(cell: Cell) -> tuple[float, float]:
     n_p = cell.unit_of.size
     x = np.eye(3)[cell.value.astype(np.int64)] if cell.metric == "regard" else cell.value[:, None]
     n = np.bincount(cell.prompt, minlength=n_p).astype(np.float64)
-    used = n > 0
     if not np.any(n > 1):
         raise ValueError("no prompt has two rows: a pilot needs several samples per prompt")
-    sums = np.stack([np.bincount(cell.prompt, x[:, k], n_p) for k in range(x.shape[1])], 1)
-    means = sums[used] / n[used, None]
-    within = float(((x - (sums / np.maximum(n, 1)[:, None])[cell.prompt]) ** 2).sum())
-    sw2 = within / float((n[used] - 1).sum())
-    between = float(means.var(axis=0, ddof=1).sum()) if means.shape[0] > 1 else 0.0
-    return max(0.0, between - sw2 * float(np.mean(1 / n[used]))), sw2
+    used = np.flatnonzero(n)
+    means = np.stack([np.bincount(cell.prompt, x[:, k], n_p) for k in range(x.shape[1])], 1)
+    means = means / np.maximum(n, 1)[:, None]
+    sw2 = float(((x - means[cell.prompt]) ** 2).sum() / (n[used] - 1).sum())
+    noise = sw2 * float(np.mean(1 / n[used]))  # of a prompt's mean
+    units, unit = np.unique(cell.unit_of[used], return_inverse=True)
+    k = np.bincount(unit).astype(np.float64)
+    unit_means = np.stack([np.bincount(unit, means[used, d]) for d in range(x.shape[1])], 1)
+    unit_means /= k[:, None]
+    sp2 = 0.0
+    if np.any(k > 1):
+        spread = float(((means[used] - unit_means[unit]) ** 2).sum() / (k[k > 1] - 1).sum())
+        sp2 = max(0.0, spread - noise)
+    between = float(unit_means.var(axis=0, ddof=1).sum()) if units.size > 1 else 0.0
+    return max(0.0, between - float(np.mean((sp2 + noise) / k))), sp2, sw2
 
 
 def prepare(cell: Cell) -> Pilot:
-    """`cell` with what `simulate` draws from (`components` gives the weights w_p)."""
-    sb2, sw2 = components(cell)
+    """`cell` with what `simulate` draws from. A prompt's expected simulated score is
+    a_p·(its mean) + b_p·(its unit's mean) + (1 − a_p − b_p)·(the cell's mean), with
+    a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and (a_p + b_p)² = σ_u² / the
+    variance of a unit's mean (the spread between units); a_p = a_p + b_p = the
+    between-prompt share where units are prompts."""
+    su2, sp2, sw2 = components(cell)
     n_p = cell.unit_of.size
     counts = np.bincount(cell.prompt, minlength=n_p)
+    n = np.maximum(counts, 1).astype(np.float64)
+    k = np.bincount(cell.unit_of[np.flatnonzero(counts)], minlength=n_p)[cell.unit_of]
     with np.errstate(invalid="ignore", divide="ignore"):
-        own = np.sqrt(sb2 / (sb2 + sw2 / np.maximum(counts, 1)))
+        paired = bool(np.any(k > 1))
+        own = np.sqrt(sp2 / (sp2 + sw2 / n)) if paired else np.sqrt(su2 / (su2 + sw2 / n))
+        total = np.sqrt(su2 / (su2 + (sp2 + sw2 / n) / np.maximum(k, 1))) if paired else own
+    own, total = np.nan_to_num(own), np.nan_to_num(total)
     label = None
     if prompt_labelled(cell.group, cell.prompt):
         label = np.zeros(n_p, dtype=np.int64)
@@ -123,9 +145,13 @@ def prepare(cell: Cell) -> Pilot:
     used = np.flatnonzero(counts)
     by_unit = used[np.argsort(cell.unit_of[used], kind="stable")]
     _, unit_start, unit_count = np.unique(cell.unit_of[by_unit], True, return_counts=True)
-    starts = np.r_[0, np.cumsum(counts)[:-1]]
-    order = np.argsort(cell.prompt, kind="stable")
-    return Pilot(cell, order, starts, counts, np.nan_to_num(own), label, by_unit, unit_start, unit_count)  # fmt: skip
+    row_unit = cell.unit_of[cell.prompt]
+    row_count = np.bincount(row_unit, minlength=int(cell.unit_of.max()) + 1)
+    return Pilot(
+        cell, np.argsort(cell.prompt, kind="stable"), np.r_[0, np.cumsum(counts)[:-1]], counts,
+        own, np.maximum(0.0, total - own), np.argsort(row_unit, kind="stable"),
+        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, by_unit, unit_start, unit_count,
+    )  # fmt: skip
 
 
 def shifted(
@@ -171,8 +197,14 @@ def simulate(
         pilot.starts[source][:, None]
         + (rng.random(shape) * pilot.counts[source][:, None]).astype(np.int64)
     ]
+    unit = cell.unit_of[source][:, None]
+    mates = pilot.unit_rows[
+        pilot.row_start[unit] + (rng.random(shape) * pilot.row_count[unit]).astype(np.int64)
+    ]
     pool = rng.integers(0, cell.value.size, shape)
-    pick = np.where(rng.random(shape) < pilot.own[source][:, None], own, pool).ravel()
+    u = rng.random(shape)
+    a, b = pilot.own[source][:, None], pilot.unit[source][:, None]
+    pick = np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()
     prompt = np.repeat(np.arange(source.size), samples)
     group = pilot.label[source][prompt] if pilot.label is not None else cell.group[pick]
     unit_of = np.repeat(np.arange(n_units), lengths)
