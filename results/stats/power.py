@@ -106,14 +106,14 @@ def components(cell: Cell) -> tuple[float, float, float]:
     if not np.any(n > 1):
         raise ValueError("no prompt has two rows: a pilot needs several samples per prompt")
     used = np.flatnonzero(n)
-    means = np.stack([np.bincount(cell.prompt, x[:, k], n_p) for k in range(x.shape[1])], 1)
-    means = means / np.maximum(n, 1)[:, None]
+    sums = np.stack([np.bincount(cell.prompt, x[:, k], n_p) for k in range(x.shape[1])], 1)
+    means = sums / np.maximum(n, 1)[:, None]
     sw2 = float(((x - means[cell.prompt]) ** 2).sum() / (n[used] - 1).sum())
     noise = sw2 * float(np.mean(1 / n[used]))  # of a prompt's mean
     units, unit = np.unique(cell.unit_of[used], return_inverse=True)
     k = np.bincount(unit).astype(np.float64)
-    unit_means = np.stack([np.bincount(unit, means[used, d]) for d in range(x.shape[1])], 1)
-    unit_means /= k[:, None]
+    unit_sums = np.stack([np.bincount(unit, means[used, d]) for d in range(x.shape[1])], 1)
+    unit_means = unit_sums / k[:, None]
     sp2 = 0.0
     if np.any(k > 1):
         spread = float(((means[used] - unit_means[unit]) ** 2).sum() / (k[k > 1] - 1).sum())
