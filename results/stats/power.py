@@ -3,10 +3,11 @@
 A pilot cell is one (model, task, method, variant, view, metric) of a run: its rows, their
 prompts and units and groups. `simulate` draws a data set of n units × s rows per prompt from
 it: units (pairs or prompts) with replacement, so the prompts and the pair effects are the
-pilot's; each row from its prompt's own rows with probability a_p, else from its unit's rows
-with probability b_p, else from all the cell's rows, where a_p and b_p make the prompts' means
-vary within a unit and between units as much as the pilot's variance components say (not as
-much as their noisy pilot means: `components`, `prepare`); the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
+pilot's; a prompt's rows are its shrunk mean plus residuals drawn from all the cell's
+within-prompt residuals (regard: each row from its prompt's own rows with probability a_p, else
+from its unit's rows with probability b_p, else from all the cell's rows), where the shrinkage
+makes the prompts' means vary within a unit and between units as much as the pilot's variance
+components say, not as much as their noisy pilot means (`components`, `prepare`); the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
 prompts), are relabelled under the test's null (`null_labels`: the pilot's own gap removed)
 and group 0 is shifted by a known gap (`shifted`). `power` is the share of such data sets
 whose test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units
@@ -87,6 +88,8 @@ class Pilot(NamedTuple):
     row_start: np.ndarray  # (U,) first of each unit's rows in `unit_rows`
     row_count: np.ndarray  # (U,) rows per unit
     label: np.ndarray | None  # (P,) each prompt's group where the groups are the prompts'
+    centre: np.ndarray | None  # (P,) each prompt's shrunk mean (scores; None for regard)
+    residuals: np.ndarray | None  # within-prompt residuals of every prompt with two rows
     unit_prompts: np.ndarray  # prompts with rows, sorted by unit
     unit_start: np.ndarray  # (U',) first of each unit's prompts in `unit_prompts`
     unit_count: np.ndarray  # (U',) prompts with rows per unit
@@ -124,10 +127,10 @@ def components(cell: Cell) -> tuple[float, float, float]:
 
 def prepare(cell: Cell) -> Pilot:
     """`cell` with what `simulate` draws from. A prompt's expected simulated score is
-    a_p·(its mean) + b_p·(its unit's mean) + (1 − a_p − b_p)·(the cell's mean), with
-    a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and (a_p + b_p)² = σ_u² / the
-    variance of a unit's mean (the spread between units); a_p = a_p + b_p = the
-    between-prompt share where units are prompts."""
+    μ + t_p·(its unit's mean − μ) + a_p·(its mean − its unit's mean), with
+    a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and t_p² = σ_u² / the variance of
+    a unit's mean (the spread between units); t_p = a_p = the between-prompt share where units
+    are prompts. Regard draws rows from the prompt (a_p), its unit (b_p = t_p − a_p) or all."""
     su2, sp2, sw2 = components(cell)
     n_p = cell.unit_of.size
     counts = np.bincount(cell.prompt, minlength=n_p)
@@ -147,10 +150,23 @@ def prepare(cell: Cell) -> Pilot:
     _, unit_start, unit_count = np.unique(cell.unit_of[by_unit], True, return_counts=True)
     row_unit = cell.unit_of[cell.prompt]
     row_count = np.bincount(row_unit, minlength=int(cell.unit_of.max()) + 1)
+    centre = residuals = None
+    if cell.metric != "regard":
+        means = np.bincount(cell.prompt, cell.value, n_p) / n
+        size = row_count.size
+        per_unit = np.bincount(cell.unit_of[used], means[used], size)
+        per_unit /= np.maximum(np.bincount(cell.unit_of[used], minlength=size), 1)
+        unit_mean = per_unit[cell.unit_of]
+        mu = float(means[used].mean())
+        centre = mu + total * (unit_mean - mu) + own * (means - unit_mean)
+        many = counts[cell.prompt] > 1  # (residuals unbiased: × sqrt(n / (n − 1)))
+        scale = np.sqrt(n / np.maximum(n - 1, 1))[cell.prompt]
+        residuals = ((cell.value - means[cell.prompt]) * scale)[many]
     return Pilot(
         cell, np.argsort(cell.prompt, kind="stable"), np.r_[0, np.cumsum(counts)[:-1]], counts,
         own, np.maximum(0.0, total - own), np.argsort(row_unit, kind="stable"),
-        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, by_unit, unit_start, unit_count,
+        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, centre, residuals, by_unit,
+        unit_start, unit_count,
     )  # fmt: skip
 
 
@@ -206,10 +222,15 @@ def simulate(
     a, b = pilot.own[source][:, None], pilot.unit[source][:, None]
     pick = np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()
     prompt = np.repeat(np.arange(source.size), samples)
+    value = cell.value[pick]
+    if pilot.centre is not None and pilot.residuals is not None:  # scores: mean + residual
+        pick = own.ravel()  # (the row's label: its prompt's label rates)
+        drawn = rng.integers(0, pilot.residuals.size, prompt.size)
+        value = pilot.centre[source][prompt] + pilot.residuals[drawn]
     group = pilot.label[source][prompt] if pilot.label is not None else cell.group[pick]
     unit_of = np.repeat(np.arange(n_units), lengths)
     group = null_labels(group, prompt, unit_of, cell.paired, 1, rng)[0][0]
-    return Data(group, prompt, shifted(cell.metric, group, cell.value[pick], gap, rng), unit_of)
+    return Data(group, prompt, shifted(cell.metric, group, value, gap, rng), unit_of)
 
 
 def tested(
