@@ -154,9 +154,10 @@ def prepare(cell: Cell) -> Pilot:
     if cell.metric != "regard":
         means = np.bincount(cell.prompt, cell.value, n_p) / n
         size = row_count.size
-        per_unit = np.bincount(cell.unit_of[used], means[used], size)
-        per_unit /= np.maximum(np.bincount(cell.unit_of[used], minlength=size), 1)
-        unit_mean = per_unit[cell.unit_of]
+        unit_sums = np.bincount(cell.unit_of[used], means[used], size)
+        unit_mean = (unit_sums / np.maximum(np.bincount(cell.unit_of[used], minlength=size), 1))[
+            cell.unit_of
+        ]
         mu = float(means[used].mean())
         centre = mu + total * (unit_mean - mu) + own * (means - unit_mean)
         many = counts[cell.prompt] > 1  # (residuals unbiased: × sqrt(n / (n − 1)))
