@@ -88,6 +88,8 @@ class Pilot(NamedTuple):
     row_start: np.ndarray  # (U,) first of each unit's rows in `unit_rows`
     row_count: np.ndarray  # (U,) rows per unit
     label: np.ndarray | None  # (P,) each prompt's group where the groups are the prompts'
+    label_own: np.ndarray  # (P,) else: chances a row's label comes from its prompt's rows
+    label_unit: np.ndarray  # (P,) or from its unit's
     centre: np.ndarray | None  # (P,) each prompt's shrunk mean (scores; None for regard)
     residuals: np.ndarray | None  # within-prompt residuals of every prompt with two rows
     unit_prompts: np.ndarray  # prompts with rows, sorted by unit
@@ -125,26 +127,37 @@ def components(cell: Cell) -> tuple[float, float, float]:
     return max(0.0, between - float(np.mean((sp2 + noise) / k))), sp2, sw2
 
 
+def _shrinkage(cell: Cell, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a_p, t_p) of `prepare` per prompt, from the cell's `components`."""
+    su2, sp2, sw2 = components(cell)
+    n = np.maximum(counts, 1).astype(np.float64)
+    k = np.bincount(cell.unit_of[np.flatnonzero(counts)], minlength=counts.size)[cell.unit_of]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        paired = bool(np.any(k > 1))
+        own = np.sqrt(sp2 / (sp2 + sw2 / n)) if paired else np.sqrt(su2 / (su2 + sw2 / n))
+        total = np.sqrt(su2 / (su2 + (sp2 + sw2 / n) / np.maximum(k, 1))) if paired else own
+    return np.nan_to_num(own), np.nan_to_num(total)
+
+
 def prepare(cell: Cell) -> Pilot:
     """`cell` with what `simulate` draws from. A prompt's expected simulated score is
     μ + t_p·(its unit's mean − μ) + a_p·(its mean − its unit's mean), with
     a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and t_p² = σ_u² / the variance of
     a unit's mean (the spread between units); t_p = a_p = the between-prompt share where units
-    are prompts. Regard draws rows from the prompt (a_p), its unit (b_p = t_p − a_p) or all."""
-    su2, sp2, sw2 = components(cell)
+    are prompts. Regard draws rows from the prompt (a_p), its unit (b_p = t_p − a_p) or all;
+    row labels (a(x)) are drawn so, with a_p, t_p of the label's rate."""
     n_p = cell.unit_of.size
     counts = np.bincount(cell.prompt, minlength=n_p)
     n = np.maximum(counts, 1).astype(np.float64)
-    k = np.bincount(cell.unit_of[np.flatnonzero(counts)], minlength=n_p)[cell.unit_of]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        paired = bool(np.any(k > 1))
-        own = np.sqrt(sp2 / (sp2 + sw2 / n)) if paired else np.sqrt(su2 / (su2 + sw2 / n))
-        total = np.sqrt(su2 / (su2 + (sp2 + sw2 / n) / np.maximum(k, 1))) if paired else own
-    own, total = np.nan_to_num(own), np.nan_to_num(total)
-    label = None
+    own, total = _shrinkage(cell, counts)
+    label, label_own, label_unit = None, own, total - own
     if prompt_labelled(cell.group, cell.prompt):
         label = np.zeros(n_p, dtype=np.int64)
         label[cell.prompt] = cell.group
+    else:  # the rows' labels: their rates per prompt shrunk as the scores are
+        rate = cell._replace(metric="sentiment", value=(cell.group == 0).astype(np.float64))
+        label_own, label_total = _shrinkage(rate, counts)
+        label_unit = np.maximum(0.0, label_total - label_own)
     used = np.flatnonzero(counts)
     by_unit = used[np.argsort(cell.unit_of[used], kind="stable")]
     _, unit_start, unit_count = np.unique(cell.unit_of[by_unit], True, return_counts=True)
@@ -166,8 +179,8 @@ def prepare(cell: Cell) -> Pilot:
     return Pilot(
         cell, np.argsort(cell.prompt, kind="stable"), np.r_[0, np.cumsum(counts)[:-1]], counts,
         own, np.maximum(0.0, total - own), np.argsort(row_unit, kind="stable"),
-        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, centre, residuals, by_unit,
-        unit_start, unit_count,
+        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, label_own, label_unit, centre,
+        residuals, by_unit, unit_start, unit_count,
     )  # fmt: skip
 
 
@@ -225,10 +238,14 @@ def simulate(
     prompt = np.repeat(np.arange(source.size), samples)
     value = cell.value[pick]
     if pilot.centre is not None and pilot.residuals is not None:  # scores: mean + residual
-        pick = own.ravel()  # (the row's label: its prompt's label rates)
         drawn = rng.integers(0, pilot.residuals.size, prompt.size)
         value = pilot.centre[source][prompt] + pilot.residuals[drawn]
-    group = pilot.label[source][prompt] if pilot.label is not None else cell.group[pick]
+    if pilot.label is not None:
+        group = pilot.label[source][prompt]
+    else:
+        a, b = pilot.label_own[source][:, None], pilot.label_unit[source][:, None]
+        u = rng.random(shape)
+        group = cell.group[np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()]
     unit_of = np.repeat(np.arange(n_units), lengths)
     group = null_labels(group, prompt, unit_of, cell.paired, 1, rng)[0][0]
     return Data(group, prompt, shifted(cell.metric, group, value, gap, rng), unit_of)
