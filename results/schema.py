@@ -114,6 +114,8 @@ SUMMARY_SCHEMA = pa.schema(
             "test",
             pa.string(),
         ),  # what gave p_value: pair-swap | prompt-shuffle | within-prompt | bootstrap
+        ("mde", pa.float64()),  # gaps: the gap (× 100) the test detects with power 0.8 at level
+        ("flags", pa.string()),  # gaps: contradiction | row-counts (comma-separated; marks)
     ]
 )
 

@@ -1,6 +1,7 @@
 """Type-I error, power and coverage of the gap statistics on data with a known truth.
 
     PYTHONPATH=. python scripts/stats_calibration.py [--reps 400]
+    PYTHONPATH=. python scripts/stats_calibration.py --issue30 [--reps 300]
 
 The simulator is `tests/calib_sim.py` (pairs with a pair and a per-prompt effect, several
 samples per prompt; groups the prompt's, "prompt", or drawn per row unrelated to the score,
@@ -14,6 +15,15 @@ calls (`results.stats.bootstrap.gap_samples`, `results.stats.permutation.gap_tes
 2. the count-matched EMT against the paper's EMT with unequal row labels (80 pairs x 10);
 3. the plug-in and the bias-corrected TV at 175 pairs x 10 samples, at a true TV of 0 and at
    the true TVs of latent effects 0.1, 0.15 and 0.3 (computed from the normal model).
+
+`--issue30` prints instead (docs/statistics.md quotes them):
+
+4. type-I error with uneven rows per prompt (female prompts keep 1-2 rows, male 1-8) of every
+   p-value the report prints without a mark, and how often the paper's EMT gets its mark;
+5. `bias_bc` (and the earlier gated version) at true TV 0, 5, 10, 17 for 40 pairs x 1-4
+   samples and 175 pairs x 10, with the coverage of its interval;
+6. power at the reported MDE (each replication: a pilot, its MDE, a run with that true gap);
+7. power at the sizes `harness power` plans from one pilot of 175 pairs x 4.
 """
 
 from __future__ import annotations
@@ -26,7 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from calib_sim import analyse, simulate, true_tv  # noqa: E402
+from calib_sim import analyse, simulate, true_tv, uneven  # noqa: E402
+
+from results.stats import power as pw  # noqa: E402
 
 METRICS = ("sentiment", "toxicity", "toxicity_cm", "regard")
 LABEL = {
@@ -96,13 +108,105 @@ def time_summarize() -> None:
     print(f"summarize, 3 methods x {frame.height // 3} rows: {time.perf_counter() - start:.1f} s")
 
 
+def effect_for(tv: float) -> float:
+    """The latent effect whose true TV × 100 is `tv` (pair and prompt sd 0.5), by bisection."""
+    low, high = 0.0, 3.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if true_tv(mid, 0.5, 0.5) < tv else (low, mid)
+    return (low + high) / 2
+
+
+def issue30(reps: int, tables: str = "4567") -> None:
+    """Tables 4-7 of the module doc (those named in `tables`)."""
+    if "4" in tables:
+        print(f"## 4. Uneven rows per prompt (female 1-2, male 1-8 of 8), 40 pairs, {reps} replications, 100 permutations\n")  # fmt: skip
+        print("| statistic | view | test | type-I of every p-value at 0.05 | marked ¶ | type-I of the unmarked p-values |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for view in ("prompt", "row"):
+            for metric in METRICS:
+                rng = np.random.default_rng(4000)
+                outs = [analyse(uneven(rng, simulate(rng, metric, view, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
+                plain = [o for o in outs if not o.counts_p < 0.05]
+                type1 = (
+                    f"{np.mean([o.p_value < 0.05 for o in plain]):.3f}"
+                    if plain
+                    else "– (all marked)"
+                )
+                every = np.mean([o.p_value < 0.05 for o in outs])
+                print(f"| {LABEL[metric]} | {view} | {outs[0].test} | {every:.3f} | {1 - len(plain) / reps:.3f} | {type1} |")  # fmt: skip
+
+    if "5" in tables:
+        n_bc = min(reps, 200)
+        print(f"\n## 5. bias_bc, {n_bc} replications, 200 resamples, 100 permutations\n")
+        print("| pairs × samples | true TV × 100 | plug-in | bias_bc | gated (before) | bias_bc 95% interval holds the truth | mean width |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for n_pairs, samples in ((40, 4), (175, 10)):
+            for tv in (0.0, 5.0, 10.0, 17.0):
+                rng = np.random.default_rng(5000)
+                outs = []
+                for r in range(n_bc):
+                    data = simulate(rng, "regard", "prompt", n_pairs=n_pairs, samples=samples, effect=effect_for(tv) if tv else 0.0)  # fmt: skip
+                    outs.append(
+                        analyse(uneven(rng, data, 4, 4) if n_pairs == 40 else data, "regard", r)
+                    )
+                gated = [o.bias_corrected if o.p_value < 0.05 else 0.0 for o in outs]
+                holds = np.mean([o.bc_low <= tv <= o.bc_high for o in outs])
+                width = np.mean([o.bc_high - o.bc_low for o in outs])
+                size = f"{n_pairs} × {'1–4' if n_pairs == 40 else samples}"
+                print(f"| {size} | {tv:g} | {np.mean([o.gap for o in outs]):.2f} | {np.mean([o.bias_corrected for o in outs]):.2f} | {np.mean(gated):.2f} | {holds:.3f} | {width:.2f} |")  # fmt: skip
+
+    if "6" in tables:
+        print(f"\n## 6. Power at the reported MDE (40 pairs × 4, {reps} pilots, 400 resamples, 200 permutations)\n")  # fmt: skip
+        print("| statistic | view | mean MDE × 100 | power at the MDE (asked 0.8) |")
+        print("|---|---|---|---|")
+        for metric in METRICS:
+            for view in ("prompt", "row"):
+                rng = np.random.default_rng(6000)
+                hits, mdes = [], []
+                for r in range(reps):
+                    reported = analyse(simulate(rng, metric, view), metric, r, 400, 200)
+                    data = simulate(rng, metric, view)
+                    data = data._replace(value=pw.shifted(metric, data.group, data.value, reported.mde, rng))  # fmt: skip
+                    hits.append(analyse(data, metric, r, n_boot=0, n_perm=200).p_value < 0.05)
+                    mdes.append(reported.mde)
+                print(f"| {LABEL[metric]} | {view} | {np.mean(mdes):.2f} | {np.mean(hits):.3f} |")
+
+    if "7" in tables:
+        print(f"\n## 7. Power at the planned sizes (5 pilots of 175 pairs × 4; {reps} simulated runs per size in the planner and at each plan)\n")  # fmt: skip
+        print("| statistic | view | gap × 100 | planned pairs, 5 pilots | power at each plan | mean (asked 0.8) |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for metric, view, gap in (("sentiment", "prompt", 6.0), ("sentiment", "row", 5.0), ("toxicity_cm", "row", 4.0), ("regard", "prompt", 15.0)):  # fmt: skip
+            rng = np.random.default_rng(7000)
+            plans, powers = [], []
+            for _ in range(5):  # one pilot's variance is itself uncertain: average over pilots
+                d = simulate(rng, metric, view, n_pairs=175, samples=4)
+                pilot = pw.prepare(pw.Cell(metric, d.group, d.prompt, d.value, d.unit_of, 2, True))  # fmt: skip
+                got = pw.units_needed(pilot, 4, gap, 0.8, reps=reps, n_perm=100)
+                assert got is not None
+                hits = []
+                for r in range(reps):
+                    data = simulate(rng, metric, view, n_pairs=got[0])
+                    data = data._replace(value=pw.shifted(metric, data.group, data.value, gap, rng))  # fmt: skip
+                    hits.append(analyse(data, metric, r, n_boot=0, n_perm=100).p_value < 0.05)
+                plans.append(got[0])
+                powers.append(float(np.mean(hits)))
+            each = ", ".join(f"{x:.2f}" for x in powers)
+            print(f"| {LABEL[metric]} | {view} | {gap:g} | {', '.join(map(str, plans))} | {each} | {np.mean(powers):.3f} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=400, help="replications per cell")
     parser.add_argument("--time", action="store_true", help="only time `summarize` at paper scale")
+    parser.add_argument("--issue30", action="store_true", help="only tables 4-7 (module doc)")
+    parser.add_argument("--tables", default="4567", help="with --issue30: which of them")
     args = parser.parse_args()
     if args.time:
         time_summarize()
+        return
+    if args.issue30:
+        issue30(args.reps, args.tables)
         return
     reps = args.reps
 

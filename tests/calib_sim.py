@@ -91,6 +91,10 @@ class Outcome(NamedTuple):
     p_value: float
     test: str | None
     bias_corrected: float  # TV only (NaN otherwise)
+    counts_p: float  # paper's EMT: p of the rows per prompt differing by group (NaN: not tested)
+    mde: float  # the minimum detectable effect (NaN without resamples)
+    bc_low: float  # bias_corrected's interval (TV only)
+    bc_high: float
 
 
 def analyse(
@@ -115,14 +119,28 @@ def analyse(
     gaps = bs.gap_samples(
         metric, data.group, data.prompt, data.value, n_groups, weights, data.unit_of, m
     )
-    ci = bs.percentile_ci(gaps[1:], level) if n_boot else bs.Interval(np.nan, np.nan, 0)
+    nan = bs.Interval(np.nan, np.nan, 0)
+    ci = bs.percentile_ci(gaps[1:], level) if n_boot else nan
+    rng = np.random.default_rng([seed, 7])
     test = perm.gap_test(
         metric, data.group, data.prompt, data.value, n_groups, float(gaps[0]), n_perm,
-        np.random.default_rng([seed, 7]), data.unit_of, paired=paired, m=m,
+        rng, data.unit_of, paired=paired, m=m, alpha=1 - level,
     )  # fmt: skip
-    alpha = 1.0 - level
-    bc = perm.bias_corrected_tv(float(gaps[0]), test, alpha) if metric == "regard" else np.nan
-    return Outcome(float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc)
+    bc, bc_ci = np.nan, nan
+    if metric == "regard":
+        bc = perm.bias_corrected_tv(float(gaps[0]), test)
+        if n_boot:
+            bc_ci = bs.percentile_ci(perm.bias_corrected_resamples(gaps[1:], test), level)
+    counts = None
+    if metric == "toxicity":
+        counts = perm.count_test(data.group, data.prompt, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
+    signed = bs.is_signed(metric, n_groups)
+    centre = test.null_mean if metric == "toxicity" else 0.0
+    mde = perm.mde(test, float(np.std(gaps[1:])), signed, centre) if n_boot else np.nan
+    return Outcome(
+        float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc,
+        counts[0] if counts else np.nan, mde, bc_ci.low, bc_ci.high,
+    )  # fmt: skip
 
 
 def true_tv(effect: float, pair_sd: float, prompt_sd: float, noise_sd: float = 0.7) -> float:
@@ -134,3 +152,15 @@ def true_tv(effect: float, pair_sd: float, prompt_sd: float, noise_sd: float = 0
         return [cdf[0], cdf[1] - cdf[0], 1 - cdf[1]]
 
     return 50.0 * sum(abs(a - b) for a, b in zip(classes(effect), classes(0.0)))
+
+
+def uneven(rng: np.random.Generator, data: Data, low: int = 2, high: int = 8) -> Data:
+    """Keep 1..`low` rows of each even (female) prompt and 1..`high` of each odd one, the
+    first rows of the prompt (an uneven perplexity filter or failed generations); the group
+    difference in rows per prompt has nothing to do with the scores."""
+    n_p = data.unit_of.size
+    keep = np.where(np.arange(n_p) % 2 == 0, rng.integers(1, low + 1, n_p), rng.integers(1, high + 1, n_p))  # fmt: skip
+    first = np.r_[0, np.flatnonzero(np.diff(data.prompt)) + 1]
+    rank = np.arange(data.prompt.size) - first[np.cumsum(np.r_[0, np.diff(data.prompt) != 0])]
+    rows = rank < keep[data.prompt]
+    return Data(data.group[rows], data.prompt[rows], data.value[rows], data.unit_of)

@@ -73,7 +73,7 @@ def test_bias_corrected_tv_is_near_zero_at_a_true_zero_and_near_a_clear_truth() 
         corrected = float(np.mean([abs(o.bias_corrected) for o in outs]))
         if effect == 0.0:
             assert plug_in > 1.5  # the bias being corrected
-            assert corrected <= 0.5, (plug_in, corrected)
+            assert corrected <= 0.4 * plug_in, (plug_in, corrected)
         else:
             assert abs(corrected - true_tv(effect, 0.5, 0.3)) <= 1.0, corrected
 

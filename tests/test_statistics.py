@@ -8,13 +8,18 @@ take seconds.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
+import polars as pl
 import pytest
 
 from results.stats import bootstrap as bs
 from results.stats import permutation as perm
+from results.stats.aggregate import summarize
+from results.stats.join import join_run
+from tests.fake_run import write_rows
 
 REPS = 200
 N_BOOT = 400
@@ -206,3 +211,68 @@ def test_unpaired_prompt_labels_are_permuted_over_all_prompts() -> None:
     assert np.any(labels[:, 0] == labels[:, 2])
     paired, _ = perm.null_labels(group, prompt, np.array([0, 0, 1, 1]), True, 200, _rng(1))
     assert np.all(paired[:, 0] != paired[:, 2])
+
+
+def _rows(female: tuple[int, int], male: tuple[int, int], sparse_ax: bool) -> list[dict[str, Any]]:
+    """24 pairs; female prompts keep `female` (low, high) rows, male `male` (toxicity unrelated
+    to the group); a(x) labels half the rows female, or (`sparse_ax`) 1 in 12."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for p in range(24):
+        for group, (lo, hi) in (("female", female), ("male", male)):
+            for s in range(int(rng.integers(lo, hi + 1))):
+                z, u = rng.normal(), rng.random()  # (the same draws whatever the labels)
+                rows.append({
+                    "prompt_id": f"{group}:{p:03d}", "pair_id": f"{p:03d}", "prompt_group": group,
+                    "seed": s, "label_c": group, "label_cx": group, "task": "toxicity",
+                    "label_x": "female" if (u < 1 / 12 if sparse_ax else s % 2) else "male",
+                    "toxicity": float(1 / (1 + np.exp(2 - z))), "sentiment": float(0.5 + 0.1 * z),
+                })  # fmt: skip
+    return rows
+
+
+def test_uneven_rows_per_prompt_mark_the_papers_emt_test_and_a_sparse_view_keeps_its_own_m(
+    tmp_path: Path,
+) -> None:
+    from results.report.build import markdown_table
+    from results.report.cells import table_cells
+    from results.report.html import paper_table_html
+    from results.report.tables import layout, legend, table_legend
+    from results.report.tex import latex_table
+
+    summaries = []
+    for i, data in enumerate(
+        (_rows((1, 2), (6, 8), False), _rows((6, 6), (6, 6), False), _rows((6, 6), (6, 6), True))
+    ):
+        joined = join_run(write_rows(str(tmp_path / f"run{i}"), data))
+        summaries.append(summarize(joined.frame, joined.failed, n_boot=50, n_perm=100).summary)
+    s = summaries[0]
+    gap = {(r["view"], r["stat"]): r for r in s.filter(pl.col("group") == "gap").iter_rows(named=True)}  # fmt: skip
+    assert gap[("file", "bias")]["flags"] == "row-counts"
+    assert "rows per prompt differ by group (female 1." in gap[("file", "bias")]["note"]
+    assert gap[("file", "bias_cm")]["flags"] is None  # count-matched: counts held fixed
+    assert gap[("a(x)", "bias")]["flags"] is None  # within-prompt: counts held fixed
+    assert summaries[1].filter(pl.col("flags") == "row-counts").is_empty()  # equal counts
+    # Labelling a(x) sparsely changes a(x)'s m, never the file view's statistic.
+    m = [dict(x.filter(pl.col("stat") == "cm_rows").select("view", "value").iter_rows()) for x in summaries[1:]]  # fmt: skip
+    assert m[0] == {"a(x)": 3, "a(c,x)": 6, "a(c)": 6, "file": 6} and m[1]["a(x)"] == 1
+    keys = ["view", "metric", "stat", "group", "value", "ci_low", "ci_high", "p_value"]
+    file_cm = [x.filter((pl.col("view") == "file") & pl.col("stat").is_in(["bias_cm", "emt_cm"])).select(keys) for x in summaries[1:]]  # fmt: skip
+    assert file_cm[0].equals(file_cm[1])
+    assert (
+        "m collapsed to 1 by the few rows per prompt of female"
+        in (
+            summaries[2].filter((pl.col("view") == "a(x)") & (pl.col("stat") == "bias_cm"))["note"][
+                0
+            ]
+        )
+    )
+    # The mark reaches every format, with a warning for the cell and the reason in the legend.
+    lay = layout(table_cells(s), "file")
+    assert "¶" in markdown_table(lay) and "¶" in paper_table_html(lay)
+    assert r"\textsuperscript{\P}" in latex_table(lay, "t", "tab:x")
+    assert any(
+        w.startswith("¶ tiny-random/gpt2 vanilla · Bias (Toxicity): rows per prompt differ")
+        for w in lay.warnings
+    )
+    assert "¶" in table_legend(lay) and "¶: the paper's EMT" in legend(50, 0)

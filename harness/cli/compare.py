@@ -20,7 +20,7 @@ import polars as pl
 from results.run.store import RunStore, StoreError
 
 KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
-HEADLINE_STATS = ["mean", "nnre", "bias", "bias_cm", "bias_bc", "emt"]
+HEADLINE_STATS = ["mean", "nnre", "bias", "bias_cm", "cm_rows", "bias_bc", "emt"]
 HEADLINE_GROUPS = ["all", "gap"]
 GEN_PARAMS = ["max_new_tokens", "top_p", "temperature", "repetition_penalty"]
 

@@ -13,6 +13,7 @@ from harness.cli.compare import add_compare_args, compare_main
 from harness.cli.export import export_main
 from harness.cli.human import add_human_args
 from harness.cli.options import ADDRESS_HELP, add_overrides, add_tracking, common_options
+from harness.cli.power import add_power_args
 from harness.cli.run_commands import aggregate_main, run_main, score_main
 from harness.cli.samples import add_samples_args
 from harness.cli.status import status_main
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_human_args(
         add("human", "blinded pairwise human evaluation: sample a set, import answers"), common
     )
+    add_power_args(add("power", "pairs and samples per prompt a gap needs, from a pilot run"))
     return p
 
 
@@ -89,6 +91,7 @@ def _run_args(r: argparse.ArgumentParser) -> None:
 def _validate_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("config", help="YAML config file")
     v.add_argument("--out", help="also check that this run directory can be written")
+    v.add_argument("--pilot", metavar="RUN", help="print the planned sizes' MDE from this run")
     add_overrides(v)
     v.set_defaults(func=validate_main)
 

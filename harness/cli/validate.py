@@ -39,6 +39,8 @@ def validate_main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
     lines, problems = validate(cfg, args.config, out=args.out)
     counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
+    if args.pilot and not problems:
+        counts += _pilot_lines(cfg, args.pilot)
     print("\n".join([*lines[:1], *counts, *lines[1:]]))
     return 2 if problems else 0
 
@@ -60,6 +62,17 @@ def _dataset_lines(cfg: RunConfig) -> list[str]:
         f"  dataset: {pairs} pairs × {groups} groups = {len(prompts)} prompts{limit} "
         "(--limit counts pairs)"
     ]
+
+
+def _pilot_lines(cfg: RunConfig, run: str) -> list[str]:
+    """`--pilot RUN`: the MDE of the planned pairs (or prompts) × samples per prompt."""
+    from harness.cli.power import pilot_lines
+    from harness.stages.generation import planning
+
+    prompts = planning.load_prompts(cfg, planning.load_words(cfg))
+    paired = cfg.dataset.kind == "paired-jsonl"
+    units = len({p.pair_id for p in prompts}) if paired else len(prompts)
+    return pilot_lines(run, units, cfg.samples_per_prompt)
 
 
 def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> Any:

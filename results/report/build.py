@@ -34,6 +34,7 @@ from results.report.tables import (
     layout,
     legend,
     level_text,
+    table_legend,
 )
 from results.report.tex import latex_document, latex_tables
 from results.run.store import RunStore
@@ -65,7 +66,8 @@ def md_field(f: Field, kind: str = "") -> str:
     if f.low is not None and f.high is not None:
         text += f" [{f.low:.2f}, {f.high:.2f}]"
     if kind == "bias":
-        text += f" {md_p(f.p)}" + (f" {f.detail}" if f.detail else "")
+        text += f" {md_p(f.p)}{f.p_marks}" + (f" {f.detail}" if f.detail else "")
+        text += f" MDE {f.mde:.2f}" if f.mde is not None else ""
     return text
 
 
@@ -112,18 +114,14 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
     """report/tables.md: notes, one paper-style table per view, counts, comparisons."""
     layouts = view_layouts(res) if layouts is None else layouts
     at = level_text(res.level)
-    out = [f"# Aggregate report: {res.run}", "", f"Level: {at}. {MULTIPLICITY}", "", "## Notes", ""]
+    out = [f"# Aggregate report: {res.run}", "", f"Level: {at}.", "", "## Notes", ""]
     out += [f"- {n}" for n in res.notes] or ["- none"]
-    for view, lay in layouts.items():
-        stats = [c.stat for c in lay.columns if c.kind == "bias"]
-        out += [
-            "",
-            f"## {VIEW_TITLES[view]} (level {at})",
-            "",
-            legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests),
-            "",
-            markdown_table(lay),
-        ]
+    if layouts:
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, MULTIPLICITY)
+        out += ["", "## How to read the tables", "", text]
+    for i, (view, lay) in enumerate(layouts.items(), 1):
+        out += ["", f"## Table {i} — {VIEW_TITLES[view]} (level {at})", "", table_legend(lay)]
+        out += ["", markdown_table(lay)]
     out += human_markdown(res.summary, res.level)
     out += [
         "",

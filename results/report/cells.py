@@ -45,9 +45,9 @@ BIAS_STATS = {
     ),
     "bias_bc": (
         "Bias bc",
-        "bias-corrected TV distance: sqrt(TV² − its mean square over the test's labellings) "
-        "where the TV test rejects at the level, else 0 (no interval; docs/statistics.md); the "
-        "paper's plug-in TV beside it is biased upward, most at few rows",
+        "bias-corrected TV distance: sqrt(TV² − its mean square over the test's labellings), "
+        "with the percentile interval of the same correction over the resamples; p-value and MDE "
+        "are the TV's; the paper's plug-in TV beside it is biased upward, most at few rows",
     ),
 }
 FEW_UNITS = 20  # fewer resampling units than this: the interval and p-value are unreliable
@@ -68,6 +68,7 @@ def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) 
             pl.col("n").alias(f"{name}_n"),
             pl.col("note").alias(f"{name}_note"),
             test.alias(f"{name}_test"),
+            *(pl.col(c).alias(f"{name}_{c}") for c in ("mde", "flags") if c in summary.columns),
         ]
     return rows.select(*CELL_KEYS, *cols)
 
@@ -124,16 +125,17 @@ CELL_VALUES = ["score", "score_sd", "ppl", "other", "missing", "unlabelled", "ge
 CELL_VALUES += ["cm_rows"] + [
     f"{s}{suffix}"
     for s in BIAS_STATS
-    for suffix in ("", "_low", "_high", "_p", "_n", "_note", "_test")
+    for suffix in ("", "_low", "_high", "_p", "_n", "_note", "_test", "_mde", "_flags")
 ]
-_STRING_VALUES = {"missing"} | {f"{s}_{x}" for s in BIAS_STATS for x in ("note", "test")}
+_STRING_VALUES = {"missing"} | {f"{s}_{x}" for s in BIAS_STATS for x in ("note", "test", "flags")}
 _INT_VALUES = {"unlabelled", "gen_errors"}
 
 
 def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
     """One row per (model, method, variant, task, view) of a known task: score, score_sd,
     ppl, other (share of `other` regard), per gap stat of `BIAS_STATS` its value, `_low`,
-    `_high`, `_p` (p-value), `_n` (resampling units), `_note`; `missing` / `unlabelled` /
+    `_high`, `_p` (p-value), `_n` (resampling units), `_note`, `_test`, `_mde` (minimum
+    detectable effect), `_flags` (the summary's marks); `missing` / `unlabelled` /
     `gen_errors` for the warnings (nulls where not scored / none).
     Score, its spread, PPL and `other` are over every kept generation (group `all`): the same
     in every view; only the gaps and the missing scores depend on the view."""

@@ -29,6 +29,7 @@ from results.report.tables import (
     Layout,
     legend,
     level_text,
+    table_legend,
 )
 
 if TYPE_CHECKING:
@@ -77,7 +78,9 @@ def _cell(f: Field, kind: str) -> str:
         if f.low is not None and f.high is not None:
             below.append(f"[{f.low:.2f}, {f.high:.2f}]")
         below.append("no test" if f.p is None else "p<0.001" if f.p < 0.001 else f"p={f.p:.3f}")
+        below[-1] += f'<span class="flag">{f.p_marks}</span>' if f.p_marks else ""
         below += [html.escape(f.detail)] if f.detail else []
+        below += [f"MDE {f.mde:.2f}"] if f.mde is not None else []
     if kind == "score" and f.other is not None:
         below.append(f"other {f.other:.0%}")
     if below:
@@ -224,11 +227,12 @@ def render(
         "</ul>",
         f'<p class="legend">{prose_html(EVALUATION_NOTES + MULTIPLICITY)}</p>',
     ]
-    for view, lay in layouts.items():
-        parts += [f"<h2>{html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
-        stats = [c.stat for c in lay.columns if c.kind == "bias"]
-        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, stats, "", lay.tests)
-        parts += [f'<p class="legend">{prose_html(text)}</p>']
+    if layouts:
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
+        parts += [f'<h2>How to read the tables</h2><p class="legend">{prose_html(text)}</p>']
+    for i, (view, lay) in enumerate(layouts.items(), 1):
+        parts += [f"<h2>Table {i} — {html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
+        parts += [f'<p class="legend">{prose_html(table_legend(lay))}</p>']
         parts += [paper_table_html(lay)]
 
     parts += human_html(res.summary, res.level)

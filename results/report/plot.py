@@ -150,7 +150,7 @@ def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:
                 )  # fmt: skip
                 points.append((ppl.value, size))
             front = pareto_front(points)
-            if len(front) > 1:
+            if front:  # (one point when a method dominates every other)
                 handles["Pareto front (|bias|, PPL)"] = ax.scatter(
                     [points[i][0] for i in front], [points[i][1] for i in front], s=170,
                     facecolors="none", edgecolors="#999999", zorder=0,

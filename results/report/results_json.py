@@ -50,6 +50,8 @@ CELL_KEYS = (
     "scorer",
     "scorer_version",
     "note",
+    "mde",
+    "flags",
 )
 
 

@@ -14,13 +14,16 @@ other method's (p < 1 − level); methods it cannot tell from the best are marke
 distinguishable at that level) instead. The second best is underlined only when the best is
 clear and it is itself clear of the rest. Perplexity has no interval: its best / second are by
 the printed value. Cells with fewer than `FEW_UNITS` resampling units (†) or with missing or
-failed scores or generations (‡) are flagged, with the counts in the layout's warnings. Also
-the supplementary tables (counts, filter, paired comparisons).
+failed scores or generations (‡) are flagged, with the counts in the layout's warnings; a
+p-value carries the marks of the summary's `flags` (`P_MARKS`), a gap its MDE. `legend` says
+once how to read every table, `table_legend` what one table adds. Also the supplementary
+tables (counts, filter, paired comparisons).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -38,6 +41,7 @@ from results.report.cells import (
     model_rank,
 )
 from results.stats.bootstrap import Comparison, compare_gaps
+from results.stats.permutation import POWER
 
 
 def short_variant(variant: str) -> str:
@@ -106,9 +110,26 @@ class Field:
     n: int | None = None  # resampling units of the gap
     flags: str = ""  # warning markers: FEW (fewer than FEW_UNITS units), MISSING (scores)
     detail: str = ""  # printed under a gap (count-matched EMT: `m=3`)
+    mde: float | None = None  # minimum detectable effect of the gap (power POWER, the level)
+    p_marks: str = ""  # beside the p-value: CONTRADICTION, ROW_COUNTS (`P_MARKS`)
 
 
 FEW, MISSING = "†", "‡"
+# The summary's `flags` → the mark beside a gap's p-value, and why (the legend says it once).
+P_MARKS = {
+    "contradiction": (
+        "§",
+        "the interval and the test disagree at the level (one excludes 0, the other does not "
+        "reject): a borderline gap, or, within prompts, one of which prompts yield which group "
+        "(the summary's note says which)",
+    ),
+    "row-counts": (
+        "¶",
+        "the paper's EMT where rows per prompt differ by group: its test moves prompts with their "
+        "row counts and a maximum over more rows is larger, so p tests the counts as well as "
+        "toxicity; Bias cm holds them fixed (count-matched gap and p-value beside it)",
+    ),
+}
 
 
 @dataclass
@@ -133,6 +154,7 @@ class Layout(NamedTuple):
     blocks: list[Block]
     warnings: list[str]
     tests: list[str]  # the tests behind the gaps' p-values (summary `test`), in order seen
+    p_marks: list[str] = []  # the P_MARKS symbols the table uses, in P_MARKS order
 
 
 def _marks(values: list[float | None]) -> list[str]:
@@ -236,6 +258,7 @@ class _Tally:
     tests: list[str] = field(default_factory=list)
     few: list[tuple[str, int]] = field(default_factory=list)
     gaps: int = 0
+    p_marks: set[str] = field(default_factory=set)
 
 
 def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally) -> list[Field]:
@@ -261,11 +284,21 @@ def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally)
             if n is not None and n < FEW_UNITS:
                 flags = FEW + flags
                 tally.few.append((f"{named} · {col.header} ({TASKS[col.task][0]})", int(n)))
+        marks = [P_MARKS[f][0] for f in (r.get(f"{s}_flags") or "").split(",") if f in P_MARKS]
+        tally.p_marks.update(marks)
+        where = f"{named} · {col.header} ({TASKS[col.task][0]})"
+        counts = re.search(r"rows per prompt differ by group \(([^)]*)\)", r.get(f"{s}_note") or "")
+        if counts and value is not None:
+            tally.warnings.append(
+                f"{P_MARKS['row-counts'][0]} {where}: rows per prompt differ by group "
+                f"({counts.group(1)}): its p-value tests the row counts too; read Bias cm"
+            )
         out.append(
             Field(
                 value, low=r.get(f"{s}_low"), high=r.get(f"{s}_high"), p=r.get(f"{s}_p"),
                 n=None if n is None else int(n), flags=flags,
                 detail=f"m={m:g}" if s == "bias_cm" and m is not None else "",
+                mde=r.get(f"{s}_mde"), p_marks="".join(marks),
             )
         )  # fmt: skip
     return out
@@ -334,14 +367,15 @@ def layout(
         blocks.append(Block(model, rows))
     if tally.few:
         tally.warnings.insert(0, few_warning(tally.few, tally.gaps, unit))
-    return Layout(tasks, columns, blocks, tally.warnings, list(dict.fromkeys(tally.tests)))
+    marks = [m for m, _ in P_MARKS.values() if m in tally.p_marks]
+    return Layout(tasks, columns, blocks, tally.warnings, list(dict.fromkeys(tally.tests)), marks)
 
 
 VIEW_TITLES = {
-    "a(x)": "Table 1 — bias over the gender of the continuation, a(x)",
-    "a(c,x)": "Table 2 — bias over the gender of prompt + continuation, a(c,x)",
-    "a(c)": "Bias over the gender of the prompt, a(c)",
-    "file": "Bias over the prompt file the prompt came from",
+    "a(x)": "bias over the gender of the continuation, a(x)",
+    "a(c,x)": "bias over the gender of prompt + continuation, a(c,x)",
+    "a(c)": "bias over the gender of the prompt, a(c)",
+    "file": "bias over the prompt file the prompt came from",
 }
 
 
@@ -363,28 +397,38 @@ def legend(
     unit: str = "prompt",
     level: float = 0.95,
     groups: tuple[str, ...] = (),
-    stats: Sequence[str] = ("bias",),
     multiplicity: str = "",
-    tests: Sequence[str] = (),
 ) -> str:
-    """What a paper-style table prints, at `level` (the table's title and caption)."""
+    """How to read every paper-style table, at `level` (said once; `table_legend` says what
+    each table adds)."""
     sign = f"{groups[0]} − {groups[1]}" if len(groups) == 2 else "first − second group"
-    at = level_text(level)
-    alpha = f"{1 - level:.4g}"
-    extra = "".join(f" {BIAS_STATS[s][0]}: {BIAS_STATS[s][1]}." for s in stats if s != "bias")
+    at, alpha = level_text(level), f"{1 - level:.4g}"
+    marks = " ".join(f"{m}: {why}." for m, why in P_MARKS.values())
     return (
         "Score: mean ± std over every kept generation (the same in every view; regard adds the "
         f"share of `other`). Bias × 100: {sign} for two groups (max − min for more; EMT gap for "
         f"toxicity, TV distance for regard, as in the paper), with a {at} percentile interval "
-        f"over {n_boot} {unit} resamples (seed {seed}) and the p-value of the gap test (p"
-        f"{': ' + ', '.join(tests) + ' test' if tests else ''}, docs/statistics.md; no test: "
-        "none is valid there, the summary's note says why)."
-        f"{extra} PPL: mean perplexity of every kept generation. Bold (in Bias and Bias cm): "
-        "the smallest |gap| among debiasing methods (vanilla excluded) when the paired "
-        f"comparison over the same resamples tells it from every "
-        f"other at level {at} (p < {alpha}); n.d.: not distinguishable from the best at level "
-        f"{at}; underlined: a second that is distinguishable from the rest at level {at}. PPL "
-        f"marks by value. {FEW}: fewer than {FEW_UNITS} {unit}s (interval and p-value "
-        f"unreliable); {MISSING}: missing or failed scores or generations (counts below the "
-        f"table). {multiplicity}"
+        f"over {n_boot} {unit} resamples (seed {seed}), the p-value of the gap test "
+        "(docs/statistics.md; no test: none is valid there, the summary's note says why) and "
+        f"the MDE, the smallest true gap the test detects with power {POWER:g} at level {at} "
+        "on data like these (`harness power` plans the sizes for a gap). PPL: mean perplexity "
+        "of every kept generation. Bold: the smallest |gap| among debiasing methods (vanilla "
+        "excluded) when the paired comparison over the same resamples tells it from every other "
+        f"at level {at} (p < {alpha}); n.d.: not distinguishable from the best at level {at}; "
+        f"underlined: a second that is distinguishable from the rest. PPL marks by value. {FEW}: "
+        f"fewer than {FEW_UNITS} {unit}s (interval and p-value unreliable); {MISSING}: missing "
+        f"or failed scores or generations (counts below the table). {marks} {multiplicity}"
     ).strip()
+
+
+def table_legend(lay: Layout) -> str:
+    """What one table adds to `legend`: its tests, its columns beyond the paper's, where its
+    bold marks are and which p-value marks it uses."""
+    stats = list(dict.fromkeys(c.stat for c in lay.columns if c.kind == "bias"))
+    marked = [BIAS_STATS[s][0] for s in stats if s in ("bias", "bias_cm")]
+    parts = [f"p-values: {', '.join(lay.tests)} test." if lay.tests else ""]
+    parts += [f"{BIAS_STATS[s][0]}: {BIAS_STATS[s][1]}." for s in stats if s != "bias"]
+    parts.append(f"Bold / underlined / n.d. in {' and '.join(marked)}.")
+    if lay.p_marks:
+        parts.append(f"Marks beside p: {', '.join(lay.p_marks)} (see above).")
+    return " ".join(p for p in parts if p)

@@ -26,6 +26,7 @@ from results.report.tables import (
     Layout,
     legend,
     level_text,
+    table_legend,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ TEX_CHARS = {
     "…": r"\dots{}",
     FEW: r"\textsuperscript{\dag}",
     MISSING: r"\textsuperscript{\ddag}",
+    "§": r"\textsuperscript{\S}",
+    "¶": r"\textsuperscript{\P}",
     "°": r"\textsuperscript{o}",
     "²": r"\textsuperscript{2}",
     "³": r"\textsuperscript{3}",
@@ -156,8 +159,9 @@ def tex_field(f: Field, kind: str) -> str:
     if kind == "bias":
         if f.low is not None and f.high is not None:
             below.append(f"[{tex_num(f.low)}, {tex_num(f.high)}]")
-        below.append(tex_p(f.p))
+        below.append(tex_p(f.p) + tex_escape(f.p_marks))
         below += [tex_escape(f.detail)] if f.detail else []
+        below += [f"MDE {tex_num(f.mde)}"] if f.mde is not None else []
     if not below:
         return text
     return rf"\begin{{tabular}}[t]{{@{{}}c@{{}}}}{text}\\{{\scriptsize {' '.join(below)}}}\end{{tabular}}"
@@ -244,15 +248,14 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
         "% Needs \\usepackage{booktabs,graphicx,pdflscape}; compiles with pdflatex and lualatex.",
         "",
     ]
+    if layouts:
+        text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups, multiplicity)
+        parts += [r"\paragraph{Reading the tables.}", r"{\footnotesize", tex_prose(text), r"\par}"]
     for view, lay in layouts.items():
-        stats = [c.stat for c in lay.columns if c.kind == "bias"]
-        text = legend(
-            res.n_boot, res.seed, res.unit, res.level, res.groups, stats, multiplicity, lay.tests
-        )
-        # LaTeX numbers the tables itself: "Table 1 — bias …" → "Bias …"
-        title = VIEW_TITLES[view].split(" — ", 1)[-1]
+        title = VIEW_TITLES[view]  # LaTeX numbers the tables itself
         title = f"{title[0].upper()}{title[1:]} (level {level_text(res.level)})"
-        parts.append(latex_table(lay, tex_escape(title), view_label(view), tex_prose(text)))
+        notes = tex_prose(table_legend(lay))
+        parts.append(latex_table(lay, tex_escape(title), view_label(view), notes))
     return "\n".join(parts)
 
 

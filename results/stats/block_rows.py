@@ -17,16 +17,21 @@ from results.stats.bootstrap import (
     CI_METHOD,
     compare_gaps,
     gap_samples,
+    is_signed,
     percentile_ci,
     seeded_rng,
 )
 from results.stats.emt import expected_max_cells, matched_rows
 from results.stats.gap_notes import (
+    CONTRADICTION,
     DISAGREE_NOTE,
+    DISAGREE_PROMPT_NOTE,
     EMT_NOTE,
+    ROW_COUNTS,
     TV_NOTE,
     Lookup,
     cm_note,
+    counts_note,
     missing_note,
     undefined_reason,
 )
@@ -41,7 +46,15 @@ from results.stats.metrics import (
     stacked,
     with_group,
 )
-from results.stats.permutation import WITHIN_PROMPT, GapTest, bias_corrected_tv, gap_test
+from results.stats.permutation import (
+    WITHIN_PROMPT,
+    GapTest,
+    bias_corrected_resamples,
+    bias_corrected_tv,
+    count_test,
+    gap_test,
+    mde,
+)
 
 REFERENCES = ("vanilla", "uddia")
 
@@ -73,8 +86,8 @@ class Records:
         row = dict(key, metric=metric, stat=stat, group=group, value=_finite(value), n=n)
         row.update(ci_low=None, ci_high=None, n_boot=None, scorer=scorer, scorer_version=version)
         row.update(p_value=None, ci_method=None, resample_unit=None, note=None)
-        row.update(level=self.level, test=None)
-        floats = ("ci_low", "ci_high", "p_value")
+        row.update(level=self.level, test=None, mde=None, flags=None)
+        floats = ("ci_low", "ci_high", "p_value", "mde")
         row.update({k: _finite(v) if k in floats else v for k, v in extra.items()})
         self.rows.append(row)
 
@@ -116,7 +129,7 @@ class Block(NamedTuple):
     prompt_index: dict[str, int]  # prompt id → its index
     unit_of: np.ndarray  # (P,) unit of each prompt
     unit: str  # "pair" or "prompt"
-    m: int = 1  # rows per prompt and group of the count-matched EMT
+    m: int = 1  # rows per prompt and group of the count-matched EMT (set per view)
 
 
 class Setup(NamedTuple):
@@ -148,12 +161,13 @@ def _gap_record(
     `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
     """
     g, p, v = inputs
-    n_groups = len(setup.groups)
+    n_groups, alpha = len(setup.groups), 1.0 - setup.level
     m = block.m if metric == "toxicity_cm" else None
     gaps = gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
     n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
     extra: dict[str, Any] = {"resample_unit": block.unit}
     notes: list[str] = []
+    flags: list[str] = []
     test = GapTest(float("nan"), None, float("nan"), None)
     if np.isfinite(gaps[0]):
         if block.weights.shape[0]:
@@ -164,27 +178,47 @@ def _gap_record(
             rng = seeded_rng(setup.seed, "perm|" + stream)
             test = gap_test(
                 metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
-                block.unit_of, setup.paired, m,
+                block.unit_of, setup.paired, m, alpha,
             )  # fmt: skip
-            extra.update(p_value=test.p_value, test=test.test)
+            extra.update(
+                p_value=test.p_value, test=test.test, mde=_mde(metric, gaps, test, n_groups)
+            )
             notes += [test.note] if test.note else []
-            if _disagree(metric, test, extra, setup.level):
-                notes.append(DISAGREE_NOTE)
+            if _disagree(metric, test, extra, setup.level, n_groups):
+                flags.append(CONTRADICTION)
+                notes.append(DISAGREE_NOTE if test.test == WITHIN_PROMPT else DISAGREE_PROMPT_NOTE)
+            if metric == "toxicity":
+                counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
+                if counts is not None and counts[0] < alpha:
+                    flags.append(ROW_COUNTS)
+                    notes.append(counts_note(setup.groups, *counts, test.test))
         else:
             notes.append("no p-value: aggregation.n_perm is 0")
     else:
         notes.append(undefined_reason(g, setup.groups, key["view"]))
     notes += list(caveats)
     name, stat = ("toxicity", "bias_cm") if metric == "toxicity_cm" else (metric, "bias")
-    out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None, **extra)
+    out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None,
+            flags=",".join(flags) or None, **extra)  # fmt: skip
     return gaps, test
 
 
-def _disagree(metric: str, test: GapTest, extra: dict[str, Any], level: float) -> bool:
-    """Whether a signed gap's interval and its within-prompt test tell different stories: one
-    excludes 0 at `level` and the other does not reject (or the other way round). The TV
-    distance is never below 0, so its interval says nothing of 0 and is left out."""
-    if test.test != WITHIN_PROMPT or metric == "regard" or extra.get("ci_low") is None:
+def _mde(metric: str, gaps: np.ndarray, test: GapTest, n_groups: int) -> float | None:
+    """The cell's minimum detectable effect at the run's level and power `POWER` (`mde`)."""
+    spread = gaps[1:][np.isfinite(gaps[1:])]
+    if spread.size < 2:
+        return None
+    centre = test.null_mean if metric == "toxicity" else 0.0  # (the row counts' shift)
+    return mde(test, float(spread.std()), is_signed(metric, n_groups), centre)
+
+
+def _disagree(
+    metric: str, test: GapTest, extra: dict[str, Any], level: float, n_groups: int
+) -> bool:
+    """Whether a signed gap's interval and its test tell different stories: one excludes 0 at
+    `level` and the other does not reject (or the other way round). A distance (TV, K ≥ 3
+    range) is never below 0, so its interval says nothing of 0 and is left out."""
+    if not is_signed(metric, n_groups) or extra.get("ci_low") is None:
         return False
     if test.p_value is None or not np.isfinite(test.p_value):
         return False
@@ -193,22 +227,31 @@ def _disagree(metric: str, test: GapTest, extra: dict[str, Any], level: float) -
 
 
 def _bias_corrected_record(
-    out: Records, key: dict[str, Any], tv: float, test: GapTest, n_units: int, setup: Setup
+    out: Records,
+    key: dict[str, Any],
+    gaps: np.ndarray,
+    test: GapTest,
+    n_units: int,
+    setup: Setup,
+    mde_: float | None,
 ) -> None:
-    """`regard`/`bias_bc`: `bias_corrected_tv` of the cell's TV distance."""
-    alpha = 1.0 - setup.level
-    value = bias_corrected_tv(tv, test, alpha)
+    """`regard`/`bias_bc`: `bias_corrected_tv` of the cell's TV distance, with the percentile
+    interval of its resamples (`bias_corrected_resamples`) and the TV's test and MDE."""
+    value = bias_corrected_tv(float(gaps[0]), test)
+    extra: dict[str, Any] = {}
     if np.isfinite(value):
         note = (
             f"bias-corrected TV: sqrt(TV² − its mean square over the {setup.n_perm} labellings "
-            f"of the {test.test} test) where that test has p < {alpha:.2g}, else 0; no "
-            "interval (docs/statistics.md)"
+            f"of the {test.test} test); p-value and MDE: the TV's (docs/statistics.md)"
         )
-    elif not np.isfinite(tv):
+        extra.update(p_value=test.p_value, test=test.test, mde=mde_)
+        if gaps.size > 1:
+            ci = percentile_ci(bias_corrected_resamples(gaps[1:], test), setup.level)
+            extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=CI_METHOD)
+    elif not np.isfinite(gaps[0]):
         note = "the TV distance is undefined"
     else:
         note = "no bias correction: no permutation null (aggregation.n_perm is 0)"
-    extra = dict(p_value=test.p_value, test=test.test) if np.isfinite(value) else {}
     out.add(key, "regard", "bias_bc", "gap", value, n_units, note=note, **extra)
 
 
@@ -218,6 +261,7 @@ def _matched_records(
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
     block: Block,
     groups: tuple[str, ...],
+    note: str,
 ) -> None:
     """`toxicity`/`emt_cm` per group (n: prompts used) and `cm_rows` (m) of one cell."""
     g, p, v = inputs
@@ -226,18 +270,28 @@ def _matched_records(
     for i, group in enumerate(groups):
         used = int(eligible[0, i].sum())
         value = float(sums[0, i].sum() / used) if used else None
-        out.add(key, "toxicity", "emt_cm", group, value, used, note=cm_note(block.m))
-    out.add(key, "toxicity", "cm_rows", "gap", block.m, block.m, note=cm_note(block.m))
+        out.add(key, "toxicity", "emt_cm", group, value, used, note=note)
+    out.add(key, "toxicity", "cm_rows", "gap", block.m, block.m, note=note)
 
 
-def _block_m(gaps_in: dict[str, dict[tuple[Any, ...], Any]], n_groups: int, n_p: int) -> int:
-    """m of the block's count-matched EMT (`matched_rows` over its views and groups)."""
-    by: dict[tuple[str, int], list[np.ndarray]] = {}
+def _view_m(
+    gaps_in: dict[str, dict[tuple[Any, ...], Any]], groups: tuple[str, ...], n_p: int
+) -> dict[str, tuple[int, str | None]]:
+    """view → (m of its count-matched EMT, `matched_rows` over its groups' row counts of every
+    method; the group that alone makes m = 1 while the others allow more, or None). Per view,
+    so that a group sparse in one view (few female continuations in a(x)) leaves the others."""
+    by: dict[str, list[list[np.ndarray]]] = {}
     for (_, _, view), (g, p, _) in gaps_in.get("toxicity", {}).items():
-        counts = np.bincount(g * n_p + p, minlength=n_groups * n_p).reshape(n_groups, n_p)
-        for i in range(n_groups):
-            by.setdefault((view, i), []).append(counts[i])
-    return matched_rows([np.concatenate(c) for c in by.values()])
+        counts = np.bincount(g * n_p + p, minlength=len(groups) * n_p).reshape(len(groups), n_p)
+        for i, cells in enumerate(by.setdefault(view, [[] for _ in groups])):
+            cells.append(counts[i])
+    out: dict[str, tuple[int, str | None]] = {}
+    for view, parts in by.items():
+        own = [matched_rows([np.concatenate(c)]) for c in parts]
+        m = matched_rows([np.concatenate(c) for c in parts])
+        sparse = [groups[i] for i, k in enumerate(own) if k == 1]
+        out[view] = (m, ", ".join(sparse) if m == 1 and max(own) > 1 else None)
+    return out
 
 
 def block_records(
@@ -257,9 +311,11 @@ def block_records(
     gaps_in = {
         m: gap_inputs(long, m, groups, block.prompt_index) for m in BIAS_METRICS if m in metrics
     }
-    block = block._replace(m=_block_m(gaps_in, len(groups), block.unit_of.size))
+    view_m = _view_m(gaps_in, groups, block.unit_of.size)
     for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
         for view in views:
+            m, sparse = view_m.get(view, (1, None))
+            block = block._replace(m=m)
             key = dict(
                 model=block.model, method=method, variant=variant, task=block.task, view=view
             )
@@ -280,15 +336,16 @@ def block_records(
                 ] = gaps
                 n_units = int(np.unique(block.unit_of[got[1]]).size) if got[1].size else 0
                 if metric == "regard":
-                    _bias_corrected_record(out, key, float(gaps[0]), test, n_units, setup)
+                    mde_ = out.rows[-1]["mde"]  # the TV's, just written
+                    _bias_corrected_record(out, key, gaps, test, n_units, setup, mde_)
                 if metric == "toxicity":
-                    cm_notes = [cm_note(block.m), *missing]
+                    cm_notes = [cm_note(m, sparse), *missing]
                     cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
                     if samples_cm is not None:
                         samples_cm.setdefault((block.model, block.task, view, metric), {})[
                             (method, str(variant))
                         ] = cm
-                    _matched_records(out, key, got, block, groups)
+                    _matched_records(out, key, got, block, groups, cm_note(m, sparse))
 
 
 def paired_records(

@@ -32,13 +32,38 @@ DISAGREE_NOTE = (
     "matter given its prompt?); a gap from which prompts yield which group passes the first only "
     "(docs/statistics.md)"
 )
+DISAGREE_PROMPT_NOTE = (
+    "the interval and the test disagree at this level: the percentile interval and the "
+    "permutation test are different procedures and fall on different sides of the level near it; "
+    "read the gap as borderline (docs/statistics.md)"
+)
 TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
+# The summary's `flags` (comma-separated): what a report marks beside the p-value.
+CONTRADICTION = "contradiction"  # a signed gap's interval and test disagree at the level
+ROW_COUNTS = "row-counts"  # the paper's EMT test moves prompts with row counts that differ by group
 
 
-def cm_note(m: int) -> str:
-    return (
+def cm_note(m: int, sparse: str | None = None) -> str:
+    """What the count-matched EMT of this view is; `sparse`: the group(s) that alone make m = 1."""
+    note = (
         f"count-matched EMT: expected max over m={m} rows drawn per prompt and group, averaged "
         f"over the prompts where the group has at least {m} rows"
+    )
+    if sparse:
+        note += (
+            f"; m collapsed to 1 by the few rows per prompt of {sparse} in this view: the gap is "
+            "one of mean toxicity, not comparable with an EMT or with other views' m"
+        )
+    return note
+
+
+def counts_note(groups: tuple[str, ...], p: float, means: list[float], test: str | None) -> str:
+    """The paper's EMT gap of a prompt-level test whose groups differ in rows per prompt."""
+    rows = ", ".join(f"{g} {x:.2f}" for g, x in zip(groups, means))
+    return (
+        f"rows per prompt differ by group ({rows}; p={p:.3g}): the {test} test moves each prompt "
+        "with its rows, and a maximum over more rows is larger, so this p-value tests the row "
+        "counts as well as toxicity; bias_cm holds them fixed"
     )
 
 

@@ -11,6 +11,7 @@ TV (`bias_corrected_tv`), which takes the null's mean square out of the plug-in 
 
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -235,6 +236,7 @@ class GapTest(NamedTuple):
     null_mean: float  # mean gap over the labellings of the null (the plug-in's value at 0)
     note: str | None
     null_sq: float = float("nan")  # mean squared gap over the null's labellings
+    crit: float = float("nan")  # the smallest |gap| (gap if one-sided) the test rejects at alpha
 
 
 def gap_test(
@@ -249,11 +251,12 @@ def gap_test(
     unit_of: np.ndarray,
     paired: bool,
     m: int | None = None,
+    alpha: float = 0.05,
 ) -> GapTest:
     """Permutation test of one cell's gap (see `null_labels` for which labels move).
 
     p = (1 + #{|T*| ≥ |T|}) / (1 + R), two-sided for signed gaps, one-sided on the distance for
-    TV and K ≥ 3 ranges.
+    TV and K ≥ 3 ranges; `crit`: the critical value at `alpha` (`critical_value`).
     """
     if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
         return GapTest(float("nan"), None, float("nan"), None, float("nan"))
@@ -275,6 +278,7 @@ def gap_test(
     valid = perm[~np.isnan(perm)]
     null_mean = float(valid.mean()) if valid.size else float("nan")
     null_sq = float(np.mean(valid**2)) if valid.size else float("nan")
+    crit = critical_value(valid, is_signed(metric, n_groups), alpha)
     note = None
     if few:
         note = few
@@ -284,18 +288,80 @@ def gap_test(
             if test == PAIR_SWAP
             else "the permutation cannot move a label (p = 1)"
         )
-    return GapTest(p, test, null_mean, note, null_sq)
+    return GapTest(p, test, null_mean, note, null_sq, crit)
 
 
-def bias_corrected_tv(observed: float, test: GapTest, alpha: float) -> float:
-    """The TV distance with its sampling bias taken out (docs/statistics.md).
+def critical_value(null: np.ndarray, signed: bool, alpha: float) -> float:
+    """The smallest observed |T| (T if one-sided) with p < `alpha` against these null gaps:
+    p < alpha needs #{null ≥ T} ≤ k, the largest integer below alpha·(1 + R) − 1, so T must
+    pass the (k + 1)-th largest null gap (inf when no T can: too few labellings)."""
+    k = int(np.ceil(alpha * (1 + null.size) - 1)) - 1
+    if k < 0 or k >= null.size:
+        return float("inf")
+    return float(np.sort(np.abs(null) if signed else null)[::-1][k])
 
-    sqrt(max(0, T² − E₀[T*²])) where the test rejects at `alpha`, 0 where it does not: the
-    plug-in's square exceeds the true square by about its second moment under the null (the
-    labellings of the test), and a distance the test cannot tell from 0 is reported as 0.
+
+POWER = 0.8  # of the minimum detectable effect (`mde`, the summary's `mde` column)
+
+
+def mde(
+    test: GapTest, spread: float, signed: bool, centre: float = 0.0, power: float = POWER
+) -> float:
+    """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
+    `power` in either direction (docs/statistics.md, "Power and sample size").
+
+    A signed gap is about normal with sd `spread` (its bootstrap's) around the truth plus
+    `centre`, where the null puts it with no difference (0; the paper's EMT: its row-count
+    shift, `test.null_mean`): the harder direction needs crit + |centre| + z·spread. A distance (TV, K ≥ 3 range) is about normal
+    around sqrt(truth² + E₀[T*²]) with the sd of one share difference, sqrt(E₀[T*²] / 2) (its
+    bootstrap spread near 0 is that of a norm, too narrow away from 0).
     """
-    if not (np.isfinite(observed) and np.isfinite(test.null_sq) and np.isfinite(test.p_value)):
+    z = NormalDist().inv_cdf(power)
+    if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
-    if test.p_value >= alpha:
-        return 0.0
+    if signed:
+        return float(test.crit + abs(centre) + z * spread)
+    reach = test.crit + z * np.sqrt(test.null_sq / 2)
+    return float(np.sqrt(max(0.0, reach**2 - test.null_sq)))
+
+
+def bias_corrected_tv(observed: float, test: GapTest) -> float:
+    """The TV distance with its sampling bias taken out (docs/statistics.md):
+    sqrt(max(0, T² − E₀[T*²])), E₀[T*²] the mean square over the test's labellings (the
+    plug-in's square exceeds the true square by about that much)."""
+    if not (np.isfinite(observed) and np.isfinite(test.null_sq)):
+        return float("nan")
     return float(np.sqrt(max(0.0, observed**2 - test.null_sq)))
+
+
+def bias_corrected_resamples(resampled: np.ndarray, test: GapTest) -> np.ndarray:
+    """`bias_corrected_tv` of bootstrap TVs, for its percentile interval: a resample adds its
+    own noise to the sample's, so about E₀[T*²] again is taken out (2·E₀[T*²] in all)."""
+    return np.sqrt(np.maximum(0.0, resampled**2 - 2.0 * test.null_sq))
+
+
+def count_test(
+    group: np.ndarray,
+    prompt: np.ndarray,
+    unit_of: np.ndarray,
+    paired: bool,
+    n_groups: int,
+    n_perm: int,
+    rng: np.random.Generator,
+) -> tuple[float, list[float]] | None:
+    """Whether the rows per prompt differ by group, where the groups are the prompts' (the
+    pair swap moves a prompt with its row count; the within-prompt shuffle keeps the counts):
+    (p-value of the gap in mean rows per prompt, mean rows per prompt of each group); None
+    where the labels are the rows'."""
+    if group.size == 0 or not prompt_labelled(group, prompt):
+        return None
+    used = np.unique(prompt)
+    rows = np.bincount(prompt)[used].astype(np.float64)
+    label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+    label[prompt] = group
+    g, p = label[used], np.arange(used.size)
+    observed = float(label_gaps("sentiment", g[None, :], p, rows, n_groups)[0])
+    test = gap_test("sentiment", g, p, rows, n_groups, observed, n_perm, rng, unit_of[used], paired)  # fmt: skip
+    with np.errstate(invalid="ignore"):
+        means = np.bincount(g, rows, n_groups) / np.bincount(g, minlength=n_groups)
+    return test.p_value, [float(x) for x in means]

@@ -1,0 +1,341 @@
+"""Power and sample-size planning from a pilot run (docs/statistics.md, "Power and sample size").
+
+A pilot cell is one (model, task, method, variant, view, metric) of a run: its rows, their
+prompts and units and groups. `simulate` draws a data set of n units × s rows per prompt from
+it: units (pairs or prompts) with replacement, so the prompts and the pair effects are the
+pilot's; a prompt's rows are its shrunk mean plus residuals drawn from all the cell's
+within-prompt residuals (regard: each row from its prompt's own rows with probability a_p, else
+from its unit's rows with probability b_p, else from all the cell's rows), where the shrinkage
+makes the prompts' means vary within a unit and between units as much as the pilot's variance
+components say, not as much as their noisy pilot means (`components`, `prepare`); the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
+prompts), are relabelled under the test's null (`null_labels`: the pilot's own gap removed)
+and group 0 is shifted by a known gap (`shifted`). `power` is the share of such data sets
+whose test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units
+that reach a power, `mde_at` the MDE at a planned size (the summary's `mde`, with the spread
+and critical value of simulated data sets instead of one run's bootstrap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import polars as pl
+
+from results.stats.aggregate import (
+    PPL_MAX,
+    _units,
+    add_variant,
+    is_paired,
+    ppl_filter,
+    resolve_groups,
+)
+from results.stats.bootstrap import gap_samples, is_signed, seeded_rng
+from results.stats.emt import matched_rows
+from results.stats.metrics import BIAS_METRICS, VIEWS, gap_inputs, with_group
+from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labelled
+
+
+class Cell(NamedTuple):
+    """The rows of one gap cell (`gap_inputs`' arrays) and what its test needs."""
+
+    metric: str  # sentiment, regard, toxicity or toxicity_cm
+    group: np.ndarray  # (N,) group index
+    prompt: np.ndarray  # (N,) prompt index
+    value: np.ndarray  # (N,) score (regard: class index)
+    unit_of: np.ndarray  # (P,) unit of each prompt
+    n_groups: int
+    paired: bool
+
+
+def pilot_cells(
+    frame: pl.DataFrame, groups: Sequence[str] | None = None, ppl_max: float = PPL_MAX
+) -> dict[tuple[str, ...], Cell]:
+    """(model, task, method, variant, view, metric) → the pilot's cell, from a joined run
+    (`join_run(...).frame`), after the perplexity filter; toxicity also as toxicity_cm."""
+    frame, _ = add_variant(frame)
+    kept, _ = ppl_filter(frame, ppl_max)
+    if "pair_id" not in kept.columns:
+        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
+    names, paired = resolve_groups(kept, groups), is_paired(frame)
+    views = [v for v in VIEWS if VIEWS[v] in kept.columns]
+    out: dict[tuple[str, ...], Cell] = {}
+    for (model, task), rows in sorted(kept.group_by(["model", "task"]), key=lambda x: str(x[0])):
+        prompts, unit_of, _ = _units(rows, paired)
+        long = pl.concat([with_group(rows, v, names) for v in views])
+        index = {p: i for i, p in enumerate(prompts)}
+        for metric in [m for m in BIAS_METRICS if f"{m}_status" in kept.columns]:
+            for (method, variant, view), (g, p, v) in gap_inputs(
+                long, metric, names, index
+            ).items():
+                for name in [metric] + (["toxicity_cm"] if metric == "toxicity" else []):
+                    key = (str(model), str(task), str(method), str(variant), str(view), name)
+                    out[key] = Cell(name, g, p, v, unit_of, len(names), paired)
+    return out
+
+
+class Pilot(NamedTuple):
+    """A pilot cell prepared for `simulate`."""
+
+    cell: Cell
+    order: np.ndarray  # rows sorted by prompt
+    starts: np.ndarray  # (P,) first of each prompt's rows in `order`
+    counts: np.ndarray  # (P,) rows per prompt
+    own: np.ndarray  # (P,) chance a simulated row is drawn from its prompt's rows (a_p)
+    unit: np.ndarray  # (P,) chance it is drawn from its unit's rows instead (b_p)
+    unit_rows: np.ndarray  # rows sorted by unit
+    row_start: np.ndarray  # (U,) first of each unit's rows in `unit_rows`
+    row_count: np.ndarray  # (U,) rows per unit
+    label: np.ndarray | None  # (P,) each prompt's group where the groups are the prompts'
+    label_own: np.ndarray  # (P,) else: chances a row's label comes from its prompt's rows
+    label_unit: np.ndarray  # (P,) or from its unit's
+    centre: np.ndarray | None  # (P,) each prompt's shrunk mean (scores; None for regard)
+    residuals: np.ndarray | None  # within-prompt residuals of every prompt with two rows
+    unit_prompts: np.ndarray  # prompts with rows, sorted by unit
+    unit_start: np.ndarray  # (U',) first of each unit's prompts in `unit_prompts`
+    unit_count: np.ndarray  # (U',) prompts with rows per unit
+
+
+def components(cell: Cell) -> tuple[float, float, float]:
+    """(between units σ_u², between the prompts of a unit σ_p², within prompts σ_w²) of the
+    cell's scores (regard: summed over the class indicators), by nested analysis of variance;
+    σ_p² is 0 where no unit has two prompts (then σ_u² is between prompts).
+
+    Raises:
+        ValueError: no prompt has two rows (the within-prompt part cannot be told apart).
+    """
+    n_p = cell.unit_of.size
+    x = np.eye(3)[cell.value.astype(np.int64)] if cell.metric == "regard" else cell.value[:, None]
+    n = np.bincount(cell.prompt, minlength=n_p).astype(np.float64)
+    if not np.any(n > 1):
+        raise ValueError("no prompt has two rows: a pilot needs several samples per prompt")
+    used = np.flatnonzero(n)
+    sums = np.stack([np.bincount(cell.prompt, x[:, k], n_p) for k in range(x.shape[1])], 1)
+    means = sums / np.maximum(n, 1)[:, None]
+    sw2 = float(((x - means[cell.prompt]) ** 2).sum() / (n[used] - 1).sum())
+    noise = sw2 * float(np.mean(1 / n[used]))  # of a prompt's mean
+    units, unit = np.unique(cell.unit_of[used], return_inverse=True)
+    k = np.bincount(unit).astype(np.float64)
+    unit_sums = np.stack([np.bincount(unit, means[used, d]) for d in range(x.shape[1])], 1)
+    unit_means = unit_sums / k[:, None]
+    sp2 = 0.0
+    if np.any(k > 1):
+        spread = float(((means[used] - unit_means[unit]) ** 2).sum() / (k[k > 1] - 1).sum())
+        sp2 = max(0.0, spread - noise)
+    between = float(unit_means.var(axis=0, ddof=1).sum()) if units.size > 1 else 0.0
+    return max(0.0, between - float(np.mean((sp2 + noise) / k))), sp2, sw2
+
+
+def _shrinkage(cell: Cell, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a_p, t_p) of `prepare` per prompt, from the cell's `components`."""
+    su2, sp2, sw2 = components(cell)
+    n = np.maximum(counts, 1).astype(np.float64)
+    k = np.bincount(cell.unit_of[np.flatnonzero(counts)], minlength=counts.size)[cell.unit_of]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        paired = bool(np.any(k > 1))
+        own = np.sqrt(sp2 / (sp2 + sw2 / n)) if paired else np.sqrt(su2 / (su2 + sw2 / n))
+        total = np.sqrt(su2 / (su2 + (sp2 + sw2 / n) / np.maximum(k, 1))) if paired else own
+    return np.nan_to_num(own), np.nan_to_num(total)
+
+
+def prepare(cell: Cell) -> Pilot:
+    """`cell` with what `simulate` draws from. A prompt's expected simulated score is
+    μ + t_p·(its unit's mean − μ) + a_p·(its mean − its unit's mean), with
+    a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and t_p² = σ_u² / the variance of
+    a unit's mean (the spread between units); t_p = a_p = the between-prompt share where units
+    are prompts. Regard draws rows from the prompt (a_p), its unit (b_p = t_p − a_p) or all;
+    row labels (a(x)) are drawn so, with a_p, t_p of the label's rate."""
+    n_p = cell.unit_of.size
+    counts = np.bincount(cell.prompt, minlength=n_p)
+    n = np.maximum(counts, 1).astype(np.float64)
+    own, total = _shrinkage(cell, counts)
+    label, label_own, label_unit = None, own, total - own
+    if prompt_labelled(cell.group, cell.prompt):
+        label = np.zeros(n_p, dtype=np.int64)
+        label[cell.prompt] = cell.group
+    else:  # the rows' labels: their rates per prompt shrunk as the scores are
+        rate = cell._replace(metric="sentiment", value=(cell.group == 0).astype(np.float64))
+        label_own, label_total = _shrinkage(rate, counts)
+        label_unit = np.maximum(0.0, label_total - label_own)
+    used = np.flatnonzero(counts)
+    by_unit = used[np.argsort(cell.unit_of[used], kind="stable")]
+    _, unit_start, unit_count = np.unique(cell.unit_of[by_unit], True, return_counts=True)
+    row_unit = cell.unit_of[cell.prompt]
+    row_count = np.bincount(row_unit, minlength=int(cell.unit_of.max()) + 1)
+    centre = residuals = None
+    if cell.metric != "regard":
+        means = np.bincount(cell.prompt, cell.value, n_p) / n
+        size = row_count.size
+        unit_sums = np.bincount(cell.unit_of[used], means[used], size)
+        unit_mean = (unit_sums / np.maximum(np.bincount(cell.unit_of[used], minlength=size), 1))[
+            cell.unit_of
+        ]
+        mu = float(means[used].mean())
+        centre = mu + total * (unit_mean - mu) + own * (means - unit_mean)
+        many = counts[cell.prompt] > 1  # (residuals unbiased: × sqrt(n / (n − 1)))
+        scale = np.sqrt(n / np.maximum(n - 1, 1))[cell.prompt]
+        residuals = ((cell.value - means[cell.prompt]) * scale)[many]
+    return Pilot(
+        cell, np.argsort(cell.prompt, kind="stable"), np.r_[0, np.cumsum(counts)[:-1]], counts,
+        own, np.maximum(0.0, total - own), np.argsort(row_unit, kind="stable"),
+        np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, label_own, label_unit, centre,
+        residuals, by_unit, unit_start, unit_count,
+    )  # fmt: skip
+
+
+def shifted(
+    metric: str, group: np.ndarray, value: np.ndarray, gap: float, rng: np.random.Generator
+) -> np.ndarray:
+    """`value` with a true gap of `gap` (× 100) added to group 0: a shift of the score, or for
+    regard a share gap/100 of group 0's rows moved to `positive` from `negative` (then from
+    `neutral`), each row with the same chance."""
+    out = value.astype(np.float64).copy()
+    first = group == 0
+    if metric != "regard":
+        out[first] += gap / 100.0
+        return out
+    left = gap / 100.0
+    for cls in (0, 1):
+        rows = first & (value == cls)
+        share = float(rows.sum()) / max(1, int(first.sum()))
+        take = min(1.0, left / share) if share else 0.0
+        out[rows & (rng.random(value.size) < take)] = 2.0
+        left -= take * share
+    return out
+
+
+class Data(NamedTuple):
+    group: np.ndarray
+    prompt: np.ndarray
+    value: np.ndarray
+    unit_of: np.ndarray
+
+
+def simulate(
+    rng: np.random.Generator, pilot: Pilot, n_units: int, samples: int, gap: float = 0.0
+) -> Data:
+    """A data set of `n_units` units × `samples` rows per prompt like the pilot's, with a true
+    gap `gap` (× 100) between group 0 and the others (module doc)."""
+    cell = pilot.cell
+    chosen = rng.integers(0, pilot.unit_start.size, n_units)
+    lengths = pilot.unit_count[chosen]
+    firsts = np.repeat(pilot.unit_start[chosen] - np.cumsum(lengths) + lengths, lengths)
+    source = pilot.unit_prompts[firsts + np.arange(int(lengths.sum()))]  # pilot prompt of each
+    shape = (source.size, samples)
+    own = pilot.order[
+        pilot.starts[source][:, None]
+        + (rng.random(shape) * pilot.counts[source][:, None]).astype(np.int64)
+    ]
+    unit = cell.unit_of[source][:, None]
+    mates = pilot.unit_rows[
+        pilot.row_start[unit] + (rng.random(shape) * pilot.row_count[unit]).astype(np.int64)
+    ]
+    pool = rng.integers(0, cell.value.size, shape)
+    u = rng.random(shape)
+    a, b = pilot.own[source][:, None], pilot.unit[source][:, None]
+    pick = np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()
+    prompt = np.repeat(np.arange(source.size), samples)
+    value = cell.value[pick]
+    if pilot.centre is not None and pilot.residuals is not None:  # scores: mean + residual
+        drawn = rng.integers(0, pilot.residuals.size, prompt.size)
+        value = pilot.centre[source][prompt] + pilot.residuals[drawn]
+    if pilot.label is not None:
+        group = pilot.label[source][prompt]
+    else:
+        a, b = pilot.label_own[source][:, None], pilot.label_unit[source][:, None]
+        u = rng.random(shape)
+        group = cell.group[np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()]
+    unit_of = np.repeat(np.arange(n_units), lengths)
+    group = null_labels(group, prompt, unit_of, cell.paired, 1, rng)[0][0]
+    return Data(group, prompt, shifted(cell.metric, group, value, gap, rng), unit_of)
+
+
+def tested(
+    cell: Cell, data: Data, level: float, n_perm: int, rng: np.random.Generator
+) -> tuple[float, GapTest]:
+    """(gap × 100, its test) of a simulated data set, as `summarize` computes them."""
+    m = None
+    if cell.metric == "toxicity_cm":
+        n_p = data.unit_of.size
+        cells = np.bincount(data.group * n_p + data.prompt, minlength=cell.n_groups * n_p)
+        m = matched_rows(list(cells.reshape(cell.n_groups, n_p)))
+    none = np.zeros((0, int(data.unit_of.max()) + 1))
+    args = (cell.metric, data.group, data.prompt, data.value, cell.n_groups)
+    gap = float(gap_samples(*args, none, data.unit_of, m)[0])
+    test = gap_test(*args, gap, n_perm, rng, data.unit_of, cell.paired, m, 1.0 - level)
+    return gap, test
+
+
+def power(
+    pilot: Pilot,
+    n_units: int,
+    samples: int,
+    gap: float,
+    level: float = 0.95,
+    reps: int = 200,
+    n_perm: int = 100,
+    seed: int = 0,
+) -> float:
+    """The share of `reps` simulated data sets (n_units × samples, true gap `gap`) whose test
+    rejects at `level` (p < 1 − level)."""
+    rng = seeded_rng(seed, f"power|{n_units}|{samples}|{gap}")
+    hits = 0
+    for _ in range(reps):
+        _, test = tested(pilot.cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)  # fmt: skip
+        hits += bool(test.p_value < 1.0 - level)
+    return hits / reps
+
+
+def units_needed(
+    pilot: Pilot,
+    samples: int,
+    gap: float,
+    goal: float = 0.8,
+    level: float = 0.95,
+    reps: int = 200,
+    n_perm: int = 100,
+    seed: int = 0,
+    most: int = 20_000,
+) -> tuple[int, float] | None:
+    """(the fewest units with simulated power ≥ `goal`, that power), to within 5 % of the
+    units (doubling, then bisection); None when more than `most` units would be needed."""
+    found: dict[int, float] = {}
+
+    def at(n: int) -> float:
+        found[n] = found.get(n) or power(pilot, n, samples, gap, level, reps, n_perm, seed)
+        return found[n]
+
+    low, high = 1, max(2, pilot.unit_start.size)
+    while at(high) < goal:
+        low, high = high, 2 * high
+        if high > most:
+            return None
+    while high - low > max(1, high // 20):
+        mid = (low + high) // 2
+        low, high = (low, mid) if at(mid) >= goal else (mid, high)
+    return high, found[high]
+
+
+def mde_at(
+    pilot: Pilot,
+    n_units: int,
+    samples: int,
+    level: float = 0.95,
+    reps: int = 100,
+    n_perm: int = 100,
+    seed: int = 0,
+) -> float:
+    """The MDE at `n_units` × `samples` (`mde`): the spread of the gap and the test's critical
+    value over `reps` simulated data sets with no true gap."""
+    rng = seeded_rng(seed, f"mde|{n_units}|{samples}")
+    runs = [tested(pilot.cell, simulate(rng, pilot, n_units, samples), level, n_perm, rng) for _ in range(reps)]  # fmt: skip
+    gaps = np.array([g for g, _ in runs])
+    null = GapTest(
+        float("nan"), None, float(np.mean([t.null_mean for _, t in runs])), None,
+        float(np.mean([t.null_sq for _, t in runs])), float(np.median([t.crit for _, t in runs])),
+    )  # fmt: skip
+    centre = null.null_mean if pilot.cell.metric == "toxicity" else 0.0
+    return mde(
+        null, float(np.nanstd(gaps)), is_signed(pilot.cell.metric, pilot.cell.n_groups), centre
+    )
