@@ -120,7 +120,9 @@ def permuted_gaps(
     order = np.lexsort((value, prompt))  # the EMTs' row order, once for every chunk
     p, v = prompt[order], value[order]
     chunks = label_chunks(group, strata, n_perm, rng, order)
-    return np.concatenate([label_gaps(metric, c, p, v, n_groups, m) for c in chunks] or [[]])
+    return np.concatenate(
+        [np.zeros(0), *(label_gaps(metric, c, p, v, n_groups, m) for c in chunks)]
+    )
 
 
 def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
