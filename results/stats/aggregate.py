@@ -65,6 +65,8 @@ SETTING_COLS = [
     "repetition_penalty",
 ]
 CELL_COLS = ["model", "method", "variant", "task"]
+# The generation columns `summarize` reads (`join_run(..., columns=READ_COLUMNS)`).
+READ_COLUMNS = ["model", "method", "task", "prompt_id", "pair_id", "prompt_group", *SETTING_COLS]
 
 SUMMARY_SCHEMA = pl.Schema(pl.from_arrow(SUMMARY_ARROW.empty_table()).schema)  # type: ignore[union-attr]
 

@@ -137,24 +137,30 @@ def _metric_columns(store: RunStore, source: ScoreSource) -> pl.DataFrame:
     ).unique("job_id", keep="last", maintain_order=True)
 
 
-def join_run(store: RunStore, scorers: dict[str, str] | None = None) -> JoinedRun:
+def join_run(
+    store: RunStore, scorers: dict[str, str] | None = None, columns: list[str] | None = None
+) -> JoinedRun:
     """Ok generations left-joined with the latest version of each metric's scores.
 
     Args:
         store: the run directory.
         scorers: metric → scorer name, needed only where two scorers gave the same metric.
+        columns: the generation columns to read (`job_id` and `status` always; default all):
+            aggregation reads only what it groups by (a 1M-row run's texts and tokens would
+            be most of its memory).
 
     Raises:
         StoreError: the run has no generations.
         JoinError: two scorers give one metric and `scorers` does not pick one, or a picked
             scorer has no scores.
     """
-    gens = store.read_generations()
+    want = None if columns is None else list(dict.fromkeys(["job_id", "status", *columns]))
+    gens = store.read_generations(want)
     if gens.is_empty():
         raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
     foreign = 0
     if store.exists("plan.parquet"):  # only jobs of the current plan count (see --replan)
-        planned = gens.filter(pl.col("job_id").is_in(store.read_plan()["job_id"]))
+        planned = gens.filter(pl.col("job_id").is_in(store.read_plan(["job_id"])["job_id"]))
         foreign, gens = gens.height - planned.height, planned
     joined = JoinedRun(
         frame=gens.filter(pl.col("status") == "ok"), failed=gens.filter(pl.col("status") != "ok")
