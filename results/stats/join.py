@@ -123,18 +123,19 @@ def choose_scorers(store: RunStore, scorers: dict[str, str] | None) -> dict[str,
 
 def _metric_columns(store: RunStore, source: ScoreSource) -> pl.DataFrame:
     """One row per job id: the metric's value columns + `<metric>_scorer/_version/_status`."""
-    rows = store.read_scores(source.scorer, source.metric).filter(
-        pl.col("scorer_version") == source.version
-    )
     values = [name for name, _ in METRIC_FIELDS[source.metric]]
+    read = ["job_id", "scorer", "scorer_version", "status", *values]
+    rows = store.read_scores(source.scorer, source.metric, read)
+    store.reader.forget(("scores", source.scorer))  # read once: not cached beside the join
     m = source.metric
-    return rows.select(
+    # read_scores keeps one row per (job id, version): one version leaves one per job id
+    return rows.filter(pl.col("scorer_version") == source.version).select(
         "job_id",
         *values,
         pl.col("scorer").alias(f"{m}_scorer"),
         pl.col("scorer_version").alias(f"{m}_version"),
         pl.col("status").alias(f"{m}_status"),
-    ).unique("job_id", keep="last", maintain_order=True)
+    )
 
 
 def join_run(
@@ -156,6 +157,7 @@ def join_run(
     """
     want = None if columns is None else list(dict.fromkeys(["job_id", "status", *columns]))
     gens = store.read_generations(want)
+    store.reader.forget(("generations",))
     if gens.is_empty():
         raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
     foreign = 0
