@@ -38,7 +38,7 @@ from results.report.tables import (
 )
 from results.report.tex import latex_document, latex_tables
 from results.run.store import RunStore
-from results.stats.aggregate import summarize
+from results.stats.aggregate import READ_COLUMNS, summarize
 from results.stats.join import join_run
 
 
@@ -141,22 +141,30 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
 
 
 def _sample_rows(
-    frame: pl.DataFrame, tokenizer_for: TokenizerFor | None = None, per_cell: int = 3
+    store: RunStore,
+    ids: pl.Series,
+    tokenizer_for: TokenizerFor | None = None,
+    per_cell: int = 3,
 ) -> list[dict[str, Any]]:
-    """A few generations with per-token choices per model/method/task (every method that
-    records them), each with `pieces`: its tokens as the tokenizer spaces them."""
-    if "choices" not in frame.columns:
+    """A few ok generations (`ids`) with per-token choices per model/method/task (every method
+    that records them), each with `pieces`: its tokens as the tokenizer spaces them. Read a
+    batch at a time: a run's texts and tokens never sit in memory whole."""
+    keys = ["model", "method", "task"]
+    cols = [*keys, "job_id", "prompt", "tokens", "choices", "token_ids", "continuation"]
+    picked = None
+    for batch in store.iter_generations([*cols, "model_revision", "status"], 50_000):
+        rows = batch.filter(
+            (pl.col("status") == "ok")
+            & pl.col("choices").is_not_null()
+            & (pl.col("choices").list.len() > 0)
+        ).drop("status")
+        rows = rows.filter(pl.col("job_id").is_in(ids.implode()))
+        if rows.height:
+            both = rows if picked is None else pl.concat([picked, rows])
+            picked = both.sort("job_id").group_by(keys, maintain_order=True).head(per_cell)
+    if picked is None:
         return []
-    rows = frame.filter(pl.col("choices").is_not_null() & (pl.col("choices").list.len() > 0))
-    cols = ["model", "method", "task", "job_id", "prompt", "tokens", "choices"]
-    cols += [c for c in ("token_ids", "continuation", "model_revision") if c in frame.columns]
-    picked = (
-        rows.sort("job_id")
-        .group_by(["model", "method", "task"], maintain_order=True)
-        .head(per_cell)
-    )
-    samples = picked.select(cols).sort(["model", "method", "task", "job_id"]).to_dicts()
-    return with_pieces(samples, tokenizer_for)
+    return with_pieces(picked.sort([*keys, "job_id"]).to_dicts(), tokenizer_for)
 
 
 DEFAULTS = {"ppl_max": 200.0, "n_boot": 1000, "n_perm": 200, "seed": 0, "level": 0.95}
@@ -258,7 +266,7 @@ def aggregate_run(
     agg_cfg = dict(settings.aggregation)
     given = {"seed": seed, "n_boot": n_boot, "ppl_max": ppl_max, "level": level}
     agg_cfg.update({k: v for k, v in given.items() if v is not None})
-    joined = join_run(store, scorers)
+    joined = join_run(store, scorers, READ_COLUMNS)
     agg = summarize(
         joined.frame,
         joined.failed,
@@ -296,7 +304,7 @@ def aggregate_run(
     buf = io.BytesIO()
     res.summary.write_csv(buf)
     res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
-    write_report(store, res, _sample_rows(joined.frame, tokenizer_for))
+    write_report(store, res, _sample_rows(store, joined.frame["job_id"], tokenizer_for))
     return res
 
 

@@ -65,6 +65,8 @@ SETTING_COLS = [
     "repetition_penalty",
 ]
 CELL_COLS = ["model", "method", "variant", "task"]
+# The generation columns `summarize` reads (`join_run(..., columns=READ_COLUMNS)`).
+READ_COLUMNS = ["model", "method", "task", "prompt_id", "pair_id", "prompt_group", *SETTING_COLS]
 
 SUMMARY_SCHEMA = pl.Schema(pl.from_arrow(SUMMARY_ARROW.empty_table()).schema)  # type: ignore[union-attr]
 
@@ -241,8 +243,12 @@ def summarize(
             A (model, task) not in it, and the default: the block's own units, sorted.
     """
     notes: list[str] = []
+    sources = _sources(frame)
+    # Constant per metric, as long as the frame: read above, not copied by every step below.
+    named = [f"{m}_{k}" for m in ["gender", *METRIC_STATS] for k in ("scorer", "version")]
+    frame = frame.drop(named, strict=False)
     frame, failed = add_variant(frame, failed)
-    out = Records(_sources(frame), level)
+    out = Records(sources, level)
     counts = filter_counts(frame, failed, ppl_max)
     dropped_col = f"dropped_ppl>{ppl_max:g}"
     for r in counts.iter_rows(named=True):

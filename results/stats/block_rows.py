@@ -41,6 +41,7 @@ from results.stats.metrics import (
     METRIC_STATS,
     NO_ROWS,
     PER_PROMPT_STATS,
+    VIEWS,
     gap_inputs,
     group_stats,
     stacked,
@@ -304,13 +305,18 @@ def block_records(
 ) -> None:
     """Every statistic and gap of every (method, variant) cell and view of one block."""
     groups, views, metrics = setup.groups, setup.views, setup.metrics
-    long = pl.concat([with_group(block.rows, v, groups) for v in views])
-    both = stacked(long)
-    counts = _lookup(both.group_by(BY, maintain_order=True).len(), BY)
-    stats = {m: _lookup(group_stats(both, m, BY), BY) for m in metrics}
-    gaps_in = {
-        m: gap_inputs(long, m, groups, block.prompt_index) for m in BIAS_METRICS if m in metrics
-    }
+    counts: Lookup = {}
+    stats: dict[str, Lookup] = {m: {} for m in metrics}
+    gaps_in: dict[str, dict[tuple[Any, ...], Any]] = {m: {} for m in BIAS_METRICS if m in metrics}
+    for view in views:  # one view's rows at a time: its label only, stacked 3× (`stacked`)
+        others = [VIEWS[v] for v in views if VIEWS[v] != VIEWS[view]]
+        long = with_group(block.rows.drop(others, strict=False), view, groups)
+        both = stacked(long)
+        counts |= _lookup(both.group_by(BY, maintain_order=True).len(), BY)
+        for metric in metrics:
+            stats[metric] |= _lookup(group_stats(both, metric, BY), BY)
+        for metric in gaps_in:
+            gaps_in[metric] |= gap_inputs(long, metric, groups, block.prompt_index)
     view_m = _view_m(gaps_in, groups, block.unit_of.size)
     for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
         for view in views:

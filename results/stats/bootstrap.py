@@ -38,19 +38,30 @@ def seeded_rng(seed: int, key: str) -> np.random.Generator:
     return np.random.default_rng([seed, salt])
 
 
+CHUNK = 128  # resamples per pass: a (CHUNK, units) float64 block at a time
+
+
 def prompt_weights(n_prompts: int, n_boot: int, seed: int, key: str) -> np.ndarray:
     """(n_boot, n_units) resample counts of `n_prompts` units, reproducible from (seed, key).
 
     `key` (e.g. "model|task") gives each block of cells its own stream, so adding a model to
     a run does not change the intervals of the others. The units may be prompts or pairs.
+    Stored as uint8, one byte per (resample, unit): a unit drawn more than 255 times in one
+    resample of n ≥ 256 units has probability below 1e-500. Drawn `CHUNK` resamples at a
+    time, the same stream as one (n_boot, n_units) draw.
     """
+    counts = np.zeros((n_boot, n_prompts), dtype=np.uint8)
     if n_prompts == 0 or n_boot == 0:
-        return np.zeros((n_boot, n_prompts))
+        return counts
     rng = seeded_rng(seed, key)
-    draws = rng.integers(0, n_prompts, size=(n_boot, n_prompts))
-    flat = draws + np.arange(n_boot)[:, None] * n_prompts
-    counts = np.bincount(flat.ravel(), minlength=n_boot * n_prompts)
-    return counts.reshape(n_boot, n_prompts).astype(np.float64)
+    for first in range(0, n_boot, CHUNK):
+        draws = rng.integers(0, n_prompts, size=(min(CHUNK, n_boot - first), n_prompts))
+        flat = draws + np.arange(len(draws))[:, None] * n_prompts
+        block = np.bincount(flat.ravel(), minlength=draws.size)
+        if block.max() > 255:
+            raise OverflowError(f"a unit drawn {block.max()} times in one resample")
+        counts[first : first + len(draws)] = block.reshape(draws.shape)
+    return counts
 
 
 unit_weights = prompt_weights
@@ -265,10 +276,15 @@ def gap_samples(
     n_u = weights.shape[1]
     if unit_of is None:
         unit_of = np.arange(n_u)
-    full = np.vstack([np.ones((1, n_u)), weights])
     arrays = _unit_arrays(metric, group, prompt, value, n_groups, unit_of, m)
-    if metric == "regard":
-        return 100.0 * tv_gap(full, arrays[0])
-    if metric in ("toxicity", "toxicity_cm"):
-        return 100.0 * max_mean_gap(full, *arrays)
-    return 100.0 * mean_gap(full, *arrays)
+    gap = (
+        tv_gap
+        if metric == "regard"
+        else max_mean_gap
+        if metric.startswith("toxicity")
+        else mean_gap
+    )
+    parts = [gap(np.ones((1, n_u)), *arrays)]  # the full sample, then the resamples by chunk
+    for first in range(0, weights.shape[0], CHUNK):
+        parts.append(gap(weights[first : first + CHUNK].astype(np.float64), *arrays))
+    return 100.0 * np.concatenate(parts)

@@ -123,38 +123,46 @@ def choose_scorers(store: RunStore, scorers: dict[str, str] | None) -> dict[str,
 
 def _metric_columns(store: RunStore, source: ScoreSource) -> pl.DataFrame:
     """One row per job id: the metric's value columns + `<metric>_scorer/_version/_status`."""
-    rows = store.read_scores(source.scorer, source.metric).filter(
-        pl.col("scorer_version") == source.version
-    )
     values = [name for name, _ in METRIC_FIELDS[source.metric]]
+    read = ["job_id", "scorer", "scorer_version", "status", *values]
+    rows = store.read_scores(source.scorer, source.metric, read)
+    store.reader.forget(("scores", source.scorer))  # read once: not cached beside the join
     m = source.metric
-    return rows.select(
+    # read_scores keeps one row per (job id, version): one version leaves one per job id
+    return rows.filter(pl.col("scorer_version") == source.version).select(
         "job_id",
         *values,
         pl.col("scorer").alias(f"{m}_scorer"),
         pl.col("scorer_version").alias(f"{m}_version"),
         pl.col("status").alias(f"{m}_status"),
-    ).unique("job_id", keep="last", maintain_order=True)
+    )
 
 
-def join_run(store: RunStore, scorers: dict[str, str] | None = None) -> JoinedRun:
+def join_run(
+    store: RunStore, scorers: dict[str, str] | None = None, columns: list[str] | None = None
+) -> JoinedRun:
     """Ok generations left-joined with the latest version of each metric's scores.
 
     Args:
         store: the run directory.
         scorers: metric → scorer name, needed only where two scorers gave the same metric.
+        columns: the generation columns to read (`job_id` and `status` always; default all):
+            aggregation reads only what it groups by (a 1M-row run's texts and tokens would
+            be most of its memory).
 
     Raises:
         StoreError: the run has no generations.
         JoinError: two scorers give one metric and `scorers` does not pick one, or a picked
             scorer has no scores.
     """
-    gens = store.read_generations()
+    want = None if columns is None else list(dict.fromkeys(["job_id", "status", *columns]))
+    gens = store.read_generations(want)
+    store.reader.forget(("generations",))
     if gens.is_empty():
         raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
     foreign = 0
     if store.exists("plan.parquet"):  # only jobs of the current plan count (see --replan)
-        planned = gens.filter(pl.col("job_id").is_in(store.read_plan()["job_id"]))
+        planned = gens.filter(pl.col("job_id").is_in(store.read_plan(["job_id"])["job_id"]))
         foreign, gens = gens.height - planned.height, planned
     joined = JoinedRun(
         frame=gens.filter(pl.col("status") == "ok"), failed=gens.filter(pl.col("status") != "ok")

@@ -11,30 +11,62 @@ TV (`bias_corrected_tv`), which takes the null's mean square out of the plug-in 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
 
 from results.stats.bootstrap import contrast, is_signed, tv_distance
-from results.stats.emt import expected_max_cells, ranked_cells
+from results.stats.emt import expected_max_cells, labelled_emts
 from results.stats.metrics import REGARD_CLASSES
 
+CHUNK = 256  # labellings per pass, at most ELEMENTS // N of them (N: the entries shuffled)
+ELEMENTS = 1 << 21  # labels per pass: a pass holds a few (labellings, N) arrays of this size
 
-def _permuted_labels(
-    group: np.ndarray, strata: np.ndarray | None, n_perm: int, rng: np.random.Generator
-) -> np.ndarray:
-    """(n_perm, N) copies of `group` shuffled within each stratum (all entries when None)."""
+
+def label_chunks(
+    group: np.ndarray,
+    strata: np.ndarray | None,
+    n_perm: int,
+    rng: np.random.Generator,
+    at: np.ndarray | None = None,
+) -> Iterator[np.ndarray]:
+    """`group` shuffled within each stratum (over all entries when None), `n_perm` times, as
+    (r, N) chunks of labellings: the labels of the entries `at` (default: all, in order).
+
+    The labellings are those of one `rng.random((n_perm, N))` draw of keys, drawn a chunk at a
+    time (the same stream): in each stratum the entries in index order take the labels of
+    its entries in the order of their keys. Memory: one chunk, never (n_perm, N). A chunk is
+    a buffer that the next one overwrites: use it (or copy it) before asking for the next.
+    """
     n = group.size
-    keys = rng.random((n_perm, n))
-    if strata is not None:
-        order = np.argsort(strata, kind="stable")
-        # Sorted by stratum, a key offset by the stratum keeps each entry inside its block.
-        perm = np.argsort(keys[:, order] + strata[order][None, :].astype(np.float64), axis=1)
-        shuffled = np.empty((n_perm, n), dtype=group.dtype)
-        shuffled[:, order] = group[order][perm]
-        return shuffled
-    return np.asarray(group[np.argsort(keys, axis=1)])
+    strata = np.zeros(n, dtype=np.int64) if strata is None else strata
+    size = np.bincount(strata)[strata]
+    # Strata of one size side by side, each in index order: a (strata, size) block per size.
+    order = np.lexsort((strata, size))
+    lab, size = group[order], size[order]
+    cut = np.r_[0, np.flatnonzero(np.diff(size)) + 1, n]
+    blocks = [(a, b, int(size[a])) for a, b in zip(cut[:-1], cut[1:]) if size[a] > 1]
+    place = np.empty(n, dtype=np.int64)
+    place[order] = np.arange(n)  # where each entry sits in `lab`
+    cols = place if at is None else place[at]
+    step = max(1, min(CHUNK, ELEMENTS // max(n, 1)))
+    # Buffers reused by every chunk: fresh (step, N) arrays cost a page fault per 4 KB each.
+    keys, laid, shuffled, out = (
+        np.empty((step, n), dtype=t) for t in (float, float, lab.dtype, lab.dtype)
+    )
+    shuffled[:] = lab
+    for first in range(0, n_perm, step):
+        r = min(step, n_perm - first)
+        rng.random(out=keys[:r])
+        np.take(keys[:r], order, axis=1, out=laid[:r])
+        for a, b, k in blocks:
+            ranked = np.argsort(laid[:r, a:b].reshape(r, -1, k), axis=2, kind="stable")
+            ranked += np.arange(a, b, k)[:, None]
+            for i in range(r):
+                np.take(lab, ranked[i], out=shuffled[i, a:b].reshape(-1, k))
+        yield np.take(shuffled[:r], cols, axis=1, out=out[:r])
 
 
 def label_gaps(
@@ -52,7 +84,6 @@ def label_gaps(
     """
     n_perm = labels.shape[0]
     base = np.arange(n_perm)[:, None]
-    n_p = int(prompt.max()) + 1 if prompt.size else 0
     if metric == "regard":
         n_c = len(REGARD_CLASSES)
         flat = (base * n_groups + labels) * n_c + value.astype(np.int64)[None, :]
@@ -61,29 +92,17 @@ def label_gaps(
         with np.errstate(invalid="ignore", divide="ignore"):
             shares = counts / counts.sum(axis=2, keepdims=True)
         return 100.0 * tv_distance(shares)
-    if metric == "toxicity_cm":
-        if m is None:
+    if metric in ("toxicity", "toxicity_cm"):
+        if metric == "toxicity_cm" and m is None:
             raise ValueError("toxicity_cm needs m (rows per prompt and group)")
-        sums, eligible = expected_max_cells(labels, prompt, value, n_groups, n_p, m)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            emt = sums.sum(axis=2) / eligible.sum(axis=2)
-        return 100.0 * contrast(emt)
-    if metric == "toxicity":
-        if labels.shape[1] == 0:
-            return np.full(n_perm, np.nan)
-        cell, rank, counts, vv = ranked_cells(labels, prompt, value, n_groups, n_p)
-        top = np.where(rank == counts[cell], vv[None, :], 0.0)  # each cell's largest row
-        sums = np.bincount(cell.ravel(), weights=top.ravel(), minlength=counts.size)
-        present = (counts > 0).reshape(n_perm, n_groups, n_p).sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            emt = sums.reshape(n_perm, n_groups, n_p).sum(axis=2) / present
-        return 100.0 * contrast(emt)
-    flat = (base * n_groups + labels).ravel()
-    size = n_perm * n_groups
-    sums = np.bincount(flat, weights=np.broadcast_to(value, labels.shape).ravel(), minlength=size)
-    counts = np.bincount(flat, minlength=size).astype(np.float64)
+        return 100.0 * contrast(
+            labelled_emts(labels, prompt, value, n_groups, m if metric == "toxicity_cm" else None)
+        )
+    means = np.empty((n_perm, n_groups))
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = (sums / counts).reshape(n_perm, n_groups)
+        for g in range(n_groups):
+            mine = labels == g
+            means[:, g] = np.einsum("rn,n->r", mine, value) / np.count_nonzero(mine, axis=1)
     return 100.0 * contrast(means)
 
 
@@ -99,8 +118,12 @@ def permuted_gaps(
     m: int | None = None,
 ) -> np.ndarray:
     """(n_perm,) gaps × 100 with the rows' group labels shuffled within `strata` (rows)."""
-    labels = _permuted_labels(group, strata, n_perm, rng)
-    return label_gaps(metric, labels, prompt, value, n_groups, m)
+    order = np.lexsort((value, prompt))  # the EMTs' row order, once for every chunk
+    p, v = prompt[order], value[order]
+    chunks = label_chunks(group, strata, n_perm, rng, order)
+    return np.concatenate(
+        [np.zeros(0), *(label_gaps(metric, c, p, v, n_groups, m) for c in chunks)]
+    )
 
 
 def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
@@ -154,9 +177,9 @@ def null_labels(
         label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
         label[prompt] = group
         strata = unit_of[used] if paired else None
-        perm = _permuted_labels(label[used], strata, n_perm, rng)
+        perm = np.vstack([c.copy() for c in label_chunks(label[used], strata, n_perm, rng)])
         return perm[:, np.searchsorted(used, prompt)], PAIR_SWAP if paired else PROMPT_SHUFFLE
-    return _permuted_labels(group, prompt, n_perm, rng), WITHIN_PROMPT
+    return np.vstack([c.copy() for c in label_chunks(group, prompt, n_perm, rng)]), WITHIN_PROMPT
 
 
 def _prompt_parts(
@@ -265,14 +288,16 @@ def gap_test(
         label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
         label[prompt] = group
         strata = unit_of[used] if paired else None
-        labels = _permuted_labels(label[used], strata, n_perm, rng)
         num, den = _prompt_parts(metric, group, prompt, value, n_groups, used, m)
-        perm = _prompt_label_gaps(metric, labels, num, den, n_groups)
-        test, moved = PAIR_SWAP if paired else PROMPT_SHUFFLE, bool(np.any(labels != label[used]))
+        parts, moved = [], False
+        for labels in label_chunks(label[used], strata, n_perm, rng):
+            parts.append(_prompt_label_gaps(metric, labels, num, den, n_groups))
+            moved = moved or bool(np.any(labels != label[used]))
+        perm = np.concatenate(parts)
+        test = PAIR_SWAP if paired else PROMPT_SHUFFLE
         few = _few_swaps(label[used], unit_of[used]) if paired else None
     else:
-        labels = _permuted_labels(group, prompt, n_perm, rng)
-        perm = label_gaps(metric, labels, prompt, value, n_groups, m)
+        perm = permuted_gaps(metric, group, prompt, value, n_groups, n_perm, rng, prompt, m)
         test, moved, few = WITHIN_PROMPT, True, None
     p = permutation_p(observed, perm, is_signed(metric, n_groups))
     valid = perm[~np.isnan(perm)]
