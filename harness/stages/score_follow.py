@@ -35,6 +35,7 @@ from harness.stages.score_settings import PoolSettings, Share, pool_settings
 from harness.stages.score_work import Work
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
+from workers.plugins import BUILDING
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.cache_mirror import scorer_context
 from workers.scorers.registry import load_scorer
@@ -245,7 +246,8 @@ class Follower:
                 return
             try:
                 ctx, mirror = scorer_context(name, params, self.context, self.store.uri)
-                scorer = load_scorer(name)(params, ctx)
+                with BUILDING:  # the generator may be loading in the driver's thread
+                    scorer = load_scorer(name)(params, ctx)
             except Exception as exc:  # noqa: BLE001 - the final pass reports it
                 log.warning("scorer %s cannot score during generation: %s", name, exc)
                 continue
