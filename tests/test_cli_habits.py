@@ -157,6 +157,39 @@ def test_include_registers_methods_and_scorers(tmp_path: Path) -> None:
     assert "rc 2" in res.stdout and "parameter depth = 'deep': must be a whole number" in res.stderr
 
 
+BOOM = """
+from workers.methods.base import Vanilla
+from workers.methods.registry import register_method
+
+
+class Boom(Vanilla):
+    def next_logprobs(self, ctx):
+        raise RuntimeError("boom at every step")
+
+
+register_method("boom", "boom_methods:Boom")
+"""
+
+
+def test_run_exits_1_when_a_method_failed_every_one_of_its_jobs(tmp_path: Path) -> None:
+    """A plugin method whose every job fails: the run completes what it can (vanilla's jobs,
+    scores, the report) and then exits 1 naming the method and where its errors are."""
+    (tmp_path / "boom_methods.py").write_text(BOOM)
+    cfg = config(tmp_path, methods=["vanilla", "boom"], scorers=["gender"])
+    out = tmp_path / "run"
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    args = ["--include", "boom_methods", "run", str(cfg), "--out", str(out), "--no-ray"]
+    res = python(f"from harness.cli.commands import main; print('rc', main({args!r}))", env=env)
+    assert "rc 1" in res.stdout, res.stderr[-3000:]
+    assert "sentiment: planned 4, done 4, failed 0" in res.stdout  # vanilla ran
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: method boom: all 4 of its jobs failed; their errors: `python -m harness "
+        f"samples {out} --status error --method boom`"
+    )
+    assert (out / "summary.parquet").is_file()
+
+
 def test_progress_off_a_terminal_writes_plain_lines(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

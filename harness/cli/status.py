@@ -32,6 +32,21 @@ def print_status(store: RunStore) -> int:
     return 0
 
 
+def failed_methods(store: RunStore) -> list[str]:
+    """One line per method whose every planned job failed (`run` then exits 1)."""
+    table = (
+        store.generation_counts()
+        .group_by("method", maintain_order=True)
+        .agg(pl.col("planned", "failed").sum())
+    )
+    return [
+        f"method {method}: all {failed} of its jobs failed; their errors: `python -m harness "
+        f"samples {store.uri} --status error --method {method}`"
+        for method, planned, failed in table.iter_rows()
+        if failed and failed == planned
+    ]
+
+
 def run_status(store: RunStore) -> str:
     """The status text. Memory: sorted id arrays (~23 bytes a job) for the plan and the
     finished jobs, and one scorer's job ids and statuses at a time; never the plan's rows."""
