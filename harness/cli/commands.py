@@ -17,7 +17,7 @@ from harness.cli.parser import build_parser
 from harness.config import ConfigError
 from harness.progress import setup_logging
 from jobs.files import DatasetError
-from jobs.redact import redact_text
+from jobs.redact import printable, redact_text
 from results.run.store import StoreError
 from results.stats.join import JoinError
 
@@ -37,13 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             include(args.include)
         return int(args.func(args))
     except (ConfigError, DatasetError, StoreError, JoinError, KeyError, ValueError) as exc:
-        print(f"error: {redact_text(_message(exc))}", file=sys.stderr)
+        print(f"error: {printable(redact_text(_message(exc)))}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        print(f"error: {redact_text(str(exc))}", file=sys.stderr)
+        print(f"error: {printable(redact_text(str(exc)))}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"error: {_os_error(exc)}", file=sys.stderr)
+        print(f"error: {printable(_os_error(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         from results.run.invoke import interrupted

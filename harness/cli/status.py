@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from jobs.catalog import SCORER_METRICS
+from jobs.redact import printable
 from results.run.done import DoneIds
 from results.run.manifest import read_manifest
 from results.run.store import RunStore, StoreError
@@ -28,7 +29,7 @@ def status_main(args: argparse.Namespace) -> int:
 
 
 def print_status(store: RunStore) -> int:
-    print(run_status(store))
+    print(printable(run_status(store)))  # model ids, paths: a terminal's controls escaped
     return 0
 
 

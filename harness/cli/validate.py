@@ -31,7 +31,7 @@ from harness.cli.preflight import (
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
 from jobs.datasets import Prompt
 from jobs.files import DatasetError
-from jobs.redact import redact_text
+from jobs.redact import printable, redact_text
 from workers.tiny import TINY_PREFIX
 
 
@@ -40,7 +40,7 @@ def validate_main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
     lines, problems = validate(cfg, args.config, out=args.out)
     counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
-    print("\n".join([*lines[:1], *counts, *lines[1:]]))
+    print(printable("\n".join([*lines[:1], *counts, *lines[1:]])))
     return 2 if problems else 0
 
 
