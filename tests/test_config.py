@@ -219,8 +219,8 @@ def test_method_parameter_values_are_checked(params: dict[str, object], message:
 
 
 def test_a_huge_grid_is_refused_with_its_size_before_any_prompt_is_read() -> None:
-    with pytest.raises(ConfigError, match=r"1,000,000,000 jobs .* more than runtime.max_jobs"):
-        parse_config(with_(samples_per_prompt=10**9), "cfg.yaml")
+    with pytest.raises(ConfigError, match=r"1,000,000,000 jobs per prompt \(1 models .* more"):
+        parse_config(with_(samples_per_prompt=10**9), "cfg.yaml")  # not "1 prompts"
     from harness.config import check_grid_size
 
     cfg = parse_config(with_(samples_per_prompt=10, runtime={"max_jobs": 100}))

@@ -225,8 +225,30 @@ def test_a_full_disk_ends_in_one_line(
     code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err[-1] == f"error: {out}/config.yaml: No space left on device"
+    again = "; free some space and run the same command again (what was written is kept)"
+    assert err[-1] == f"error: {out}/config.yaml: No space left on device{again}"
     assert not [e for e in err if "Traceback" in e]
+
+
+def test_a_full_disk_that_names_no_file_names_the_run_and_the_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pyarrow's writers raise a bare `[Errno 28]`: the line names the command, the run
+    directory and the stage it was in, and what to do."""
+    from harness.cli import commands as cli
+
+    def full(self: RunStore) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(RunStore, "compact_generations", full)
+    out = tmp_path / "run"
+    code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1] == (
+        f"error: [Errno 28] No space left on device (in run {out}, generation stage); free "
+        "some space and run the same command again (what was written is kept)"
+    )
 
 
 @pytest.mark.slow

@@ -162,7 +162,8 @@ def test_a_missing_local_file_and_output_under_a_file(
     lines, problems = validate(cfg, "c.yaml", out=str(tmp_path / "f" / "run"))
     assert problems == 2, lines
     assert problems_of(lines) == [
-        "gender_words: no such file",
+        f"gender_words: {tmp_path / 'no'}: no such file (a relative path in a config is read "
+        "from the config's folder)",
         f"--out: {tmp_path / 'f'} is a file, not a folder",
     ]
     assert main(["validate", str(write_config(tmp_path)), "--out", str(tmp_path / "f")]) == 2
@@ -312,3 +313,89 @@ def test_the_tiny_models_context_is_what_their_configs_declare() -> None:
         config = tiny_config(family, 100)
         declared = getattr(config, "n_positions", None) or config.max_position_embeddings
         assert model_context(f"tiny-random/{family}") == declared
+
+
+# ---- messages that name the path, field or stage and what to do (issue 29, item 11) --------
+
+
+def test_a_missing_prompt_file_names_the_path_it_resolved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    (tmp_path / "conf").mkdir()
+    cfg = write_config(tmp_path / "conf", dataset={"kind": "prompt-list", "path": "p.jsonl"})
+    assert main(["validate", str(cfg)]) == 2
+    assert (
+        f"dataset.path: {tmp_path / 'conf' / 'p.jsonl'}: no such file (a relative path in a "
+        "config is read from the config's folder)" in capsys.readouterr().out
+    )
+
+
+def test_a_folder_or_a_named_pipe_as_the_prompt_file_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "dir.jsonl").mkdir()
+    for name, what in (
+        ("pipe.jsonl", "not a regular file (a named pipe"),
+        ("dir.jsonl", "a folder, not a file"),
+    ):
+        cfg = write_config(tmp_path, dataset={"kind": "prompt-list", "path": str(tmp_path / name)})
+        assert main(["validate", str(cfg)]) == 2
+        assert f"dataset.path: {tmp_path / name}: {what}" in capsys.readouterr().out
+
+
+def test_a_numeric_prompt_text_is_named_as_such(tmp_path: Path) -> None:
+    from jobs.datasets import load_prompt_list
+    from jobs.files import DatasetError
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": {"text": "The nurse"}}\n{"prompt": {"text": 42}}\n')
+    with pytest.raises(
+        DatasetError, match=r"p\.jsonl: line 2: prompt.text is 42, not text; write it in quotes"
+    ):
+        load_prompt_list(str(path))
+
+
+def test_score_on_a_folder_that_is_no_run_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    gone = tmp_path / "no-run"
+    assert main(["score", str(gone), "--no-ray"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {gone}: not a run directory (no config.yaml, plan.parquet or generations); "
+        f"`python -m harness run CONFIG --out {gone}` makes one"
+    )
+
+
+def test_two_scorers_of_one_metric_are_settled_with_the_cli_option(tmp_path: Path) -> None:
+    from fake_run import score_row, write_rows
+
+    from results.stats.join import JoinError, join_run
+
+    store = write_rows(
+        str(tmp_path / "run"), [{"prompt_id": "A", "label": "female", "sentiment": 0.3}]
+    )
+    store.write_scores(
+        "sentiment", "sentiment", [score_row("j00000", "sentiment") | {"scorer": "sentiment"}]
+    )
+    with pytest.raises(JoinError) as exc:
+        join_run(store)
+    assert str(exc.value).endswith(
+        "metric 'sentiment' was scored by sentiment, sentiment-vader; pick one with --use-scorer "
+        "(e.g. `--use-scorer sentiment`)"
+    )
+
+
+def test_an_output_path_with_a_newline_is_refused(tmp_path: Path) -> None:
+    item = machine.check_output(str(tmp_path / "run\nname"))
+    assert item.field == "--out" and str(item.problem).endswith(
+        "holds a control character (a newline, a tab...); every path of the run would hold it: "
+        "give a plain name"
+    )
+    assert machine.check_output(str(tmp_path / "run name")).problem is None

@@ -9,6 +9,7 @@ are `harness.cli.parser`; the commands that write a run directory `harness.cli.r
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -69,7 +70,13 @@ def _message(exc: Exception) -> str:
 
 
 def _os_error(exc: OSError) -> str:
-    """One line naming the path: `PATH: No space left on device`."""
+    """One line naming the path (`PATH: No space left on device`), else the command, run and
+    stage it was in (`results.run.invoke.driven`), and for a full disk what to do."""
     if exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return str(exc).replace("\n", " ")
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    else:
+        notes = getattr(exc, "__notes__", None)
+        text = str(exc).replace("\n", " ") + (f" (in {notes[-1]})" if notes else "")
+    if exc.errno == errno.ENOSPC or "No space left" in text:
+        text += "; free some space and run the same command again (what was written is kept)"
+    return text

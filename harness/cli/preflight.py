@@ -146,9 +146,8 @@ def check_files(
             if not ok and not local and worker_side(field):
                 items.append(Item(field, spec, "not seen here; the nodes read it"))
                 continue
-            items.append(
-                Item(field, spec, "present" if ok else "MISSING", None if ok else "no such file")
-            )
+            problem = None if ok else _not_a_file(path)
+            items.append(Item(field, spec, "present" if ok else "MISSING", problem))
         elif spec not in answers:
             items.append(Item(field, spec, "URL, cached"))
         elif answers[spec] is None:
@@ -163,6 +162,18 @@ def check_files(
                 problem += f" (SHA-256 {PINNED_SHA256[spec]})"
             items.append(Item(field, spec, "URL, NOT REACHABLE", problem))
     return items
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a file (None: it can). A config's relative paths were made
+    absolute against its folder (`harness.config.reading.resolve_paths`)."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"{path}: a folder, not a file; name the file in it"
+    if path.exists():
+        return f"{path}: not a regular file (a named pipe, a socket or a device); name a file"
+    return f"{path}: no such file (a relative path in a config is read from the config's folder)"
 
 
 # ---- models and tokenizers ---------------------------------------------------------------

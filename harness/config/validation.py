@@ -132,14 +132,18 @@ def grid_factor(cfg: RunConfig) -> int:
     return len(cfg.models) * len(cfg.methods) * len(cfg.tasks) * cfg.samples_per_prompt
 
 
-def check_grid_size(cfg: RunConfig, n_prompts: int, source: str = "<config>") -> int:
-    """The grid's size, computed without building it; refused above `runtime.max_jobs`."""
-    size = n_prompts * grid_factor(cfg)
+def check_grid_size(cfg: RunConfig, n_prompts: int | None, source: str = "<config>") -> int:
+    """The grid's size, computed without building it; refused above `runtime.max_jobs`.
+    `n_prompts` None: before the prompts are read, the jobs of one prompt alone."""
+    size = (n_prompts or 1) * grid_factor(cfg)
     if size > cfg.runtime.max_jobs:
+        axes = (
+            f"{len(cfg.models)} models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
+            f"{cfg.samples_per_prompt:,} samples"
+        )
+        what = f"per prompt ({axes})" if n_prompts is None else f"({n_prompts:,} prompts × {axes})"
         raise ConfigError(
-            f"{source}: the grid has {size:,} jobs ({n_prompts:,} prompts × {len(cfg.models)} "
-            f"models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
-            f"{cfg.samples_per_prompt:,} samples), more than runtime.max_jobs = "
+            f"{source}: the grid has {size:,} jobs {what}, more than runtime.max_jobs = "
             f"{cfg.runtime.max_jobs:,}; lower it or raise max_jobs"
         )
     return size
@@ -158,7 +162,7 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     errors += _name_errors(data)
     if cfg is not None and not errors:
         try:
-            check_grid_size(cfg, 1, source)  # refuse an absurd grid before reading prompts
+            check_grid_size(cfg, None, source)  # refuse an absurd grid before reading prompts
         except ConfigError as exc:
             errors.append("  " + str(exc).split(": ", 1)[1])
     if errors:
