@@ -128,8 +128,10 @@ def _counted(
     else:
         try:
             prompts = load_prompts(cfg, load_words(cfg))
-        except DatasetError as exc:
-            problems.append(str(exc))
+        except DatasetError as exc:  # named by the field of its file, where it names one
+            text = str(exc)
+            named = [i.field for i in files if text.startswith(f"{i.value}:")]
+            problems.append(f"{named[0]}: {text}" if named else text)
             head = f"{source}: well-formed; prompts not counted (see the problems below)"
     if prompts is not None:
         n_prompts = len(prompts)
