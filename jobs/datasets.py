@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.files import DatasetError, decode_utf8, fetch, iter_jsonl, url_basename
+from jobs.redact import has_controls
 from jobs.words import builtin_gender_words, label_text
+
+log = logging.getLogger("harness")
 
 
 def is_blank(text: str) -> bool:
@@ -37,12 +41,39 @@ def _read_jsonl_prompts(path: str, spec: str) -> list[tuple[int, str, dict[str, 
     for lineno, rec in iter_jsonl(path, spec):
         prompt = rec.get("prompt") if isinstance(rec, dict) else None
         text = prompt.get("text") if isinstance(prompt, dict) else None
-        if not isinstance(text, str):
+        if text is None or isinstance(text, dict | list):
             raise DatasetError(f"{spec}: line {lineno}: missing prompt.text")
+        if not isinstance(text, str):
+            raise DatasetError(
+                f"{spec}: line {lineno}: prompt.text is {text!r}, not text; write it in quotes"
+            )
+        out.append((lineno, text, rec))
+    _check_texts(spec, [(ln, t) for ln, t, _ in out])
+    return out
+
+
+_warned: set[str] = set()  # files whose control characters were reported in this process
+
+
+def _check_texts(spec: str, texts: list[tuple[int, str]]) -> None:
+    """Refuse a blank prompt; warn once (their count, the first line) about prompts holding
+    control characters: kept as they are, but shown escaped on a terminal."""
+    controls = []
+    for lineno, text in texts:
         if is_blank(text):
             raise DatasetError(f"{spec}: line {lineno}: empty prompt (only blank characters)")
-        out.append((lineno, text, rec))
-    return out
+        if has_controls(text):
+            controls.append(lineno)
+    if controls and spec not in _warned:
+        _warned.add(spec)
+        log.warning(
+            "%s: %d prompt(s) hold control characters (ESC, BEL, NUL, bidirectional overrides), "
+            "the first on line %d; generated from as they are, shown escaped (\\uXXXX) on a "
+            "terminal",
+            spec,
+            len(controls),
+            controls[0],
+        )
 
 
 def load_paired_jsonl(
@@ -119,9 +150,7 @@ def load_prompt_list(
         texts = [(i + 1, str(t or "")) for i, t in enumerate(table.column(text_field).to_pylist())]
     else:
         raise DatasetError(f"{spec}: unknown prompt file type (use .jsonl, .csv or .parquet)")
-    for lineno, text in texts:
-        if is_blank(text):
-            raise DatasetError(f"{spec}: line {lineno}: empty prompt (only blank characters)")
+    _check_texts(spec, texts)
     if not texts:
         raise DatasetError(f"{spec}: no prompts")
     texts = texts[:limit] if limit is not None else texts

@@ -1,4 +1,5 @@
-"""Secrets out of everything written or printed: secret-looking keys and URL credentials.
+"""Secrets out of everything written or printed: secret-looking keys and URL credentials; and
+control characters out of what reaches a terminal (`printable`).
 
 A value is secret when its key looks like one (`api_key`, `token`, `aws_secret`...), and inside
 any text when it is a URL's user:password or the value of a secret-looking query parameter
@@ -28,6 +29,22 @@ SECRET_QUERY = (
     "pwd",
 )
 REDACTED = "<redacted>"
+# What a terminal acts on instead of showing: C0 and C1 controls but tab and newline, DEL, and
+# the bidirectional marks and overrides (U+202E shows text backwards). From a dataset, an ESC
+# sequence in a prompt would restyle or rewrite the user's terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as `\\uXXXX` (also valid inside a JSON
+    string), tab and newline kept: what a terminal may be shown."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def has_controls(text: str) -> bool:
+    """Whether `printable` would change `text`."""
+    return _CONTROL.search(text) is not None
+
 
 _QUERY = re.compile(r"([?&;])([^=&;#\s\"']+)=([^&;#\s\"']*)")
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s\"']+)@")

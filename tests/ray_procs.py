@@ -36,6 +36,12 @@ def local_cluster(prefix: str, node_gpus: Iterable[int] = ()) -> Iterator[Any]:
         ray.shutdown()
     tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: unix socket paths are limited
     head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "temp_dir": tmp}
+    # `Cluster` records its address in $RAY_TMPDIR/ray (else $TMPDIR/ray, else /tmp/ray), a
+    # folder it does not create: on a fresh machine there is none (FileNotFoundError), and on
+    # a shared one the record would send everyone's plain `ray.init()` to this cluster.
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    os.makedirs(os.path.join(tmp, "ray"))
     c = None
     # Cluster writes its address to <RAY_TMPDIR or /tmp>/ray/ray_current_cluster: here, not in
     # a /tmp/ray that may be missing (a fresh machine) or another cluster's

@@ -217,7 +217,8 @@ def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> Non
         [failed_row(JobSpec.from_row(r), "boom") for r in store.read_plan().to_dicts()]
     )
     res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress")
-    assert res.returncode == 0 and "failed 4, pending 0" in res.stdout
+    assert res.returncode == 1 and "failed 4, pending 0" in res.stdout  # all of vanilla failed
+    assert "error: method vanilla: all 4 of its jobs failed" in res.stderr
     res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "--retry-failed")
     assert res.returncode == 0 and "done 4, failed 0" in res.stdout, res.stdout
     assert (store.read_generations()["status"] == "ok").all()

@@ -157,6 +157,39 @@ def test_include_registers_methods_and_scorers(tmp_path: Path) -> None:
     assert "rc 2" in res.stdout and "parameter depth = 'deep': must be a whole number" in res.stderr
 
 
+BOOM = """
+from workers.methods.base import Vanilla
+from workers.methods.registry import register_method
+
+
+class Boom(Vanilla):
+    def next_logprobs(self, ctx):
+        raise RuntimeError("boom at every step")
+
+
+register_method("boom", "boom_methods:Boom")
+"""
+
+
+def test_run_exits_1_when_a_method_failed_every_one_of_its_jobs(tmp_path: Path) -> None:
+    """A plugin method whose every job fails: the run completes what it can (vanilla's jobs,
+    scores, the report) and then exits 1 naming the method and where its errors are."""
+    (tmp_path / "boom_methods.py").write_text(BOOM)
+    cfg = config(tmp_path, methods=["vanilla", "boom"], scorers=["gender"])
+    out = tmp_path / "run"
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    args = ["--include", "boom_methods", "run", str(cfg), "--out", str(out), "--no-ray"]
+    res = python(f"from harness.cli.commands import main; print('rc', main({args!r}))", env=env)
+    assert "rc 1" in res.stdout, res.stderr[-3000:]
+    assert "sentiment: planned 4, done 4, failed 0" in res.stdout  # vanilla ran
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: method boom: all 4 of its jobs failed; their errors: `python -m harness "
+        f"samples {out} --status error --method boom`"
+    )
+    assert (out / "summary.parquet").is_file()
+
+
 def test_progress_off_a_terminal_writes_plain_lines(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -256,3 +289,54 @@ def test_the_readme_names_every_command_and_train_head_shows_defaults(
         main(["train-head", "--help"])
     shown = capsys.readouterr().out
     assert "default: 0.0001" in shown and "(default: train)" in shown and "None" not in shown
+
+
+CONTROLS = "\x1b[2J\x1b]0;owned\x07 \x00 \u202eevil \x9b"
+
+
+def test_control_characters_from_a_dataset_reach_no_terminal_raw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Prompts holding ESC sequences, BEL, NUL, U+202E and a C1 control: `validate` warns
+    (their count, the file, the first line), the run generates from them as they are, and
+    `samples` (text and JSONL), `status` and error lines show them escaped as \\uXXXX; JSONL
+    still reads back as the same text."""
+    import json as json_
+
+    from harness.cli.commands import main
+
+    rows = {
+        g: [f"The {w} said", f"The {w} {CONTROLS} laughed"]
+        for g, w in (("f", "woman"), ("m", "man"))
+    }
+    files = {}
+    for group, texts in rows.items():
+        path = tmp_path / f"{group}.jsonl"
+        path.write_text("".join(json_.dumps({"prompt": {"text": t}}) + "\n" for t in texts))
+        files[group] = str(path)
+    cfg = config(tmp_path, dataset={"kind": "paired-jsonl", "files": files}, methods=["vanilla"])
+    caplog.set_level(logging.WARNING, logger="harness")
+    assert main(["validate", str(cfg)]) == 0
+    warned = [r.getMessage() for r in caplog.records if "control characters" in r.getMessage()]
+    assert warned[0] == (
+        f"{files['f']}: 1 prompt(s) hold control characters (ESC, BEL, NUL, bidirectional "
+        "overrides), the first on line 2; generated from as they are, shown escaped (\\uXXXX) "
+        "on a terminal"
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "-q"]) == 0
+    capsys.readouterr()
+    raw = ("\x1b", "\x07", "\x00", "\u202e", "\x9b")
+    for args in (["samples", str(out), "--limit", "0"], ["status", str(out)]):
+        assert main(args) == 0
+        shown = capsys.readouterr().out
+        assert not [c for c in raw if c in shown], args
+    assert main(["samples", str(out), "--grep", "laughed"]) == 0
+    assert "\\u001b[2J\\u001b]0;owned\\u0007 \\u0000 \\u202eevil \\u009b" in capsys.readouterr().out
+    assert main(["samples", str(out), "--format", "jsonl", "--limit", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not [c for c in raw if c in "".join(lines)]
+    assert sum(CONTROLS in json_.loads(line)["prompt"] for line in lines) == 2  # the same text
+    assert main(["status", str(tmp_path / f"no{CONTROLS}run")]) == 2
+    err = capsys.readouterr().err
+    assert "\\u001b[2J" in err and not [c for c in raw if c in err]

@@ -72,13 +72,12 @@ def test_bad_yaml_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_secrets_are_redacted_in_the_snapshot() -> None:
+    endpoint = "https://user:sekrit-123@example.com/v1alpha1"  # URL credentials
     cfg = parse_config(
-        with_(
-            scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}]
-        )
+        with_(scorers=[{"name": "perspective", "params": {"endpoint": endpoint, "qps": 5.0}}])
     )
     text = dump_config(cfg)
-    assert "sekrit-123" not in text and "<redacted>" in text and "max_new_tokens: 5" in text
+    assert "sekrit-123" not in text and "<redacted>" in text and "qps: 5.0" in text
 
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "methods-tiny.yaml", "paper-gpt2-large.yaml"])
@@ -220,8 +219,8 @@ def test_method_parameter_values_are_checked(params: dict[str, object], message:
 
 
 def test_a_huge_grid_is_refused_with_its_size_before_any_prompt_is_read() -> None:
-    with pytest.raises(ConfigError, match=r"1,000,000,000 jobs .* more than runtime.max_jobs"):
-        parse_config(with_(samples_per_prompt=10**9), "cfg.yaml")
+    with pytest.raises(ConfigError, match=r"1,000,000,000 jobs per prompt \(1 models .* more"):
+        parse_config(with_(samples_per_prompt=10**9), "cfg.yaml")  # not "1 prompts"
     from harness.config import check_grid_size
 
     cfg = parse_config(with_(samples_per_prompt=10, runtime={"max_jobs": 100}))
@@ -279,12 +278,15 @@ def test_a_snapshot_read_back_is_redacted_as_the_config_was() -> None:
     cfg = parse_config(
         with_(
             dataset={"kind": "prompt-list", "path": url},
-            scorers=[{"name": "gender", "params": {"api_key": "sekrit-123", "max_new_tokens": 5}}],
+            scorers=[{"name": "perspective", "params": {"endpoint": url, "qps": 5.0}}],
         )
     )
     plain = cfg.model_dump(mode="json")
     assert redact(plain) == yaml.safe_load(dump_config(cfg))
-    assert redact(plain)["scorers"][0]["params"] == {"api_key": "<redacted>", "max_new_tokens": 5}
+    assert redact(plain)["scorers"][0]["params"] == {
+        "endpoint": "https://<redacted>@example.org/p.jsonl?token=<redacted>&v=2",
+        "qps": 5.0,
+    }
     assert redact(plain)["dataset"]["path"] == (
         "https://<redacted>@example.org/p.jsonl?token=<redacted>&v=2"
     )

@@ -225,8 +225,30 @@ def test_a_full_disk_ends_in_one_line(
     code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err[-1] == f"error: {out}/config.yaml: No space left on device"
+    again = "; free some space and run the same command again (what was written is kept)"
+    assert err[-1] == f"error: {out}/config.yaml: No space left on device{again}"
     assert not [e for e in err if "Traceback" in e]
+
+
+def test_a_full_disk_that_names_no_file_names_the_run_and_the_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pyarrow's writers raise a bare `[Errno 28]`: the line names the command, the run
+    directory and the stage it was in, and what to do."""
+    from harness.cli import commands as cli
+
+    def full(self: RunStore) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(RunStore, "compact_generations", full)
+    out = tmp_path / "run"
+    code = cli.main(["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1] == (
+        f"error: [Errno 28] No space left on device (in run {out}, generation stage); free "
+        "some space and run the same command again (what was written is kept)"
+    )
 
 
 @pytest.mark.slow
@@ -311,3 +333,51 @@ def test_status_counts_scores_of_the_plans_ok_jobs_only(tmp_path: Path) -> None:
     assert "planned 5, done 4, failed 1, pending 0" in text
     assert "1 generation row(s) on disk are outside the current plan" in text
     assert "sentiment-vader: error 1, ok 1; missing 2; 1 row(s) outside the plan" in text
+
+
+def test_a_config_yaml_that_is_not_yaml_is_one_error_line(
+    everyday_run: tuple[Path, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    run = cli_run.copy_run(everyday_run, tmp_path)
+    with (run / "config.yaml").open("a") as fh:
+        fh.write("name: [unclosed\n")
+    for command in (["aggregate", str(run)], ["score", str(run), "--no-ray"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0]
+        assert err[0].startswith(f"error: {run}/config.yaml: line ")
+        assert "not valid YAML" in err[0] and f"run CONFIG --out {run}` writes it again" in err[0]
+
+
+def test_a_config_yaml_edited_inside_the_run_is_refused_naming_the_field(
+    everyday_run: tuple[Path, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan records the fields it was made from; `aggregate` and `score` compare config.yaml
+    with them (sections that shape no job, as `aggregation:`, may change), and the command
+    the message gives plans the run from the edited file."""
+    from harness.cli.commands import main
+
+    run = cli_run.copy_run(everyday_run, tmp_path)
+    snapshot = yaml.safe_load((run / "config.yaml").read_text())
+    edited = {**snapshot, "samples_per_prompt": 2, "aggregation": {"n_boot": 0, "n_perm": 0}}
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    for command in (["aggregate", str(run)], ["score", str(run), "--no-ray"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"error: {run}/config.yaml was edited after its plan was made (samples_per_prompt "
+            f"is 2, planned with 1): put it back, or plan the run from it: `python -m harness "
+            f"run {run}/config.yaml --out {run}`" in err
+        )
+    assert not (run / "results.json").read_text().count('"samples_per_prompt": 2')
+    edited["samples_per_prompt"] = 1  # only `aggregation:` differs now: accepted
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    assert main(["aggregate", str(run)]) == 0
+    edited["samples_per_prompt"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    again = ["run", str(run / "config.yaml"), "--out", str(run), "--no-ray", "--no-progress"]
+    assert main(again) == 0  # the way out the message names: two samples planned now
+    assert RunStore(str(run)).read_plan(["job_id"]).height == 8
+    assert main(["aggregate", str(run)]) == 0

@@ -325,3 +325,39 @@ def test_a_run_without_following_starts_no_thread(tmp_path: Path) -> None:
     with score_follow.following(store, cfg, driver.load_words(cfg), use_ray=False) as follower:
         assert threading.active_count() == before and follower._thread.ident is None
     assert follower.result.stats == {} and follower.result.live == {}
+
+
+def test_in_process_a_tuned_method_runs_while_perplexity_loads_and_follows(tmp_path: Path) -> None:
+    """`run --no-ray`: the generator (LIDAO-min) loads in the driver's thread while perplexity
+    loads in the follower's. A fresh process, so that transformers' lazy modules are not
+    imported yet: building both at once failed every time ("cannot import name
+    'AutoModelForCausalLM'", 0 of 24 generated) before construction was serialised."""
+    import yaml
+    from cli_run import harness
+
+    cfg = {
+        "name": "threads",
+        "dataset": {"kind": "paired-jsonl", "files": DATA, "limit": 2},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla", "lidao-min"],
+        "tasks": ["sentiment"],
+        "samples_per_prompt": 3,
+        "generation": {"max_new_tokens": 3},
+        "scorers": [
+            "gender",
+            "sentiment-vader",
+            {"name": "perplexity", "params": {"model": "tiny-random/gpt2"}},
+        ],
+        "runtime": {"device": "cpu", "batch_size": 2, "score_during_generation": True},
+        "aggregation": {"n_boot": 0, "n_perm": 0},
+    }
+    path, out = tmp_path / "c.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(cfg))
+    res = harness("run", str(path), "--out", str(out), "--no-ray", "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "scoring during generation: gender, sentiment-vader, perplexity" in res.stderr
+    store = RunStore(str(out))
+    gen = store.read_generations(["job_id", "status"])
+    assert gen.height == 24 and set(gen["status"]) == {"ok"}
+    scored = store.read_scores("perplexity", "perplexity")
+    assert sorted(scored["job_id"]) == sorted(gen["job_id"])

@@ -108,16 +108,13 @@ def test_perspective_key_file_and_endpoint_name_their_field(
     empty.write_text("\n")
     monkeypatch.delenv("PERSPECTIVE_API_KEY", raising=False)
     monkeypatch.delenv("PERSPECTIVE_API_ENDPOINT", raising=False)
-    cfg = parse_config(
-        {
-            **json.loads(write_config(tmp_path).read_text()),
-            "scorers": [
-                {"name": "perspective", "params": {"api_key_file": str(empty)}},
-                {"name": "perspective", "params": {"cache_only": True}},
-            ],
-        }
-    )
-    items = preflight.check_keys(cfg)
+    base = json.loads(write_config(tmp_path).read_text())
+    items = [  # one perspective entry per config: a run keeps one setting per scorer
+        preflight.check_keys(
+            parse_config({**base, "scorers": [{"name": "perspective", "params": p}]})
+        )[0]
+        for p in ({"api_key_file": str(empty)}, {"cache_only": True})
+    ]
     assert items[0].field == "scorers.0.params.api_key_file" and "is empty" in str(items[0].problem)
     assert items[1].problem is None and items[1].where == "cache only (no key needed)"
     with FakePerspective(api_key="k") as server:
@@ -165,7 +162,8 @@ def test_a_missing_local_file_and_output_under_a_file(
     lines, problems = validate(cfg, "c.yaml", out=str(tmp_path / "f" / "run"))
     assert problems == 2, lines
     assert problems_of(lines) == [
-        "gender_words: no such file",
+        f"gender_words: {tmp_path / 'no'}: no such file (a relative path in a config is read "
+        "from the config's folder)",
         f"--out: {tmp_path / 'f'} is a file, not a folder",
     ]
     assert main(["validate", str(write_config(tmp_path)), "--out", str(tmp_path / "f")]) == 2
@@ -212,3 +210,192 @@ def test_urls_are_probed_all_at_once_and_each_once(tmp_path: Path) -> None:
         "methods.1.params.head, methods.2.params.head: http://h/head.pt: unreachable (test); "
         "without network, download it elsewhere and set them to the local path"
     )
+
+
+def test_scorer_parameters_are_checked_against_the_catalog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unknown names (with the nearest), kinds, enumerated values and bounds: each named by its
+    field, all at once, before anything runs; `--set` reaches the same check."""
+    from harness.cli.commands import main
+
+    cfg = write_config(
+        tmp_path,
+        scorers=[
+            {"name": "gender", "params": {"bogus": 1}},
+            {"name": "sentiment-vader", "params": {"text_fieldd": "x"}},
+            {"name": "regard", "params": {"text_field": "bogus", "batch_size": 0}},
+            {"name": "perplexity", "params": {"model": 3, "dtype": "float8"}},
+        ],
+    )
+    assert main(["validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    expected = [
+        "scorers.0.params.bogus: unknown gender parameter 'bogus' (known: none)",
+        "scorers.1.params.text_fieldd: unknown sentiment-vader parameter 'text_fieldd'; did you "
+        "mean text_field? (known: text_field)",
+        "scorers.2.params.text_field: 'bogus' must be one of continuation, prompt+continuation",
+        "scorers.2.params.batch_size: 0 must be at least 1",
+        "scorers.3.params.model: 3 must be a string",
+        "scorers.3.params.dtype: 'float8' must be one of float32, float16, bfloat16",
+    ]
+    for line in expected:
+        assert f"  {line}\n" in err, err
+    assert "invalid config (6 error(s))" in err
+    plain = write_config(tmp_path, scorers=["gender", "sentiment-vader"])
+    assert main(["validate", str(plain), "--set", "scorers.1.params.text_field=prompt"]) == 2
+    err = capsys.readouterr().err
+    assert "scorers.1.params.text_field: 'prompt' must be one of continuation" in err
+    assert "(with --set scorers.1.params.text_field=prompt)" in err
+    assert main(["validate", str(plain), "--set", "scorers.0.params.x=1"]) == 2
+    assert "scorers.0.params.x: unknown gender parameter 'x'" in capsys.readouterr().err
+
+
+def test_a_method_or_scorer_given_twice_is_refused_naming_both_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Methods: the same name with parameters that resolve alike (a default written out counts);
+    scorers: the same name (scores/<scorer>/ holds one setting)."""
+    from harness.cli.commands import main
+
+    cfg = write_config(
+        tmp_path,
+        methods=[
+            "vanilla",
+            "lidao-min",
+            "vanilla",
+            {"name": "lidao-min", "params": {"gamma": 0.5}},
+        ],
+        scorers=["gender", {"name": "gender"}],
+    )
+    assert main(["validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "methods.2: vanilla with these parameters is methods.0 again" in err
+    assert "methods.3: lidao-min with these parameters is methods.1 again" in err
+    assert "scorers.1: gender is scorers.0 again" in err
+    other = write_config(
+        tmp_path, methods=["lidao-min", {"name": "lidao-min", "params": {"gamma": 0.7}}]
+    )
+    assert main(["validate", str(other)]) == 0  # two settings of one method: a fair grid
+
+
+def test_max_new_tokens_after_the_longest_prompt_must_fit_the_models_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read from the model's config (tiny GPT-2: 512 positions) and counted with its
+    tokenizer; the longest of the example prompts is 8 tokens with BOS, so 504 fits (a run of
+    it generates 504 tokens) and 505 does not. The perplexity scorer's model counts too."""
+    from harness.cli.commands import main
+
+    scorers = ["gender", {"name": "perplexity", "params": {"model": "tiny-random/opt"}}]
+    for new, code in ((504, 0), (505, 2)):
+        cfg = write_config(tmp_path, generation={"max_new_tokens": new}, scorers=scorers)
+        assert main(["validate", str(cfg)]) == code
+    out = capsys.readouterr().out
+    assert (
+        "generation.max_new_tokens: 505 new tokens after the longest prompt (8 tokens) exceed "
+        "the 512 tokens tiny-random/gpt2 (models.0.id) takes; lower it to at most 504" in out
+    )
+    assert "exceed the 512 tokens tiny-random/opt (scorers.1.params.model) takes" in out
+    own = {"id": "tiny-random/llama", "generation": {"max_new_tokens": 600}}
+    cfg = write_config(tmp_path, models=[{"id": "tiny-random/falcon"}, own])
+    assert main(["validate", str(cfg), "--set", "generation.max_new_tokens=600"]) == 2
+    out = capsys.readouterr().out
+    assert "models.1.generation.max_new_tokens: 600 new tokens" in out  # its own setting
+    assert "tiny-random/falcon" not in out.split("problems (")[1]  # 2048 positions
+
+
+def test_the_tiny_models_context_is_what_their_configs_declare() -> None:
+    from workers.hub import model_context
+    from workers.tiny import TINY_FAMILIES, tiny_config
+
+    for family in TINY_FAMILIES:
+        config = tiny_config(family, 100)
+        declared = getattr(config, "n_positions", None) or config.max_position_embeddings
+        assert model_context(f"tiny-random/{family}") == declared
+
+
+# ---- messages that name the path, field or stage and what to do (issue 29, item 11) --------
+
+
+def test_a_missing_prompt_file_names_the_path_it_resolved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    (tmp_path / "conf").mkdir()
+    cfg = write_config(tmp_path / "conf", dataset={"kind": "prompt-list", "path": "p.jsonl"})
+    assert main(["validate", str(cfg)]) == 2
+    assert (
+        f"dataset.path: {tmp_path / 'conf' / 'p.jsonl'}: no such file (a relative path in a "
+        "config is read from the config's folder)" in capsys.readouterr().out
+    )
+
+
+def test_a_folder_or_a_named_pipe_as_the_prompt_file_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "dir.jsonl").mkdir()
+    for name, what in (
+        ("pipe.jsonl", "not a regular file (a named pipe"),
+        ("dir.jsonl", "a folder, not a file"),
+    ):
+        cfg = write_config(tmp_path, dataset={"kind": "prompt-list", "path": str(tmp_path / name)})
+        assert main(["validate", str(cfg)]) == 2
+        assert f"dataset.path: {tmp_path / name}: {what}" in capsys.readouterr().out
+
+
+def test_a_numeric_prompt_text_is_named_as_such(tmp_path: Path) -> None:
+    from jobs.datasets import load_prompt_list
+    from jobs.files import DatasetError
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": {"text": "The nurse"}}\n{"prompt": {"text": 42}}\n')
+    with pytest.raises(
+        DatasetError, match=r"p\.jsonl: line 2: prompt.text is 42, not text; write it in quotes"
+    ):
+        load_prompt_list(str(path))
+
+
+def test_score_on_a_folder_that_is_no_run_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli.commands import main
+
+    gone = tmp_path / "no-run"
+    assert main(["score", str(gone), "--no-ray"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {gone}: not a run directory (no config.yaml, plan.parquet or generations); "
+        f"`python -m harness run CONFIG --out {gone}` makes one"
+    )
+
+
+def test_two_scorers_of_one_metric_are_settled_with_the_cli_option(tmp_path: Path) -> None:
+    from fake_run import score_row, write_rows
+
+    from results.stats.join import JoinError, join_run
+
+    store = write_rows(
+        str(tmp_path / "run"), [{"prompt_id": "A", "label": "female", "sentiment": 0.3}]
+    )
+    store.write_scores(
+        "sentiment", "sentiment", [score_row("j00000", "sentiment") | {"scorer": "sentiment"}]
+    )
+    with pytest.raises(JoinError) as exc:
+        join_run(store)
+    assert str(exc.value).endswith(
+        "metric 'sentiment' was scored by sentiment, sentiment-vader; pick one with --use-scorer "
+        "(e.g. `--use-scorer sentiment`)"
+    )
+
+
+def test_an_output_path_with_a_newline_is_refused(tmp_path: Path) -> None:
+    item = machine.check_output(str(tmp_path / "run\nname"))
+    assert item.field == "--out" and str(item.problem).endswith(
+        "holds a control character (a newline, a tab...); every path of the run would hold it: "
+        "give a plain name"
+    )
+    assert machine.check_output(str(tmp_path / "run name")).problem is None

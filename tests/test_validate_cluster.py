@@ -37,14 +37,15 @@ def test_paths_the_nodes_read_are_left_to_an_attached_cluster(tmp_path: Path, cl
         "gender_words": str(tmp_path / "words.txt"),
     }
     local = validate(parse_config(data), "c.yaml")
+    missing = ": no such file (a relative path in a config is read from the config's folder)"
     assert problems_of(local[0]) == [
-        "gender_words: no such file",
-        "methods.0.params.head: no such file",
+        f"gender_words: {tmp_path / 'words.txt'}{missing}",
+        f"methods.0.params.head: {tmp_path / 'head.safetensors'}{missing}",
         f"models.0.id: {tmp_path / 'lm-on-the-nodes'}: no such folder",
     ]
     attached = {**data, "runtime": {**data["runtime"], "ray_address": cluster}}
     lines, problems = validate(parse_config(attached), "c.yaml")
-    assert problems_of(lines) == ["gender_words: no such file"]
+    assert problems_of(lines) == [f"gender_words: {tmp_path / 'words.txt'}{missing}"]
     assert "    uddia × sentiment: ? jobs; head " in "\n".join(lines)
     assert "not seen here; the nodes read it" in "\n".join(lines)
 

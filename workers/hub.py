@@ -114,6 +114,25 @@ def snapshot(repo_id: str, revision: str | None) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def model_context(spec: str, revision: str | None = None) -> int | None:
+    """The most tokens (prompt and continuation) model `spec` takes, from its config.json in
+    its folder or the Hugging Face cache (nothing downloaded; a tiny model's from
+    `workers.tiny`); None when that config is not here or declares no length."""
+    from workers.tiny import TINY_PREFIX, tiny_context
+
+    if spec.startswith(TINY_PREFIX):
+        return tiny_context(spec[len(TINY_PREFIX) :])
+    folder = Path(os.path.expanduser(spec)) if is_local(spec) else snapshot(spec, revision)
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return None
+    for key in ("n_positions", "max_position_embeddings", "n_ctx"):  # GPT-2, most, GPT-J
+        if isinstance(config, dict) and isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
 @dataclass(frozen=True)
 class Availability:
     """Where a model or tokenizer would come from; `problem` is None when it can be loaded."""

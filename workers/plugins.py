@@ -31,6 +31,7 @@ import functools
 import importlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, ParamSpec, TypeVar
@@ -44,6 +45,12 @@ METHOD_GROUP = "lidao_harness.methods"
 SCORER_GROUP = "lidao_harness.scorers"
 
 _state = {"loaded": False, "loading": False}
+# Held while a model, a method or a scorer is built in this process (`--no-ray`: the generator
+# in the driver's thread, scorers that follow generation in another). Building one imports
+# transformers' lazy modules, and two threads importing them at once see half-initialised
+# modules ("cannot import name 'AutoModelForCausalLM'"); once built, decoding and scoring
+# import nothing more (measured), so only construction is serialised.
+BUILDING = threading.RLock()
 
 
 class PluginError(ValueError):

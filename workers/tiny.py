@@ -15,6 +15,13 @@ TINY_FAMILIES = ("gpt2", "opt", "opt-proj", "falcon", "llama", "bert")
 TINY_SEED = 1234
 TINY_WIDTH = 64  # hidden size of every tiny model
 TINY_PROJECTED = 32  # `opt-proj`: the embeddings' and the LM head's width (projected in / out)
+TINY_POSITIONS = 512  # tokens (prompt + continuation) of every family but Falcon's
+FALCON_POSITIONS = 2048  # transformers' default for Falcon (rotary: a declared length, no table)
+
+
+def tiny_context(family: str) -> int:
+    """The context (`n_positions` / `max_position_embeddings`) of `tiny-random/<family>`."""
+    return FALCON_POSITIONS if family == "falcon" else TINY_POSITIONS
 
 
 def tiny_head_width(family: str) -> int:
@@ -110,7 +117,9 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     eos = bos = 0  # "<|endoftext|>" is id 0 in tiny_vocab()
     common: dict[str, Any] = {"vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos}
     if family == "gpt2":
-        return tf.GPT2Config(n_layer=4, n_embd=TINY_WIDTH, n_head=4, n_positions=512, **common)
+        return tf.GPT2Config(
+            n_layer=4, n_embd=TINY_WIDTH, n_head=4, n_positions=TINY_POSITIONS, **common
+        )
     # every other family: 4 heads over TINY_WIDTH, "<pad>" (id 2) as padding
     heads: dict[str, Any] = {"hidden_size": TINY_WIDTH, "num_attention_heads": 4, "pad_token_id": 2}
     decoder: dict[str, Any] = {"num_hidden_layers": 4, **heads, **common}
@@ -121,7 +130,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
             ffn_dim=128,
             word_embed_proj_dim=tiny_head_width(family),
             do_layer_norm_before=family == "opt",
-            max_position_embeddings=512,
+            max_position_embeddings=TINY_POSITIONS,
             **decoder,
         )
     if family == "falcon":
@@ -133,7 +142,7 @@ def tiny_config(family: str, vocab_size: int) -> Any:
             alibi=False,
             **decoder,
         )
-    mlp: dict[str, Any] = {"intermediate_size": 128, "max_position_embeddings": 512}
+    mlp: dict[str, Any] = {"intermediate_size": 128, "max_position_embeddings": TINY_POSITIONS}
     if family == "llama":
         return tf.LlamaConfig(num_key_value_heads=2, **mlp, **decoder)
     if family == "bert":  # an encoder, for classifier scorers in tests

@@ -4,6 +4,7 @@ input (config, files, names)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from harness.cli.parser import build_parser
 from harness.config import ConfigError
 from harness.progress import setup_logging
 from jobs.files import DatasetError
-from jobs.redact import redact_text
+from jobs.redact import printable, redact_text
 from results.run.store import StoreError
 from results.stats.join import JoinError
 
@@ -32,13 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             include(args.include)
         return int(args.func(args))
     except (ConfigError, DatasetError, StoreError, JoinError, KeyError, ValueError) as exc:
-        print(f"error: {redact_text(_message(exc))}", file=sys.stderr)
+        print(f"error: {printable(redact_text(_message(exc)))}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        print(f"error: {redact_text(str(exc))}", file=sys.stderr)
+        print(f"error: {printable(redact_text(str(exc)))}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"error: {_os_error(exc)}", file=sys.stderr)
+        print(f"error: {printable(_os_error(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         from results.run.invoke import interrupted
@@ -64,7 +65,13 @@ def _message(exc: Exception) -> str:
 
 
 def _os_error(exc: OSError) -> str:
-    """One line naming the path: `PATH: No space left on device`."""
+    """One line naming the path (`PATH: No space left on device`), else the command, run and
+    stage it was in (`results.run.invoke.driven`), and for a full disk what to do."""
     if exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return str(exc).replace("\n", " ")
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    else:
+        notes = getattr(exc, "__notes__", None)
+        text = str(exc).replace("\n", " ") + (f" (in {notes[-1]})" if notes else "")
+    if exc.errno == errno.ENOSPC or "No space left" in text:
+        text += "; free some space and run the same command again (what was written is kept)"
+    return text

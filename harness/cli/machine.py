@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.cli.preflight import Item
 from harness.config import RunConfig
 from harness.stages.generation.devices import visible_ids
+from jobs.redact import has_controls, printable
 
 _gpu_count: list[tuple[int, str]] = []
 
@@ -101,6 +102,14 @@ def check_devices(cfg: RunConfig, local: bool) -> list[Item]:
 def check_output(out: str) -> Item:
     """`--out` can be written: a local folder (or where one can be made), or a pyarrow URI
     (a probe object written and deleted)."""
+    if has_controls(out) or "\n" in out or "\t" in out:
+        return Item(
+            "--out",
+            out,
+            "name",
+            f"{printable(out)!r} holds a control character (a newline, a tab...); every path "
+            "of the run would hold it: give a plain name",
+        )
     if "://" in out:
         try:
             import pyarrow.fs as pafs

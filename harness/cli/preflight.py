@@ -10,7 +10,7 @@ import importlib.util
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,9 +141,8 @@ def check_files(
             if not ok and not local and worker_side(field):
                 items.append(Item(field, spec, "not seen here; the nodes read it"))
                 continue
-            items.append(
-                Item(field, spec, "present" if ok else "MISSING", None if ok else "no such file")
-            )
+            problem = None if ok else _not_a_file(path)
+            items.append(Item(field, spec, "present" if ok else "MISSING", problem))
         elif spec not in answers:
             items.append(Item(field, spec, "URL, cached"))
         elif answers[spec] is None:
@@ -158,6 +157,18 @@ def check_files(
                 problem += f" (SHA-256 {PINNED_SHA256[spec]})"
             items.append(Item(field, spec, "URL, NOT REACHABLE", problem))
     return items
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a file (None: it can). A config's relative paths were made
+    absolute against its folder (`harness.config.reading.resolve_paths`)."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"{path}: a folder, not a file; name the file in it"
+    if path.exists():
+        return f"{path}: not a regular file (a named pipe, a socket or a device); name a file"
+    return f"{path}: no such file (a relative path in a config is read from the config's folder)"
 
 
 # ---- models and tokenizers ---------------------------------------------------------------
@@ -330,3 +341,68 @@ def check_plugins(cfg: RunConfig) -> list[Item]:
             problem = f"{name}: module {module!r} cannot be imported ({exc})"
         items.append(Item(field, target, "plugin", problem))
     return items
+
+
+# ---- context length ----------------------------------------------------------------------
+
+
+def check_context(cfg: RunConfig, prompts: Sequence[Any]) -> list[Item]:
+    """The longest prompt plus `max_new_tokens` against each model's context, and the
+    perplexity scorer's model's (it reads prompt + continuation): read from the model's config
+    (`workers.hub.model_context`, no weights), the prompt counted with its tokenizer (BOS
+    added) where this machine has both; a model whose config is not here is left alone."""
+    from harness.stages.generation.planning import generation_for
+    from workers.scorers.registry import scorer_defaults
+
+    new = {i: generation_for(cfg, m).max_new_tokens for i, m in enumerate(cfg.models)}
+    targets = [
+        (f"models.{i}.id", m.id, m.tokenizer or m.id, m.revision, new[i])
+        for i, m in enumerate(cfg.models)
+    ]
+    for k, s in enumerate(cfg.scorers):
+        if s.name == "perplexity":
+            p = {**scorer_defaults(s.name), **s.params}
+            field = f"scorers.{k}.params.model"
+            targets.append(
+                (field, str(p["model"]), str(p["model"]), p["revision"], max(new.values()))
+            )
+    longest_bytes = max((len(p.text.encode()) for p in prompts), default=0)
+    items = []
+    for field, model, tok, revision, max_new in targets:
+        context = hub.model_context(model, revision)
+        if context is None or longest_bytes + 2 + max_new <= context:
+            continue  # a token holds at least a byte: the longest prompt fits in any case
+        tokenizer = _prompt_tokenizer(tok, revision)
+        if tokenizer is None:
+            continue
+        longest = 1 + max(len(e.ids) for e in tokenizer.encode_batch([p.text for p in prompts]))
+        if longest + max_new > context:
+            gen = "generation.max_new_tokens"
+            if field.startswith("models.") and cfg.models[int(field.split(".")[1])].generation:
+                gen = field.replace(".id", ".generation.max_new_tokens")
+            items.append(
+                Item(
+                    gen,
+                    str(max_new),
+                    "too long",
+                    f"{max_new} new tokens after the longest prompt ({longest} tokens) exceed "
+                    f"the {context} tokens {model} ({field}) takes; lower it to at most "
+                    f"{context - longest}, or shorten the prompts",
+                )
+            )
+    return items
+
+
+def _prompt_tokenizer(spec: str, revision: str | None) -> Any:
+    """`spec`'s `tokenizers.Tokenizer` (a tiny model's, or from its folder or the cache), or None."""
+    from results.report.pieces import cached_tokenizer
+    from workers.tiny import tiny_raw_tokenizer
+
+    if spec.startswith(TINY_PREFIX):
+        return tiny_raw_tokenizer()
+    try:
+        return cached_tokenizer(
+            str(Path(spec).expanduser()) if hub.is_local(spec) else spec, revision
+        )
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer file: `check_models` says so
+        return None

@@ -14,10 +14,10 @@ from typing import Any
 from harness.cli.machine import check_cluster
 from harness.cli.options import overrides
 from harness.cli.preflight import scorer_model_problems
-from harness.cli.status import output_lines, print_status
+from harness.cli.status import failed_methods, output_lines, print_status
 from harness.cli.tracking import check_trackers, track
 from harness.cli.validate import refuse_on_problems
-from harness.config import ConfigError, RunConfig, load_config, load_yaml, parse_config
+from harness.config import ConfigError, RunConfig, load_config, parse_config
 from results.run.history import Invocation
 from results.run.store import RunStore
 
@@ -61,7 +61,11 @@ def run_main(args: argparse.Namespace) -> int:
             f"now; outputs in {args.out}"
         )
         _after_aggregation(store, args)
-    return print_status(store)
+    print_status(store)
+    failed = failed_methods(store)
+    if failed:  # a stage that ran but made nothing of a method is not a success
+        raise RuntimeError("\n  ".join(failed))
+    return 0
 
 
 def score_main(args: argparse.Namespace) -> int:
@@ -175,11 +179,18 @@ def _config_for(run_dir: str, path: str | None) -> RunConfig:
     """The config given, else the snapshot stored in the run directory."""
     if path:
         return load_config(path)
+    from results.run.identity import read_config
+
     store = RunStore(run_dir)
-    if not store.exists("config.yaml"):
-        raise ConfigError(f"{run_dir}: no config.yaml in the run directory; pass --config FILE")
-    source = f"{run_dir}/config.yaml"
-    return parse_config(load_yaml(store.read_text("config.yaml"), source), source)
+    raw = read_config(store)  # checked against what the plan recorded
+    if raw is not None:
+        return parse_config(raw, f"{run_dir}/config.yaml")
+    if not store.exists("plan.parquet") and not store.list_shards("generations"):
+        raise ConfigError(
+            f"{run_dir}: not a run directory (no config.yaml, plan.parquet or generations); "
+            f"`python -m harness run CONFIG --out {run_dir}` makes one"
+        )
+    raise ConfigError(f"{run_dir}: no config.yaml in the run directory; pass --config FILE")
 
 
 def _check_trackers(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ from typing import IO, Any
 import polars as pl
 
 from harness.cli.sample_rows import Samples, SamplesError, load_samples, select
+from jobs.redact import has_controls, printable
 from results.schema import METRIC_FIELDS
 from results.stats.join import JoinError
 
@@ -79,8 +80,17 @@ def add_samples_args(p: argparse.ArgumentParser) -> None:
 
 # ---- output -------------------------------------------------------------------------------
 def write_jsonl(frame: pl.DataFrame, out: IO[str]) -> None:
-    for row in frame.iter_rows(named=True):
-        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    for row in frame.iter_rows(named=True):  # a control character as \\uXXXX: the same JSON
+        out.write(printable(json.dumps(row, ensure_ascii=False)) + "\n")
+
+
+def printable_text(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with the control characters of its text columns escaped (`jobs.redact.printable`)."""
+    text = [c for c, t in frame.schema.items() if t == pl.String]
+    bad = [c for c in text if any(has_controls(v) for v in frame[c] if v)]
+    return frame.with_columns(
+        pl.col(c).map_elements(printable, return_dtype=pl.String) for c in bad
+    )
 
 
 def write_csv(frame: pl.DataFrame, out: IO[str]) -> None:
@@ -222,9 +232,10 @@ def samples_main(args: argparse.Namespace) -> int:
             frame = frame.head(args.limit)
         if args.format == "jsonl":
             write_jsonl(frame, out)
-        elif args.format == "csv":
-            write_csv(frame, out)
+        elif args.format == "csv":  # to a file as the data are; to a terminal, escaped
+            write_csv(printable_text(frame) if out.isatty() else frame, out)
         else:
+            frame = printable_text(frame)  # a dataset's ESC sequence must not style the listing
             width = shutil.get_terminal_size((100, 24)).columns
             style = Style(out.isatty() and not os.environ.get("NO_COLOR"))
             shown = "" if frame.height == matched else f"; showing {frame.height} (--limit 0: all)"

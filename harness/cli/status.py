@@ -12,6 +12,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from jobs.redact import printable
 from results.run.done import DoneIds
 from results.run.manifest import read_manifest
 from results.run.store import RunStore, StoreError
@@ -28,8 +29,23 @@ def status_main(args: argparse.Namespace) -> int:
 
 
 def print_status(store: RunStore) -> int:
-    print(run_status(store))
+    print(printable(run_status(store)))  # model ids, paths: a terminal's controls escaped
     return 0
+
+
+def failed_methods(store: RunStore) -> list[str]:
+    """One line per method whose every planned job failed (`run` then exits 1)."""
+    table = (
+        store.generation_counts()
+        .group_by("method", maintain_order=True)
+        .agg(pl.col("planned", "failed").sum())
+    )
+    return [
+        f"method {method}: all {failed} of its jobs failed; their errors: `python -m harness "
+        f"samples {store.uri} --status error --method {method}`"
+        for method, planned, failed in table.iter_rows()
+        if failed and failed == planned
+    ]
 
 
 def run_status(store: RunStore) -> str:

@@ -19,6 +19,7 @@ from harness.cli.options import overrides
 from harness.cli.preflight import (
     HEAD_METHODS,
     Item,
+    check_context,
     check_files,
     check_keys,
     check_models,
@@ -29,8 +30,9 @@ from harness.cli.preflight import (
     probe_url,
 )
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
+from jobs.datasets import Prompt
 from jobs.files import DatasetError
-from jobs.redact import redact_text
+from jobs.redact import printable, redact_text
 from workers.tiny import TINY_PREFIX
 
 
@@ -41,7 +43,7 @@ def validate_main(args: argparse.Namespace) -> int:
     counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
     if args.pilot and not problems:
         counts += _pilot_lines(cfg, args.pilot)
-    print("\n".join([*lines[:1], *counts, *lines[1:]]))
+    print(printable("\n".join([*lines[:1], *counts, *lines[1:]])))
     return 2 if problems else 0
 
 
@@ -100,7 +102,9 @@ def validate(
     local = is_local_run(cfg, use_ray)
     files = check_files(file_specs(cfg), cfg.runtime.cache_dir, probe, local)
     problems = _file_problems(files)
-    lines, n_prompts = _counted(cfg, source, files, problems)
+    lines, prompts = _counted(cfg, source, files, problems)
+    n_prompts = None if prompts is None else len(prompts)
+    problems += [i.line() for i in check_context(cfg, prompts or [])]
     specs = model_specs(cfg)
     models = {(i.field, i.value): i for i in check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
@@ -128,21 +132,24 @@ READ_HERE = ("dataset.", "gender_words")  # fields of the files the driver reads
 
 def _counted(
     cfg: RunConfig, source: str, files: list[Item], problems: list[str]
-) -> tuple[list[str], int | None]:
+) -> tuple[list[str], list[Prompt] | None]:
     """The header line with the plan's size (prompts read when their files are there; a bad
-    prompt file adds to `problems`), the prompt and word files; and the number of prompts."""
+    prompt file adds to `problems`), the prompt and word files; and the prompts."""
     from harness.stages.generation.planning import load_prompts, load_words
 
-    n_prompts = None
+    prompts = None
     if any(i.problem for i in files if i.field.startswith(READ_HERE)):
         head = f"{source}: well-formed; prompts not counted (a prompt or word file is missing)"
     else:
         try:
-            n_prompts = len(load_prompts(cfg, load_words(cfg)))
-        except DatasetError as exc:
-            problems.append(str(exc))
+            prompts = load_prompts(cfg, load_words(cfg))
+        except DatasetError as exc:  # named by the field of its file, where it names one
+            text = str(exc)
+            named = [i.field for i in files if text.startswith(f"{i.value}:")]
+            problems.append(f"{named[0]}: {text}" if named else text)
             head = f"{source}: well-formed; prompts not counted (see the problems below)"
-    if n_prompts is not None:
+    if prompts is not None:
+        n_prompts = len(prompts)
         total = check_grid_size(cfg, n_prompts, source)
         head = (
             f"{source}: well-formed; {n_prompts} prompts × {cfg.samples_per_prompt} samples = "
@@ -152,7 +159,7 @@ def _counted(
     listed = [
         f"  file {i.field}: {i.value} ({i.where})" for i in files if i.field.startswith(READ_HERE)
     ]
-    return [head, *listed], n_prompts
+    return [head, *listed], prompts
 
 
 def _plan_lines(

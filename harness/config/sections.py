@@ -53,7 +53,8 @@ class DatasetConfig(Strict):
     @model_validator(mode="after")
     def _rtp(self) -> DatasetConfig:
         if self.kind != "realtoxicityprompts":
-            given = [f for f in RTP_ONLY if f in self.model_fields_set]
+            # a default written back by dump_config (the run's config.yaml) is not a choice
+            given = [f for f in RTP_ONLY if getattr(self, f) != type(self).model_fields[f].default]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for kind realtoxicityprompts")
             return self

@@ -65,22 +65,47 @@ def _pydantic_errors(exc: ValidationError) -> list[str]:
 def _name_errors(data: dict[str, Any]) -> list[str]:
     """Unknown method / scorer / tiny model names and bad method parameters, from the raw data."""
     from workers.methods.registry import check_method_name, resolve_params
-    from workers.scorers.registry import check_scorer_name
+    from workers.scorers.registry import check_params, check_scorer_name
     from workers.tiny import TINY_FAMILIES, TINY_PREFIX
 
     errors = []
     models = [m for m in _as_list(data.get("models")) if isinstance(m, dict)]
-    model_ids = [m["id"] for m in models if isinstance(m.get("id"), str)] or ["(any)"]
+    ids = list(dict.fromkeys(m["id"] for m in models if isinstance(m.get("id"), str))) or ["(any)"]
+    slices: dict[str, int] = {}  # (model, method, resolved parameters) → its first entry
     for i, m in enumerate(_as_list(data.get("methods"))):
-        name, params = (m, {}) if isinstance(m, str) else (m.get("name"), m.get("params", {}))
+        name, params = _named(m)
         if not isinstance(name, str) or not isinstance(params, dict):
             continue  # the type errors are pydantic's
         try:
             check_method_name(name)
-            for mid in dict.fromkeys(model_ids):
-                resolve_params(name, params, mid)
+            resolved = [resolve_params(name, params, mid) for mid in ids]
         except (KeyError, ValueError) as exc:
             errors.append(f"  methods.{i}: {exc.args[0] if isinstance(exc, KeyError) else exc}")
+            continue
+        first = min(slices.setdefault(repr((mid, name, r)), i) for mid, r in zip(ids, resolved))
+        if first != i:
+            errors.append(
+                f"  methods.{i}: {name} with these parameters is methods.{first} again (its "
+                "jobs would be planned twice); drop one, or give them different parameters"
+            )
+    named: dict[str, int] = {}
+    for i, sc in enumerate(_as_list(data.get("scorers"))):
+        name, params = _named(sc)
+        if not isinstance(name, str):
+            continue
+        try:
+            check_scorer_name(name)
+        except KeyError as exc:
+            errors.append(f"  scorers.{i}: {exc.args[0]}")
+            continue
+        if named.setdefault(name, i) != i:
+            errors.append(
+                f"  scorers.{i}: {name} is scorers.{named[name]} again; a run keeps one "
+                "setting per scorer (scores/<scorer>/): drop one"
+            )
+        if isinstance(params, dict):
+            for key, problem in check_params(name, params).items():
+                errors.append(f"  scorers.{i}.params.{key}: {problem}")
     for i, model in enumerate(models):
         mid = model.get("id")
         if isinstance(mid, str) and mid.startswith(TINY_PREFIX):
@@ -88,14 +113,14 @@ def _name_errors(data: dict[str, Any]) -> list[str]:
             if family not in TINY_FAMILIES or family == "bert":
                 known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
                 errors.append(f"  models.{i}.id: unknown tiny model {mid!r}; known: {known}")
-    for i, sc in enumerate(_as_list(data.get("scorers"))):
-        name = sc if isinstance(sc, str) else sc.get("name") if isinstance(sc, dict) else None
-        if isinstance(name, str):
-            try:
-                check_scorer_name(name)
-            except KeyError as exc:
-                errors.append(f"  scorers.{i}: {exc.args[0]}")
     return errors
+
+
+def _named(entry: Any) -> tuple[Any, Any]:
+    """(name, params) of a method or scorer entry (`- vanilla` or `{name: ..., params: ...}`)."""
+    if isinstance(entry, dict):
+        return entry.get("name"), entry.get("params", {})
+    return entry, {}
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -107,14 +132,18 @@ def grid_factor(cfg: RunConfig) -> int:
     return len(cfg.models) * len(cfg.methods) * len(cfg.tasks) * cfg.samples_per_prompt
 
 
-def check_grid_size(cfg: RunConfig, n_prompts: int, source: str = "<config>") -> int:
-    """The grid's size, computed without building it; refused above `runtime.max_jobs`."""
-    size = n_prompts * grid_factor(cfg)
+def check_grid_size(cfg: RunConfig, n_prompts: int | None, source: str = "<config>") -> int:
+    """The grid's size, computed without building it; refused above `runtime.max_jobs`.
+    `n_prompts` None: before the prompts are read, the jobs of one prompt alone."""
+    size = (n_prompts or 1) * grid_factor(cfg)
     if size > cfg.runtime.max_jobs:
+        axes = (
+            f"{len(cfg.models)} models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
+            f"{cfg.samples_per_prompt:,} samples"
+        )
+        what = f"per prompt ({axes})" if n_prompts is None else f"({n_prompts:,} prompts × {axes})"
         raise ConfigError(
-            f"{source}: the grid has {size:,} jobs ({n_prompts:,} prompts × {len(cfg.models)} "
-            f"models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "
-            f"{cfg.samples_per_prompt:,} samples), more than runtime.max_jobs = "
+            f"{source}: the grid has {size:,} jobs {what}, more than runtime.max_jobs = "
             f"{cfg.runtime.max_jobs:,}; lower it or raise max_jobs"
         )
     return size
@@ -133,7 +162,7 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     errors += _name_errors(data)
     if cfg is not None and not errors:
         try:
-            check_grid_size(cfg, 1, source)  # refuse an absurd grid before reading prompts
+            check_grid_size(cfg, None, source)  # refuse an absurd grid before reading prompts
         except ConfigError as exc:
             errors.append("  " + str(exc).split(": ", 1)[1])
     if errors:

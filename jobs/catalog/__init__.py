@@ -45,6 +45,7 @@ from jobs.catalog.paper import (
     paper_generation,
 )
 from jobs.catalog.scorers import (
+    SCORER_CHOICES,
     SCORER_KINDS,
     SCORER_METRICS,
     SCORER_PARAMS,
@@ -52,6 +53,7 @@ from jobs.catalog.scorers import (
     UnknownScorerError,
     add_scorer,
     check_scorer_name,
+    check_scorer_params,
     scorer_param_kind,
 )
 
@@ -66,6 +68,7 @@ __all__ = [
     "PLUGIN_KINDS",
     "PPLM_PAPER",
     "SCORERS",
+    "SCORER_CHOICES",
     "SCORER_KINDS",
     "SCORER_METRICS",
     "SCORER_PARAMS",
@@ -77,6 +80,7 @@ __all__ = [
     "check_method_name",
     "check_param_values",
     "check_scorer_name",
+    "check_scorer_params",
     "kind_error",
     "kind_label",
     "kind_of_default",

@@ -80,4 +80,4 @@ def unknown_name(what: str, name: str, known: Iterable[str]) -> str:
     names = sorted(known)
     close = difflib.get_close_matches(name, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return f"unknown {what} {name!r}{hint} (known: {', '.join(names)})"
+    return f"unknown {what} {name!r}{hint} (known: {', '.join(names) or 'none'})"

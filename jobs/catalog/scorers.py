@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from jobs.catalog.kinds import check_kinds, kind_of_default, unknown_name
+from jobs.catalog.kinds import check_kinds, kind_error, kind_of_default, unknown_name
 
 SCORERS: dict[str, str] = {
     "gender": "workers.scorers.gender:GenderLabels",
@@ -114,6 +114,44 @@ SCORER_KINDS: dict[str, dict[str, str]] = {
     },
     "perplexity": {"model": "str", "revision": "str?", "dtype": "str", "batch_size": "int"},
 }
+
+
+# What the built-in scorers accept, by parameter name: the few values some take, and closed
+# lower bounds (`positive`: above 0). `check_scorer_params` reads them when a config is checked;
+# the scorers themselves read `SCORER_CHOICES` too.
+SCORER_CHOICES: dict[str, tuple[str, ...]] = {
+    "text_field": ("continuation", "prompt+continuation"),
+    "activation": ("auto", "softmax", "sigmoid"),
+    "dtype": ("float32", "float16", "bfloat16"),
+}
+SCORER_MINIMA: dict[str, float] = {"batch_size": 1, "max_length": 1, "max_retries": 0}
+_POSITIVE = ("qps", "quota_window_s", "timeout_s", "backoff_initial_s", "backoff_max_s")
+
+
+def check_scorer_params(
+    name: str, params: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, str]:
+    """Problems of scorer `name`'s given `params` against its `defaults` (which name every
+    parameter it takes) and declared kinds; a built-in's also against `SCORER_CHOICES` and
+    its bounds. Returns {parameter: problem}; empty when all is well."""
+    builtin = SCORERS.get(name, "").startswith("workers.")
+    out = {}
+    for key, value in params.items():
+        if key not in defaults:
+            out[key] = unknown_name(f"{name} parameter", key, defaults)
+            continue
+        problem = kind_error(scorer_param_kind(name, key, defaults[key]), value)
+        if problem is None and builtin and value is not None:
+            low = SCORER_MINIMA.get(key)
+            if key in SCORER_CHOICES and value not in SCORER_CHOICES[key]:
+                problem = f"must be one of {', '.join(SCORER_CHOICES[key])}"
+            elif low is not None and value < low:
+                problem = f"must be at least {low}"
+            elif key in _POSITIVE and value <= 0:
+                problem = "must be above 0"
+        if problem is not None:
+            out[key] = f"{value!r} {problem}"
+    return out
 
 
 class UnknownScorerError(KeyError):

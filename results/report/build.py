@@ -186,12 +186,12 @@ def run_settings(store: RunStore) -> RunSettings:
     Groups: those of the seed words (`gender_words`, built-in: female, male), the groups of
     the gender labels; read as plain YAML, so a config of an older harness still aggregates.
     """
-    import yaml
+    from results.run.identity import read_config
 
     notes: list[str] = []
-    if not store.exists("config.yaml"):
+    raw = read_config(store)
+    if raw is None:
         return RunSettings(dict(DEFAULTS), None, {}, ["no config.yaml: groups are the labels seen"])
-    raw = yaml.safe_load(store.read_text("config.yaml")) or {}
     agg = {**DEFAULTS, **{k: v for k, v in (raw.get("aggregation") or {}).items() if k in DEFAULTS}}
     groups: tuple[str, ...] | None = ("female", "male")
     if raw.get("gender_words") not in (None, "builtin"):

@@ -21,8 +21,6 @@ import json
 import math
 from typing import Any
 
-import yaml
-
 from jobs.redact import redact
 from results.run.store import RunStore
 
@@ -64,13 +62,11 @@ def _plain(value: Any) -> Any:
 def results_document(store: RunStore) -> dict[str, Any]:
     """The results.json content of `store` (needs summary.parquet)."""
     from results.run.history import git_commit, harness_version
+    from results.run.identity import read_config
     from results.run.manifest import read_manifest
     from results.schema import SUMMARY_SCHEMA
 
-    config: dict[str, Any] = {}
-    if store.exists("config.yaml"):
-        loaded = yaml.safe_load(store.read_text("config.yaml"))
-        config = redact(loaded) if isinstance(loaded, dict) else {}
+    config = redact(read_config(store) or {})
     manifest = read_manifest(store)
     versions = {
         "lidao_harness": manifest.get("harness_version") or harness_version(),

@@ -20,7 +20,7 @@ from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
 
 # Sections that never change a job's output (see `jobs.spec.JobSpec.identity`).
-NOT_PLAN = ("name", "runtime", "scorers")
+NOT_PLAN = ("name", "runtime", "scorers", "aggregation")
 
 
 class PlanChangedError(ValueError):
@@ -64,6 +64,50 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): obj}
 
 
+def plan_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The dotted fields of a plain (redacted) config that shape its plan: all but NOT_PLAN."""
+    return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_PLAN)}
+
+
+def read_config(store: RunStore) -> dict[str, Any] | None:
+    """RUN/config.yaml as plain data (None: the run has none), checked against the fields its
+    plan recorded when it was written (`plan_fields`).
+
+    Raises:
+        StoreError: config.yaml is not YAML, or not a mapping, or a field that shapes the plan
+            differs from the plan's record (an edit); the message names the file and the line
+            or the field, and the command that plans again.
+    """
+    if not store.exists("config.yaml"):
+        return None
+    where = store.path("config.yaml")
+    again = f"`python -m harness run CONFIG --out {store.uri}` writes it again from your config"
+    try:
+        raw = yaml.safe_load(store.read_text("config.yaml"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}:" if mark is not None else ""
+        why = getattr(exc, "problem", None) or exc
+        raise StoreError(f"{where}:{line} not valid YAML ({why}); {again}") from None
+    if not isinstance(raw, dict):
+        raise StoreError(f"{where}: not a config (a mapping of sections); {again}")
+    recorded = store.plan_fields() if store.exists("plan.parquet") else None
+    if recorded is not None:
+        now = plan_fields(raw)
+        edits = [
+            f"{k} is {now.get(k, '(unset)')!r}, planned with {recorded.get(k, '(unset)')!r}"
+            for k in sorted(now.keys() | recorded.keys())
+            if now.get(k) != recorded.get(k)
+        ]
+        if edits:
+            raise StoreError(
+                f"{where} was edited after its plan was made ({'; '.join(edits)}): put it "
+                f"back, or plan the run from it: `python -m harness run {where} --out "
+                f"{store.uri}` (with --replan if it changes planned jobs)"
+            )
+    return raw
+
+
 def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
     """`field old → new` for every plan-relevant config field that differs from config.yaml.
 
@@ -75,8 +119,7 @@ def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(old, dict):
         return []
-    a = {k: v for k, v in flatten(old).items() if not k.startswith(NOT_PLAN)}
-    b = {k: v for k, v in flatten(config).items() if not k.startswith(NOT_PLAN)}
+    a, b = plan_fields(old), plan_fields(config)
     return [
         f"{k} {a.get(k, '(unset)')} → {b.get(k, '(unset)')}"
         for k in sorted(a.keys() | b.keys())

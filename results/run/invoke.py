@@ -100,10 +100,24 @@ def driven(store: RunStore, command: str) -> Iterator[Invocation]:
             _unhandled.clear()
             outcome = f"interrupted ({signal.Signals(interrupted(exc).signum).name})"
             raise
+        except OSError as exc:  # a full disk inside pyarrow names no file: name run and stage
+            if not exc.filename:
+                exc.add_note(f"{command} {store.uri}, {_running(inv)}")
+            raise
         finally:
             with _ignoring_signals():
                 stop_local_ray()
                 _record(store, inv, outcome)
+
+
+_STAGES = ("plan", "generation", "scoring", "aggregate")
+
+
+def _running(inv: Invocation) -> str:
+    """The stage `inv` was in: the one after the last it finished (a command's first else)."""
+    done = [_STAGES.index(s) for s in inv.stages if s in _STAGES]
+    first = {"run": 0, "score": 2}.get(inv.command, 3)
+    return f"{_STAGES[min(max(done, default=first - 1) + 1, len(_STAGES) - 1)]} stage"
 
 
 @contextlib.contextmanager

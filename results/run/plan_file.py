@@ -3,6 +3,7 @@ at a time (`PlanFile`, a part of `results.run.store.RunStore`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,6 +21,7 @@ from results.run.shards import StoreError
 from results.schema import PLAN_SCHEMA
 
 log = logging.getLogger("harness")
+PLAN_FIELDS_KEY = b"lidao_plan_fields"
 
 
 class PlanFile(RunFiles):
@@ -46,15 +48,22 @@ class PlanFile(RunFiles):
             log.info("removed %s (a temp file left by a killed writer)", path)
         return stale
 
-    def write_plan_tables(self, tables: Iterable[pa.Table]) -> int:
+    def write_plan_tables(
+        self, tables: Iterable[pa.Table], fields: dict[str, Any] | None = None
+    ) -> int:
         """Stream tables of PLAN_SCHEMA into plan.parquet (one row group each); returns rows.
 
         Memory stays at one table; the file appears only once every table is written. Temp
         files an earlier, killed writer left in RUN/ are removed first (`clean_temp`).
+        `fields`: the config fields the plan was made from (`results.run.identity.plan_fields`),
+        recorded in the file's footer so that config.yaml can be checked against them.
         """
         self.clean_temp()
         rows = 0
         schema = with_schema_version(PLAN_SCHEMA.empty_table()).schema
+        if fields is not None:
+            meta = {**(schema.metadata or {}), PLAN_FIELDS_KEY: json.dumps(fields).encode()}
+            schema = schema.with_metadata(meta)
         with self.open_atomic("plan.parquet") as out:
             with pq.ParquetWriter(out, schema, compression="zstd") as writer:
                 for table in tables:
@@ -62,11 +71,20 @@ class PlanFile(RunFiles):
                     rows += table.num_rows
         return rows
 
-    def write_plan_jobs(self, chunks: Iterable[Sequence[JobSpec]]) -> int:
+    def write_plan_jobs(
+        self, chunks: Iterable[Sequence[JobSpec]], fields: dict[str, Any] | None = None
+    ) -> int:
         """Stream chunks of `JobSpec`s (e.g. `jobs.iter_plan` chunks' jobs) into plan.parquet."""
         return self.write_plan_tables(
-            pa.table(plan_columns(jobs), schema=PLAN_SCHEMA) for jobs in chunks
+            (pa.table(plan_columns(jobs), schema=PLAN_SCHEMA) for jobs in chunks), fields
         )
+
+    def plan_fields(self) -> dict[str, Any] | None:
+        """The config fields plan.parquet records (`write_plan_tables`); None: none recorded
+        (a plan written before they were)."""
+        with self.fs.open_input_file(self.path("plan.parquet")) as fh:
+            raw = (pq.read_schema(fh).metadata or {}).get(PLAN_FIELDS_KEY)
+        return json.loads(raw) if raw else None
 
     def read_plan(self, columns: list[str] | None = None) -> pl.DataFrame:
         if not self.exists("plan.parquet"):

@@ -115,7 +115,7 @@ def choose_scorers(store: RunStore, scorers: dict[str, str] | None) -> dict[str,
         if len(names) > 1:
             raise JoinError(
                 f"{store.uri}: metric {metric!r} was scored by {', '.join(names)}; "
-                f"pick one, e.g. scorers={{{metric!r}: {names[0]!r}}}"
+                f"pick one with --use-scorer (e.g. `--use-scorer {names[0]}`)"
             )
         chosen[metric] = names[0]
     return chosen

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from jobs.catalog import SCORER_CHOICES
 from workers.scorers.base import (
     TEXT_JOIN,
     Scorer,
@@ -25,8 +26,8 @@ from workers.scorers.base import (
 if TYPE_CHECKING:
     import torch
 
-TEXT_FIELDS = ("continuation", "prompt+continuation")
-ACTIVATIONS = ("auto", "softmax", "sigmoid")
+TEXT_FIELDS = SCORER_CHOICES["text_field"]
+ACTIVATIONS = SCORER_CHOICES["activation"]
 
 
 def label_index(id2label: dict[Any, Any], wanted: Sequence[str], where: str) -> dict[str, int]:

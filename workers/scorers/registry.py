@@ -45,3 +45,9 @@ def scorer_defaults(name: str) -> dict[str, Any]:
     if name in catalog.SCORER_PARAMS:
         return dict(catalog.SCORER_PARAMS[name])
     return dict(getattr(load_scorer(name), "default_params", {}))
+
+
+def check_params(name: str, params: dict[str, Any]) -> dict[str, str]:
+    """{parameter: problem} of `params` given to scorer `name` (`jobs.catalog.check_scorer_params`
+    against its defaults, a plugin's included); empty when all is well."""
+    return catalog.check_scorer_params(name, params, scorer_defaults(name))

@@ -171,8 +171,11 @@ class LocalActor:
         self.obj: Any = None
 
     def get(self) -> Any:
-        if self.obj is None:
-            self.obj = self.factory(self.spec)
+        from workers.plugins import BUILDING
+
+        with BUILDING:
+            if self.obj is None:
+                self.obj = self.factory(self.spec)
         return self.obj
 
 
@@ -191,7 +194,13 @@ class LocalBackend:
         return LocalActor(self.factory, spec)
 
     def prepare(self, actor: LocalActor, keys: Sequence[MethodKey]) -> Done:
-        return Done(lambda: actor.get().prepare(list(keys)))
+        from workers.plugins import BUILDING
+
+        def prepare() -> Any:
+            with BUILDING:  # builds the methods, and their extra models
+                return actor.get().prepare(list(keys))
+
+        return Done(prepare)
 
     def run_batch(self, actor: LocalActor, batch: Batch) -> Done:
         return Done(lambda: actor.get().run_batch(batch))

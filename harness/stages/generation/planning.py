@@ -38,7 +38,7 @@ from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
 from jobs.spec import JobSpec, ModelRef, plan_columns
 from jobs.words import GroupWords, load_group_words
-from results.run.identity import PlanCheck
+from results.run.identity import PlanCheck, plan_fields
 from results.run.store import RunStore
 from results.schema import PLAN_SCHEMA
 
@@ -157,7 +157,7 @@ def plan_pass(
         identity.update(check.result(redacted(cfg), replan))
 
     store.makedirs()
-    store.write_plan_tables(tables())
+    store.write_plan_tables(tables(), plan_fields(redacted(cfg)))
     return Plan(source, done, list(counts.values()), identity)
 
 
@@ -274,7 +274,8 @@ def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
     """config.yaml and plan.parquet of a plan held as a list (`run` streams it instead)."""
     store.makedirs()
     store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
-    store.write_plan_jobs(jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
+    chunks = (jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
+    store.write_plan_jobs(chunks, plan_fields(redacted(cfg)))
 
 
 def plan_stage(

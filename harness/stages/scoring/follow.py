@@ -32,6 +32,7 @@ from harness.stages.scoring.pool import (
 )
 from harness.stages.scoring.work import Work, new_work
 from results.run.store import RunStore
+from workers.plugins import BUILDING
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.cache_mirror import scorer_context
 from workers.scorers.registry import load_scorer
@@ -257,7 +258,8 @@ class Follower:
                 return
             try:
                 ctx, mirror = scorer_context(name, params, self.context, self.store.uri)
-                scorer = load_scorer(name)(params, ctx)
+                with BUILDING:  # the generator may be loading in the driver's thread
+                    scorer = load_scorer(name)(params, ctx)
             except Exception as exc:  # noqa: BLE001 - the final pass reports it
                 log.warning("scorer %s cannot score during generation: %s", name, exc)
                 continue

@@ -26,7 +26,7 @@ def scorers_to_run(
         ConfigError: an unknown scorer or parameter, or a malformed setting.
     """
 
-    from workers.scorers.registry import check_scorer_name, load_scorer
+    from workers.scorers.registry import check_params, check_scorer_name
 
     given = {s.name: dict(s.params) for s in cfg.scorers}
     chosen = list(dict.fromkeys(names)) if names else list(given)
@@ -54,12 +54,11 @@ def scorers_to_run(
         if "perspective" not in params:
             raise ConfigError("--cache-only applies to --scorer perspective only")
         params["perspective"]["cache_only"] = True
-    for name, p in params.items():
-        try:
-            load_scorer(name).check_params(p)  # imports the module only: no torch here
-        except (KeyError, ValueError) as exc:
-            msg = exc.args[0] if exc.args else exc
-            raise ConfigError(f"--scorer {name}: {msg}") from None
+    problems = [
+        f"{n}.{k}: {why}" for n, p in params.items() for k, why in check_params(n, p).items()
+    ]
+    if problems:
+        raise ConfigError("--scorer / --set: " + "; ".join(problems))
     return list(params.items())
 
 
