@@ -1,7 +1,5 @@
 """The files of a run directory: paths, listings, atomic writes (bytes, JSON, Parquet) and the
-names of shards. `RunFiles` is the base of `results.run.store.RunStore`; its reads of shards go
-through `results.run.reader.ShardReader` (`self.reader`).
-"""
+names of shards (`RunFiles`, the base of `results.run.store.RunStore`)."""
 
 from __future__ import annotations
 
@@ -96,8 +94,7 @@ class RunFiles:
         return self.write_bytes(rel, text.encode())
 
     def read_json(self, rel: str) -> Any:
-        with self.fs.open_input_stream(self.path(rel)) as fh:
-            return json.loads(fh.read().decode())
+        return json.loads(self.read_text(rel))
 
     def read_text(self, rel: str) -> str:
         with self.fs.open_input_stream(self.path(rel)) as fh:

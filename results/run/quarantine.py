@@ -1,11 +1,6 @@
-"""The quarantine of a run directory: shards damaged as stored are moved to RUN/quarantine/.
-
-A shard is judged damaged only when it is read whole on a fresh connection (`damaged`), the
-bytes fetched are as many as the listing says the object holds, and they do not parse as
-Parquet (a torn or truncated object). A fetch that fails or comes back short is a transport
-fault, never damage: nothing healthy is moved. `move_aside` moves one shard to
-RUN/quarantine/<its path in the run>; its jobs are pending again. `ShardReader.retrying`
-(`results.run.reader`) calls both when a read fails.
+"""The quarantine of a run directory: shards damaged as stored (`damaged`) are moved to
+RUN/quarantine/<their path in the run> (`move_aside`), their jobs pending again.
+`ShardReader.retrying` (`results.run.reader`) calls both when a read fails.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ def damaged(
 
     On a fresh client (`reopen()`: new connections), each object is fetched whole; only when
     the bytes fetched are as many as the object's size says (a short or failed fetch is a
-    transport fault, not damage) and they do not parse as Parquet is the shard damaged.
-    `uri` names the run in the log.
+    transport fault, never damage) and they do not parse as Parquet is the shard damaged.
     """
     if not paths:
         return {}

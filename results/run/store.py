@@ -1,22 +1,9 @@
-"""The run directory: atomic Parquet shards, the plan, the manifest.
+"""`RunStore`: the run directory's Parquet shards, plan and files (layout: docs/design.md).
 
-Layout (see docs/design.md)::
-
-    RUN/config.yaml  manifest.json  plan.parquet
-    RUN/generations/part-<hash>.parquet          one finished batch (written by its actor)
-    RUN/generations/part-<hash>-failed.parquet   error rows the driver wrote for a failed batch
-    RUN/generations/part-c-<hash>.parquet        compacted: many batches, sorted by slice
-    RUN/scores/<scorer>/part-<hash>.parquet
-    RUN/quarantine/<stage>/...                   unreadable shards, moved aside (jobs pending)
-    RUN/summary.parquet  summary.csv  report/
-
-A shard is complete or absent: local files go to a temp file in the same folder, are fsynced and
-renamed (`os.replace`); object stores (s3://, gs://) get one put of bytes built in memory, and a
-streamed object (the plan) goes to a temp key that is copied into place only once it is whole.
-Shard names hash the job ids they hold, so a retried batch rewrites the same file; the driver's
-error shards carry `-failed`, so a late write of the batch by a zombie actor never collides with
-them. Reads go through `pyarrow.dataset` (parallel, only the columns asked for) and deduplicate by
-job id, so a row present in two shards (a compaction killed half-way) counts once.
+A shard is complete or absent (`results.run.shards`); shard names hash the job ids they hold,
+so a retried batch rewrites the same file, and the driver's error shards carry `-failed`, so a
+zombie actor's late write of the same batch never collides with them. Reads deduplicate by job
+id, so a row in two shards (a compaction killed half-way) counts once.
 """
 
 from __future__ import annotations
@@ -32,11 +19,7 @@ __all__ = ["DoneIds", "RunStore", "StoreError", "shard_name"]
 
 
 class RunStore(GenerationShards, ScoreShards, Compaction):
-    """A run directory on the local disk or on a pyarrow filesystem (URI).
-
-    Its parts, by concern: paths, listings and atomic writes (`results.run.files.RunFiles`),
-    the plan (`results.run.plan_file`), generation shards and finished ids
-    (`results.run.generations`), score shards (`results.run.scores`), the compaction of both
-    (`results.run.compaction`); shard scans and their retries (`results.run.reader`) and the
-    quarantine of damaged shards (`results.run.quarantine`) sit below them.
-    """
+    """A run directory on the local disk or on a pyarrow filesystem (URI), by concern: files
+    and atomic writes (`files`), the plan (`plan_file`), generation shards and finished ids
+    (`generations`), score shards (`scores`), their compaction (`compaction`), over shard
+    scans with retries (`reader`) and the quarantine of damaged shards (`quarantine`)."""
