@@ -6,6 +6,7 @@ ids and counts of finished jobs read from them (`GenerationShards`, a part of
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from results.run.done import DoneIds
 from results.run.files import shard_name, to_frame
 from results.run.plan_file import PlanFile
 from results.run.shards import StoreError
-from results.schema import GENERATION_SCHEMA
+from results.schema import GENERATION_SCHEMA, PLAN_SCHEMA
 
 
 class GenerationShards(PlanFile):
@@ -50,8 +51,7 @@ class GenerationShards(PlanFile):
         want = list(columns or GENERATION_SCHEMA.names)
         cols = want + [c for c in ("job_id", "status") if c not in want]
         table = self.reader.scan(("generations",), GENERATION_SCHEMA, cols)
-        frame = to_frame(dedupe_generations(table)).select(want)
-        return frame
+        return to_frame(dedupe_generations(table)).select(want)
 
     def iter_generations(
         self, columns: list[str] | None = None, batch_rows: int = 10_000
@@ -118,24 +118,21 @@ class GenerationShards(PlanFile):
             raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
         ok, failed = finished or self.finished_ids()
         parts = []
-        slice_cols = ["model", "method", "task"]
-        for chunk in self.iter_plan(columns=["job_id", *slice_cols]):
+        cols = ["job_id", "model", "method", "task"]
+        # an empty chunk last: a plan without row groups counts as one without rows
+        for chunk in chain(self.iter_plan(columns=cols), [PLAN_SCHEMA.empty_table().select(cols)]):
             ids = chunk["job_id"].combine_chunks()
-            frame = to_frame(chunk.select(slice_cols)).with_columns(
+            frame = to_frame(chunk.select(cols[1:])).with_columns(
                 pl.Series("done", ok.contains(ids)), pl.Series("failed", failed.contains(ids))
             )
             parts.append(
-                frame.group_by(slice_cols, maintain_order=True).agg(
+                frame.group_by(cols[1:], maintain_order=True).agg(
                     pl.len().alias("planned"), pl.col("done").sum(), pl.col("failed").sum()
                 )
             )
-        empty = pl.DataFrame(
-            schema={c: pl.String for c in slice_cols}
-            | {"planned": pl.UInt32, "done": pl.UInt32, "failed": pl.UInt32}
-        )
-        table = pl.concat(parts) if parts else empty
         return (
-            table.group_by(slice_cols, maintain_order=True)
+            pl.concat(parts)
+            .group_by(cols[1:], maintain_order=True)
             .agg(pl.col("planned", "done", "failed").sum())
             .with_columns((pl.col("planned") - pl.col("done") - pl.col("failed")).alias("pending"))
         )

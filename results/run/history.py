@@ -34,56 +34,40 @@ log = logging.getLogger("harness")
 HISTORY_FILE = "history.jsonl"
 HISTORY_DIR = "history"
 _SECRET_FLAGS = ("key", "token", "password", "secret")
-PACKAGES = (
-    "torch",
-    "transformers",
-    "ray",
-    "pyarrow",
-    "polars",
-    "google-api-python-client",
-    "vaderSentiment",
-)
+PACKAGES = "torch transformers ray pyarrow polars google-api-python-client vaderSentiment".split()
 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def harness_version() -> str:
+def _installed(name: str) -> str | None:
     try:
-        return metadata.version("lidao-harness")
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
-        return "unknown"
+        return None
+
+
+def harness_version() -> str:
+    return _installed("lidao-harness") or "unknown"
 
 
 def package_versions() -> dict[str, str | None]:
     """Installed version of each of `PACKAGES` (None where it is not installed)."""
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: _installed(name) for name in PACKAGES}
 
 
 def git_commit() -> str | None:
     """HEAD of the checkout this code runs from (with `+dirty`), or None outside git."""
-    root = Path(__file__).resolve().parents[1]
+    root = str(Path(__file__).resolve().parents[1])
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=5)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        dirty = head and git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "") if head else None

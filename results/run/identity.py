@@ -51,17 +51,12 @@ def require_plan(store: RunStore) -> None:
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     """{"dataset.limit": 5, "models.0.id": ...}: dotted paths of a nested config."""
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(obj, list):
-        out = {}
-        for i, v in enumerate(obj):
-            out.update(flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): obj}
+    if not isinstance(obj, (dict, list)):
+        return {prefix.rstrip("."): obj}
+    out: dict[str, Any] = {}
+    for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
+        out.update(flatten(v, f"{prefix}{k}."))
+    return out
 
 
 def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
@@ -162,10 +157,8 @@ def plan_counts(store: RunStore) -> dict[str, Any]:
 
     ids = plan_done_ids(store)
     ok, failed = store.finished_ids()  # one row per job: ok wins over error
-    ok_in = int(np.count_nonzero(ids.contains_bytes(ok.ids))) if len(ok) and len(ids) else 0
-    failed_in = (
-        int(np.count_nonzero(ids.contains_bytes(failed.ids))) if len(failed) and len(ids) else 0
-    )
+    ok_in = int(np.count_nonzero(ids.contains_bytes(ok.ids)))
+    failed_in = int(np.count_nonzero(ids.contains_bytes(failed.ids)))
     out: dict[str, Any] = {
         "planned": len(ids),
         "generations": ok_in + failed_in,
@@ -178,6 +171,6 @@ def plan_counts(store: RunStore) -> dict[str, Any]:
             continue
         rows = store.read_scores(name, SCORER_METRICS[name], columns=["job_id"])["job_id"]
         column = rows.to_arrow().cast(pa.string())
-        mine = int(np.count_nonzero(ids.contains(column))) if len(rows) else 0
+        mine = int(np.count_nonzero(ids.contains(column)))
         out["scores"][name] = {"in_plan": mine, "foreign": len(rows) - mine}
     return out

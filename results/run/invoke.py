@@ -17,11 +17,13 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from results.run.history import Invocation, append_record
 from results.run.lock import RunLock
@@ -75,15 +77,22 @@ def interrupted(exc: KeyboardInterrupt) -> Interrupted:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
-    _unhandled.clear()
+def _handling(handler: Any) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` while the block runs."""
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s, previous in old.items():
+            signal.signal(s, previous)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
+    with _handling(_raise):
+        _unhandled.clear()
+        yield
 
 
 @contextlib.contextmanager
@@ -101,20 +110,10 @@ def driven(store: RunStore, command: str) -> Iterator[Invocation]:
             outcome = f"interrupted ({signal.Signals(interrupted(exc).signum).name})"
             raise
         finally:
-            with _ignoring_signals():
+            # a second Ctrl-C must not leave Ray half stopped or the record unwritten
+            with _handling(signal.SIG_IGN):
                 stop_local_ray()
                 _record(store, inv, outcome)
-
-
-@contextlib.contextmanager
-def _ignoring_signals() -> Iterator[None]:
-    """A second Ctrl-C while cleaning up must not leave Ray half stopped or the record unwritten."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def _record(store: RunStore, inv: Invocation, outcome: str) -> None:
@@ -131,8 +130,6 @@ def stop_local_ray(grace_s: float = 5.0) -> None:
     `ray.shutdown()` stops the raylet and GCS it started, but a worker busy in a C call can
     outlive them; the process tree under this driver is collected first and reaped after.
     """
-    import sys
-
     if "ray" not in sys.modules:
         return
     import ray
@@ -147,30 +144,31 @@ def stop_local_ray(grace_s: float = 5.0) -> None:
     _reap(tree, grace_s)
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name ([] once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
+        fields = _stat(entry.name)
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found: set[int] = set()
     todo = [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
+        new = [child for child in children.get(todo.pop(), []) if child not in found]
+        found.update(new)
+        todo += new
     return found
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return _stat(pid)[:1] not in ([], ["Z"])
 
 
 def _reap(pids: set[int], grace_s: float) -> None:

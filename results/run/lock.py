@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import time
-from types import TracebackType
 from typing import Any
 
 from results.run.store import RunStore, StoreError
@@ -64,12 +63,7 @@ class RunLock:
             self._take_lease()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def _flock(self) -> None:
