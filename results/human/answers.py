@@ -1,16 +1,10 @@
-"""Reading annotators' answers: every line checked, then un-blinded with the set's key.
+"""Reading annotators' answers (docs/human-eval.md, "Import"): every line checked, then
+un-blinded with the set's key.
 
-Two forms of CSV are read, told apart by their header:
-
-* long (`choices.csv`, the page's export): `item_id, annotator, criterion, choice`;
-* wide (a filled copy of `items.csv`): `item_id`, `annotator` and one column per criterion
-  (`prompt`, `text_a`, `text_b` are ignored); a row left wholly blank is skipped.
-
-`choice` is `A`, `B` or `tie` (any case). Problems are collected over all files before
-anything is written, each named with its file and line: an unknown item, criterion, column or
-choice, an answer without an annotator, the same (item, annotator, criterion) twice (with the
-first place), and an annotator who left items out of a set they answered (blank cells by
-line, items with no row by id).
+Two forms of CSV are read, told apart by their header: long (`choices.csv`, the page's export:
+`item_id, annotator, criterion, choice`) and wide (a filled copy of `items.csv`: one column per
+criterion; a row left wholly blank is skipped). Problems are collected over all files before
+anything is written, each named with its file and line.
 """
 
 from __future__ import annotations
@@ -38,43 +32,31 @@ class Answer(NamedTuple):
     source: str  # FILE:LINE
 
 
-def _records(path: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """(first line of the record, its fields) of a CSV file; the header is line 1."""
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        _ = reader.fieldnames  # reads the header: line_num counts from it
-        line = reader.line_num + 1
-        for record in reader:
-            yield line, {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
-            line = reader.line_num + 1
-
-
 def _cells(path: str, criteria: set[str], problems: list[str]) -> Iterator[Answer]:
     """Every answer of one file (long or wide form), with the lines' problems."""
     with open(path, newline="", encoding="utf-8-sig") as fh:
-        header = [h.strip() for h in next(csv.reader(fh), [])]
-    long = {"item_id", "annotator", "criterion", "choice"}
-    if long <= set(header):
-        for line, rec in _records(path):
-            yield Answer(
-                rec["item_id"], rec["annotator"], rec["criterion"], rec["choice"], f"{path}:{line}"
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in reader.fieldnames or []]
+        long = {"item_id", "annotator", "criterion", "choice"} <= set(header)
+        extra = [h for h in header if h not in ITEM_COLUMNS and h not in criteria]
+        if not long and (not {"item_id", "annotator"} <= set(header) or extra):
+            problems.append(
+                f"{path}:1: neither the long form (annotator, choice, criterion, item_id) nor a "
+                "copy of items.csv" + (f": unknown column(s) {', '.join(extra)}" if extra else "")
             )
-        return
-    extra = [h for h in header if h not in ITEM_COLUMNS and h not in criteria]
-    if not {"item_id", "annotator"} <= set(header) or extra:
-        problems.append(
-            f"{path}:1: neither the long form ({', '.join(sorted(long))}) nor a copy of items.csv"
-            + (f": unknown column(s) {', '.join(extra)}" if extra else "")
-        )
-        return
-    asked = [h for h in header if h in criteria]
-    for line, rec in _records(path):
-        if not any(rec.get(c) for c in ["annotator", *asked]):
-            continue  # a row nobody answered: its items count as left out below
-        for criterion in asked:
-            yield Answer(
-                rec["item_id"], rec["annotator"], criterion, rec[criterion], f"{path}:{line}"
-            )
+            return
+        asked = [h for h in header if h in criteria]
+        line = reader.line_num + 1  # of the record's first line; the header is line 1
+        for record in reader:
+            rec = {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
+            where, line = f"{path}:{line}", reader.line_num + 1
+            if long:
+                yield Answer(
+                    rec["item_id"], rec["annotator"], rec["criterion"], rec["choice"], where
+                )
+            elif any(rec.get(c) for c in ["annotator", *asked]):  # else nobody answered the row
+                for criterion in asked:
+                    yield Answer(rec["item_id"], rec["annotator"], criterion, rec[criterion], where)
 
 
 class _Checker:

@@ -1,14 +1,7 @@
-"""The files of human evaluation: what annotators get, and what the run directory keeps.
-
-An annotation set `SET/` holds `items.csv` (item_id, prompt, text_a, text_b, annotator and one
-empty column per criterion, UTF-8 with a byte-order mark for spreadsheets), `annotate.html`
-(the page, `annotate.html` beside this module with the set's data in it) and `manifest.json`
-(seed, fraction, criteria, counts, the command with the methods hidden). Nothing there names a
-method or a job id. The run directory keeps the rest, under RUN/human/<set>/:
-`key.parquet` (`HUMAN_KEY_SCHEMA`: which side is which method, the job ids), `set.json` (the
-command as given, the methods, criteria and counts) and `choices/<annotator>.parquet`
-(`HUMAN_CHOICE_SCHEMA`), one file per annotator, so importing an annotator again replaces
-their answers and nothing else. Every write is atomic (`results.run.files.RunFiles`).
+"""The files of human evaluation (docs/human-eval.md, "Files"): what annotators get in `SET/`
+(nothing there names a method or a job id), and what the run keeps in RUN/human/<set>/: the
+key, the set's record and one file of answers per annotator, so importing an annotator again
+replaces their answers and nothing else. Every write is atomic (`results.run.files.RunFiles`).
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ from typing import Any, NamedTuple
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from results.run.files import RunFiles, to_frame
 from results.run.store import RunStore
@@ -77,23 +69,13 @@ def write_set(store: RunStore, key: pl.DataFrame, out: str, record: dict[str, An
     ]
 
 
-def _read(store: RunStore, rel: str) -> pa.Table:
-    with store.fs.open_input_file(store.path(rel)) as fh:
-        return pq.read_table(fh)
-
-
-def _listing(store: RunStore, rel: str) -> list[pafs.FileInfo]:
-    selector = pafs.FileSelector(store.path(rel), allow_not_found=True)
-    return sorted(store.fs.get_file_info(selector), key=lambda i: i.path)
-
-
 def read_sets(store: RunStore) -> dict[str, AnnotationSet]:
     """Every set sampled from the run, by set id."""
     sets = {}
-    for info in _listing(store, "human"):
+    for info in store.entries("human"):
         set_id = info.base_name
         if info.type == pafs.FileType.Directory and store.exists("human", set_id, "set.json"):
-            key = to_frame(_read(store, f"human/{set_id}/key.parquet"))
+            key = to_frame(store.read_parquet(f"human/{set_id}/key.parquet"))
             sets[set_id] = AnnotationSet(key, store.read_json(f"human/{set_id}/set.json"))
     return sets
 
@@ -116,9 +98,9 @@ def write_choices(store: RunStore, rows: pl.DataFrame) -> dict[tuple[str, str], 
 def read_choices(store: RunStore, sets: dict[str, AnnotationSet]) -> pl.DataFrame:
     """Every imported answer joined with its item's key (model, task, methods, unit)."""
     tables = [
-        _read(store, info.path.removeprefix(store.root.rstrip("/") + "/"))
+        store.reader.read_file(info.path)
         for set_id in sets
-        for info in _listing(store, f"human/{set_id}/choices")
+        for info in store.entries("human", set_id, "choices")
         if info.base_name.endswith(".parquet")
     ]
     if not tables:

@@ -1,13 +1,9 @@
 """Drawing a blinded annotation set from a run's generations: pure functions over frames.
 
-Per (model, task) the resampling units (counterfactual pairs, else prompts) whose every prompt
-has an ok text of both methods with a common seed are grouped into strata by the groups of
-their prompts (a pair: `female+male`; an unpaired prompt: its group), and `fraction` of each
-stratum is drawn (at least one unit). Each drawn prompt gets one seed drawn among the seeds
-both methods share (the same uniforms for both texts), and a side for the method's text (A or
-B, each with probability 1/2). The items are then shuffled over the whole set. Every draw comes
-from `seeded_rng(seed, ...)` keyed by (model, task): adding a model to a run does not change
-the items of the others.
+The protocol is docs/human-eval.md's "Sampling": per (model, task) and stratum of units, a
+share of the units whose every prompt has ok texts of both methods under a common seed; one
+seed and one side per prompt; the items shuffled. Every draw comes from `seeded_rng(seed, ...)`
+keyed by (model, task): adding a model to a run does not change the items of the others.
 """
 
 from __future__ import annotations

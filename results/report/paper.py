@@ -39,14 +39,9 @@ PPL_MODELS = {
     "falcon-40b": "tiiuae/falcon-40b",
 }
 # Main tables first: where both print a value, the main table's is compared.
-TABLE_ORDER = [
-    "tab:gen",
-    "tab:joint",
-    "tab:app:gen",
-    "tab:app:joint",
-    "tab:app:gen:lpp",
-    "tab:app:joint:lpp",
-]
+TABLE_ORDER = (
+    "tab:gen tab:joint tab:app:gen tab:app:joint tab:app:gen:lpp tab:app:joint:lpp".split()
+)
 COLUMNS = ("score", "score_sd", "bias", "ppl")
 
 

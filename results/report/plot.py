@@ -16,19 +16,8 @@ import polars as pl
 
 from results.report.tables import TASKS, Block, layout, level_text, method_label, model_label
 
-COLOURS = [
-    "#4c72b0",
-    "#dd8452",
-    "#55a868",
-    "#c44e52",
-    "#8172b3",
-    "#937860",
-    "#da8bc3",
-    "#8c8c8c",
-    "#ccb974",
-    "#64b5cd",
-]
-MARKERS = ["o", "^", "D", "v", "P", "X", "<", ">", "h", "*"]
+COLOURS = "#4c72b0 #dd8452 #55a868 #c44e52 #8172b3 #937860 #da8bc3 #8c8c8c #ccb974 #64b5cd".split()
+MARKERS = list("o^DvPX<>h*")
 FORMATS = ("png", "pdf", "svg")
 DPI = 150
 
@@ -259,7 +248,3 @@ VIEW_STYLES = {
 
 def tradeoff_png(cells: pl.DataFrame, view: str, level: float = 0.95) -> bytes:
     return figure_bytes(tradeoff_figure(cells, view, level), "png")
-
-
-def forest_png(cells: pl.DataFrame, level: float = 0.95) -> bytes:
-    return figure_bytes(forest_figure(cells, level), "png")

@@ -29,28 +29,11 @@ from results.run.store import RunStore
 RESULTS_JSON = "results.json"
 RESULTS_JSON_VERSION = 1
 
-# Summary columns in results.json, in this order (all of SUMMARY_SCHEMA).
+# Summary columns in results.json, in this order.
 CELL_KEYS = (
-    "model",
-    "method",
-    "variant",
-    "task",
-    "view",
-    "metric",
-    "stat",
-    "group",
-    "value",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "n",
-    "n_boot",
-    "resample_unit",
-    "scorer",
-    "scorer_version",
-    "note",
-)
+    "model method variant task view metric stat group value ci_low ci_high ci_method p_value n "
+    "n_boot resample_unit scorer scorer_version note"
+).split()
 
 
 def _plain(value: Any) -> Any:
@@ -63,7 +46,6 @@ def results_document(store: RunStore) -> dict[str, Any]:
     """The results.json content of `store` (needs summary.parquet)."""
     from results.run.history import git_commit, harness_version
     from results.run.manifest import read_manifest
-    from results.schema import SUMMARY_SCHEMA
 
     config: dict[str, Any] = {}
     if store.exists("config.yaml"):
@@ -79,15 +61,11 @@ def results_document(store: RunStore) -> dict[str, Any]:
         "job_id_version": manifest.get("job_id_version"),
         "packages": manifest.get("packages") or {},
     }
-    import pyarrow.parquet as pq
-
-    with store.fs.open_input_file(store.path("summary.parquet")) as fh:
-        table = pq.read_table(fh)
+    table = store.read_parquet("summary.parquet")
     present = [k for k in CELL_KEYS if k in table.column_names]
-    missing = [k for k in CELL_KEYS if k not in present and k in SUMMARY_SCHEMA.names]
+    missing = dict.fromkeys(k for k in CELL_KEYS if k not in present)  # an older summary's
     rows = table.select(present).to_pylist()
-    results = [{**{k: _plain(row[k]) for k in present}, **dict.fromkeys(missing)} for row in rows]
-    doc: dict[str, Any] = {
+    return {
         "results_json_version": RESULTS_JSON_VERSION,
         "run": store.uri,
         "name": config.get("name"),
@@ -95,9 +73,8 @@ def results_document(store: RunStore) -> dict[str, Any]:
         "config": config,
         "versions": versions,
         "aggregation": (config.get("aggregation") or {}),
-        "results": results,
+        "results": [{**{k: _plain(v) for k, v in row.items()}, **missing} for row in rows],
     }
-    return doc
 
 
 def write_results_json(store: RunStore) -> str | None:

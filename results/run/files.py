@@ -61,6 +61,11 @@ class RunFiles:
     def list_shards(self, *parts: str) -> list[str]:
         return [i.path for i in self.reader.listing(parts)]
 
+    def entries(self, *parts: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        """What RUN/<parts> holds, sorted by path (nothing where it does not exist)."""
+        sel = pafs.FileSelector(self.path(*parts), allow_not_found=True, recursive=recursive)
+        return sorted(self.fs.get_file_info(sel), key=lambda i: i.path)
+
     @property
     def quarantined(self) -> list[str]:
         """Shards this store moved aside as unreadable (full paths under RUN/quarantine/)."""
@@ -68,8 +73,8 @@ class RunFiles:
 
     def quarantine_files(self) -> list[str]:
         """Every file under RUN/quarantine/ (also those moved by earlier runs)."""
-        sel = pafs.FileSelector(self.path("quarantine"), allow_not_found=True, recursive=True)
-        return sorted(i.path for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File)
+        entries = self.entries("quarantine", recursive=True)
+        return [i.path for i in entries if i.type == pafs.FileType.File]
 
     def shard_mtimes(self, *parts: str) -> list[float]:
         """Modification times (unix seconds) of the shards in RUN/<parts>: one listing."""
@@ -88,6 +93,10 @@ class RunFiles:
         buf = io.BytesIO()
         pq.write_table(with_schema_version(table), buf, compression="zstd")
         return self.write_bytes(rel, buf.getvalue())
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        """RUN/rel, a Parquet file that is not a shard (the plan, a summary, a key)."""
+        return self.reader.read_file(self.path(rel), columns)
 
     def write_json(self, rel: str, obj: Any) -> str:
         text = json.dumps(obj, indent=2, sort_keys=True, default=str)

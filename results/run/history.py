@@ -157,10 +157,7 @@ def read_history(store: RunStore) -> list[dict[str, Any]]:
         text = store.read_text(HISTORY_FILE)
         texts.extend((f"{HISTORY_FILE}:{i}", t) for i, t in enumerate(text.splitlines(), 1))
     if not store.local:
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(store.path(HISTORY_DIR), allow_not_found=True)
-        for info in store.fs.get_file_info(sel):
+        for info in store.entries(HISTORY_DIR):
             if info.base_name.endswith(".json"):
                 texts.append((info.path, store.read_text(f"{HISTORY_DIR}/{info.base_name}")))
     out = []

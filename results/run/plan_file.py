@@ -35,10 +35,9 @@ class PlanFile(RunFiles):
         Only RUN/ itself: the driver writes there, under the run's lock, so no live writer
         owns them (actors write shards in the stage folders, never here).
         """
-        sel = pafs.FileSelector(self.root, allow_not_found=True)
         stale = [
             i.path
-            for i in self.fs.get_file_info(sel)
+            for i in self.entries()
             if i.type == pafs.FileType.File and i.base_name.startswith(".tmp-")
         ]
         for path in stale:
@@ -71,7 +70,7 @@ class PlanFile(RunFiles):
     def read_plan(self, columns: list[str] | None = None) -> pl.DataFrame:
         if not self.exists("plan.parquet"):
             raise StoreError(f"{self.uri}: no plan.parquet (not a run directory?)")
-        return to_frame(self.reader.read_file(self.path("plan.parquet"), columns))
+        return to_frame(self.read_parquet("plan.parquet", columns))
 
     def iter_plan(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """plan.parquet a row group (a planned chunk) at a time: memory of one chunk.

@@ -64,10 +64,7 @@ class ScoreShards(RunFiles):
         return newest
 
     def scorers(self) -> list[str]:
-        sel = pafs.FileSelector(self.path("scores"), allow_not_found=True)
-        return sorted(
-            i.base_name for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.Directory
-        )
+        return [i.base_name for i in self.entries("scores") if i.type == pafs.FileType.Directory]
 
     def read_scores(
         self, scorer: str, metric: str, columns: list[str] | None = None
