@@ -21,7 +21,6 @@ import pyarrow.fs as pafs
 
 from results.run.done import DoneIds
 from results.run.files import RunFiles, file_mtime, shard_name, to_frame
-from results.run.generations import dedupe_generations
 from results.run.shards import StoreError
 from results.schema import GENERATION_SCHEMA, score_schema
 
@@ -190,3 +189,23 @@ class Compaction(RunFiles):
                     flush(version)
         for version in list(groups):
             flush(version)
+
+
+def dedupe_generations(table: pa.Table) -> pa.Table:
+    """One row per job id: an ok row before an error row, else the first in shard order."""
+    if table.num_rows == 0 or pc.count_distinct(table["job_id"]).as_py() == table.num_rows:
+        return table
+    keyed = pa.table(
+        {
+            "job_id": table["job_id"],
+            "bad": pc.fill_null(pc.not_equal(table["status"], "ok"), True),
+            "i": pa.array(range(table.num_rows), pa.int64()),
+        }
+    )
+    first = (
+        to_frame(keyed)
+        .sort(["job_id", "bad", "i"])
+        .unique("job_id", keep="first", maintain_order=True)
+        .sort("i")
+    )
+    return table.take(first["i"].to_arrow())

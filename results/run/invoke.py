@@ -1,22 +1,19 @@
-"""What every command that writes a run directory shares: one driver (the lock), a run record
-(history line + manifest view), clean interruption, and a local Ray stopped with its processes.
-
-`driven(store, command)` is a context manager around a command's body:
-
-- takes the run directory's lock (`results.run.lock.RunLock`), refusing a second driver;
-- turns SIGTERM into `Interrupted(143)` (SIGINT gives `Interrupted(130)`), so `finally`
-  blocks run and nothing written is lost (every shard is atomic);
-- appends the invocation's record to the history with its outcome (ok / error / interrupted)
-  and rebuilds manifest.json from it;
-- stops a local Ray this process started, then kills what is left of its process tree.
+"""What every command that writes a run directory shares, `driven(store, command)` around
+its body: one driver (`RunLock`, refusing a second); SIGINT / SIGTERM raised as `Interrupted`
+(exit 130 / 143), so `finally` blocks run and nothing written is lost (every shard is atomic);
+the invocation's record (history line with its outcome, manifest rebuilt); and a local Ray
+this process started stopped, then what is left of its process tree killed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,11 +23,105 @@ from types import FrameType
 from typing import Any
 
 from results.run.history import Invocation, append_record
-from results.run.lock import RunLock
 from results.run.manifest import rebuild_manifest
-from results.run.store import RunStore
+from results.run.store import RunStore, StoreError
 
 log = logging.getLogger("harness")
+LOCK_FILE = ".lock"
+LEASE_FILE = ".lease.json"
+LEASE_S = 6 * 3600.0
+
+
+class LockedError(StoreError):
+    """Another driver holds the run directory."""
+
+
+def _describe(info: dict[str, Any]) -> str:
+    return (
+        f"pid {info.get('pid')} on {info.get('host')}, `{info.get('command')}` "
+        f"started {info.get('started')}"
+    )
+
+
+class RunLock:
+    """Context manager holding the run directory for one driver; raises `LockedError`.
+
+    Local run directories: `fcntl.flock` on `RUN/.lock`, which the kernel releases when the
+    holder dies (even by SIGKILL): a crashed driver never leaves a stale lock. The file keeps
+    the last holder's pid, host and start for the refusal message. Object stores have no
+    locks: a lease object `RUN/.lease.json` (holder and expiry), written at start and deleted
+    at the end, is best effort: two drivers starting within the same second can both win, and
+    a driver killed hard blocks others until the lease expires (`LEASE_S`) or is deleted.
+    """
+
+    def __init__(self, store: RunStore, command: str) -> None:
+        self.store = store
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
+        self.info["started"] = started
+        self._fd: int | None = None
+        self._lease = False
+
+    def __enter__(self) -> RunLock:
+        self.store.makedirs()
+        if self.store.local:
+            self._flock()
+        else:
+            self._take_lease()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _flock(self) -> None:
+        import fcntl
+
+        path = self.store.path(LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            raise LockedError(
+                f"{self.store.uri} is in use by another driver ({_describe(holder)}); "
+                "wait for it to finish or use another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(self.info).encode(), 0)
+        self._fd = fd
+
+    def _take_lease(self) -> None:
+        if self.store.exists(LEASE_FILE):
+            try:
+                lease = self.store.read_json(LEASE_FILE)
+            except (OSError, ValueError):
+                lease = {}
+            if float(lease.get("expires", 0)) > time.time():
+                raise LockedError(
+                    f"{self.store.uri} holds a lease of another driver ({_describe(lease)}, "
+                    f"expires in {float(lease['expires']) - time.time():.0f}s); if that driver "
+                    f"is dead, delete {self.store.uri}/{LEASE_FILE}"
+                )
+        self.store.write_json(LEASE_FILE, {**self.info, "expires": time.time() + LEASE_S})
+        self._lease = True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._lease:
+            self._lease = False
+            try:
+                self.store.fs.delete_file(self.store.path(LEASE_FILE))
+            except OSError:
+                pass
 
 
 class Interrupted(KeyboardInterrupt):
@@ -97,7 +188,7 @@ def signals_raise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def driven(store: RunStore, command: str) -> Iterator[Invocation]:
-    """Lock, record and clean up around one command on `store` (see the module docstring)."""
+    """Lock, record and clean up around one command on `store` (the module docstring)."""
     inv = Invocation(command)
     with signals_raise(), RunLock(store, command):
         outcome = "error"
