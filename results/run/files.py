@@ -31,17 +31,15 @@ class RunFiles:
 
     def __init__(self, root: str) -> None:
         self.uri = root
-        if "://" in root:
-            self.fs, self.root = open_filesystem(root)
-            self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
-            self.local = True
-        self.reader = ShardReader(self.fs, self.root, self.uri, reopen=self._reopen)
+        self.fs, self.root = self._open()
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.reader = ShardReader(self.fs, self.root, self.uri, reopen=lambda: self._open()[0])
 
-    def _reopen(self) -> pafs.FileSystem:
-        """A new filesystem client for this run (fresh connections: the damage probe)."""
-        return open_filesystem(self.uri)[0] if "://" in self.uri else pafs.LocalFileSystem()
+    def _open(self) -> tuple[pafs.FileSystem, str]:
+        """(a new filesystem client: fresh connections, the run's path on it)."""
+        if "://" in self.uri:
+            return open_filesystem(self.uri)
+        return pafs.LocalFileSystem(), os.path.abspath(self.uri)
 
     # ---- paths ---------------------------------------------------------------------------
     def path(self, *parts: str) -> str:

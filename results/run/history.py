@@ -76,19 +76,12 @@ def git_commit() -> str | None:
 def redact_argv(argv: list[str]) -> list[str]:
     """The command line with values of secret-looking `--set k=v` / `--flag v` replaced."""
     out: list[str] = []
-    hide_next = False
+    hide_next = False  # the value of a secret `--flag` given as the next argument
     for arg in argv:
-        if hide_next:
-            out.append("<redacted>")
-            hide_next = False
-            continue
         name, eq, _ = arg.partition("=")
         secret = any(s in name.lower() for s in _SECRET_FLAGS)
-        if secret and eq:
-            out.append(f"{name}=<redacted>")
-        else:
-            out.append(arg)
-            hide_next = secret and arg.startswith("--")
+        out.append("<redacted>" if hide_next else f"{name}=<redacted>" if secret and eq else arg)
+        hide_next = not hide_next and secret and not eq and arg.startswith("--")
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from jobs.spec import JOB_ID_VERSION
 from results.run.history import package_versions, read_history
+from results.run.identity import plan_counts
 from results.run.store import RunStore
 from results.schema import SCHEMA_VERSION
 
@@ -76,8 +77,9 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def manifest_view(store: RunStore) -> dict[str, Any]:
-    """The manifest as derived from history and shards (nothing read from manifest.json)."""
+def rebuild_manifest(store: RunStore) -> dict[str, Any]:
+    """Write manifest.json as derived from history and shards (nothing read from the old
+    one); returns it."""
     records = read_history(store)
     view: dict[str, Any] = {"created": records[0]["started"] if records else None}
     view.update(_versions())
@@ -100,22 +102,9 @@ def manifest_view(store: RunStore) -> dict[str, Any]:
             view["replans"].append({"at": rec.get("started"), **rec["replan"]})
     view["invocations"] = {"count": len(records), "last": last}
     view["scoring"] = scoring
-    view["counts"] = _counts(store)
-    return view
-
-
-def _counts(store: RunStore) -> dict[str, Any]:
-    """Rows on disk now, split by the current plan (foreign rows are never summed)."""
-    try:
-        from results.run.identity import plan_counts
-
-        return plan_counts(store)
+    try:  # rows on disk now, split by the current plan (foreign rows are never summed)
+        view["counts"] = plan_counts(store)
     except (OSError, ValueError, RuntimeError) as exc:
-        return {"error": str(exc)}
-
-
-def rebuild_manifest(store: RunStore) -> dict[str, Any]:
-    """Write the view as manifest.json; returns it."""
-    view = manifest_view(store)
+        view["counts"] = {"error": str(exc)}
     store.write_json("manifest.json", view)
     return view

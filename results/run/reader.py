@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -256,14 +255,3 @@ class ShardReader:
             raise StoreError(f"{path}: unreadable Parquet file: {msg}") from exc
         check_version(path, table.schema.metadata)
         return table
-
-    def ids_with_status(
-        self, parts: Sequence[str], schema: pa.Schema, ids: Sequence[str], status: str
-    ) -> set[str]:
-        """Which of `ids` have a row with `status` in RUN/<parts>."""
-        table = self.scan(parts, schema, ["job_id", "status"])
-        hit = pc.and_(
-            pc.is_in(table["job_id"], value_set=pa.array(list(ids), pa.string())),
-            pc.equal(table["status"], status),
-        )
-        return set(table["job_id"].filter(pc.fill_null(hit, False)).to_pylist())

@@ -131,9 +131,10 @@ class RunStore(Compaction):
         Written as `part-<hash>-failed.parquet`: never the name of the batch's own ok shard.
         Returns how many rows were written.
         """
-        ok = self.reader.ids_with_status(
-            ("generations",), GENERATION_SCHEMA, [r["job_id"] for r in rows], "ok"
-        )
+        table = self.reader.scan(("generations",), GENERATION_SCHEMA, ["job_id", "status"])
+        ids = pa.array([r["job_id"] for r in rows], pa.string())
+        hit = pc.and_(pc.is_in(table["job_id"], value_set=ids), pc.equal(table["status"], "ok"))
+        ok = set(table["job_id"].filter(pc.fill_null(hit, False)).to_pylist())
         left = [r for r in rows if r["job_id"] not in ok]
         if left:
             self.write_generations(left, kind="failed")
