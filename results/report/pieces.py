@@ -1,12 +1,8 @@
 """Sample generations' tokens as the report shows them: each token's text spaced as the
 generating model's tokenizer decodes it (growing-prefix decodes), else aligned with the stored
-continuation.
-
-The tokenizer comes from a `TokenizerFor` callable, `(model, revision) → tokenizers.Tokenizer or
-None`; the default, `cached_tokenizer`, reads `tokenizer.json` from a local model directory or the
-Hugging Face cache. Whoever knows other models (the harness: its offline tiny models) passes its
-own callable to `results.report.build.aggregate_run`. Nothing here downloads or imports
-transformers or torch.
+continuation. The tokenizer comes from a `TokenizerFor`, `(model, revision) → Tokenizer or
+None` (default `cached_tokenizer`; the harness passes one that knows its tiny models to
+`aggregate_run`). Nothing here downloads or imports transformers or torch.
 """
 
 from __future__ import annotations

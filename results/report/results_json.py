@@ -1,17 +1,8 @@
-"""`RUN/results.json`: one file with what a run found, in the shape lm-evaluation-harness users
-know (`config`, `versions`, `results`), written after every aggregation.
-
-- `config`: the run's `config.yaml` snapshot, secret-looking values and URL credentials
-  replaced again here (`jobs.redact.redact`), so an old snapshot cannot leak a key;
-- `versions`: harness version, git commit (`+dirty` with local changes; null outside git),
-  Python, platform, package versions, the Parquet schema and job-id versions;
-- `results`: every row of `summary.parquet` (model, method, variant, task, view, metric, stat,
-  group; value, interval, p-value, counts), NaN written as null;
-- `aggregation`: seed, resamples, level and filters the summary was computed with, when the
-  manifest has them.
-
-`docs/results.schema.json` is its JSON Schema (`tests/test_results_json.py` validates a run's
-file against it).
+"""`RUN/results.json`: what a run found in one file, in the shape lm-evaluation-harness users
+know, written after every aggregation (its JSON Schema: docs/results.schema.json): `config`
+(the run's config.yaml, redacted again here so an old snapshot cannot leak a key), `versions`
+(harness, git commit with `+dirty`, Python, platform, packages, schema and job-id versions),
+`aggregation` (its settings) and `results` (every summary row, NaN as null).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The run record: one JSON line per invocation in `RUN/history.jsonl`, appended, never rewritten.
+"""The run record (docs/design.md, "Record"): one JSON line per invocation in
+`RUN/history.jsonl`, appended, never rewritten; `manifest.json` is a view rebuilt from it.
 
-A line holds the command line (secrets redacted), config hash, harness version, git commit,
-package versions, host, start / end, outcome, per-stage counts and timings and the actors of
-the generation stage. `manifest.json` is a view rebuilt from these lines and the shards
-(`results.run.manifest`).
-
-Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync:
-a line is whole or absent. Object stores cannot append: each invocation is one object
+Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync: a
+line is whole or absent. Object stores cannot append: each invocation is one object
 `RUN/history/<start>-<host>-<pid>.json`; `read_history` reads both forms in start order.
-A driver killed by SIGKILL writes no line (its shards are on disk all the same).
 """
 
 from __future__ import annotations

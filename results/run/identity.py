@@ -1,11 +1,7 @@
-"""Run identity: a run directory is bound to its plan.
-
-`PlanCheck` compares the jobs a config asks for with `plan.parquet`, chunk by chunk as the
-planner streams them (`check_plan` does it for a list). A config that only
-adds jobs (a method, a model, more seeds or prompts) extends the plan: every job done stays
-done. A config that changes or drops planned jobs is refused with the config fields that
-differ; `--replan` replaces the plan instead, and rows of the old plan stay on disk but out
-of every count (`plan_counts` reports them as foreign).
+"""Run identity (docs/design.md, "Identity"): a run directory is bound to its plan. A config
+that only adds jobs extends the plan (`PlanCheck`, as the planner streams it; `check_plan` for
+a list); one that changes or drops planned jobs is refused, or with `--replan` replaces the
+plan, the old rows staying on disk outside every count (`plan_counts` reports them).
 """
 
 from __future__ import annotations
@@ -29,11 +25,7 @@ class PlanChangedError(ValueError):
 
 def plan_ids(store: RunStore) -> set[str]:
     """Job ids of the current plan (a set: small plans; `plan_done_ids` holds them compactly).
-
-    Raises:
-        StoreError: no plan.parquet. It is never rebuilt behind the user's back: `run` with
-            the config rebuilds it.
-    """
+    No plan.parquet is a `StoreError`: only `run` with the config writes it again."""
     require_plan(store)
     return set(store.read_plan(["job_id"])["job_id"].to_list())
 
@@ -127,12 +119,7 @@ class PlanCheck:
 def check_plan(
     store: RunStore, config: dict[str, Any], jobs: list[JobSpec], replan: bool = False
 ) -> dict[str, Any]:
-    """How `jobs` relate to the run's plan: {"kind": "new" | "same" | "extend" | "replan", ...};
-    `config` as `changed_fields` takes it.
-
-    Raises:
-        PlanChangedError: planned jobs would change or vanish and `replan` is false.
-    """
+    """`PlanCheck.result` of `jobs` (a list)."""
     check = PlanCheck(store)
     check.add(list(dict.fromkeys(j.job_id for j in jobs)))
     return check.result(config, replan)
@@ -147,10 +134,8 @@ def plan_done_ids(store: RunStore) -> DoneIds:
 
 
 def plan_counts(store: RunStore) -> dict[str, Any]:
-    """Rows on disk in and out of the current plan, for `status` and the manifest.
-
-    Streams: the plan's ids and the finished ids as `DoneIds`, scores one column at a time.
-    """
+    """Rows on disk in and out of the current plan (the manifest's `counts`), streamed: the
+    plan's and the finished ids as `DoneIds`, scores one column at a time."""
     import pyarrow as pa
 
     from jobs.catalog import SCORER_METRICS

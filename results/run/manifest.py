@@ -1,12 +1,8 @@
-"""`manifest.json`: a view of a run, derived from its history (`results.run.history`) and shards.
-
-The history is the record; the manifest is rebuilt from it at the end of every command, so a
-damaged or deleted manifest costs nothing: `read_manifest` rebuilds it with a warning.
-Sections: versions and host of the last invocation, `invocations` (count and the last of each
-command), `generation` (stats and actors of the last invocation that generated something),
-`scoring` (per scorer: its latest scoring stats, merged over every invocation, so scoring one
-scorer never drops another), `counts` (rows on disk now, in and out of the current plan),
-`replans` (when the plan was replaced with `--replan`).
+"""`manifest.json`: a view of a run rebuilt from its history (`results.run.history`) and shards
+at the end of every command, so a damaged or deleted manifest costs nothing (`read_manifest`
+rebuilds it with a warning). `scoring` merges every scorer's latest stats over every
+invocation, so scoring one scorer never drops another; `counts` are the rows on disk now, in
+and out of the current plan.
 """
 
 from __future__ import annotations
