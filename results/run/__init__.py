@@ -1,5 +1,5 @@
 """The run directory, all of it: its plan and Parquet shards (`store`'s `RunStore`, over
-`files`, `compaction`, `reader`, `quarantine` and `shards`), finished ids (`done`), the run
+`files`, `compaction`, `reader` with the quarantine, and `shards`), finished ids (`done`), the run
 record (`history`, `manifest`), the plan it is bound to (`identity`), what every writing
 command shares, the one-driver lock included (`invoke`), and `score --overwrite` (`overwrite`)."""
 

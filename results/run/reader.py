@@ -1,9 +1,10 @@
-"""Reads of a run directory's shards: `ShardReader`.
+"""Reads of a run directory's shards: `ShardReader`, and the quarantine of damaged ones.
 
 A folder is read as one `pyarrow.dataset` scan (parallel, only the columns asked for), cached
 until its listing changes, or streamed `SCAN_GROUP` shards at a time. A failed read is retried
-(`ShardReader.retrying`); only a shard *damaged as stored* is moved to RUN/quarantine/
-(`results.run.quarantine`), and its jobs are pending again: a transport fault never moves one.
+(`ShardReader.retrying`); only a shard *damaged as stored* (`damaged`) is moved to
+RUN/quarantine/<its path in the run> (`move_aside`), and its jobs are pending again: a
+transport fault never moves one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results.run import quarantine, shards
+from results.run import shards
 from results.run.shards import NewerSchemaError, StoreError, check_version
 
 log = logging.getLogger("harness")
@@ -149,9 +150,7 @@ class ShardReader:
                 todo = [p for p in paths or () if p not in self._moved]
                 bad = self._damaged(todo)
                 for path, error in bad.items():
-                    self.quarantined.append(
-                        quarantine.move_aside(self.fs, self.root, self.uri, path, error)
-                    )
+                    self.quarantined.append(move_aside(self.fs, self.root, self.uri, path, error))
                     self._moved.add(path)
                 if bad:
                     continue  # the read goes on without them
@@ -212,7 +211,7 @@ class ShardReader:
                 self._checked.add(fragment.path)
 
     def _damaged(self, paths: list[str]) -> dict[str, str]:
-        return quarantine.damaged(self.reopen, paths, self.uri, self.threads)
+        return damaged(self.reopen, paths, self.uri, self.threads)
 
     def read_shard(
         self, path: str, schema: pa.Schema, columns: list[str] | None = None
@@ -255,3 +254,60 @@ class ShardReader:
             raise StoreError(f"{path}: unreadable Parquet file: {msg}") from exc
         check_version(path, table.schema.metadata)
         return table
+
+
+def damaged(
+    reopen: Callable[[], pafs.FileSystem], paths: list[str], uri: str, threads: int
+) -> dict[str, str]:
+    """path → error of each shard among `paths` that is damaged as stored (`threads` at a time).
+
+    On a fresh client (`reopen()`: new connections), each object is fetched whole; only when
+    the bytes fetched are as many as the object's size says (a short or failed fetch is a
+    transport fault, never damage) and they do not parse as Parquet is the shard damaged.
+    """
+    if not paths:
+        return {}
+    try:
+        fs = reopen()
+        sizes = {i.path: i.size for i in fs.get_file_info(list(paths))}
+    except OSError as exc:  # cannot even ask: nothing can be judged damaged
+        log.info("%s: sizes unknown on a fresh connection (%s): nothing quarantined", uri, exc)
+        return {}
+
+    def probe(path: str) -> str | None:
+        try:
+            with fs.open_input_stream(path) as fh:
+                data = fh.read()
+        except (pa.ArrowException, OSError) as exc:
+            log.info("%s: fetch failed on a fresh connection (%s): not quarantined", path, exc)
+            return None
+        if sizes.get(path) is not None and len(data) != sizes[path]:
+            log.info("%s: %d of %d bytes fetched: not quarantined", path, len(data), sizes[path])
+            return None
+        try:
+            pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as exc:
+            return str(exc).replace("'<Buffer>'", f"'{path}'")
+        return None
+
+    with ThreadPoolExecutor(threads) as pool:
+        errors = list(pool.map(probe, paths))
+    return {p: e for p, e in zip(paths, errors, strict=True) if e is not None}
+
+
+def move_aside(fs: pafs.FileSystem, root: str, uri: str, path: str, error: str) -> str:
+    """Move the shard `path` of the run at `root` (`uri` in the log) to
+    `root`/quarantine/<its path under root>, saying why (`error`); returns where it went."""
+    rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+    dest = f"{root}/quarantine/{rel}"
+    fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+    fs.move(path, dest)
+    log.warning(
+        "%s/%s: unreadable shard (%s); moved to %s/quarantine/%s, its jobs are pending again",
+        uri,
+        rel,
+        error,
+        uri,
+        rel,
+    )
+    return dest
