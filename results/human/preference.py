@@ -155,18 +155,9 @@ def preference_rows(
         weights = prompt_weights(
             len(units), n_boot, seed, f"human|{model}|{task}|{method}|{reference}"
         )
-        common = {
-            "model": model,
-            "method": method,
-            "variant": "",
-            "task": task,
-            "view": "-",
-            "group": "all",
-            "scorer": "human",
-            "level": level,
-            "scorer_version": ",".join(sorted(set(cell["set_id"].to_list()))),
-            "resample_unit": "pair" if paired > 1 else "prompt",
-        }
+        common = dict(model=model, method=method, variant="", task=task, view="-", group="all",
+                      scorer="human", level=level, resample_unit="pair" if paired > 1 else "prompt",
+                      scorer_version=",".join(sorted(set(cell["set_id"].to_list()))))  # fmt: skip
         for criterion, sub in cell.group_by("criterion", maintain_order=True):
             for row in _criterion_rows(sub, weights, level):
                 stat = f"{row.pop('stat')}_vs_{reference}"

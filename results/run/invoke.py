@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -64,18 +65,13 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         self.store.makedirs()
-        if self.store.local:
-            self._flock()
-        else:
-            self._take_lease()
+        self._flock() if self.store.local else self._take_lease()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def _flock(self) -> None:
-        import fcntl
-
         path = self.store.path(LOCK_FILE)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -111,17 +107,13 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            import fcntl
-
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
         if self._lease:
             self._lease = False
-            try:
+            with contextlib.suppress(OSError):
                 self.store.fs.delete_file(self.store.path(LEASE_FILE))
-            except OSError:
-                pass
 
 
 class Interrupted(KeyboardInterrupt):
