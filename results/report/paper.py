@@ -53,11 +53,6 @@ def load_paper_tables() -> pl.DataFrame:
     )
 
 
-def paper_model(model_id: str) -> str | None:
-    """The paper's id of `model_id`, or None when the run's LM is not one of the paper's."""
-    return PAPER_MODELS.get(model_id.strip().rstrip("/").lower())
-
-
 def ppl_model(version: str | None) -> str | None:
     """Which of the paper's perplexity LMs a perplexity scorer version names, if any."""
     low = (version or "").lower()
@@ -81,7 +76,7 @@ def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> p
     ours_ppl = ppl_model(ppl_version)
     rows = []
     for cell in cells.iter_rows(named=True):
-        key = paper_model(cell["model"])
+        key = PAPER_MODELS.get(cell["model"].strip().rstrip("/").lower())  # the paper's LMs only
         if key is None:
             continue
         match = paper.filter(

@@ -53,13 +53,6 @@ def aligned_pieces(tokens: list[str], text: str) -> list[str]:
     return pieces
 
 
-def _load(tokenizer_for: TokenizerFor, model: str, revision: str | None) -> Any:
-    try:
-        return tokenizer_for(model, revision)
-    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
-        return None
-
-
 def with_pieces(
     rows: list[dict[str, Any]], tokenizer_for: TokenizerFor | None = None
 ) -> list[dict[str, Any]]:
@@ -71,7 +64,10 @@ def with_pieces(
     for row in rows:
         key = (str(row["model"]), row.get("model_revision"))
         if key not in cache:
-            cache[key] = _load(tokenizer_for, *key)
+            try:
+                cache[key] = tokenizer_for(*key)
+            except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
+                cache[key] = None
         tok, ids = cache[key], row.get("token_ids")
         if tok is not None and ids:
             row["pieces"] = decoded_pieces(tok, list(ids))

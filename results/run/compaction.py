@@ -40,23 +40,21 @@ class Compaction(RunFiles):
         task, job id) so that a slice lives in few row groups; an error row is dropped where
         the job has an ok row anywhere.
         """
-        merged, written = self._merge_small(
+        return self._merge_small(
             ("generations",),
+            "generation",
             lambda inputs, written: self._compact([i.path for i in inputs], target_rows, written),
         )
-        if merged:
-            log.info("compacted %d generation shards of %s into %d", merged, self.uri, len(written))
-        return merged
 
     def _merge_small(
-        self, parts: tuple[str, ...], merge: Callable[[list[Any], list[str]], None]
-    ) -> tuple[int, list[str]]:
-        """The compaction of one folder: its shards not yet compacted (two or more) are merged
-        by `merge(inputs, written)`, which appends each shard it writes to `written` at once,
-        then deleted. Returns (inputs merged, shards written)."""
+        self, parts: tuple[str, ...], what: str, merge: Callable[[list[Any], list[str]], None]
+    ) -> int:
+        """The compaction of one folder (of `what` shards): its shards not yet compacted (two or
+        more) are merged by `merge(inputs, written)`, which appends each shard it writes to
+        `written` at once, then deleted. Returns how many were merged."""
         small = [i for i in self.reader.listing(parts) if not i.base_name.startswith("part-c-")]
         if len(small) < 2:
-            return 0, []
+            return 0
         written: list[str] = []
 
         paths = [i.path for i in small]
@@ -75,7 +73,11 @@ class Compaction(RunFiles):
         inputs = [i.path for i in self.reader.listing(parts, paths) if i.path not in done]
         self._delete_all(inputs)
         self.reader.forget(parts)
-        return len(inputs), written
+        if inputs:
+            log.info(
+                "compacted %d %s shards of %s into %d", len(inputs), what, self.uri, len(written)
+            )
+        return len(inputs)
 
     def _delete_all(self, paths: list[str]) -> None:
         with ThreadPoolExecutor(8) as pool:  # one request each on object stores
@@ -141,17 +143,13 @@ class Compaction(RunFiles):
         chunk shards its version came from (`lidao_versions`), so that "the newest version"
         (`score_versions`) means the same before and after.
         """
-        merged, written = self._merge_small(
+        return self._merge_small(
             ("scores", scorer),
+            f"{scorer} score",
             lambda inputs, written: self._compact_scores(
                 scorer, score_schema(metric), inputs, target_rows, written
             ),
         )
-        if merged:
-            log.info(
-                "compacted %d %s score shards of %s into %d", merged, scorer, self.uri, len(written)
-            )
-        return merged
 
     def _compact_scores(
         self,
