@@ -1,7 +1,7 @@
 """Run identity (docs/design.md, "Identity"): a run directory is bound to its plan. A config
-that only adds jobs extends the plan (`PlanCheck`, as the planner streams it; `check_plan` for
-a list); one that changes or drops planned jobs is refused, or with `--replan` replaces the
-plan, the old rows staying on disk outside every count (`plan_counts` reports them).
+that only adds jobs extends the plan (`PlanCheck`, as the planner streams it); one that
+changes or drops planned jobs is refused, or with `--replan` replaces the plan, the old rows
+staying on disk outside every count (`plan_counts` reports them).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
 
 # Sections that never change a job's output (see `jobs.spec.JobSpec.identity`).
@@ -72,7 +71,8 @@ def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
 
 
 class PlanCheck:
-    """`check_plan` over a stream: feed each planned chunk's job ids to `add`, then `result`.
+    """How a new plan relates to the run's: feed each planned chunk's job ids to `add`, then
+    call `result`.
 
     Holds the old plan's ids as a `DoneIds` (~23 bytes a job) and two counters, never the new
     plan. Job ids of a grid are unique (the planner refuses duplicates), so the old jobs kept
@@ -114,15 +114,6 @@ class PlanCheck:
             f"--out, or --replan to replace the plan here (the old rows stay on disk, outside "
             f"every count)"
         )
-
-
-def check_plan(
-    store: RunStore, config: dict[str, Any], jobs: list[JobSpec], replan: bool = False
-) -> dict[str, Any]:
-    """`PlanCheck.result` of `jobs` (a list)."""
-    check = PlanCheck(store)
-    check.add(list(dict.fromkeys(j.job_id for j in jobs)))
-    return check.result(config, replan)
 
 
 def plan_done_ids(store: RunStore) -> DoneIds:
