@@ -53,11 +53,10 @@ def update_manifest(store: RunStore, updates: dict[str, Any]) -> dict[str, Any]:
     manifest = read_manifest(store)
     manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat())
     manifest.update(_versions())
-    for key, value in updates.items():
-        if key == "scoring":
-            manifest["scoring"] = merge_scoring(manifest.get("scoring") or {}, value)
-        else:
-            manifest[key] = value
+    if "scoring" in updates:
+        scoring = merge_scoring(manifest.get("scoring") or {}, updates["scoring"])
+        updates = {**updates, "scoring": scoring}
+    manifest.update(updates)
     store.write_json("manifest.json", manifest)
     return manifest
 
