@@ -172,9 +172,9 @@ def forest_figure(cells: pl.DataFrame, level: float = 0.95) -> Any:
     models = list(dict.fromkeys(b.model for v in views for b in per_view[v].blocks))
     n_rows, n_cols = max(1, len(models)), max(1, len(tasks))
     labels_of: dict[str, dict[str, None]] = {m: {} for m in models}  # ordered sets
-    for block in (b for v in views for b in per_view[v].blocks):
-        labels_of[block.model].update(
-            dict.fromkeys(method_label(r.method, r.variant) for r in block.rows)
+    for shown in (b for v in views for b in per_view[v].blocks):
+        labels_of[shown.model].update(
+            dict.fromkeys(method_label(r.method, r.variant) for r in shown.rows)
         )
     n_methods = sum(max(1, len(x)) for x in labels_of.values())
     fig = _figure(4.0 * n_cols + 1.4, 0.32 * n_methods + 0.9 * n_rows + 1.6)
