@@ -63,29 +63,26 @@ def common_texts(gens: pl.DataFrame, method: str, reference: str) -> pl.DataFram
             raise HumanError(f"{flag} {name}: not a method of this run ({', '.join(known)})")
     if method == reference:
         raise HumanError(f"--method and --vs are both {method}: compare two methods")
+    on = ["model", "task", "prompt_id"]
     both = _per_prompt(gens, method).join(
-        _per_prompt(gens, reference),
-        on=["model", "task", "prompt_id", "seed"],
-        suffix="_reference",
+        _per_prompt(gens, reference), on=[*on, "seed"], suffix="_reference"
     )
     prompts = (
         gens.filter(pl.col("method").is_in([method, reference]))
         .select(
-            "model",
-            "task",
-            "prompt_id",
+            *on,
             "prompt",
             pl.col("prompt_group").fill_null("none"),
-            pl.coalesce("pair_id", "prompt_id").alias("unit"),
+            unit=pl.coalesce("pair_id", "prompt_id"),
         )
-        .unique(["model", "task", "prompt_id"])
+        .unique(on)
     )
-    usable = both.select("model", "task", "prompt_id").unique().with_columns(ok=pl.lit(True))
-    prompts = prompts.join(usable, on=["model", "task", "prompt_id"], how="left").with_columns(
+    usable = both.select(on).unique().with_columns(ok=pl.lit(True))
+    prompts = prompts.join(usable, on=on, how="left").with_columns(
         complete=pl.col("ok").fill_null(False).all().over("model", "task", "unit"),
         stratum=pl.col("prompt_group").sort().str.join("+").over("model", "task", "unit"),
     )
-    return both.join(prompts.drop("ok"), on=["model", "task", "prompt_id"])
+    return both.join(prompts.drop("ok"), on=on)
 
 
 def draw_set(

@@ -172,9 +172,7 @@ class RunStore(Compaction):
     def done_ids(self, include_errors: bool = True) -> DoneIds:
         """Ids of jobs with a row (only ok rows unless `include_errors`), compact and sorted."""
         ok, failed = self.finished_ids()
-        if not include_errors:
-            return ok
-        return DoneIds(np.union1d(ok.ids, failed.ids)) if len(failed) else ok
+        return DoneIds(np.union1d(ok.ids, failed.ids)) if include_errors and len(failed) else ok
 
     def finished_ids(self) -> tuple[DoneIds, DoneIds]:
         """(ids with an ok row, ids with only error rows): one streamed scan of job_id/status,
