@@ -110,10 +110,8 @@ SUMMARY_SCHEMA = pa.schema(
         ("resample_unit", pa.string()),  # pair | prompt (gaps and comparisons)
         ("note", pa.string()),  # why a statistic is undefined (e.g. an absent group)
         ("level", pa.float64()),  # aggregation.level: of every interval; marks use p < 1 - level
-        (
-            "test",
-            pa.string(),
-        ),  # what gave p_value: pair-swap | prompt-shuffle | within-prompt | bootstrap
+        # what gave p_value: pair-swap | prompt-shuffle | within-prompt | bootstrap | sign
+        ("test", pa.string()),
         ("mde", pa.float64()),  # gaps: the gap (× 100) the test detects with power 0.8 at level
         ("flags", pa.string()),  # gaps: contradiction | row-counts (comma-separated; marks)
     ]
@@ -190,16 +188,3 @@ def all_schemas() -> dict[str, pa.Schema]:
 def describe(schema: pa.Schema) -> list[list[str]]:
     """[name, type] pairs: the snapshot's stable text form of a schema."""
     return [[f.name, str(f.type)] for f in schema]
-
-
-def markdown() -> str:
-    """The tables as Markdown (pasted into docs/design.md; a test keeps them in sync)."""
-    lines = []
-    for name, schema in all_schemas().items():
-        lines.append(f"**{name}**: " + ", ".join(f"`{f.name}` {f.type}" for f in schema))
-        lines.append("")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown())

@@ -105,7 +105,7 @@ def test_a_truncated_manifest_is_rebuilt(base_run: Path) -> None:
 
 
 def test_a_second_driver_is_refused_naming_the_holder(base_run: Path) -> None:
-    from results.run.lock import RunLock
+    from results.run.invoke import RunLock
 
     with RunLock(RunStore(str(base_run)), "run"):
         res = harness("aggregate", str(base_run))

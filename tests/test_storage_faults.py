@@ -15,7 +15,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from results.run import quarantine, shards
+from results.run import reader as quarantine
+from results.run import shards
 from results.run.store import RunStore, StoreError
 from results.schema import score_schema
 from results.stats.join import latest_version

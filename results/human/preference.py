@@ -1,22 +1,11 @@
 """Statistics of pairwise human preference: pure functions over the un-blinded answers.
 
-Per (model, task, criterion, method vs reference), as summary rows (`SUMMARY_SCHEMA`, metric
-`human:<criterion>`, view `-`; docs/human-eval.md):
-
-* `share_method_vs_<ref>`, `share_tie_vs_<ref>`, `share_reference_vs_<ref>`: the portions of
-  the paper's table, pooled over annotators (group `all`, `n` answers) and per annotator
-  (group = the annotator), each with a percentile interval of the cluster bootstrap: units
-  (pairs, else prompts) drawn with replacement, all answers of a unit moving together;
-* `sign_vs_<ref>`: the two-sided exact sign test of method vs reference. Its unit is the item:
-  an item counts for the method when more of its answers prefer the method than the
-  reference, against when fewer, and is a tie otherwise (dropped); `value` = the method's
-  share of the items that count, `n` their number. With one answer per item (one annotator)
-  these are the non-tied answers. Counting two annotators' answers to one item as two trials
-  would treat dependent answers as independent;
-* `kappa_vs_<ref>` and `agreement_vs_<ref>`: inter-annotator agreement over the categories
-  method / tie / reference on the items every annotator of the cell answered: Cohen's κ for
-  two annotators, Fleiss' κ for more (named in `note`), and the raw agreement (two: the share
-  of items answered alike; more: Fleiss' mean pairwise agreement).
+Per (model, task, criterion, method vs reference), summary rows (`SUMMARY_SCHEMA`, metric
+`human:<criterion>`, view `-`; their stats: docs/human-eval.md, "Statistics"): the shares with
+a cluster-bootstrap interval (units, pairs else prompts, move with all their answers), the
+exact sign test, and κ with the raw agreement. The sign test's unit is the item (decided by
+the net of its answers): counting two annotators' answers to one item as two trials would
+treat dependent answers as independent.
 """
 
 from __future__ import annotations
@@ -166,18 +155,9 @@ def preference_rows(
         weights = prompt_weights(
             len(units), n_boot, seed, f"human|{model}|{task}|{method}|{reference}"
         )
-        common = {
-            "model": model,
-            "method": method,
-            "variant": "",
-            "task": task,
-            "view": "-",
-            "group": "all",
-            "scorer": "human",
-            "level": level,
-            "scorer_version": ",".join(sorted(set(cell["set_id"].to_list()))),
-            "resample_unit": "pair" if paired > 1 else "prompt",
-        }
+        common = dict(model=model, method=method, variant="", task=task, view="-", group="all",
+                      scorer="human", level=level, resample_unit="pair" if paired > 1 else "prompt",
+                      scorer_version=",".join(sorted(set(cell["set_id"].to_list()))))  # fmt: skip
         for criterion, sub in cell.group_by("criterion", maintain_order=True):
             for row in _criterion_rows(sub, weights, level):
                 stat = f"{row.pop('stat')}_vs_{reference}"

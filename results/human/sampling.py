@@ -1,13 +1,9 @@
 """Drawing a blinded annotation set from a run's generations: pure functions over frames.
 
-Per (model, task) the resampling units (counterfactual pairs, else prompts) whose every prompt
-has an ok text of both methods with a common seed are grouped into strata by the groups of
-their prompts (a pair: `female+male`; an unpaired prompt: its group), and `fraction` of each
-stratum is drawn (at least one unit). Each drawn prompt gets one seed drawn among the seeds
-both methods share (the same uniforms for both texts), and a side for the method's text (A or
-B, each with probability 1/2). The items are then shuffled over the whole set. Every draw comes
-from `seeded_rng(seed, ...)` keyed by (model, task): adding a model to a run does not change
-the items of the others.
+The protocol is docs/human-eval.md's "Sampling": per (model, task) and stratum of units, a
+share of the units whose every prompt has ok texts of both methods under a common seed; one
+seed and one side per prompt; the items shuffled. Every draw comes from `seeded_rng(seed, ...)`
+keyed by (model, task): adding a model to a run does not change the items of the others.
 """
 
 from __future__ import annotations
@@ -67,29 +63,26 @@ def common_texts(gens: pl.DataFrame, method: str, reference: str) -> pl.DataFram
             raise HumanError(f"{flag} {name}: not a method of this run ({', '.join(known)})")
     if method == reference:
         raise HumanError(f"--method and --vs are both {method}: compare two methods")
+    on = ["model", "task", "prompt_id"]
     both = _per_prompt(gens, method).join(
-        _per_prompt(gens, reference),
-        on=["model", "task", "prompt_id", "seed"],
-        suffix="_reference",
+        _per_prompt(gens, reference), on=[*on, "seed"], suffix="_reference"
     )
     prompts = (
         gens.filter(pl.col("method").is_in([method, reference]))
         .select(
-            "model",
-            "task",
-            "prompt_id",
+            *on,
             "prompt",
             pl.col("prompt_group").fill_null("none"),
-            pl.coalesce("pair_id", "prompt_id").alias("unit"),
+            unit=pl.coalesce("pair_id", "prompt_id"),
         )
-        .unique(["model", "task", "prompt_id"])
+        .unique(on)
     )
-    usable = both.select("model", "task", "prompt_id").unique().with_columns(ok=pl.lit(True))
-    prompts = prompts.join(usable, on=["model", "task", "prompt_id"], how="left").with_columns(
+    usable = both.select(on).unique().with_columns(ok=pl.lit(True))
+    prompts = prompts.join(usable, on=on, how="left").with_columns(
         complete=pl.col("ok").fill_null(False).all().over("model", "task", "unit"),
         stratum=pl.col("prompt_group").sort().str.join("+").over("model", "task", "unit"),
     )
-    return both.join(prompts.drop("ok"), on=["model", "task", "prompt_id"])
+    return both.join(prompts.drop("ok"), on=on)
 
 
 def draw_set(

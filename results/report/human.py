@@ -149,12 +149,10 @@ def human_latex(summary: pl.DataFrame, level: float) -> str:
     if not rows:
         return ""
     titles = [tex_escape(f"{_name(m)} vs {_name(r)}") for m, r in groups]
+    caption = f"Portions of human preferred generations (level {level:.0%})".replace("%", r"\%")
     out = [
         r"\begin{table*}[htbp]\centering",
-        rf"\caption{{Portions of human preferred generations (level {level:.0%})}}".replace(
-            "%", r"\%"
-        )
-        + r"\label{tab:harness:human}",
+        rf"\caption{{{caption}}}\label{{tab:harness:human}}",
         r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
         r"\begin{tabular}{@{}l" + " c ccccc" * len(groups) + "@{}}",
         r"\toprule",

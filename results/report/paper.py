@@ -39,14 +39,9 @@ PPL_MODELS = {
     "falcon-40b": "tiiuae/falcon-40b",
 }
 # Main tables first: where both print a value, the main table's is compared.
-TABLE_ORDER = [
-    "tab:gen",
-    "tab:joint",
-    "tab:app:gen",
-    "tab:app:joint",
-    "tab:app:gen:lpp",
-    "tab:app:joint:lpp",
-]
+TABLE_ORDER = (
+    "tab:gen tab:joint tab:app:gen tab:app:joint tab:app:gen:lpp tab:app:joint:lpp".split()
+)
 COLUMNS = ("score", "score_sd", "bias", "ppl")
 
 
@@ -56,11 +51,6 @@ def load_paper_tables() -> pl.DataFrame:
     return frame.with_columns(
         pl.col("table").replace_strict(TABLE_ORDER, list(range(len(TABLE_ORDER)))).alias("rank")
     )
-
-
-def paper_model(model_id: str) -> str | None:
-    """The paper's id of `model_id`, or None when the run's LM is not one of the paper's."""
-    return PAPER_MODELS.get(model_id.strip().rstrip("/").lower())
 
 
 def ppl_model(version: str | None) -> str | None:
@@ -86,7 +76,7 @@ def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> p
     ours_ppl = ppl_model(ppl_version)
     rows = []
     for cell in cells.iter_rows(named=True):
-        key = paper_model(cell["model"])
+        key = PAPER_MODELS.get(cell["model"].strip().rstrip("/").lower())  # the paper's LMs only
         if key is None:
             continue
         match = paper.filter(

@@ -1,12 +1,8 @@
 """Sample generations' tokens as the report shows them: each token's text spaced as the
 generating model's tokenizer decodes it (growing-prefix decodes), else aligned with the stored
-continuation.
-
-The tokenizer comes from a `TokenizerFor` callable, `(model, revision) → tokenizers.Tokenizer or
-None`; the default, `cached_tokenizer`, reads `tokenizer.json` from a local model directory or the
-Hugging Face cache. Whoever knows other models (the harness: its offline tiny models) passes its
-own callable to `results.report.build.aggregate_run`. Nothing here downloads or imports
-transformers or torch.
+continuation. The tokenizer comes from a `TokenizerFor`, `(model, revision) → Tokenizer or
+None` (default `cached_tokenizer`; the harness passes one that knows its tiny models to
+`aggregate_run`). Nothing here downloads or imports transformers or torch.
 """
 
 from __future__ import annotations
@@ -57,13 +53,6 @@ def aligned_pieces(tokens: list[str], text: str) -> list[str]:
     return pieces
 
 
-def _load(tokenizer_for: TokenizerFor, model: str, revision: str | None) -> Any:
-    try:
-        return tokenizer_for(model, revision)
-    except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
-        return None
-
-
 def with_pieces(
     rows: list[dict[str, Any]], tokenizer_for: TokenizerFor | None = None
 ) -> list[dict[str, Any]]:
@@ -75,7 +64,10 @@ def with_pieces(
     for row in rows:
         key = (str(row["model"]), row.get("model_revision"))
         if key not in cache:
-            cache[key] = _load(tokenizer_for, *key)
+            try:
+                cache[key] = tokenizer_for(*key)
+            except Exception:  # noqa: BLE001 - any failure falls back to aligning with the text
+                cache[key] = None
         tok, ids = cache[key], row.get("token_ids")
         if tok is not None and ids:
             row["pieces"] = decoded_pieces(tok, list(ids))

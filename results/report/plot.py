@@ -16,19 +16,8 @@ import polars as pl
 
 from results.report.tables import TASKS, Block, layout, level_text, method_label, model_label
 
-COLOURS = [
-    "#4c72b0",
-    "#dd8452",
-    "#55a868",
-    "#c44e52",
-    "#8172b3",
-    "#937860",
-    "#da8bc3",
-    "#8c8c8c",
-    "#ccb974",
-    "#64b5cd",
-]
-MARKERS = ["o", "^", "D", "v", "P", "X", "<", ">", "h", "*"]
+COLOURS = "#4c72b0 #dd8452 #55a868 #c44e52 #8172b3 #937860 #da8bc3 #8c8c8c #ccb974 #64b5cd".split()
+MARKERS = list("o^DvPX<>h*")
 FORMATS = ("png", "pdf", "svg")
 DPI = 150
 
@@ -57,15 +46,12 @@ def abs_interval(value: float, low: float | None, high: float | None) -> tuple[f
 
 def _method_styles(blocks: list[Block]) -> dict[str, tuple[str, str]]:
     """Method label → (colour, marker): vanilla a grey square, the others by method order."""
-    labels = list(dict.fromkeys(method_label(r.method, r.variant) for b in blocks for r in b.rows))
-    styles, k = {}, 0
-    for label in labels:
-        if label == "vanilla":
-            styles[label] = ("#555555", "s")
-        else:
-            styles[label] = (COLOURS[k % len(COLOURS)], MARKERS[k % len(MARKERS)])
-            k += 1
-    return styles
+    labels = dict.fromkeys(method_label(r.method, r.variant) for b in blocks for r in b.rows)
+    others = [label for label in labels if label != "vanilla"]
+    styles = {
+        x: (COLOURS[k % len(COLOURS)], MARKERS[k % len(MARKERS)]) for k, x in enumerate(others)
+    }
+    return {**styles, "vanilla": ("#555555", "s")}
 
 
 def _figure(width: float, height: float) -> Any:
@@ -185,25 +171,18 @@ def forest_figure(cells: pl.DataFrame, level: float = 0.95) -> Any:
     tasks = [t for t in TASKS if t in set(cells["task"].to_list())]
     models = list(dict.fromkeys(b.model for v in views for b in per_view[v].blocks))
     n_rows, n_cols = max(1, len(models)), max(1, len(tasks))
-    labels_of = {
-        m: list(
-            dict.fromkeys(
-                method_label(r.method, r.variant)
-                for v in views
-                for b in per_view[v].blocks
-                if b.model == m
-                for r in b.rows
-            )
+    labels_of: dict[str, dict[str, None]] = {m: {} for m in models}  # ordered sets
+    for shown in (b for v in views for b in per_view[v].blocks):
+        labels_of[shown.model].update(
+            dict.fromkeys(method_label(r.method, r.variant) for r in shown.rows)
         )
-        for m in models
-    }
     n_methods = sum(max(1, len(x)) for x in labels_of.values())
     fig = _figure(4.0 * n_cols + 1.4, 0.32 * n_methods + 0.9 * n_rows + 1.6)
     axes = fig.subplots(n_rows, n_cols, squeeze=False, sharey="row")
     handles: dict[str, Any] = {}
     step = 0.6 / max(1, len(views))
     for r, model in enumerate(models):
-        labels = labels_of[model]
+        labels = list(labels_of[model])
         ys = {label: len(labels) - 1 - i for i, label in enumerate(labels)}
         for c, task in enumerate(tasks):
             ax = axes[r][c]
@@ -259,7 +238,3 @@ VIEW_STYLES = {
 
 def tradeoff_png(cells: pl.DataFrame, view: str, level: float = 0.95) -> bytes:
     return figure_bytes(tradeoff_figure(cells, view, level), "png")
-
-
-def forest_png(cells: pl.DataFrame, level: float = 0.95) -> bytes:
-    return figure_bytes(forest_figure(cells, level), "png")

@@ -1,17 +1,8 @@
-"""`RUN/results.json`: one file with what a run found, in the shape lm-evaluation-harness users
-know (`config`, `versions`, `results`), written after every aggregation.
-
-- `config`: the run's `config.yaml` snapshot, secret-looking values and URL credentials
-  replaced again here (`jobs.redact.redact`), so an old snapshot cannot leak a key;
-- `versions`: harness version, git commit (`+dirty` with local changes; null outside git),
-  Python, platform, package versions, the Parquet schema and job-id versions;
-- `results`: every row of `summary.parquet` (model, method, variant, task, view, metric, stat,
-  group; value, interval, p-value, counts), NaN written as null;
-- `aggregation`: seed, resamples, level and filters the summary was computed with, when the
-  manifest has them.
-
-`docs/results.schema.json` is its JSON Schema (`tests/test_results_json.py` validates a run's
-file against it).
+"""`RUN/results.json`: what a run found in one file, in the shape lm-evaluation-harness users
+know, written after every aggregation (its JSON Schema: docs/results.schema.json): `config`
+(the run's config.yaml, redacted again here so an old snapshot cannot leak a key), `versions`
+(harness, git commit with `+dirty`, Python, platform, packages, schema and job-id versions),
+`aggregation` (its settings) and `results` (every summary row, NaN as null).
 """
 
 from __future__ import annotations
@@ -27,30 +18,11 @@ from results.run.store import RunStore
 RESULTS_JSON = "results.json"
 RESULTS_JSON_VERSION = 1
 
-# Summary columns in results.json, in this order (all of SUMMARY_SCHEMA).
+# Summary columns in results.json, in this order.
 CELL_KEYS = (
-    "model",
-    "method",
-    "variant",
-    "task",
-    "view",
-    "metric",
-    "stat",
-    "group",
-    "value",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "n",
-    "n_boot",
-    "resample_unit",
-    "scorer",
-    "scorer_version",
-    "note",
-    "mde",
-    "flags",
-)
+    "model method variant task view metric stat group value ci_low ci_high ci_method p_value n "
+    "n_boot resample_unit scorer scorer_version note mde flags"
+).split()
 
 
 def _plain(value: Any) -> Any:
@@ -64,7 +36,6 @@ def results_document(store: RunStore) -> dict[str, Any]:
     from results.run.history import git_commit, harness_version
     from results.run.identity import read_config
     from results.run.manifest import read_manifest
-    from results.schema import SUMMARY_SCHEMA
 
     config = redact(read_config(store) or {})
     manifest = read_manifest(store)
@@ -77,15 +48,11 @@ def results_document(store: RunStore) -> dict[str, Any]:
         "job_id_version": manifest.get("job_id_version"),
         "packages": manifest.get("packages") or {},
     }
-    import pyarrow.parquet as pq
-
-    with store.fs.open_input_file(store.path("summary.parquet")) as fh:
-        table = pq.read_table(fh)
+    table = store.read_parquet("summary.parquet")
     present = [k for k in CELL_KEYS if k in table.column_names]
-    missing = [k for k in CELL_KEYS if k not in present and k in SUMMARY_SCHEMA.names]
+    missing = dict.fromkeys(k for k in CELL_KEYS if k not in present)  # an older summary's
     rows = table.select(present).to_pylist()
-    results = [{**{k: _plain(row[k]) for k in present}, **dict.fromkeys(missing)} for row in rows]
-    doc: dict[str, Any] = {
+    return {
         "results_json_version": RESULTS_JSON_VERSION,
         "run": store.uri,
         "name": config.get("name"),
@@ -93,9 +60,8 @@ def results_document(store: RunStore) -> dict[str, Any]:
         "config": config,
         "versions": versions,
         "aggregation": (config.get("aggregation") or {}),
-        "results": results,
+        "results": [{**{k: _plain(v) for k, v in row.items()}, **missing} for row in rows],
     }
-    return doc
 
 
 def write_results_json(store: RunStore) -> str | None:

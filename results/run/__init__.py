@@ -1,7 +1,7 @@
-"""The run directory, all of it: Parquet shards (`store`'s `RunStore`, made of `files`,
-`plan_file`, `generations`, `scores` and `compaction`, over `reader`, `quarantine` and
-`shards`), finished ids (`done`), the run record (`history`, `manifest`), the plan it is bound
-to (`identity`), the one-driver lock (`lock`) and what every writing command shares (`invoke`)."""
+"""The run directory, all of it: its plan and Parquet shards (`store`'s `RunStore`, over
+`files`, `compaction`, `reader` with the quarantine, and `shards`), finished ids (`done`), the run
+record (`history`, `manifest`), the plan it is bound to (`identity`), what every writing
+command shares, the one-driver lock included (`invoke`), and `score --overwrite` (`overwrite`)."""
 
 from results.run.done import DoneIds
 from results.run.history import Invocation

@@ -4,6 +4,7 @@
 New shards are written first, then the inputs deleted: a kill in between leaves rows twice on
 disk, which every read deduplicates, and the next compaction merges them again. A transient
 fault retries the folder's merge from a clean slate; damaged inputs are quarantined on the way.
+Shards written after the listing are left for the next compaction.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import pyarrow.fs as pafs
 
 from results.run.done import DoneIds
 from results.run.files import RunFiles, file_mtime, shard_name, to_frame
-from results.run.generations import dedupe_generations
 from results.run.shards import StoreError
 from results.schema import GENERATION_SCHEMA, score_schema
 
@@ -32,62 +32,59 @@ class Compaction(RunFiles):
     """Merges the small shards of RUN/generations/ and of RUN/scores/<scorer>/."""
 
     def compact_generations(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
-        """Merge small generation shards into `part-c-` shards of about `target_rows` rows.
+        """Merge the generation shards not yet compacted into `part-c-` shards; returns how
+        many were merged.
 
-        Inputs: every shard not already compacted (so at most one short `part-c-` shard per
-        compaction stays short), streamed in shard order and cut into groups of `target_rows`
-        rows, so memory is one group whatever the run's size. Each output holds one row per job
-        of its group, sorted by (model, method, task, job id) so that a slice lives in few row
-        groups; an error row is dropped where the job has an ok row anywhere. New shards are
-        written first, then the inputs deleted: a kill in between leaves rows twice on disk,
-        which every read deduplicates, and the next compaction merges them again. Returns how
-        many shards were merged.
+        Inputs are streamed in shard order and cut into groups of `target_rows` rows (memory:
+        one group). Each output holds one row per job of its group, sorted by (model, method,
+        task, job id) so that a slice lives in few row groups; an error row is dropped where
+        the job has an ok row anywhere.
         """
-        merged, written = self._merge_small(
+        return self._merge_small(
             ("generations",),
+            "generation",
             lambda inputs, written: self._compact([i.path for i in inputs], target_rows, written),
         )
-        if merged:
-            log.info("compacted %d generation shards of %s into %d", merged, self.uri, len(written))
-        return merged
 
     def _merge_small(
-        self, parts: tuple[str, ...], merge: Callable[[list[Any], list[str]], None]
-    ) -> tuple[int, list[str]]:
-        """The compaction of one folder: its shards not yet compacted are merged by
-        `merge(inputs, written)` (which appends each shard it writes to `written`), retried
-        from a clean slate on transient faults (a failed attempt's outputs deleted first),
-        then the inputs deleted. A folder with fewer than two such shards is left alone.
-        Returns (inputs merged, shards written)."""
+        self, parts: tuple[str, ...], what: str, merge: Callable[[list[Any], list[str]], None]
+    ) -> int:
+        """The compaction of one folder (of `what` shards): its shards not yet compacted (two or
+        more) are merged by `merge(inputs, written)`, which appends each shard it writes to
+        `written` at once, then deleted. Returns how many were merged."""
         small = [i for i in self.reader.listing(parts) if not i.base_name.startswith("part-c-")]
         if len(small) < 2:
-            return 0, []
+            return 0
         written: list[str] = []
 
+        paths = [i.path for i in small]
+
         def attempt() -> None:
-            with ThreadPoolExecutor(8) as pool:  # a failed attempt's outputs: start again
-                list(pool.map(self.delete, written))
+            self._delete_all(written)  # a failed attempt's outputs: start again
             written.clear()
-            existing = {i.path for i in self.reader.listing(parts)}
-            merge([i for i in small if i.path in existing], written)
+            merge(self.reader.listing(parts, paths), written)  # not those quarantined
 
         try:  # transient faults wait and retry; damaged shards are quarantined on the way
             self.reader.retrying(attempt, parts=parts)
         except StoreError:
-            with ThreadPoolExecutor(8) as pool:  # leave only whole inputs behind
-                list(pool.map(self.delete, written))
+            self._delete_all(written)  # leave only whole inputs behind
             raise
-        existing = {i.path for i in self.reader.listing(parts)}  # not those quarantined
         done = set(written)
-        inputs = [i.path for i in small if i.path in existing and i.path not in done]
-        with ThreadPoolExecutor(8) as pool:  # one request each on object stores
-            list(pool.map(self.delete, inputs))
+        inputs = [i.path for i in self.reader.listing(parts, paths) if i.path not in done]
+        self._delete_all(inputs)
         self.reader.forget(parts)
-        return len(inputs), written
+        if inputs:
+            log.info(
+                "compacted %d %s shards of %s into %d", len(inputs), what, self.uri, len(written)
+            )
+        return len(inputs)
+
+    def _delete_all(self, paths: list[str]) -> None:
+        with ThreadPoolExecutor(8) as pool:  # one request each on object stores
+            list(pool.map(self.delete, paths))
 
     def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
-        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time;
-        each path written is appended to `written` at once (a failure deletes them)."""
+        """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
         both = self._failed_with_ok(small)
         group: list[pa.RecordBatch] = []
         rows = 0
@@ -104,7 +101,7 @@ class Compaction(RunFiles):
                 [(c, "ascending") for c in ("model", "method", "task", "job_id")]
             )
             if table.num_rows:
-                name = "part-c-" + shard_name(table["job_id"].to_pylist())[len("part-") :]
+                name = shard_name(table["job_id"].to_pylist()).replace("part-", "part-c-", 1)
                 written.append(self.write_table("generations/" + name, table))
 
         for batch in self.reader.iter_batches(
@@ -121,50 +118,38 @@ class Compaction(RunFiles):
     def _failed_with_ok(self, paths: list[str]) -> DoneIds:
         """Ids with an error row *and* an ok row among `paths`: two streamed scans of
         job_id/status, holding only ids of error rows (few, in a healthy run)."""
-        cols = ["job_id", "status"]
-        bad_parts: list[pa.Array] = []
-        for batch in self.reader.iter_batches(
-            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
-        ):
-            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
-            bad_parts.append(batch.column("job_id").filter(pc.invert(is_ok)))
-        bad = DoneIds.from_arrays(bad_parts)
-        if not len(bad):
-            return bad
-        ok_parts: list[pa.Array] = []
-        for batch in self.reader.iter_batches(
-            ("generations",), GENERATION_SCHEMA, cols, 65_536, only=paths
-        ):
-            is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
-            ids = batch.column("job_id").filter(is_ok)
-            ok_parts.append(ids.filter(pa.array(bad.contains(ids))))
-        return DoneIds.from_arrays(ok_parts)
+
+        def ids(ok: bool, among: DoneIds | None = None) -> DoneIds:
+            found: list[pa.Array] = []
+            for batch in self.reader.iter_batches(
+                ("generations",), GENERATION_SCHEMA, ["job_id", "status"], 65_536, only=paths
+            ):
+                is_ok = pc.fill_null(pc.equal(batch.column("status"), "ok"), False)
+                got = batch.column("job_id").filter(is_ok if ok else pc.invert(is_ok))
+                found.append(got if among is None else got.filter(pa.array(among.contains(got))))
+            return DoneIds.from_arrays(found)
+
+        bad = ids(ok=False)
+        return ids(ok=True, among=bad) if len(bad) else bad
 
     def compact_scores(
         self, scorer: str, metric: str, target_rows: int = COMPACT_TARGET_ROWS
     ) -> int:
-        """Merge a scorer's chunk shards into `part-c-` shards of about `target_rows` rows, as
-        `compact_generations` does for generations; returns how many shards were merged.
+        """Merge a scorer's chunk shards into `part-c-` shards, as `compact_generations` does;
+        returns how many were merged.
 
         A compacted shard holds one scorer version, one row per job id (the last in shard
         order), sorted by job id; its footer records the newest modification time of the
         chunk shards its version came from (`lidao_versions`), so that "the newest version"
-        (`score_versions`) means the same before and after. New shards are written first,
-        then the inputs deleted: a kill in between leaves rows twice, which reads deduplicate
-        by (job id, version). Chunk shards written after the listing are left for the next
-        compaction.
+        (`score_versions`) means the same before and after.
         """
-        merged, written = self._merge_small(
+        return self._merge_small(
             ("scores", scorer),
+            f"{scorer} score",
             lambda inputs, written: self._compact_scores(
                 scorer, score_schema(metric), inputs, target_rows, written
             ),
         )
-        if merged:
-            log.info(
-                "compacted %d %s score shards of %s into %d", merged, scorer, self.uri, len(written)
-            )
-        return merged
 
     def _compact_scores(
         self,
@@ -174,8 +159,7 @@ class Compaction(RunFiles):
         target_rows: int,
         written: list[str],
     ) -> None:
-        """Write the rows of `small` as compacted shards (`compact_scores`); each path written
-        is appended to `written` at once."""
+        """Write the rows of `small` as compacted shards (`compact_scores`)."""
         groups: dict[str, list[pa.Table]] = {}
         rows: dict[str, int] = {}
         stamps: dict[str, float] = {}
@@ -186,7 +170,7 @@ class Compaction(RunFiles):
             frame = to_frame(table).unique("job_id", keep="last", maintain_order=True)
             table = frame.to_arrow().cast(schema).sort_by("job_id")
             keys = (f"{j}\x00{version}" for j in table["job_id"].to_pylist())
-            name = "part-c-" + shard_name(keys)[len("part-") :]
+            name = shard_name(keys).replace("part-", "part-c-", 1)
             meta = {b"lidao_versions": json.dumps({version: stamps[version]}).encode()}
             written.append(
                 self.write_table(f"scores/{scorer}/{name}", table.replace_schema_metadata(meta))
@@ -203,3 +187,23 @@ class Compaction(RunFiles):
                     flush(version)
         for version in list(groups):
             flush(version)
+
+
+def dedupe_generations(table: pa.Table) -> pa.Table:
+    """One row per job id: an ok row before an error row, else the first in shard order."""
+    if table.num_rows == 0 or pc.count_distinct(table["job_id"]).as_py() == table.num_rows:
+        return table
+    keyed = pa.table(
+        {
+            "job_id": table["job_id"],
+            "bad": pc.fill_null(pc.not_equal(table["status"], "ok"), True),
+            "i": pa.array(range(table.num_rows), pa.int64()),
+        }
+    )
+    first = (
+        to_frame(keyed)
+        .sort(["job_id", "bad", "i"])
+        .unique("job_id", keep="first", maintain_order=True)
+        .sort("i")
+    )
+    return table.take(first["i"].to_arrow())

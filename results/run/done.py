@@ -23,29 +23,17 @@ class DoneIds:
 
     @classmethod
     def from_arrow(cls, column: pa.ChunkedArray | pa.Array) -> DoneIds:
-        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        arr = arr.drop_null()
-        if len(arr) == 0:
-            return cls(np.array([], dtype="S1"))
-        raw = _fixed_width(arr)
-        if raw is None:
-            high = pc.max(pc.binary_length(arr)).as_py()
-            raw = np.array(arr.to_pylist(), dtype=f"S{max(high, 1)}")
-        return cls(np.unique(raw))
+        return cls.from_arrays(column.chunks if isinstance(column, pa.ChunkedArray) else [column])
 
     @classmethod
     def from_arrays(cls, arrays: Sequence[pa.Array]) -> DoneIds:
         """From several Arrow string arrays (a streamed scan), without one big Arrow column."""
-        parts = []
-        for arr in arrays:
-            arr = arr.drop_null()
-            if len(arr):
-                raw = _fixed_width(arr)
-                if raw is None:
-                    high = pc.max(pc.binary_length(arr)).as_py()
-                    raw = np.array(arr.to_pylist(), dtype=f"S{max(high, 1)}")
-                parts.append(raw)
-        return cls.merge(parts)
+        arrays = [a.drop_null() for a in arrays]
+        return cls.merge([_as_bytes(a) for a in arrays if len(a)])
+
+    @classmethod
+    def from_ids(cls, ids: Sequence[str]) -> DoneIds:
+        return cls.from_arrow(pa.array(list(ids), pa.string()))
 
     @classmethod
     def merge(cls, parts: list[np.ndarray]) -> DoneIds:
@@ -69,15 +57,23 @@ class DoneIds:
         return DoneIds(self.ids[~other.contains_bytes(self.ids)])
 
     def contains_bytes(self, keys: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of `keys` (NumPy `S<n>`) are done."""
+        if not len(self.ids) or not len(keys):
+            return np.zeros(len(keys), dtype=bool)
         width = self.ids.dtype.itemsize
-        fits = np.char.str_len(keys) <= width
-        keys = keys.astype(f"S{width}")
+        # a key longer than the ids is truncated by the cast, so it is masked out
+        fits = np.char.str_len(keys) <= width if keys.dtype.itemsize > width else True
+        keys = keys.astype(f"S{width}", copy=False)
         pos = np.searchsorted(self.ids, keys).clip(0, len(self.ids) - 1)
         return np.asarray((self.ids[pos] == keys) & fits)
 
-    @classmethod
-    def from_ids(cls, ids: Sequence[str]) -> DoneIds:
-        return cls.from_arrow(pa.array(list(ids), pa.string()))
+    def contains(self, ids: Sequence[str] | pa.Array) -> np.ndarray:
+        """Boolean mask: which of `ids` (strings, or an Arrow string array) are done."""
+        if not len(self.ids) or not len(ids):
+            return np.zeros(len(ids), dtype=bool)
+        if isinstance(ids, pa.Array):
+            return self.contains_bytes(_as_bytes(ids))
+        return self.contains_bytes(np.array([s.encode() for s in ids]))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -86,23 +82,6 @@ class DoneIds:
     def nbytes(self) -> int:
         return int(self.ids.nbytes)
 
-    def contains(self, ids: Sequence[str] | pa.Array) -> np.ndarray:
-        """Boolean mask: which of `ids` (strings, or an Arrow string array) are done."""
-        if not len(self.ids) or not len(ids):
-            return np.zeros(len(ids), dtype=bool)
-        width = self.ids.dtype.itemsize
-        if isinstance(ids, pa.Array):
-            fixed = _fixed_width(ids)
-            if fixed is not None and fixed.dtype.itemsize == width:
-                pos = np.searchsorted(self.ids, fixed).clip(0, len(self.ids) - 1)
-                return np.asarray(self.ids[pos] == fixed)
-            ids = [str(x) for x in ids.to_pylist()]
-        probe = np.array([s.encode() for s in ids], dtype=object)
-        fits = np.fromiter((len(b) <= width for b in probe), dtype=bool, count=len(probe))
-        keys = probe.astype(f"S{width}")  # longer ids are truncated here, then masked out
-        pos = np.searchsorted(self.ids, keys).clip(0, len(self.ids) - 1)
-        return (self.ids[pos] == keys) & fits
-
     def __contains__(self, job_id: object) -> bool:
         return isinstance(job_id, str) and bool(self.contains([job_id])[0])
 
@@ -110,17 +89,13 @@ class DoneIds:
         return [b.decode() for b in self.ids.tolist()]
 
 
-def _fixed_width(arr: pa.Array) -> np.ndarray | None:
-    """A view of a string array whose values all have one length as NumPy `S<width>`, or None.
-
-    The values of such an array lie back to back in its data buffer: no Python object per id.
-    """
-    if arr.type != pa.string() or arr.null_count or len(arr) == 0:
-        return None
+def _as_bytes(arr: pa.Array) -> np.ndarray:
+    """A non-empty string array as NumPy `S<width>`: where all values have one length, a view
+    of its data buffer (the values lie back to back there: no Python object per id)."""
     lengths = pc.binary_length(arr)
     low, high = pc.min(lengths).as_py(), pc.max(lengths).as_py()
-    if low != high or high == 0:
-        return None
+    if arr.type != pa.string() or arr.null_count or low != high or high == 0:
+        return np.array([str(s).encode() for s in arr.to_pylist()])
     offsets = np.frombuffer(
         arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4
     )

@@ -1,7 +1,5 @@
 """The files of a run directory: paths, listings, atomic writes (bytes, JSON, Parquet) and the
-names of shards. `RunFiles` is the base of `results.run.store.RunStore`; its reads of shards go
-through `results.run.reader.ShardReader` (`self.reader`).
-"""
+names of shards (`RunFiles`, the base of `results.run.store.RunStore`)."""
 
 from __future__ import annotations
 
@@ -33,17 +31,15 @@ class RunFiles:
 
     def __init__(self, root: str) -> None:
         self.uri = root
-        if "://" in root:
-            self.fs, self.root = open_filesystem(root)
-            self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
-            self.local = True
-        self.reader = ShardReader(self.fs, self.root, self.uri, reopen=self._reopen)
+        self.fs, self.root = self._open()
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.reader = ShardReader(self.fs, self.root, self.uri, reopen=lambda: self._open()[0])
 
-    def _reopen(self) -> pafs.FileSystem:
-        """A new filesystem client for this run (fresh connections: the damage probe)."""
-        return open_filesystem(self.uri)[0] if "://" in self.uri else pafs.LocalFileSystem()
+    def _open(self) -> tuple[pafs.FileSystem, str]:
+        """(a new filesystem client: fresh connections, the run's path on it)."""
+        if "://" in self.uri:
+            return open_filesystem(self.uri)
+        return pafs.LocalFileSystem(), os.path.abspath(self.uri)
 
     # ---- paths ---------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -63,6 +59,11 @@ class RunFiles:
     def list_shards(self, *parts: str) -> list[str]:
         return [i.path for i in self.reader.listing(parts)]
 
+    def entries(self, *parts: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        """What RUN/<parts> holds, sorted by path (nothing where it does not exist)."""
+        sel = pafs.FileSelector(self.path(*parts), allow_not_found=True, recursive=recursive)
+        return sorted(self.fs.get_file_info(sel), key=lambda i: i.path)
+
     @property
     def quarantined(self) -> list[str]:
         """Shards this store moved aside as unreadable (full paths under RUN/quarantine/)."""
@@ -70,8 +71,8 @@ class RunFiles:
 
     def quarantine_files(self) -> list[str]:
         """Every file under RUN/quarantine/ (also those moved by earlier runs)."""
-        sel = pafs.FileSelector(self.path("quarantine"), allow_not_found=True, recursive=True)
-        return sorted(i.path for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File)
+        entries = self.entries("quarantine", recursive=True)
+        return [i.path for i in entries if i.type == pafs.FileType.File]
 
     def shard_mtimes(self, *parts: str) -> list[float]:
         """Modification times (unix seconds) of the shards in RUN/<parts>: one listing."""
@@ -91,13 +92,16 @@ class RunFiles:
         pq.write_table(with_schema_version(table), buf, compression="zstd")
         return self.write_bytes(rel, buf.getvalue())
 
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        """RUN/rel, a Parquet file that is not a shard (the plan, a summary, a key)."""
+        return self.reader.read_file(self.path(rel), columns)
+
     def write_json(self, rel: str, obj: Any) -> str:
         text = json.dumps(obj, indent=2, sort_keys=True, default=str)
         return self.write_bytes(rel, text.encode())
 
     def read_json(self, rel: str) -> Any:
-        with self.fs.open_input_stream(self.path(rel)) as fh:
-            return json.loads(fh.read().decode())
+        return json.loads(self.read_text(rel))
 
     def read_text(self, rel: str) -> str:
         with self.fs.open_input_stream(self.path(rel)) as fh:

@@ -1,14 +1,9 @@
-"""The run record: one JSON line per invocation in `RUN/history.jsonl`, appended, never rewritten.
+"""The run record (docs/design.md, "Record"): one JSON line per invocation in
+`RUN/history.jsonl`, appended, never rewritten; `manifest.json` is a view rebuilt from it.
 
-A line holds the command line (secrets redacted), config hash, harness version, git commit,
-package versions, host, start / end, outcome, per-stage counts and timings and the actors of
-the generation stage. `manifest.json` is a view rebuilt from these lines and the shards
-(`results.run.manifest`).
-
-Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync:
-a line is whole or absent. Object stores cannot append: each invocation is one object
+Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync: a
+line is whole or absent. Object stores cannot append: each invocation is one object
 `RUN/history/<start>-<host>-<pid>.json`; `read_history` reads both forms in start order.
-A driver killed by SIGKILL writes no line (its shards are on disk all the same).
 """
 
 from __future__ import annotations
@@ -34,56 +29,40 @@ log = logging.getLogger("harness")
 HISTORY_FILE = "history.jsonl"
 HISTORY_DIR = "history"
 _SECRET_FLAGS = ("key", "token", "password", "secret")
-PACKAGES = (
-    "torch",
-    "transformers",
-    "ray",
-    "pyarrow",
-    "polars",
-    "google-api-python-client",
-    "vaderSentiment",
-)
+PACKAGES = "torch transformers ray pyarrow polars google-api-python-client vaderSentiment".split()
 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def harness_version() -> str:
+def _installed(name: str) -> str | None:
     try:
-        return metadata.version("lidao-harness")
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
-        return "unknown"
+        return None
+
+
+def harness_version() -> str:
+    return _installed("lidao-harness") or "unknown"
 
 
 def package_versions() -> dict[str, str | None]:
     """Installed version of each of `PACKAGES` (None where it is not installed)."""
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: _installed(name) for name in PACKAGES}
 
 
 def git_commit() -> str | None:
     """HEAD of the checkout this code runs from (with `+dirty`), or None outside git."""
-    root = Path(__file__).resolve().parents[1]
+    root = str(Path(__file__).resolve().parents[1])
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=5)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        dirty = head and git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "") if head else None
@@ -92,19 +71,12 @@ def git_commit() -> str | None:
 def redact_argv(argv: list[str]) -> list[str]:
     """The command line with values of secret-looking `--set k=v` / `--flag v` replaced."""
     out: list[str] = []
-    hide_next = False
+    hide_next = False  # the value of a secret `--flag` given as the next argument
     for arg in argv:
-        if hide_next:
-            out.append("<redacted>")
-            hide_next = False
-            continue
         name, eq, _ = arg.partition("=")
         secret = any(s in name.lower() for s in _SECRET_FLAGS)
-        if secret and eq:
-            out.append(f"{name}=<redacted>")
-        else:
-            out.append(arg)
-            hide_next = secret and arg.startswith("--")
+        out.append("<redacted>" if hide_next else f"{name}=<redacted>" if secret and eq else arg)
+        hide_next = not hide_next and secret and not eq and arg.startswith("--")
     return out
 
 
@@ -173,10 +145,7 @@ def read_history(store: RunStore) -> list[dict[str, Any]]:
         text = store.read_text(HISTORY_FILE)
         texts.extend((f"{HISTORY_FILE}:{i}", t) for i, t in enumerate(text.splitlines(), 1))
     if not store.local:
-        import pyarrow.fs as pafs
-
-        sel = pafs.FileSelector(store.path(HISTORY_DIR), allow_not_found=True)
-        for info in store.fs.get_file_info(sel):
+        for info in store.entries(HISTORY_DIR):
             if info.base_name.endswith(".json"):
                 texts.append((info.path, store.read_text(f"{HISTORY_DIR}/{info.base_name}")))
     out = []

@@ -1,11 +1,7 @@
-"""Run identity: a run directory is bound to its plan.
-
-`PlanCheck` compares the jobs a config asks for with `plan.parquet`, chunk by chunk as the
-planner streams them (`check_plan` does it for a list). A config that only
-adds jobs (a method, a model, more seeds or prompts) extends the plan: every job done stays
-done. A config that changes or drops planned jobs is refused with the config fields that
-differ; `--replan` replaces the plan instead, and rows of the old plan stay on disk but out
-of every count (`plan_counts` reports them as foreign).
+"""Run identity (docs/design.md, "Identity"): a run directory is bound to its plan. A config
+that only adds jobs extends the plan (`PlanCheck`, as the planner streams it); one that
+changes or drops planned jobs is refused, or with `--replan` replaces the plan, the old rows
+staying on disk outside every count (`plan_counts` reports them).
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-from jobs.spec import JobSpec
 from results.run.store import DoneIds, RunStore, StoreError
 
 # Sections that never change a job's output (see `jobs.spec.JobSpec.identity`).
@@ -29,11 +24,7 @@ class PlanChangedError(ValueError):
 
 def plan_ids(store: RunStore) -> set[str]:
     """Job ids of the current plan (a set: small plans; `plan_done_ids` holds them compactly).
-
-    Raises:
-        StoreError: no plan.parquet. It is never rebuilt behind the user's back: `run` with
-            the config rebuilds it.
-    """
+    No plan.parquet is a `StoreError`: only `run` with the config writes it again."""
     require_plan(store)
     return set(store.read_plan(["job_id"])["job_id"].to_list())
 
@@ -51,17 +42,12 @@ def require_plan(store: RunStore) -> None:
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     """{"dataset.limit": 5, "models.0.id": ...}: dotted paths of a nested config."""
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(obj, list):
-        out = {}
-        for i, v in enumerate(obj):
-            out.update(flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): obj}
+    if not isinstance(obj, (dict, list)):
+        return {prefix.rstrip("."): obj}
+    out: dict[str, Any] = {}
+    for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
+        out.update(flatten(v, f"{prefix}{k}."))
+    return out
 
 
 def plan_fields(config: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +114,8 @@ def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
 
 
 class PlanCheck:
-    """`check_plan` over a stream: feed each planned chunk's job ids to `add`, then `result`.
+    """How a new plan relates to the run's: feed each planned chunk's job ids to `add`, then
+    call `result`.
 
     Holds the old plan's ids as a `DoneIds` (~23 bytes a job) and two counters, never the new
     plan. Job ids of a grid are unique (the planner refuses duplicates), so the old jobs kept
@@ -172,20 +159,6 @@ class PlanCheck:
         )
 
 
-def check_plan(
-    store: RunStore, config: dict[str, Any], jobs: list[JobSpec], replan: bool = False
-) -> dict[str, Any]:
-    """How `jobs` relate to the run's plan: {"kind": "new" | "same" | "extend" | "replan", ...};
-    `config` as `changed_fields` takes it.
-
-    Raises:
-        PlanChangedError: planned jobs would change or vanish and `replan` is false.
-    """
-    check = PlanCheck(store)
-    check.add(list(dict.fromkeys(j.job_id for j in jobs)))
-    return check.result(config, replan)
-
-
 def plan_done_ids(store: RunStore) -> DoneIds:
     """Job ids of the current plan as a compact `DoneIds`, read a row group at a time."""
     require_plan(store)
@@ -195,20 +168,16 @@ def plan_done_ids(store: RunStore) -> DoneIds:
 
 
 def plan_counts(store: RunStore) -> dict[str, Any]:
-    """Rows on disk in and out of the current plan, for `status` and the manifest.
-
-    Streams: the plan's ids and the finished ids as `DoneIds`, scores one column at a time.
-    """
+    """Rows on disk in and out of the current plan (the manifest's `counts`), streamed: the
+    plan's and the finished ids as `DoneIds`, scores one column at a time."""
     import pyarrow as pa
 
     from jobs.catalog import SCORER_METRICS
 
     ids = plan_done_ids(store)
     ok, failed = store.finished_ids()  # one row per job: ok wins over error
-    ok_in = int(np.count_nonzero(ids.contains_bytes(ok.ids))) if len(ok) and len(ids) else 0
-    failed_in = (
-        int(np.count_nonzero(ids.contains_bytes(failed.ids))) if len(failed) and len(ids) else 0
-    )
+    ok_in = int(np.count_nonzero(ids.contains_bytes(ok.ids)))
+    failed_in = int(np.count_nonzero(ids.contains_bytes(failed.ids)))
     out: dict[str, Any] = {
         "planned": len(ids),
         "generations": ok_in + failed_in,
@@ -221,6 +190,6 @@ def plan_counts(store: RunStore) -> dict[str, Any]:
             continue
         rows = store.read_scores(name, SCORER_METRICS[name], columns=["job_id"])["job_id"]
         column = rows.to_arrow().cast(pa.string())
-        mine = int(np.count_nonzero(ids.contains(column))) if len(rows) else 0
+        mine = int(np.count_nonzero(ids.contains(column)))
         out["scores"][name] = {"in_plan": mine, "foreign": len(rows) - mine}
     return out

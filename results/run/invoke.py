@@ -1,34 +1,119 @@
-"""What every command that writes a run directory shares: one driver (the lock), a run record
-(history line + manifest view), clean interruption, and a local Ray stopped with its processes.
-
-`driven(store, command)` is a context manager around a command's body:
-
-- takes the run directory's lock (`results.run.lock.RunLock`), refusing a second driver;
-- turns SIGTERM into `Interrupted(143)` (SIGINT gives `Interrupted(130)`), so `finally`
-  blocks run and nothing written is lost (every shard is atomic);
-- appends the invocation's record to the history with its outcome (ok / error / interrupted)
-  and rebuilds manifest.json from it;
-- stops a local Ray this process started, then kills what is left of its process tree.
+"""What every command that writes a run directory shares, `driven(store, command)` around
+its body: one driver (`RunLock`, refusing a second); SIGINT / SIGTERM raised as `Interrupted`
+(exit 130 / 143), so `finally` blocks run and nothing written is lost (every shard is atomic);
+the invocation's record (history line with its outcome, manifest rebuilt); and a local Ray
+this process started stopped, then what is left of its process tree killed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import fcntl
+import json
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from results.run.history import Invocation, append_record
-from results.run.lock import RunLock
 from results.run.manifest import rebuild_manifest
-from results.run.store import RunStore
+from results.run.store import RunStore, StoreError
 
 log = logging.getLogger("harness")
+LOCK_FILE = ".lock"
+LEASE_FILE = ".lease.json"
+LEASE_S = 6 * 3600.0
+
+
+class LockedError(StoreError):
+    """Another driver holds the run directory."""
+
+
+def _describe(info: dict[str, Any]) -> str:
+    return (
+        f"pid {info.get('pid')} on {info.get('host')}, `{info.get('command')}` "
+        f"started {info.get('started')}"
+    )
+
+
+class RunLock:
+    """Context manager holding the run directory for one driver; raises `LockedError`.
+
+    Local run directories: `fcntl.flock` on `RUN/.lock`, which the kernel releases when the
+    holder dies (even by SIGKILL): a crashed driver never leaves a stale lock. The file keeps
+    the last holder's pid, host and start for the refusal message. Object stores have no
+    locks: a lease object `RUN/.lease.json` (holder and expiry), written at start and deleted
+    at the end, is best effort: two drivers starting within the same second can both win, and
+    a driver killed hard blocks others until the lease expires (`LEASE_S`) or is deleted.
+    """
+
+    def __init__(self, store: RunStore, command: str) -> None:
+        self.store = store
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
+        self.info["started"] = started
+        self._fd: int | None = None
+        self._lease = False
+
+    def __enter__(self) -> RunLock:
+        self.store.makedirs()
+        self._flock() if self.store.local else self._take_lease()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _flock(self) -> None:
+        path = self.store.path(LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            raise LockedError(
+                f"{self.store.uri} is in use by another driver ({_describe(holder)}); "
+                "wait for it to finish or use another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(self.info).encode(), 0)
+        self._fd = fd
+
+    def _take_lease(self) -> None:
+        if self.store.exists(LEASE_FILE):
+            try:
+                lease = self.store.read_json(LEASE_FILE)
+            except (OSError, ValueError):
+                lease = {}
+            if float(lease.get("expires", 0)) > time.time():
+                raise LockedError(
+                    f"{self.store.uri} holds a lease of another driver ({_describe(lease)}, "
+                    f"expires in {float(lease['expires']) - time.time():.0f}s); if that driver "
+                    f"is dead, delete {self.store.uri}/{LEASE_FILE}"
+                )
+        self.store.write_json(LEASE_FILE, {**self.info, "expires": time.time() + LEASE_S})
+        self._lease = True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._lease:
+            self._lease = False
+            with contextlib.suppress(OSError):
+                self.store.fs.delete_file(self.store.path(LEASE_FILE))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -75,20 +160,27 @@ def interrupted(exc: KeyboardInterrupt) -> Interrupted:
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
-    _unhandled.clear()
+def _handling(handler: Any) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` while the block runs."""
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s, previous in old.items():
+            signal.signal(s, previous)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` in the main thread while the block runs."""
+    with _handling(_raise):
+        _unhandled.clear()
+        yield
 
 
 @contextlib.contextmanager
 def driven(store: RunStore, command: str) -> Iterator[Invocation]:
-    """Lock, record and clean up around one command on `store` (see the module docstring)."""
+    """Lock, record and clean up around one command on `store` (the module docstring)."""
     inv = Invocation(command)
     with signals_raise(), RunLock(store, command):
         outcome = "error"
@@ -105,7 +197,8 @@ def driven(store: RunStore, command: str) -> Iterator[Invocation]:
                 exc.add_note(f"{command} {store.uri}, {_running(inv)}")
             raise
         finally:
-            with _ignoring_signals():
+            # a second Ctrl-C must not leave Ray half stopped or the record unwritten
+            with _handling(signal.SIG_IGN):
                 stop_local_ray()
                 _record(store, inv, outcome)
 
@@ -118,17 +211,6 @@ def _running(inv: Invocation) -> str:
     done = [_STAGES.index(s) for s in inv.stages if s in _STAGES]
     first = {"run": 0, "score": 2}.get(inv.command, 3)
     return f"{_STAGES[min(max(done, default=first - 1) + 1, len(_STAGES) - 1)]} stage"
-
-
-@contextlib.contextmanager
-def _ignoring_signals() -> Iterator[None]:
-    """A second Ctrl-C while cleaning up must not leave Ray half stopped or the record unwritten."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def _record(store: RunStore, inv: Invocation, outcome: str) -> None:
@@ -145,8 +227,6 @@ def stop_local_ray(grace_s: float = 5.0) -> None:
     `ray.shutdown()` stops the raylet and GCS it started, but a worker busy in a C call can
     outlive them; the process tree under this driver is collected first and reaped after.
     """
-    import sys
-
     if "ray" not in sys.modules:
         return
     import ray
@@ -161,30 +241,31 @@ def stop_local_ray(grace_s: float = 5.0) -> None:
     _reap(tree, grace_s)
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name ([] once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
+        fields = _stat(entry.name)
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found: set[int] = set()
     todo = [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
+        new = [child for child in children.get(todo.pop(), []) if child not in found]
+        found.update(new)
+        todo += new
     return found
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return _stat(pid)[:1] not in ([], ["Z"])
 
 
 def _reap(pids: set[int], grace_s: float) -> None:

@@ -1,12 +1,8 @@
-"""`manifest.json`: a view of a run, derived from its history (`results.run.history`) and shards.
-
-The history is the record; the manifest is rebuilt from it at the end of every command, so a
-damaged or deleted manifest costs nothing: `read_manifest` rebuilds it with a warning.
-Sections: versions and host of the last invocation, `invocations` (count and the last of each
-command), `generation` (stats and actors of the last invocation that generated something),
-`scoring` (per scorer: its latest scoring stats, merged over every invocation, so scoring one
-scorer never drops another), `counts` (rows on disk now, in and out of the current plan),
-`replans` (when the plan was replaced with `--replan`).
+"""`manifest.json`: a view of a run rebuilt from its history (`results.run.history`) and shards
+at the end of every command, so a damaged or deleted manifest costs nothing (`read_manifest`
+rebuilds it with a warning). `scoring` merges every scorer's latest stats over every
+invocation, so scoring one scorer never drops another; `counts` are the rows on disk now, in
+and out of the current plan.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from typing import Any
 
 from jobs.spec import JOB_ID_VERSION
 from results.run.history import package_versions, read_history
+from results.run.identity import plan_counts
 from results.run.store import RunStore
 from results.schema import SCHEMA_VERSION
 
@@ -56,11 +53,10 @@ def update_manifest(store: RunStore, updates: dict[str, Any]) -> dict[str, Any]:
     manifest = read_manifest(store)
     manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat())
     manifest.update(_versions())
-    for key, value in updates.items():
-        if key == "scoring":
-            manifest["scoring"] = merge_scoring(manifest.get("scoring") or {}, value)
-        else:
-            manifest[key] = value
+    if "scoring" in updates:
+        scoring = merge_scoring(manifest.get("scoring") or {}, updates["scoring"])
+        updates = {**updates, "scoring": scoring}
+    manifest.update(updates)
     store.write_json("manifest.json", manifest)
     return manifest
 
@@ -76,8 +72,9 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def manifest_view(store: RunStore) -> dict[str, Any]:
-    """The manifest as derived from history and shards (nothing read from manifest.json)."""
+def rebuild_manifest(store: RunStore) -> dict[str, Any]:
+    """Write manifest.json as derived from history and shards (nothing read from the old
+    one); returns it."""
     records = read_history(store)
     view: dict[str, Any] = {"created": records[0]["started"] if records else None}
     view.update(_versions())
@@ -100,22 +97,9 @@ def manifest_view(store: RunStore) -> dict[str, Any]:
             view["replans"].append({"at": rec.get("started"), **rec["replan"]})
     view["invocations"] = {"count": len(records), "last": last}
     view["scoring"] = scoring
-    view["counts"] = _counts(store)
-    return view
-
-
-def _counts(store: RunStore) -> dict[str, Any]:
-    """Rows on disk now, split by the current plan (foreign rows are never summed)."""
-    try:
-        from results.run.identity import plan_counts
-
-        return plan_counts(store)
+    try:  # rows on disk now, split by the current plan (foreign rows are never summed)
+        view["counts"] = plan_counts(store)
     except (OSError, ValueError, RuntimeError) as exc:
-        return {"error": str(exc)}
-
-
-def rebuild_manifest(store: RunStore) -> dict[str, Any]:
-    """Write the view as manifest.json; returns it."""
-    view = manifest_view(store)
+        view["counts"] = {"error": str(exc)}
     store.write_json("manifest.json", view)
     return view

@@ -1,13 +1,10 @@
-"""Reads of a run directory's shards: `ShardReader`.
+"""Reads of a run directory's shards: `ShardReader`, and the quarantine of damaged ones.
 
-`ShardReader.scan` is one `pyarrow.dataset` scan of a folder of shards (parallel, only the
-columns asked for), cached until the folder's listing changes; `iter_batches` streams a folder
-`SCAN_GROUP` shards at a time. A failed read is retried (`ShardReader.retrying`:
-`shards.READ_TRIES` attempts, backoff from `shards.RETRY_BACKOFF_S`); a shard is moved to
-RUN/quarantine/ only when it is *damaged as stored* (`results.run.quarantine`). A read that fails
-in transport (a reset connection, a 500 that outlasts the SDK's retries, a short read) never
-quarantines: after the last attempt it is a `StoreError` and nothing is moved. A quarantined
-shard's jobs are pending again.
+A folder is read as one `pyarrow.dataset` scan (parallel, only the columns asked for), cached
+until its listing changes, or streamed `SCAN_GROUP` shards at a time. A failed read is retried
+(`ShardReader.retrying`); only a shard *damaged as stored* (`damaged`) is moved to
+RUN/quarantine/<its path in the run> (`move_aside`), and its jobs are pending again: a
+transport fault never moves one.
 """
 
 from __future__ import annotations
@@ -19,12 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results.run import quarantine, shards
+from results.run import shards
 from results.run.shards import NewerSchemaError, StoreError, check_version
 
 log = logging.getLogger("harness")
@@ -52,27 +48,27 @@ class ShardReader:
         self._sizes: dict[str, int] = {}  # path → size from the last listing (no HEAD per read)
         self._checked: set[str] = set()  # paths whose schema version was checked
 
-    def listing(self, parts: Sequence[str]) -> list[pafs.FileInfo]:
-        """The `part-*.parquet` shards of RUN/<parts>: one LIST request (per 1,000 objects) on
-        object stores, with each shard's size and modification time."""
+    def listing(
+        self, parts: Sequence[str], only: Sequence[str] | None = None
+    ) -> list[pafs.FileInfo]:
+        """The `part-*.parquet` shards of RUN/<parts> (those among the paths `only`): one LIST
+        request (per 1,000 objects) on object stores, with each shard's size and mtime."""
         sel = pafs.FileSelector("/".join([self.root, *parts]), allow_not_found=True)
         try:
             infos = self.fs.get_file_info(sel)
         except OSError as exc:
             raise StoreError(f"{self.uri}: listing {'/'.join(parts)} failed: {exc}") from exc
-        for i in infos:
-            if i.type == pafs.FileType.File:
-                self._sizes[i.path] = i.size
-        return sorted(
-            (
-                i
-                for i in infos
-                if i.type == pafs.FileType.File
-                and i.base_name.startswith("part-")
-                and i.base_name.endswith(".parquet")
-            ),
-            key=lambda i: i.path,
-        )
+        files = [i for i in infos if i.type == pafs.FileType.File]
+        self._sizes.update((i.path, i.size) for i in files)
+        wanted = None if only is None else set(only)
+        found = [
+            i
+            for i in files
+            if i.base_name.startswith("part-")
+            and i.base_name.endswith(".parquet")
+            and (wanted is None or i.path in wanted)
+        ]
+        return sorted(found, key=lambda i: i.path)
 
     def dataset(self, paths: Sequence[str], schema: pa.Schema) -> ds.FileSystemDataset:
         """A dataset of `paths`; sizes known from a listing are passed on, so that reading a
@@ -96,10 +92,7 @@ class ShardReader:
         """Rows of every shard in RUN/<parts> (or of the paths `only`), cast to `schema`;
         columns a shard lacks (older schema) are null."""
         key = tuple(parts)
-        infos = self.listing(parts)
-        if only is not None:
-            wanted = set(only)
-            infos = [i for i in infos if i.path in wanted]
+        infos = self.listing(parts, only)
         signature = tuple((i.path, i.size, i.mtime_ns) for i in infos)
         cached = self._cache.get(key)
         if only is None and cached is not None and cached[0] == signature:
@@ -113,10 +106,7 @@ class ShardReader:
         return table
 
     def _scan_paths(self, paths: list[str], schema: pa.Schema, cols: list[str] | None) -> pa.Table:
-        want = cols or schema.names
-        if not paths:
-            return schema.empty_table().select(want)
-        alive = list(paths)
+        want, alive = cols or schema.names, list(paths)
 
         def read() -> pa.Table:
             alive[:] = [p for p in alive if p not in self._moved]
@@ -140,12 +130,10 @@ class ShardReader:
     ) -> T:
         """`read()`, tried again when it raises `StoreError`.
 
-        First the shards among `paths` (or those listed in RUN/<parts> at the time; default:
-        none) that are damaged as stored are quarantined (`_damaged`) and the read runs again
-        at once (each such pass moves a shard: it ends). When none is damaged the error is taken
-        for a transient one: the read waits (`RETRY_BACKOFF_S`, doubling) and runs again, up to
-        `READ_TRIES` attempts; the last one's error is raised, saying that no shard was found
-        damaged. Nothing healthy is ever moved.
+        The shards among `paths` (or listed in RUN/<parts> at the time) that are damaged as
+        stored are quarantined and the read runs again at once (each such pass moves a shard:
+        it ends). When none is, the fault is taken for a transient one: the read waits
+        (`RETRY_BACKOFF_S`, doubling) and runs again, up to `READ_TRIES` attempts.
         """
         delay, attempt = shards.RETRY_BACKOFF_S, 1
         while True:
@@ -159,9 +147,11 @@ class ShardReader:
                         paths = [i.path for i in self.listing(parts)]
                     except StoreError:
                         paths = []
-                bad = self._damaged([p for p in paths or () if p not in self._moved])
+                todo = [p for p in paths or () if p not in self._moved]
+                bad = self._damaged(todo)
                 for path, error in bad.items():
-                    self._quarantine(path, error)
+                    self.quarantined.append(move_aside(self.fs, self.root, self.uri, path, error))
+                    self._moved.add(path)
                 if bad:
                     continue  # the read goes on without them
                 if attempt >= shards.READ_TRIES:
@@ -192,10 +182,7 @@ class ShardReader:
     ) -> Iterator[pa.RecordBatch]:
         """Record batches of every shard in RUN/<parts> (or of the paths `only`), in shard
         order, read ahead in parallel."""
-        paths = [i.path for i in self.listing(parts)]
-        if only is not None:
-            wanted = set(only)
-            paths = [p for p in paths if p in wanted]
+        paths = [i.path for i in self.listing(parts, only)]
         # A dataset scan keeps ~100 KB per shard it has read until it ends (measured: +200 MB
         # for 2,000 shards): scan a group of shards at a time, so memory does not grow with them.
         for start in range(0, len(paths), SCAN_GROUP):
@@ -212,36 +199,19 @@ class ShardReader:
     def count_rows(self, parts: Sequence[str], schema: pa.Schema) -> int:
         """Rows on disk in RUN/<parts> (from the footers; duplicates counted)."""
         paths = [i.path for i in self.listing(parts)]
-        if not paths:
-            return 0
         return sum(
             int(self.dataset(group, schema).count_rows())
             for group in (paths[i : i + SCAN_GROUP] for i in range(0, len(paths), SCAN_GROUP))
         )
 
-    def quarantine_unreadable(self, parts: Sequence[str]) -> int:
-        """Move every shard of RUN/<parts> that is damaged as stored aside; returns how many."""
-        bad = self._damaged([i.path for i in self.listing(parts)])
-        for path, error in bad.items():
-            self._quarantine(path, error)
-        return len(bad)
-
     def _check_versions(self, dataset: ds.FileSystemDataset) -> None:
         for fragment in dataset.get_fragments():
-            if fragment.path in self._checked:
-                continue
-            check_version(fragment.path, fragment.physical_schema.metadata)
-            self._checked.add(fragment.path)
+            if fragment.path not in self._checked:
+                check_version(fragment.path, fragment.physical_schema.metadata)
+                self._checked.add(fragment.path)
 
     def _damaged(self, paths: list[str]) -> dict[str, str]:
-        """path → error of each shard among `paths` that is damaged as stored, probed on a
-        fresh client (`results.run.quarantine.damaged`)."""
-        return quarantine.damaged(self.reopen, paths, self.uri, self.threads)
-
-    def _quarantine(self, path: str, error: str) -> None:
-        dest = quarantine.move_aside(self.fs, self.root, self.uri, path, error)
-        self.quarantined.append(dest)
-        self._moved.add(path)
+        return damaged(self.reopen, paths, self.uri, self.threads)
 
     def read_shard(
         self, path: str, schema: pa.Schema, columns: list[str] | None = None
@@ -285,13 +255,59 @@ class ShardReader:
         check_version(path, table.schema.metadata)
         return table
 
-    def ids_with_status(
-        self, parts: Sequence[str], schema: pa.Schema, ids: Sequence[str], status: str
-    ) -> set[str]:
-        """Which of `ids` have a row with `status` in RUN/<parts>."""
-        table = self.scan(parts, schema, ["job_id", "status"])
-        hit = pc.and_(
-            pc.is_in(table["job_id"], value_set=pa.array(list(ids), pa.string())),
-            pc.equal(table["status"], status),
-        )
-        return set(table["job_id"].filter(pc.fill_null(hit, False)).to_pylist())
+
+def damaged(
+    reopen: Callable[[], pafs.FileSystem], paths: list[str], uri: str, threads: int
+) -> dict[str, str]:
+    """path → error of each shard among `paths` that is damaged as stored (`threads` at a time).
+
+    On a fresh client (`reopen()`: new connections), each object is fetched whole; only when
+    the bytes fetched are as many as the object's size says (a short or failed fetch is a
+    transport fault, never damage) and they do not parse as Parquet is the shard damaged.
+    """
+    if not paths:
+        return {}
+    try:
+        fs = reopen()
+        sizes = {i.path: i.size for i in fs.get_file_info(list(paths))}
+    except OSError as exc:  # cannot even ask: nothing can be judged damaged
+        log.info("%s: sizes unknown on a fresh connection (%s): nothing quarantined", uri, exc)
+        return {}
+
+    def probe(path: str) -> str | None:
+        try:
+            with fs.open_input_stream(path) as fh:
+                data = fh.read()
+        except (pa.ArrowException, OSError) as exc:
+            log.info("%s: fetch failed on a fresh connection (%s): not quarantined", path, exc)
+            return None
+        if sizes.get(path) is not None and len(data) != sizes[path]:
+            log.info("%s: %d of %d bytes fetched: not quarantined", path, len(data), sizes[path])
+            return None
+        try:
+            pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as exc:
+            return str(exc).replace("'<Buffer>'", f"'{path}'")
+        return None
+
+    with ThreadPoolExecutor(threads) as pool:
+        errors = list(pool.map(probe, paths))
+    return {p: e for p, e in zip(paths, errors, strict=True) if e is not None}
+
+
+def move_aside(fs: pafs.FileSystem, root: str, uri: str, path: str, error: str) -> str:
+    """Move the shard `path` of the run at `root` (`uri` in the log) to
+    `root`/quarantine/<its path under root>, saying why (`error`); returns where it went."""
+    rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+    dest = f"{root}/quarantine/{rel}"
+    fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+    fs.move(path, dest)
+    log.warning(
+        "%s/%s: unreadable shard (%s); moved to %s/quarantine/%s, its jobs are pending again",
+        uri,
+        rel,
+        error,
+        uri,
+        rel,
+    )
+    return dest

@@ -1,23 +1,10 @@
-"""Low-level file I/O of a run directory: its filesystem, atomic writes, retried reads, the
-schema-version check and `StoreError`.
+"""Low-level file I/O of a run directory (docs/design.md, "Run directory"): its filesystem
+(`open_filesystem`), atomic writes (`put_bytes`, `atomic_output`), retried reads of single
+files (`retry_io`), the schema-version check (`check_version`) and `StoreError`.
 
-`results.run.store.RunStore` is the face; the shard scans are `results.run.reader.ShardReader`'s
-and the quarantine of damaged shards `results.run.quarantine`'s. This module holds:
-
-* `put_bytes` / `atomic_output`: a file appears whole or not at all. Local files are created
-  with mode 0666 minus the umask (0644 by default), like any file a user's program writes.
-  On object stores a streamed object is written to a temp key and copied into place only once
-  the block ends normally; an exception deletes the temp key (pyarrow's Python streams have no
-  abort, and closing one publishes what was written so far).
-* `open_filesystem`: the filesystem of a run URI. On S3 it retries transient errors itself
-  (`AwsStandardS3RetryStrategy`, `S3_MAX_ATTEMPTS` attempts with the SDK's backoff) and opens
-  output streams lazily (`allow_delayed_open`), so a shard below the multipart threshold is
-  one PutObject request instead of three (create, part, complete).
-* `READ_TRIES` / `RETRY_BACKOFF_S`: the project-level attempts of a failed read and the wait
-  before the second (doubling), for single files (`retry_io`) and for scans of shards
-  (`ShardReader.retrying`, which reads them from here at each call).
-* `check_version`: a file written by a newer schema than this code reads is a
-  `NewerSchemaError`, never retried.
+On object stores a streamed object goes to a temp key, copied into place only once the block
+ends normally: pyarrow's Python streams have no abort, and closing one publishes what was
+written so far.
 """
 
 from __future__ import annotations
@@ -45,9 +32,7 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path) of a URI, as `FileSystem.from_uri`, except that an S3 filesystem
     retries transient errors (`S3_MAX_ATTEMPTS`) and writes a small object with one PutObject
     (`allow_delayed_open`: the multipart upload starts only past the first part's size).
-
-    Each call builds a new client: a fresh connection pool (`ShardReader`'s damage probe).
-    """
+    Each call builds a new client (fresh connections: the damage probe's)."""
     fs, path = pafs.FileSystem.from_uri(uri)
     if isinstance(fs, pafs.S3FileSystem):
         rebuild, (options,) = fs.__reduce__()  # the options the URI gave (endpoint, region...)
@@ -66,20 +51,17 @@ class StoreError(RuntimeError):
 
 def retry_io(read: Callable[[], T], what: str) -> T:
     """`read()`, tried `READ_TRIES` times (waiting `RETRY_BACKOFF_S`, doubling) while it raises
-    an `OSError` (a transport fault: pyarrow's S3 and network errors are `OSError`s); a file
-    that is not Parquet (`ArrowInvalid`) is not retried. For single files such as the plan,
-    which are never quarantined."""
+    an `OSError` (pyarrow's S3 and network errors are); a file that is not Parquet
+    (`ArrowInvalid`) is not retried. For single files such as the plan (never quarantined)."""
     delay = RETRY_BACKOFF_S
-    for attempt in range(1, READ_TRIES + 1):
+    for _ in range(READ_TRIES - 1):
         try:
             return read()
         except OSError as exc:
-            if attempt == READ_TRIES:
-                raise
             log.warning("%s: read failed (%s); trying again in %.1fs", what, exc, delay)
             time.sleep(delay)
             delay *= 2
-    raise AssertionError("unreachable")
+    return read()
 
 
 class NewerSchemaError(StoreError):
@@ -98,13 +80,11 @@ def check_version(path: str, metadata: dict[bytes, bytes] | None) -> None:
 
 # ---- writes ----------------------------------------------------------------------------------
 def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str:
-    """Write `data` to `target` atomically; returns `target`."""
-    if not local:  # one put of complete bytes: all-or-nothing on object stores
-        # no create_dir: object stores have no folders, and the marker costs as much as the put
-        with fs.open_output_stream(target) as out:
-            out.write(data)
-        return target
-    with atomic_output(fs, target, local=True) as out:
+    """Write `data` to `target` atomically; returns `target`.
+
+    On object stores one put of complete bytes is all-or-nothing, without create_dir: they have
+    no folders, and the marker would cost as much as the put."""
+    with atomic_output(fs, target, local=True) if local else fs.open_output_stream(target) as out:
         out.write(data)
     return target
 
@@ -113,10 +93,9 @@ def put_bytes(fs: pafs.FileSystem, target: str, data: bytes, local: bool) -> str
 def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any]:
     """A writable stream whose content lands at `target` only if the block ends normally."""
     parent, name = target.rsplit("/", 1)
-    if local:
-        fs.create_dir(parent, recursive=True)
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex[:12]}-{name}"
     if local:
+        fs.create_dir(parent, recursive=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode follows the umask
         try:
             with os.fdopen(fd, "wb") as fh:
