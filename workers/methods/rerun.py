@@ -1,17 +1,16 @@
 """The re-run of the tuned blocks over what θ fixed, for the probe and the tuned forward.
 
-The blocks below the tuned ones give the same states under θ and θ + δ, so their output at
-every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
-batch, the states entering the first tuned block for every position (one more per token) and
-re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
-position only, over θ's cache. In a half-precision model the re-run takes the float32 copies
+The blocks below the tuned ones give the same states under θ and θ + δ, so the states entering
+the first tuned block come from the loop's hidden states (kept per batch, one more position per
+token) and only the top k blocks run: over every position in `context` scope, on the last one
+over θ's cache in `last` scope. In half precision the re-run takes the float32 copies
 (`workers.methods.precision`) and attends over float32 K/V of θ of the tuned blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -143,23 +142,13 @@ class Rerun:
     @contextmanager
     def tuned(self, deltas: Sequence[torch.Tensor] | None) -> Iterator[HookState]:
         """Hooks adding `deltas`, on the float32 copies where the model is in half precision."""
-        with ExitStack() as stack:
-            if self.f32 is not None:
-                stack.enter_context(self.f32.swapped())
-            yield stack.enter_context(bias_offsets(self.model, self.tuned_sites, deltas))
+        with self.f32.swapped() if self.f32 else nullcontext():
+            with bias_offsets(self.model, self.tuned_sites, deltas) as state:
+                yield state
 
-    def top(
-        self,
-        ctx: StepContext,
-        positions: slice,
-        states: torch.Tensor,
-        cache: Any,
-    ) -> Any:
+    def top(self, ctx: StepContext, positions: slice, states: torch.Tensor, cache: Any) -> Any:
         """The decoder over `positions` with the lower blocks replaced by `states` (no recompute)."""
-        skip = skip_blocks(self.lower, self.output(states)) if self.lower else None
-        with ExitStack() as stack:
-            if skip is not None:
-                stack.enter_context(skip)
+        with skip_blocks(self.lower, self.output(states)):
             return self.base(
                 input_ids=ctx.input_ids[:, positions],
                 attention_mask=ctx.attention_mask,

@@ -1,21 +1,11 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-What θ fixes is never recomputed. In `last` scope of a float32 model the probe differentiates
-the shared loop's own forward of θ, run through zero offsets (`theta_forward`, `ThetaGraph` in
-`workers.methods.replay`): it computes only the horizon position. Otherwise (`context` scope,
-half precision, hand-built step contexts) the probe re-runs the tuned blocks over the states
-θ's forwards gave the first of them (`workers.methods.rerun`); in `context` scope of a float32
-model the re-run's linear layers return the outputs θ's forwards recorded for those positions
-(`LinearRecord`, `workers.methods.replay`). The probe's logits are θ's logits from the loop
-(their gradient is one product with the output matrix, no forward product: the passes over the
-vocabulary are in `workers.methods.vocab_pass`); the tuned forward replays the lower blocks too.
-
-Gradient scopes: `context` differentiates as if the tuned blocks of every position were
-recomputed with δ; `last` treats θ's cached states as constants (only the last position and
-the horizon carry gradient).
-
-Precision: in a half-precision model the tuned path runs on float32 copies of its modules while
-θ's own forward and the lower blocks stay in the model's dtype (`workers.methods.precision`).
+What θ fixes is never recomputed (docs/design.md, "Bias tuning"). The probe differentiates θ's
+own forward in `last` scope of a float32 model (`ThetaGraph`, `workers.methods.replay`), else
+re-runs the tuned blocks over θ's block inputs (`workers.methods.rerun`), replaying θ's linear
+outputs in `context` scope of a float32 model (`LinearRecord`). Its logits are θ's from the
+loop; the passes over the vocabulary are in `workers.methods.vocab_pass`, the float32 copies of
+a half-precision model's tuned path in `workers.methods.precision`.
 """
 
 from __future__ import annotations
@@ -166,12 +156,8 @@ class BiasTuner:
         same pass over the vocabulary as the horizon's expected embedding.
         """
         B, T = ctx.input_ids.shape
-        if (
-            self.theta_graph.zeros is not None
-            and self.theta_graph.hidden is not None
-            and self.theta_graph.positions == T
-            and self.theta_graph.zeros[0].shape[0] == B
-        ):
+        graph = self.theta_graph
+        if graph.covers(B) and graph.hidden is not None and graph.positions == T:
             return self._probe_theta(ctx, demographic)
         states = self.rerun.inputs(ctx)
         deltas = self.zero_deltas(B)
@@ -278,12 +264,11 @@ class BiasTuner:
         """
         total = torch.where(ok, losses, torch.zeros_like(losses)).sum()
         grads = torch.autograd.grad(total, probe.deltas, allow_unused=True)
-        out = []
-        for g, d in zip(grads, probe.deltas):
-            g = torch.zeros_like(d) if g is None else g
-            keep = ok.to(g.device).unsqueeze(-1)
-            out.append(torch.where(keep, g, torch.zeros_like(g)))  # NaN rows cannot leak into δ
-        return tuning_step(out, lr)  # Adam's step with eps scaled to the row: docs/design.md
+        out = [  # NaN rows cannot leak into δ
+            torch.zeros_like(d) if g is None else torch.where(ok.to(g.device)[:, None], g, 0.0)
+            for g, d in zip(grads, probe.deltas)
+        ]
+        return tuning_step(out, lr)
 
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
