@@ -1,50 +1,41 @@
-"""Attribute heads: linear classifiers on the mean-pooled final hidden states of a frozen LM.
+"""Attribute heads: linear classifiers `W (C, D), b (C,)` on the mean of a frozen LM's final
+hidden states, what its LM head reads (after `project_out` where a model has one, as opt-350m).
+Heads are per LM and per task; PPLM, UDDIA and the LIDAO family read the property of a text
+through them.
 
-PPLM, UDDIA and the LIDAO family read the property of a text (non-toxic, positive...) through a
-head `W (C, D), b (C,)` applied to the mean of the LM's final hidden states: what the LM head
-reads (after the final norm, and after `project_out` where a model has one, as opt-350m; D is
-the LM head's input width). Heads are per LM and per task.
-
-File format written by the harness (`save_head`), two files side by side:
-
-- `<stem>.safetensors`: `{"linear.weight": (C, D) float32, "linear.bias": (C,) float32}`;
-- `<stem>.json`: the metadata, an object with
-  `format` ("lidao-head/1"), `lm_id`, `lm_revision`, `hidden_size`, `class_names` (index
-  order), `target_class` (index of the desirable class), `task`, `data` (source, `sha256`,
-  sizes), `training` (epochs, lr, batch size, seed, max tokens, accuracies), `created` (UTC
-  ISO date) and `versions` (torch, transformers, lidao-harness).
-
-Read as well (`load_head`), so the public PPLM / UDDIA heads load as they are: a torch state
-dict `{mlp.weight, mlp.bias}` (`.pt`) with a PPLM meta JSON beside it (`<name>_meta.json`, or
-`<name>.json`) holding `class_size, embed_size, pretrained_model, class_vocab, default_class`.
-PPLM's `default_class` is the class its demo steers to, not always a desirable one (its SST
-head's is `very_negative`), so the target class of such a head is `target_class` when the meta
-has one, else the single class whose name reads desirable (`non_toxic`, `positive`...).
+Files (docs/design.md, "Attribute heads"): ours (`save_head`) are `<stem>.safetensors`
+(`linear.weight`, `linear.bias`, float32) and `<stem>.json` (`format` "lidao-head/1", `lm_id`,
+`lm_revision`, `hidden_size`, `class_names`, `target_class`, `task`, `data`, `training`,
+`created`, `versions`). `load_head` also reads a PPLM head as published: a torch state dict
+`{mlp.weight, mlp.bias}` with its meta JSON (`class_size, embed_size, pretrained_model,
+class_vocab, default_class`). PPLM's `default_class` is the class its demo steers to, not
+always a desirable one (its SST head's is `very_negative`), so such a head's target class is
+the meta's `target_class`, else the single class whose name reads desirable (`non_toxic`...).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pyarrow.fs import LocalFileSystem
 from torch import nn
 
 from jobs.files import DatasetError, fetch
-from results.run.shards import file_mode
+from results.run.shards import put_bytes
 from workers.methods.base import MethodError
 from workers.methods.head_meta import (
     KNOWN_HEADS,
     UDDIA_TOXICITY_HEAD,
     HeadMetaError,
+    check_head_spec,
     local_weights,
     meta_path,
     model_name,
-    read_meta_file,
+    read_meta,
 )
 from workers.tiny import TINY_PREFIX
 
@@ -139,13 +130,6 @@ def _normalise_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _meta_path(weights: Path) -> Path:
-    try:
-        return meta_path(weights)
-    except HeadMetaError as exc:
-        raise MethodError(str(exc)) from None
-
-
 def _read_state(weights: Path) -> dict[str, torch.Tensor]:
     try:
         if weights.suffix == ".safetensors":
@@ -172,26 +156,28 @@ def _linear_tensors(
     )
 
 
-def _local_weights(spec: str) -> tuple[Path, dict[str, Any] | None]:
-    """Weights file of a path or URL, and the known metadata of a known URL."""
-    if spec.startswith(("http://", "https://")):
-        known = KNOWN_HEADS.get(spec, {})
-        try:
-            local = fetch(spec, sha256=known.get("sha256"))
-        except DatasetError as exc:
-            raise MethodError(f"head {spec}: {exc}") from exc
-        if known:
-            return Path(local), {**known["meta"], "task": known.get("task")}
+def _weights_and_meta(spec: str) -> tuple[Path, dict[str, Any], str]:
+    """The weights file of a head path or URL, its raw metadata, and the file that names it."""
+    try:
+        if spec.startswith(("http://", "https://")):
+            try:
+                weights = Path(fetch(spec, sha256=KNOWN_HEADS.get(spec, {}).get("sha256")))
+            except DatasetError as exc:
+                raise MethodError(f"head {spec}: {exc}") from exc
+            where = str(weights)
+        else:
+            found = local_weights(spec)
+            if found is None:
+                raise MethodError(f"head {spec}: no such file")
+            weights, where = found, str(meta_path(found))
+        meta = read_meta(spec)
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
+    if meta is None:
         raise MethodError(
             f"head {spec}: unknown URL; download it with its metadata JSON and pass the path"
         )
-    try:
-        path = local_weights(spec)
-    except HeadMetaError as exc:
-        raise MethodError(str(exc)) from None
-    if path is None:
-        raise MethodError(f"head {spec}: no such file")
-    return path, None
+    return weights, meta, where
 
 
 def load_head(path: str) -> AttributeHead:
@@ -203,15 +189,7 @@ def load_head(path: str) -> AttributeHead:
     Raises:
         MethodError: missing or unreadable files, or shapes that disagree with the metadata.
     """
-    weights, meta = _local_weights(path)
-    where = str(weights)
-    if meta is None:
-        meta_file = _meta_path(weights)
-        try:
-            meta = read_meta_file(meta_file)
-        except HeadMetaError as exc:
-            raise MethodError(str(exc)) from exc
-        where = str(meta_file)
+    weights, meta, where = _weights_and_meta(path)
     meta = _normalise_meta(meta, where)
     w, b = _linear_tensors(_read_state(weights), str(weights))
     n_classes, hidden = len(meta["class_names"]), w.shape[-1]
@@ -235,12 +213,11 @@ def load_head(path: str) -> AttributeHead:
 
 def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
     """Write `<stem>.safetensors` and `<stem>.json` atomically; returns both paths."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    target = Path(path)
+    target = Path(path).absolute()
     if target.suffix != ".safetensors":
         target = target.with_name(target.name + ".safetensors")
-    target.parent.mkdir(parents=True, exist_ok=True)
     meta_file = target.with_suffix(".json")
     meta = {
         **head.meta,
@@ -250,48 +227,22 @@ def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
         "target_class": head.target_class,
     }
     tensors = {k: v.detach().cpu().float().contiguous() for k, v in head.state_dict().items()}
-    _atomic(target, lambda tmp: save_file(tensors, tmp))
     text = json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n"
-    _atomic(meta_file, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    local = LocalFileSystem()
+    put_bytes(local, target.as_posix(), save(tensors), local=True)
+    put_bytes(local, meta_file.as_posix(), text.encode("utf-8"), local=True)
     return str(target), str(meta_file)
 
 
-def _atomic(target: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, file_mode())  # mkstemp made it 0600: give it the umask's mode instead
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def check_head(head: AttributeHead, lm: LoadedLM, task: str | None = None) -> None:
-    """Fail at actor start when the head was not trained on this LM (or for this task).
-
-    The LM ids match when their last path components agree (`gpt2-large` and
-    `openai-community/gpt2-large`; a local folder named like the model); the hidden sizes must
-    be equal. A head without an `lm_id` is checked by size only.
-
-    Raises:
-        MethodError: naming the head, both ids or both sizes.
-    """
-    source = head.meta.get("source", "attribute head")
-    width = lm_hidden_size(lm)
-    if head.hidden_size != width:
-        raise MethodError(
-            f"head {source}: {head.hidden_size} wide, but model {lm.ref.id} has hidden size {width}"
-        )
-    head_lm = head.meta.get("lm_id")
-    if head_lm and model_name(str(head_lm)) != model_name(lm.ref.id):
-        raise MethodError(f"head {source}: trained on {head_lm!r}, not on model {lm.ref.id!r}")
-    head_task = head.meta.get("task")
-    if task is not None and head_task is not None and str(head_task) != task:
-        raise MethodError(f"head {source}: trained for task {head_task!r}, not for {task!r}")
+    """`MethodError` at actor start when the head was not trained on this LM (or for this task):
+    `head_meta.check_head_spec` on its metadata and width."""
+    meta = {**head.meta, "hidden_size": head.hidden_size}
+    try:
+        source = meta.get("source", "attribute head")
+        check_head_spec(source, lm.ref.id, task, meta, lm_hidden_size(lm))
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
 
 
 def random_head(lm: LoadedLM, task: str) -> AttributeHead:

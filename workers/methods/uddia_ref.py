@@ -1,23 +1,15 @@
-"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`.
+"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`
+(docs/design.md, "UDDIA's reference pieces").
 
-**Prior.** UDDIA's Hellinger gate compares p_θ with B_f and B_m, the distributions over the
-clearly gendered tokens (q(a|x) > 0.75). The reference weights those tokens by their corpus
-frequency: B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75]. `prior:` names a counts file written
-by `python -m harness token-prior` (format in `harness.tools.token_prior`); counts are add-one
-smoothed, so a gendered token the corpus never saw keeps a small weight. Without a file the
-prior is uniform, and `effective_params` says `prior: uniform`.
+**Prior.** The gate's B_a weights the clearly gendered tokens by corpus frequency,
+B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75], from a counts file written by
+`python -m harness token-prior` (format in `harness.tools.token_prior`), add-one smoothed so a
+gendered token the corpus never saw keeps a small weight; without one the prior is uniform.
 
 **Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
-(the untuned model, conditioned on BOS + prompt, over the generated tokens) is generated again
-with `REDO_STEP` fewer tuned blocks, at most `REDO_TRIES` generations in all and never below one
-block. Each try uses the job's own uniforms, so a row's result depends only on its spec and
-seed. The row keeps the reference's choice: the first try with perplexity ≤ `REDO_PPL` (the
-tries stop there), else the try with the lowest perplexity (the earliest at a tie). A try
-without generated tokens has no perplexity and counts as ≤ `REDO_PPL`; a try that failed
-(`status: error`) is no candidate and ends the row's tries. The kept row's `effective_params`
-record `blocks` of the kept try, `redo_kept` (its number, 1 = the first generation),
-`redo_tries` (tries made) and `redo_ppl` (the perplexity of every try, in order; null for a
-failed try).
+(given BOS + prompt) is generated again with `REDO_STEP` fewer tuned blocks, at most
+`REDO_TRIES` generations in all and never below one block, each try with the job's own
+uniforms; the row keeps the reference's choice (`kept_try`) and records its tries.
 """
 
 from __future__ import annotations
