@@ -1,10 +1,9 @@
 """float32 copies of a half-precision model's tuned path, shared by every tuner of the model.
 
-In a half-precision model an offset of 0.006 rounds away on any activation of magnitude ≥ 2, so
-the tuned path (the top k blocks, the final norm, a `project_out`, and the output product) runs
-on float32 copies of those modules while θ's own forward and the lower blocks stay in the
-model's dtype; the copies get float32 rotary cos/sin and attend over float32 K/V of θ. The
-measurements behind this choice: `docs/design.md` (Bias tuning, precision policy).
+In bf16 an offset of 0.006 rounds away on any activation of magnitude ≥ 2, so the tuned path
+(the top k blocks, the final norm, a `project_out`, the output product) runs on float32 copies
+while θ's own forward and the lower blocks stay in the model's dtype (docs/design.md,
+"Precision policy", with the measurements behind it).
 """
 
 from __future__ import annotations
@@ -29,13 +28,9 @@ if TYPE_CHECKING:
 _FLOAT32_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-def _float32_copies(model: nn.Module) -> dict[str, Any]:
-    return _FLOAT32_COPIES.setdefault(model, {})
-
-
 def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
     """The output matrix in float32, one copy per model."""
-    copies = _float32_copies(model)
+    copies = _FLOAT32_COPIES.setdefault(model, {})
     if "head" not in copies:
         copies["head"] = head.weight.detach().float()
     return copies["head"]  # type: ignore[no-any-return]
@@ -55,7 +50,7 @@ class Float32Top:
         self.model = model
         blocks = model.get_submodule(sites.blocks_path)
         first = sites.num_blocks - sites.k
-        copies = _float32_copies(model)
+        copies = _FLOAT32_COPIES.setdefault(model, {})
         rotary = getattr(
             model.get_submodule(sites.blocks_path.rpartition(".")[0]), "rotary_emb", None
         )
