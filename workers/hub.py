@@ -45,12 +45,11 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _true(value: str | None) -> bool:
-    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
 def offline_by_user() -> bool:
-    return _true(os.environ.get("HF_HUB_OFFLINE")) or _true(os.environ.get("TRANSFORMERS_OFFLINE"))
+    flags = (
+        os.environ.get(v, "").strip().upper() for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
 
 
 def hub_cache() -> Path:
@@ -142,12 +141,11 @@ def local_availability(path: str, kind: str) -> Availability:
     if not folder.is_dir():
         return Availability("local folder", f"{path}: no such folder")
     if kind == "tokenizer":
-        if _has_tokenizer(folder) or (folder / "config.json").is_file():
-            return Availability("local folder")
-        return Availability("local folder", f"{path}: no tokenizer files in the folder")
-    if (folder / "config.json").is_file() or (folder / "tokenizer_config.json").is_file():
-        return Availability("local folder")
-    return Availability("local folder", f"{path}: no config.json in the folder")
+        found, lacks = _has_tokenizer(folder), "tokenizer files"
+    else:
+        found, lacks = (folder / "tokenizer_config.json").is_file(), "config.json"
+    found = found or (folder / "config.json").is_file()
+    return Availability("local folder", None if found else f"{path}: no {lacks} in the folder")
 
 
 def availability(spec: str, revision: str | None = None, kind: str = "model") -> Availability:

@@ -12,8 +12,6 @@ matrix-vector product per sequence and step suffices; no (V, D) tensor is ever b
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import weakref
 from dataclasses import dataclass
@@ -94,23 +92,13 @@ def gender_direction(lm: LoadedLM) -> torch.Tensor:
     return total / norm
 
 
-# model object → {digest of the word list's contents: geometry}
+# model object → {the word list's contents (groups, words, pairs): geometry}
 _GEOMETRY: weakref.WeakKeyDictionary[Any, dict[str, GenderGeometry]] = weakref.WeakKeyDictionary()
-
-
-def words_digest(words: Any) -> str:
-    """SHA-256 of a word list's contents (groups, words, pairs): the geometry's cache key."""
-    content = {
-        "groups": list(words.groups),
-        "words": {g: list(ws) for g, ws in sorted(words.words.items())},
-        "pairs": [list(p) for p in words.pairs],
-    }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def gender_geometry(lm: LoadedLM) -> GenderGeometry:
     """The per-LM constants of ℓ̂_a, cached per (model object, word list contents)."""
-    key = words_digest(lm.words)
+    key = repr((lm.words.groups, sorted(lm.words.words.items()), lm.words.pairs))
     cached = _GEOMETRY.get(lm.model, {}).get(key)
     if cached is not None:
         return cached

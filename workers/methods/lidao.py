@@ -17,7 +17,6 @@ import torch
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
-from workers.methods.biastune import SCOPES
 from workers.methods.estimators import gender_geometry, hellinger_gate, property_loss
 from workers.methods.heads import resolve_head
 from workers.methods.tuner import BiasTuner
@@ -83,12 +82,8 @@ class BiasTunedMethod(DecodingMethod):
             raise MethodError(
                 f"method {self.name!r}: need 0 <= tau <= 1 and lr >= 0, got {p['tau']}, {p['lr']}"
             )
-        if p["scope"] not in SCOPES:
-            raise MethodError(
-                f"method {self.name!r}: scope must be one of {SCOPES}, got {p['scope']!r}"
-            )
         super().__init__(lm, p, task)
-        self.tuner = BiasTuner(lm, int(p["blocks"]), str(p["scope"]))
+        self.tuner = BiasTuner(lm, int(p["blocks"]), str(p["scope"]))  # checks the scope
         p["blocks"] = self.tuner.sites.k  # clamped to the model's depth
         self.geometry = gender_geometry(lm)
         self.head = resolve_head(lm, task, p["head"])
