@@ -140,7 +140,6 @@ class ReferenceStream:
         """[instruction | padding | prompt] rows: the instructions' K/V from `_instruction_kv`,
         then one forward of the left-padded prompts over them."""
         width = max(len(h) for h in heads)
-        head_mask = torch.zeros((len(heads), width), dtype=torch.long, device=self.lm.device)
         cached = [self._instruction_kv(h) if h else None for h in heads]
         template = next((c for c in cached if c), None)
         if template is None or any(h and not c for h, c in zip(heads, cached)):
@@ -155,8 +154,8 @@ class ReferenceStream:
                     n = kv[index][0].shape[2]
                     k[row, :, :n], v[row, :, :n] = kv[index][0][0], kv[index][1][0]
             layers.append((k, v))
-        for row, head in enumerate(heads):
-            head_mask[row, : len(head)] = 1
+        lengths = torch.tensor([len(h) for h in heads], device=self.lm.device)
+        head_mask = (torch.arange(width, device=self.lm.device) < lengths[:, None]).long()
         ids, body_mask = left_padded(self.lm, bodies)
         self._mask = torch.cat([head_mask, body_mask], dim=-1)
         positions = (self._mask.cumsum(-1) - 1).clamp_min(0)

@@ -56,14 +56,9 @@ TASK_CLASSES: dict[str, tuple[str, str]] = {
 
 
 class AttributeHead(nn.Module):
-    """A linear classifier over pooled hidden states.
-
-    Attributes:
-        linear: `nn.Linear(D, C)`.
-        target_class: index of the desirable class (non-toxic, positive...).
-        class_names: the C class names, in index order.
-        meta: the metadata it was loaded with (see the module docstring).
-    """
+    """A linear classifier `linear` (D → C) over pooled hidden states, with its C
+    `class_names`, the index of the desirable one (`target_class`: non-toxic, positive...) and
+    the metadata it was loaded with (`meta`, see the module docstring)."""
 
     def __init__(
         self,
@@ -130,29 +125,25 @@ def _normalise_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _read_state(weights: Path) -> dict[str, torch.Tensor]:
+def _linear_tensors(weights: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) from a head's weights file: ours (`linear.`), PPLM's (`mlp.`) or bare."""
     try:
         if weights.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return dict(load_file(str(weights)))
-        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+            state: Any = load_file(str(weights))
+        else:
+            state = torch.load(str(weights), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
         raise MethodError(f"{weights}: cannot read head weights ({exc})") from exc
     if not isinstance(state, dict):
         raise MethodError(f"{weights}: expected a state dict, got {type(state).__name__}")
-    return state
-
-
-def _linear_tensors(
-    state: dict[str, torch.Tensor], where: str
-) -> tuple[torch.Tensor, torch.Tensor]:
     for prefix in ("linear.", "mlp.", ""):
         w, b = state.get(prefix + "weight"), state.get(prefix + "bias")
         if isinstance(w, torch.Tensor) and isinstance(b, torch.Tensor):
             return w, b
     raise MethodError(
-        f"{where}: no linear.weight/bias (or PPLM mlp.weight/bias); keys: {sorted(state)}"
+        f"{weights}: no linear.weight/bias (or PPLM mlp.weight/bias); keys: {sorted(state)}"
     )
 
 
@@ -181,17 +172,12 @@ def _weights_and_meta(spec: str) -> tuple[Path, dict[str, Any], str]:
 
 
 def load_head(path: str) -> AttributeHead:
-    """Load a head written by `save_head`, or a PPLM head with its meta JSON.
-
-    Args:
-        path: the weights file, its folder, or a known URL (fetched once, SHA-256 checked).
-
-    Raises:
-        MethodError: missing or unreadable files, or shapes that disagree with the metadata.
-    """
+    """Load a head written by `save_head`, or a PPLM head with its meta JSON, from its weights
+    file, their folder, or a known URL (fetched once, SHA-256 checked); `MethodError` for
+    missing or unreadable files, or shapes that disagree with the metadata."""
     weights, meta, where = _weights_and_meta(path)
     meta = _normalise_meta(meta, where)
-    w, b = _linear_tensors(_read_state(weights), str(weights))
+    w, b = _linear_tensors(weights)
     n_classes, hidden = len(meta["class_names"]), w.shape[-1]
     if w.dim() != 2 or w.shape[0] != n_classes or b.shape != (n_classes,):
         raise MethodError(
@@ -259,16 +245,9 @@ def random_head(lm: LoadedLM, task: str) -> AttributeHead:
 
 
 def resolve_head(lm: LoadedLM, task: str, head: str | None) -> AttributeHead:
-    """The attribute head a method uses, on the LM's device, checked against the LM.
-
-    Args:
-        lm: the loaded model.
-        task: sentiment | regard | toxicity (names the random head's classes).
-        head: a head path or URL; None = a random head for tiny models, else an error.
-
-    Raises:
-        MethodError: no head for a real model (naming what to pass), or a mismatched head.
-    """
+    """The attribute head a method uses for `task`, on the LM's device, checked against the LM:
+    `head` (a path or URL), or None: a random head for tiny models, else a `MethodError` naming
+    what to pass (as for a mismatched head)."""
     if head is None:
         if not lm.ref.id.startswith(TINY_PREFIX):
             hint = ""

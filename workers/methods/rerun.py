@@ -33,16 +33,10 @@ if TYPE_CHECKING:
 
 
 class Rerun:
-    """The tuned blocks of one tuner re-run over θ's block inputs, with the lower blocks
-    skipped; per batch it keeps those inputs, the running sum of θ's final hidden states
-    (`last` scope) and, in half precision, θ's float32 K/V of the tuned blocks.
-
-    Args:
-        lm: the frozen LM.
-        sites: the tuned sites of `lm` (`find_sites`).
-        f32: the float32 copies of the tuned path (half precision) or None.
-        head: the LM's output layer.
-    """
+    """The tuned blocks (`sites`, on the float32 copies `f32` in half precision) re-run over
+    θ's block inputs, the lower blocks skipped; per batch it keeps those inputs, the running sum
+    of θ's final hidden states (`last` scope) and, in half precision, θ's float32 K/V of the
+    tuned blocks. `head` is the LM's output layer."""
 
     def __init__(
         self, lm: LoadedLM, sites: TuneSites, f32: Float32Top | None, head: nn.Linear
@@ -146,9 +140,12 @@ class Rerun:
             with bias_offsets(self.model, self.tuned_sites, deltas) as state:
                 yield state
 
-    def top(self, ctx: StepContext, positions: slice, states: torch.Tensor, cache: Any) -> Any:
-        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute)."""
-        with skip_blocks(self.lower, self.output(states)):
+    def top(
+        self, ctx: StepContext, positions: slice, states: torch.Tensor | None, cache: Any
+    ) -> Any:
+        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute;
+        None: computed)."""
+        with skip_blocks(self.lower, self.output(states)) if states is not None else nullcontext():
             return self.base(
                 input_ids=ctx.input_ids[:, positions],
                 attention_mask=ctx.attention_mask,

@@ -49,14 +49,10 @@ class Probe:
 
 
 class BiasTuner:
-    """The bias-tuning passes of one decoding step, batched over the rows of the shared loop.
-
-    Args:
-        lm: the frozen LM.
-        blocks: number of top blocks to tune (clamped to the model's depth).
-        scope: `context` (gradient through the tuned blocks of every position) or `last`
-            (θ's cached states are constants; only the last position and the horizon carry it).
-    """
+    """The bias-tuning passes of one decoding step, batched over the rows of the shared loop,
+    for the top `blocks` blocks (clamped to the model's depth) and a gradient `scope`: `context`
+    (through the tuned blocks of every position) or `last` (θ's cached states are constants;
+    only the last position and the horizon carry it)."""
 
     def __init__(self, lm: LoadedLM, blocks: int, scope: str) -> None:
         if scope not in SCOPES:
@@ -275,16 +271,7 @@ class BiasTuner:
         T = ctx.input_ids.shape[1]
         cache = self.rerun.theta_cache(ctx, T - 1)
         with torch.no_grad(), self.rerun.tuned([d.detach() for d in deltas]):
-            if self.replay:
-                states = self.rerun.inputs(ctx)[:, -1:]
-                out = self.rerun.top(ctx, slice(T - 1, T), states, cache)
-            else:
-                out = self.base(
-                    input_ids=ctx.input_ids[:, -1:],
-                    attention_mask=ctx.attention_mask,
-                    position_ids=ctx.position_ids[:, -1:],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
+            states = self.rerun.inputs(ctx)[:, -1:] if self.replay else None
+            out = self.rerun.top(ctx, slice(T - 1, T), states, cache)
             logits = head_logits(out.last_hidden_state[:, -1], self.head_weight, self.head_bias)
         return logits.to(ctx.logits.device)

@@ -106,38 +106,33 @@ def redo_rows(
     blocks: int,
     retry: Callable[[int, Sequence[JobSpec]], list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """Regenerate, with fewer tuned blocks, the rows whose perplexity is above `REDO_PPL`, and
-    keep each row's try by the reference's choice (`kept_try`).
-
-    Args:
-        lm: θ, which scores the perplexity.
-        jobs, rows: the batch and its rows from the first try (with `blocks` tuned blocks).
-        retry: generates the given jobs again with that many tuned blocks (rows in job order).
-    """
+    """Regenerate, with fewer tuned blocks, the rows (of `jobs`, first tried with `blocks`)
+    whose perplexity under θ is above `REDO_PPL`, and keep each row's try by the reference's
+    choice (`kept_try`). `retry(blocks, jobs)` generates jobs again (rows in job order)."""
     from workers.decoding import prompt_token_ids
 
     def ppl_of(i: int, row: dict[str, Any]) -> float | None:
         return continuation_ppl(lm, prompt_token_ids(lm, jobs[i].prompt), row["token_ids"])
 
+    def high(i: int) -> bool:  # the row's last try is ok and above REDO_PPL: try again
+        _, _, ppl, ok = tries[i][-1]
+        return ok and ppl is not None and ppl > REDO_PPL
+
     # per row whose first try is ok: every try's (row, blocks, perplexity, ok)
-    tries: dict[int, list[tuple[dict[str, Any], int, float | None, bool]]] = {}
-    for i, row in enumerate(rows):
-        if row["status"] == "ok":
-            tries[i] = [(row, blocks, ppl_of(i, row), True)]
-    todo = [i for i, t in tries.items() if t[0][2] is not None and t[0][2] > REDO_PPL]
+    tries: dict[int, list[tuple[dict[str, Any], int, float | None, bool]]] = {
+        i: [(row, blocks, ppl_of(i, row), True)]
+        for i, row in enumerate(rows)
+        if row["status"] == "ok"
+    }
+    todo = [i for i in tries if high(i)]
     for _ in range(REDO_TRIES - 1):
         blocks -= REDO_STEP
         if not todo or blocks < 1:
             break
-        again = retry(blocks, [jobs[i] for i in todo])
-        still = []
-        for i, row in zip(todo, again):
+        for i, row in zip(todo, retry(blocks, [jobs[i] for i in todo])):
             ok = row["status"] == "ok"
-            ppl = ppl_of(i, row) if ok else None
-            tries[i].append((row, blocks, ppl, ok))
-            if ok and ppl is not None and ppl > REDO_PPL:
-                still.append(i)
-        todo = still
+            tries[i].append((row, blocks, ppl_of(i, row) if ok else None, ok))
+        todo = [i for i in todo if high(i)]
     out = list(rows)
     for i, made in tries.items():
         ppls = [t[2] for t in made]
