@@ -34,11 +34,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.estimators import property_loss
 from workers.methods.heads import AttributeHead, resolve_head
 
 if TYPE_CHECKING:
@@ -191,9 +191,7 @@ class Perturber:
         logits, last_hidden, _ = self.forward_last(s, perturbed(s.past, deltas))
         probs = torch.softmax(logits, -1)
         total = s.hidden_sum + last_hidden.detach() + self.horizon(s, probs)  # (B, D)
-        pooled = total / s.count.unsqueeze(-1)
-        target = torch.full((pooled.shape[0],), self.head.target_class, device=pooled.device)
-        ce = F.cross_entropy(self.head(pooled), target, reduction="none")
+        ce = property_loss(self.head, total / s.count.unsqueeze(-1), self.head.target_class)
         if self.cfg.kl_scale == 0:
             return ce, ce
         return ce, ce + self.cfg.kl_scale * _kl(probs, torch.softmax(s.unpert_logits, -1))

@@ -95,21 +95,17 @@ class Rerun:
         Grown by the loop's hidden states of each new position; recomputed (no grad) only when
         they are missing (a StepContext without hidden states, e.g. in unit tests).
         """
-        T = ctx.input_ids.shape[1]
-        hidden = ctx.hidden_states
-        if self.states is not None and self.states.shape[1] == T:
-            return self.states  # already grown for this step (the probe, then the tuned pass)
+        T, hidden, states = ctx.input_ids.shape[1], ctx.hidden_states, self.states
+        if states is not None and states.shape[1] == T:
+            return states  # already grown for this step (the probe, then the tuned pass)
+        new = None
         if hidden is not None and len(hidden) == self.sites.num_blocks + 1:
             new = hidden[self.first].detach()
-            if new.shape[1] == T:
-                self.states = new
-            elif self.states is not None and self.states.shape[1] + new.shape[1] == T:
-                self.states = torch.cat([self.states, new.to(self.states.device)], dim=1)
-            else:
-                self.states = None
-        elif self.states is not None and self.states.shape[1] != T:
-            self.states = None
-        if self.states is None:
+        if new is not None and new.shape[1] == T:
+            self.states = new
+        elif new is not None and states is not None and states.shape[1] + new.shape[1] == T:
+            self.states = torch.cat([states, new.to(states.device)], dim=1)
+        else:
             self.states = self._recompute(ctx)
         return self.states
 
