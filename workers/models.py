@@ -34,6 +34,12 @@ class LoadedLM:
         return int(eos) if eos is not None else None
 
 
+def pick_device(requested: str | None = None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None = None) -> LoadedLM:
     """Load `ref` (tiny-random/*, hub id or local path) frozen, in eval mode, on `device`.
 
@@ -44,8 +50,7 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
         raise ValueError(f"model {ref.id}: unknown dtype {ref.dtype!r}; known: {sorted(DTYPES)}")
     dtype = DTYPES[ref.dtype]
     spread = device == "auto"
-    found = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device if device and not spread else found)
+    dev = pick_device(None if spread else device)
     options = dict(ref.load)
     if options.get("device_map") is not None:
         spread = True  # the model entry's device_map places it; inputs follow the embeddings
