@@ -33,10 +33,7 @@ class PluginError(ValueError):
 def include(modules: list[str]) -> None:
     """Import `modules` now and record them for Ray workers (environment variable)."""
     have = [m for m in os.environ.get(INCLUDE_ENV, "").split(",") if m]
-    for module in modules:
-        if module not in have:
-            have.append(module)
-    os.environ[INCLUDE_ENV] = ",".join(have)
+    os.environ[INCLUDE_ENV] = ",".join(dict.fromkeys(have + list(modules)))
     _state["loaded"] = False
     load_plugins()
 

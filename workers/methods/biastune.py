@@ -133,15 +133,10 @@ def _find_above(
 
 
 def find_sites(model: nn.Module, k: int) -> TuneSites:
-    """Hook points of the top `min(k, L)` blocks plus the final norm of a causal LM.
-
-    A model that declares no final norm (an attribute set to None: OPT with post-norm blocks,
-    as OPT-350m) tunes its blocks only.
-
-    Raises:
-        MethodError: when the block list or the final norm cannot be found, k < 1, or a block
-            has no affine sub-module.
-    """
+    """Hook points of the top `min(k, L)` blocks plus the final norm of a causal LM; a model that
+    declares no final norm (an attribute set to None: OPT-350m's post-norm blocks) tunes its
+    blocks only. `MethodError` where the block list or the final norm cannot be found, k < 1,
+    or a block has no affine sub-module."""
     if k < 1:
         raise MethodError(f"bias tuning: blocks must be >= 1, got {k}")
     blocks_path, blocks = _find_blocks(model)

@@ -1,9 +1,6 @@
-"""Head metadata without torch: finding a head's JSON and checking it against (model, task).
-
-`harness.config` uses `check_head_spec` when the config is read (before Ray starts), so a
-sentiment head given for the toxicity task, or a head trained on another LM, is refused with
-the config field named. `workers.methods.heads` uses the same helpers when an actor loads the
-weights. The metadata formats are described in `workers.methods.heads`.
+"""Head metadata without torch: finding a head's JSON and checking it against (model, task),
+by `harness.config` when the config is read (a head of another task or LM is refused naming
+the field) and by `workers.methods.heads` when an actor loads the weights (formats there).
 """
 
 from __future__ import annotations

@@ -43,11 +43,19 @@ class Float32Top:
     Built only for a half-precision model; the originals stay in place for θ's forwards. The
     copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
     them, and one with fewer blocks uses the top ones of a deeper one's (hooks that install the
-    offsets come and go with each pass, so sharing carries no state).
+    offsets come and go with each pass, so sharing carries no state). Attention must take
+    float32: FlashAttention is refused.
     """
 
-    def __init__(self, model: nn.Module, sites: TuneSites) -> None:
-        self.model = model
+    def __init__(self, lm: LoadedLM, sites: TuneSites) -> None:
+        attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
+        if attention.startswith("flash_attention"):
+            raise MethodError(
+                f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
+                f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
+                f"or eager"
+            )
+        model = lm.model
         blocks = model.get_submodule(sites.blocks_path)
         first = sites.num_blocks - sites.k
         copies = _FLOAT32_COPIES.setdefault(model, {})
@@ -107,15 +115,3 @@ def _float32_rotary(rotary: nn.Module) -> Any:
         return args, kwargs
 
     return hook
-
-
-def float32_top(lm: LoadedLM, sites: TuneSites) -> Float32Top:
-    """The float32 copies of a half-precision `lm`'s tuned path (attention must take float32)."""
-    attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
-    if attention.startswith("flash_attention"):
-        raise MethodError(
-            f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
-            f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
-            f"or eager"
-        )
-    return Float32Top(lm.model, sites)

@@ -27,7 +27,7 @@ from workers.methods.biastune import (
     tuning_step,
 )
 from workers.methods.estimators import GenderGeometry
-from workers.methods.precision import float32_head, float32_top
+from workers.methods.precision import Float32Top, float32_head
 from workers.methods.replay import LinearRecord, ThetaGraph, replayable
 from workers.methods.rerun import Rerun
 from workers.methods.vocab_pass import ThetaLogits, expectations, head_logits
@@ -70,7 +70,7 @@ class BiasTuner:
             )
         self.head = head
         half = self.embed.dtype in (torch.float16, torch.bfloat16)
-        self.f32 = float32_top(lm, self.sites) if half else None
+        self.f32 = Float32Top(lm, self.sites) if half else None
         self.rerun = Rerun(lm, self.sites, self.f32, head)  # the tuned blocks over θ's inputs
         self.first, self.tuned_sites = self.rerun.first, self.rerun.tuned_sites
         # float32 output matrix for the tuned path of a half-precision model
