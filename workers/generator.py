@@ -28,10 +28,8 @@ PROBE_BATCH = 8  # sequences a GPU replica decodes first for a method, to measur
 
 
 class CudaMemory:
-    """The memory readings `BatchSizer` needs, from torch.cuda (one device).
-
-    `share` in (0, 1): the replica holds that fraction of the GPU (Ray's `num_gpus`, several
-    replicas per GPU), and its capacity is that fraction of the device's memory.
+    """The memory readings `BatchSizer` needs, from torch.cuda (one device); with `share` in
+    (0, 1) the replica holds that fraction of the GPU (several replicas per GPU), and of its memory.
     """
 
     def __init__(self, device: torch.device, share: float = 0.0) -> None:
