@@ -82,22 +82,16 @@ class GenerationActor:
     def run_batch(self, jobs: list[Any]) -> dict[str, Any]:
         return dict(self._generator().run_batch(jobs))
 
-    def stats(self) -> dict[str, Any]:
-        gen = self._generator()
-        return dict(gen.stats, worker=gen.name)
-
 
 @ray.remote
 class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
     A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`workers.scorers.cache_mirror.scorer_context`). `score_chunk` holds the
-    rows it scored (`workers.scorers.score_buffer.ScoreBuffer`) and writes them itself as one atomic shard
-    of ~8k rows (named by their job ids and the scorer version); it returns each row's job id
-    and status, and whether everything it scored so far is now written (`flushed`). The
-    driver never carries score rows, and requeues the chunks it has not seen flushed when the
-    actor dies.
+    context names a `cache_dir` (`workers.scorers.cache_mirror.scorer_context`). `score_chunk`
+    holds the rows it scored (`ScoreBuffer`) and writes them itself as atomic shards of ~8k
+    rows, so the driver never carries score rows; it requeues the chunks it has not seen
+    `flushed` when the actor dies.
     """
 
     def __init__(
@@ -132,24 +126,17 @@ class ScorerActor:
             "threads": torch_threads(),
         }
 
-    def version(self) -> str:
-        return str(self.scorer.version)
-
     def begin(self, total: int) -> None:
         self.scorer.begin(total)
-
-    def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = list(self.scorer.score(rows))
-        if self.mirror is not None:
-            self.mirror.maybe_put()
-        return out
 
     def score_chunk(
         self, rows: list[dict[str, Any]], flush_rows: int | None = None
     ) -> dict[str, Any]:
         """Score `rows`, check one row came back per row, hold them (written once ~8k rows are
         held); returns `{"rows": [{job_id, status}...], "flushed": bool}`."""
-        out = self.score(rows)
+        out = list(self.scorer.score(rows))
+        if self.mirror is not None:
+            self.mirror.maybe_put()
         flushed = self._buffer(flush_rows).add(rows, out)
         return {
             "rows": [{"job_id": r["job_id"], "status": r["status"]} for r in out],

@@ -1,10 +1,7 @@
 """What a process that draws progress bars or prints a summary line asks of its console: is
-it a terminal, are bars wanted (`--no-progress` switches them off in child processes too), and
-does it log through the CLI's handler (`TqdmHandler`, installed by
-`harness.progress.setup_logging`) or only to stderr (a Ray actor).
-
-Here, below `harness`, so that scorers running in actors (Perspective's bar and line) and the
-driver's own bars (`harness.progress`) ask the same questions.
+it a terminal, are bars wanted (`--no-progress` holds for child processes too), does it log
+through the CLI's `TqdmHandler` or only to stderr (a Ray actor). Below `harness`, so scorers in
+actors (Perspective's bar and line) and the driver's bars ask the same questions.
 """
 
 from __future__ import annotations

@@ -28,10 +28,8 @@ PROBE_BATCH = 8  # sequences a GPU replica decodes first for a method, to measur
 
 
 class CudaMemory:
-    """The memory readings `BatchSizer` needs, from torch.cuda (one device).
-
-    `share` in (0, 1): the replica holds that fraction of the GPU (Ray's `num_gpus`, several
-    replicas per GPU), and its capacity is that fraction of the device's memory.
+    """The memory readings `BatchSizer` needs, from torch.cuda (one device); with `share` in
+    (0, 1) the replica holds that fraction of the GPU (several replicas per GPU), and of its memory.
     """
 
     def __init__(self, device: torch.device, share: float = 0.0) -> None:
@@ -51,12 +49,9 @@ class CudaMemory:
 
 
 class BatchSizer:
-    """The largest batch that fits, from measured peaks: every decoded batch reports its peak
-    memory above what was allocated before it, per sequence-token (batch × longest prompt +
-    max_new_tokens), kept per method as the largest seen. The first batch of a method is
-    measured on PROBE_BATCH sequences (`Generator`); a later batch is cut into chunks of
-    `fraction` × free capacity / (bytes per sequence-token × its length); out-of-memory still
-    halves a chunk and raises the estimate above what would let that many sequences in again.
+    """The largest batch that fits, from measured peaks (docs/design.md, "Batch size on a GPU"):
+    each decoded batch's peak memory above what was allocated before it, per sequence-token
+    (batch × (longest prompt + max_new_tokens)), the largest seen per method.
     """
 
     def __init__(self, memory: CudaMemory | Any, fraction: float = 0.9) -> None:
@@ -92,10 +87,6 @@ class BatchSizer:
         batch would be cut to the same size and fail again)."""
         floor = self._free(base) / (sequences * length) * 1.01
         self.per_seq_token[key] = max(self.per_seq_token.get(key, 0.0), floor)
-
-    def peak_bytes_per_sequence(self, key: MethodKey, length: int) -> int | None:
-        per = self.per_seq_token.get(key)
-        return None if per is None else int(per * length)
 
 
 class Generator:
@@ -184,11 +175,7 @@ class Generator:
         key = (first.method, first.method_params, first.task)
         broken = self._broken.get(key)
         if broken is not None:
-            rows = [error_row(j.to_row(), f"job {j.job_id}: {broken}") for j in jobs]
-            for row in rows:
-                row["worker"] = self.name
-            self.store.write_generations(rows)
-            return rows
+            return self._write([error_row(j.to_row(), f"job {j.job_id}: {broken}") for j in jobs])
         self.method(*key)  # built before any measurement: its lasting tensors are not a peak
         length = self._length(jobs)
         base = 0
@@ -212,15 +199,15 @@ class Generator:
                 self.stats["oom_splits"] += 1
                 half = len(jobs) // 2
                 return self._in_parts([jobs[:half], jobs[half:]])
-            attempt = [
-                error_row(
-                    first.to_row(), f"job {first.job_id}: CUDA out of memory with a batch of 1"
-                )
-            ]
-        for row in attempt:
+            message = f"job {first.job_id}: CUDA out of memory with a batch of 1"
+            attempt = [error_row(first.to_row(), message)]
+        return self._write(attempt)
+
+    def _write(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for row in rows:
             row["worker"] = self.name
-        self.store.write_generations(attempt)
-        return attempt
+        self.store.write_generations(rows)
+        return rows
 
     def _in_parts(self, parts: list[list[JobSpec]]) -> list[dict[str, Any]]:
         """The rows of each part decoded in turn (each sized, probed or halved again)."""

@@ -1,13 +1,11 @@
-"""The Hugging Face hub without downloading: is it reachable, is a model in the local cache,
-does a repository exist. Torch-free; used by `harness validate` / `run` / `score` before
-anything loads, and by the loaders in the actors.
+"""The Hugging Face hub without downloading (torch-free): is it reachable, is a model in the
+local cache, does a repository exist; for `validate` / `run` / `score` and the actors' loaders.
 
 Offline, transformers retries each file of a missing model five times with back-off (about
-25 s per file, 49 s for one scorer in the measured case) and logs every retry. Here the hub is
-probed once per process (one HTTP request, `PROBE_TIMEOUT_S`); when it does not answer, offline
-mode is switched on for this process and the processes it starts (`HF_HUB_OFFLINE=1`), so a
-load that is not in the cache fails at once. `HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` set by
-the user are honoured and nothing is probed.
+25 s per file, 49 s for one scorer in the measured case). Here the hub is probed once per
+process (`PROBE_TIMEOUT_S`); when it does not answer, `HF_HUB_OFFLINE=1` is set for this process
+and those it starts, so a load that is not in the cache fails at once. The user's
+`HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` are honoured and nothing is probed.
 """
 
 from __future__ import annotations
@@ -45,12 +43,11 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _true(value: str | None) -> bool:
-    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
 def offline_by_user() -> bool:
-    return _true(os.environ.get("HF_HUB_OFFLINE")) or _true(os.environ.get("TRANSFORMERS_OFFLINE"))
+    flags = (
+        os.environ.get(v, "").strip().upper() for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
 
 
 def hub_cache() -> Path:
@@ -161,12 +158,11 @@ def local_availability(path: str, kind: str) -> Availability:
     if not folder.is_dir():
         return Availability("local folder", f"{path}: no such folder")
     if kind == "tokenizer":
-        if _has_tokenizer(folder) or (folder / "config.json").is_file():
-            return Availability("local folder")
-        return Availability("local folder", f"{path}: no tokenizer files in the folder")
-    if (folder / "config.json").is_file() or (folder / "tokenizer_config.json").is_file():
-        return Availability("local folder")
-    return Availability("local folder", f"{path}: no config.json in the folder")
+        found, lacks = _has_tokenizer(folder), "tokenizer files"
+    else:
+        found, lacks = (folder / "tokenizer_config.json").is_file(), "config.json"
+    found = found or (folder / "config.json").is_file()
+    return Availability("local folder", None if found else f"{path}: no {lacks} in the folder")
 
 
 def availability(spec: str, revision: str | None = None, kind: str = "model") -> Availability:

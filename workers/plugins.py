@@ -1,35 +1,17 @@
-"""Methods and scorers from outside the tree: Python entry points and `--include` modules.
+"""Methods and scorers from outside the tree (docs/cli.md, "Plugins"): entry points in the
+groups `lidao_harness.methods` / `lidao_harness.scorers` naming plain dicts (read on the driver,
+so torch-free: `{"target": "module:Class", "params": {...}, "kinds": {...}}`, a scorer's with
+its `"metric"`), and `--include` modules that call `register_method` / `register_scorer`.
 
-Two ways to add a method or a scorer, both torch-free on the driver:
-
-* an installed package declares entry points in the groups `lidao_harness.methods` and
-  `lidao_harness.scorers`; each names a plain dict (imported on the driver, so its module must
-  not import torch)::
-
-      [project.entry-points."lidao_harness.methods"]
-      boost = "my_plugin:BOOST"      # BOOST = {"target": "my_plugin.method:Boost",
-                                     #          "params": {"strength": 1.0}}
-      [project.entry-points."lidao_harness.scorers"]
-      shout = "my_plugin:SHOUT"      # SHOUT = {"target": "my_plugin.scorer:Shout",
-                                     #          "metric": "shouting"}
-
-* `harness --include my_module ...` imports `my_module`, which calls
-  `workers.methods.registry.register_method` / `workers.scorers.registry.register_scorer`.
-
-Either way the entries land in the torch-free catalog (`jobs.catalog`), which the registries and
-the lower floors read; a scorer's entry may also declare `"kinds"` (its parameters' types, shown
-by `harness list scorers`), a method's `"kinds"` are checked when a config is validated.
-
-The included module names travel to local Ray workers in the environment variable
-`LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same names. The target
-classes are imported only where they run (inside actors), like the built-in ones.
+Either way the entries land in the torch-free catalog (`jobs.catalog`). Included module names
+reach Ray workers in `LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same
+names; target classes are imported only inside actors, like the built-in ones.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -37,8 +19,6 @@ from importlib.metadata import entry_points
 from typing import Any, ParamSpec, TypeVar
 
 from jobs.catalog import add_method, add_scorer
-
-log = logging.getLogger(__name__)
 
 INCLUDE_ENV = "LIDAO_HARNESS_INCLUDE"
 METHOD_GROUP = "lidao_harness.methods"
@@ -60,10 +40,7 @@ class PluginError(ValueError):
 def include(modules: list[str]) -> None:
     """Import `modules` now and record them for Ray workers (environment variable)."""
     have = [m for m in os.environ.get(INCLUDE_ENV, "").split(",") if m]
-    for module in modules:
-        if module not in have:
-            have.append(module)
-    os.environ[INCLUDE_ENV] = ",".join(have)
+    os.environ[INCLUDE_ENV] = ",".join(dict.fromkeys(have + list(modules)))
     _state["loaded"] = False
     load_plugins()
 
@@ -74,7 +51,7 @@ def load_plugins() -> None:
         return
     _state["loading"] = True
     try:
-        for group, register in ((METHOD_GROUP, _register_method), (SCORER_GROUP, _register_scorer)):
+        for group in (METHOD_GROUP, SCORER_GROUP):
             for ep in entry_points(group=group):
                 try:
                     spec = ep.load()
@@ -82,7 +59,7 @@ def load_plugins() -> None:
                     raise PluginError(
                         f"entry point {ep.name} = {ep.value} ({group}): cannot import ({exc})"
                     ) from exc
-                register(ep.name, spec, f"entry point {ep.name} = {ep.value}")
+                _register(group, ep.name, spec, f"entry point {ep.name} = {ep.value}")
         for module in filter(None, os.environ.get(INCLUDE_ENV, "").split(",")):
             try:
                 importlib.import_module(module)
@@ -93,37 +70,21 @@ def load_plugins() -> None:
         _state["loading"] = False
 
 
-def _spec(spec: Any, where: str) -> dict[str, Any]:
-    if isinstance(spec, str):
-        return {"target": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("target"), str):
-        raise PluginError(f"{where}: expected a dict with a 'target': 'module:Class' string")
-    return spec
-
-
-def _register_method(name: str, spec: Any, where: str) -> None:
-    s = _spec(spec, where)
-    try:
-        add_method(name, s["target"], params=s.get("params"), kinds=s.get("kinds"))
-    except ValueError as exc:
-        raise PluginError(f"{where}: {exc}") from None
-
-
-def _register_scorer(name: str, spec: Any, where: str) -> None:
+def _register(group: str, name: str, spec: Any, where: str) -> None:
     from results.schema import METRIC_FIELDS
 
-    s = _spec(spec, where)
-    if not isinstance(s.get("metric"), str):
+    s = {"target": spec} if isinstance(spec, str) else spec
+    if not isinstance(s, dict) or not isinstance(s.get("target"), str):
+        raise PluginError(f"{where}: expected a dict with a 'target': 'module:Class' string")
+    scorer = group == SCORER_GROUP
+    if scorer and not isinstance(s.get("metric"), str):
         raise PluginError(f"{where}: a scorer entry needs 'metric' (e.g. 'toxicity')")
+    options = {"params": s.get("params"), "kinds": s.get("kinds")}
     try:
-        add_scorer(
-            name,
-            s["target"],
-            s["metric"],
-            METRIC_FIELDS,
-            params=s.get("params"),
-            kinds=s.get("kinds"),
-        )
+        if scorer:
+            add_scorer(name, s["target"], s["metric"], METRIC_FIELDS, **options)
+        else:
+            add_method(name, s["target"], **options)
     except ValueError as exc:
         raise PluginError(f"{where}: {exc}") from None
 

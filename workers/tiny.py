@@ -1,9 +1,7 @@
-"""Offline tiny random-weight models under the reserved `tiny-random/<family>` ids.
-
-They exist so that every method, scorer and the whole pipeline can run on a machine with no
-network and no GPU. The weights are drawn from a fixed seed, so `tiny-random/gpt2` is the same
-model in every process (same torch version). The tokenizer is a word-level vocabulary written
-here that holds every built-in gender seed word as a single token.
+"""Offline tiny random-weight models under the reserved `tiny-random/<family>` ids, so that
+everything runs with no network and no GPU. The weights come from a fixed seed (the same model
+in every process, same torch version); the word-level tokenizer holds every built-in gender
+seed word as a single token.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Per-sequence bias tuning of the top k blocks of a frozen causal LM.
+"""Per-sequence bias tuning of the top k blocks of a frozen causal LM: where the offsets go,
+the hooks that add them, the tuning step, and cache views (docs/design.md, "Bias tuning").
 
-`δ_s` is an additive offset on the output of every affine sub-module (Linear, GPT-2 Conv1D,
-LayerNorm / RMSNorm) of the top `k` decoder blocks and of the final norm. Offsets live in
-tensors of shape (B, out_features) that forward hooks add; the model's weights are never
-touched. Because row s of every offset only reaches row s of the batch, one backward pass of
-Σ_s ℓ_s gives each sequence its own gradient, and one step of a fresh Adam is the closed form
-`δ = −lr · g / (|g| + eps)`; the tuning step takes it with eps scaled to the row
-(`tuning_step`), so that rounding noise in g is not amplified.
-
-The pooled state the attribute head reads is what the LM head reads: the final norm's output,
-or `project_out`'s where a model projects its states out before the LM head (OPT-350m); a
-model that declares no final norm (OPT-350m's post-norm blocks) tunes its blocks only.
-
+`δ_s` is an additive (B, out_features) offset on the output of every affine sub-module of the
+top `k` blocks and of the final norm; the weights are never touched. Row s of an offset only
+reaches row s of the batch, so one backward of Σ_s ℓ_s gives each sequence its own gradient.
 The passes of one decoding step that use these pieces live in `workers.methods.tuner`.
 """
 
@@ -97,9 +89,7 @@ def affine_width(module: nn.Module) -> int | None:
 
 
 def _num_layers(model: nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
+    config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     value = getattr(text, "num_hidden_layers", None)
     return int(value) if isinstance(value, int) else None
@@ -142,30 +132,11 @@ def _find_above(
         parts.pop()
 
 
-def _find_final_norm(model: nn.Module, blocks_path: str) -> tuple[str, nn.Module] | None:
-    """The final norm: a *Norm attribute of the block list's parent or one of its ancestors;
-    None where the model declares it absent (an attribute set to None: OPT with post-norm
-    blocks, as OPT-350m).
-
-    Raises:
-        MethodError: no such attribute at all (an architecture this does not map).
-    """
-    found = _find_above(model, blocks_path, FINAL_NORM_NAMES, lambda m: affine_width(m) is not None)
-    if found is not None:
-        return None if found[1] is None else (found[0], found[1])
-    raise MethodError(
-        f"bias tuning: no final norm ({', '.join(FINAL_NORM_NAMES)}) found above "
-        f"{blocks_path!r} in {type(model).__name__}; this architecture is not mapped"
-    )
-
-
 def find_sites(model: nn.Module, k: int) -> TuneSites:
-    """Hook points of the top `min(k, L)` blocks plus the final norm of a causal LM.
-
-    Raises:
-        MethodError: when the block list or the final norm cannot be found, k < 1, or a block
-            has no affine sub-module.
-    """
+    """Hook points of the top `min(k, L)` blocks plus the final norm of a causal LM; a model that
+    declares no final norm (an attribute set to None: OPT-350m's post-norm blocks) tunes its
+    blocks only. `MethodError` where the block list or the final norm cannot be found, k < 1,
+    or a block has no affine sub-module."""
     if k < 1:
         raise MethodError(f"bias tuning: blocks must be >= 1, got {k}")
     blocks_path, blocks = _find_blocks(model)
@@ -181,8 +152,13 @@ def find_sites(model: nn.Module, k: int) -> TuneSites:
             raise MethodError(f"bias tuning: block {blocks_path}.{index} has no affine sub-module")
         points.extend(found)
     above: list[HookPoint] = []
-    norm = _find_final_norm(model, blocks_path)
-    if norm is not None:
+    norm = _find_above(model, blocks_path, FINAL_NORM_NAMES, lambda m: affine_width(m) is not None)
+    if norm is None:
+        raise MethodError(
+            f"bias tuning: no final norm ({', '.join(FINAL_NORM_NAMES)}) found above "
+            f"{blocks_path!r} in {type(model).__name__}; this architecture is not mapped"
+        )
+    if norm[1] is not None:
         points.append(HookPoint(norm[0], norm[1], affine_width(norm[1]) or 0))
         above.append(points[-1])
     project = _find_above(model, blocks_path, PROJECT_OUT_NAMES)
@@ -207,13 +183,6 @@ class HookState:
     fired: set[str] = field(default_factory=set)
     # what the LM head read in each forward (`TuneSites.pool`'s output, offset included), (B, T, D)
     final_hidden: list[torch.Tensor] = field(default_factory=list)
-
-
-def _capture_hook(state: HookState) -> Any:
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        state.final_hidden.append(output[0] if isinstance(output, tuple) else output)
-
-    return hook
 
 
 def _offset_hook(point: HookPoint, delta: torch.Tensor | None, state: HookState) -> Any:
@@ -274,7 +243,12 @@ def bias_offsets(
                 )
             handles.append(point.module.register_forward_hook(_offset_hook(point, delta, state)))
         # after the offsets: a final norm that is the pool point is captured with its offset
-        handles.append(sites.pool.module.register_forward_hook(_capture_hook(state)))
+        capture = state.final_hidden.append
+        handles.append(
+            sites.pool.module.register_forward_hook(
+                lambda m, args, out: capture(out[0] if isinstance(out, tuple) else out)
+            )
+        )
         yield state
     finally:
         for handle in handles:
@@ -289,11 +263,7 @@ def adam_first_step(
     With zero moments, m̂ = g and v̂ = g² after bias correction, whatever β1 and β2 are.
     Computed in float32 (eps underflows in half precision), returned in each gradient's dtype.
     """
-    out = []
-    for g in grads:
-        g32 = g.float()
-        out.append((-lr * g32 / (g32.abs() + eps)).to(g.dtype))
-    return out
+    return [(-lr * g.float() / (g.float().abs() + eps)).to(g.dtype) for g in grads]
 
 
 def tuning_step(
@@ -303,15 +273,10 @@ def tuning_step(
 
     `grads` are the (B, width) gradients of every hook point. Row by row (one sequence):
     `−lr · g / (|g| + e)` with `e = max(eps, rel · max|g|)`, the maximum over that row of every
-    hook point. Where every element is far above `rel · max|g|` this is `adam_first_step`; an
-    element below it steps in proportion to |g| instead of a full `lr`. Why: Adam's fixed eps
-    (1e-8) turns an element whose gradient is rounding noise (|g| ≈ 1e-10 to 1e-8 beside a row
-    scale of 1e-3, or a whole hook point whose exact gradient is zero) into a step of any size
-    up to lr, so a change of the batch or the thread count (which changes the rounding, not the
-    value) moved δ by up to a third of lr. With e ≥ rel · max|g|, |∂δ/∂g| ≤ lr / (rel · max|g|):
-    a rounding error of c·u·max|g| (u the float32 unit roundoff) moves δ by at most c·u/rel of
-    lr, and the function is continuous (no threshold that a rounding error could cross).
-    Computed in float32, returned in each gradient's dtype.
+    hook point: `adam_first_step` where every element is far above `rel · max|g|`, a step in
+    proportion to |g| below it. Adam's fixed eps made a step of up to lr of rounding noise; this
+    one is continuous and moves by at most c·u/rel of lr for a rounding error of c·u·max|g|
+    (docs/design.md, "What is guaranteed"). Computed in float32, returned in each gradient's dtype.
     """
     if not grads:
         return []
@@ -331,49 +296,38 @@ def module_device(module: nn.Module, default: torch.device) -> torch.device:
     return default
 
 
-def cropped_cache(cache: Any, length: int) -> Any:
-    """A new DynamicCache over the first `length` positions of `cache`, sharing its storage.
-
-    Forwards over the result append by concatenation into new tensors, so `cache` (the shared
-    loop's θ cache) is never modified.
-    """
+def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A DynamicCache of full-attention layers over (keys, values) per layer, sharing their
+    storage: forwards over it append by concatenation into new tensors, never modifying them."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    cache = DynamicCache()
+    cache.layers = []
+    for keys, values in pairs:
+        layer = DynamicLayer()
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
+
+
+def cropped_cache(cache: Any, length: int) -> Any:
+    """A new DynamicCache over the first `length` positions of `cache` (the shared loop's θ
+    cache, never modified), sharing its storage."""
+    from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise MethodError(
             f"bias tuning: expected a transformers DynamicCache, got {type(cache).__name__}"
         )
-    view = DynamicCache()
-    new_layers: list[Any] = []
     for i, layer in enumerate(layers):
-        keys, values = layer.keys, layer.values
-        if type(layer) is not DynamicLayer or keys is None or values is None:
+        if type(layer) is not DynamicLayer or layer.keys is None or layer.values is None:
             raise MethodError(
                 f"bias tuning: cache layer {i} is a {type(layer).__name__}; only initialised "
                 "full-attention DynamicLayer caches are supported"
             )
-        copy = DynamicLayer()
-        copy.dtype, copy.device = keys.dtype, keys.device
-        copy.keys, copy.values = keys[..., :length, :], values[..., :length, :]
-        copy.is_initialized = True
-        new_layers.append(copy)
-    view.layers = new_layers
-    return view
-
-
-def last_position(output: Any) -> Any:
-    """A block's output restricted to the last position, or None for an unknown structure.
-
-    Decoder blocks return a (B, T, D) tensor (GPT-2, OPT, LLaMA) or a tuple of it and Nones
-    (Falcon: attention weights not requested).
-    """
-    if isinstance(output, torch.Tensor):
-        return output[:, -1:]
-    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
-        if all(o is None for o in output[1:]):
-            return (output[0][:, -1:],) + output[1:]
-    return None
+    return kv_cache([(x.keys[..., :length, :], x.values[..., :length, :]) for x in layers])
 
 
 @contextmanager

@@ -10,6 +10,7 @@ majority falls back to plain LIDAO, and the row records it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -18,6 +19,7 @@ from jobs.spec import JobSpec
 from jobs.words import GroupWords, label_text
 from workers.decoding import left_padded, max_context
 from workers.methods.base import MethodError, Needs, StepContext
+from workers.methods.biastune import kv_cache
 from workers.methods.lidao import BiasTunedMethod, LidaoMin, LidaoProd
 from workers.models import LoadedLM
 
@@ -137,10 +139,7 @@ class ReferenceStream:
     def _prefill_after_instructions(self, heads: list[list[int]], bodies: list[list[int]]) -> None:
         """[instruction | padding | prompt] rows: the instructions' K/V from `_instruction_kv`,
         then one forward of the left-padded prompts over them."""
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-
         width = max(len(h) for h in heads)
-        head_mask = torch.zeros((len(heads), width), dtype=torch.long, device=self.lm.device)
         cached = [self._instruction_kv(h) if h else None for h in heads]
         template = next((c for c in cached if c), None)
         if template is None or any(h and not c for h, c in zip(heads, cached)):
@@ -148,24 +147,19 @@ class ReferenceStream:
             return
         layers = []
         for index, (keys, values) in enumerate(template):
-            shape = (len(heads), keys.shape[1], width, keys.shape[3])
-            k = keys.new_zeros(shape)
+            k = keys.new_zeros((len(heads), keys.shape[1], width, keys.shape[3]))
             v = values.new_zeros((len(heads), values.shape[1], width, values.shape[3]))
             for row, kv in enumerate(cached):
                 if kv is not None:
                     n = kv[index][0].shape[2]
                     k[row, :, :n], v[row, :, :n] = kv[index][0][0], kv[index][1][0]
-            layer = DynamicLayer()
-            layer.dtype, layer.device = k.dtype, k.device
-            layer.keys, layer.values, layer.is_initialized = k, v, True
-            layers.append(layer)
-        for row, head in enumerate(heads):
-            head_mask[row, : len(head)] = 1
+            layers.append((k, v))
+        lengths = torch.tensor([len(h) for h in heads], device=self.lm.device)
+        head_mask = (torch.arange(width, device=self.lm.device) < lengths[:, None]).long()
         ids, body_mask = left_padded(self.lm, bodies)
         self._mask = torch.cat([head_mask, body_mask], dim=-1)
         positions = (self._mask.cumsum(-1) - 1).clamp_min(0)
-        self._cache = DynamicCache()
-        self._cache.layers = layers
+        self._cache = kv_cache(layers)
         self.prefill_positions += ids.numel()
         self._forward(ids, positions[:, width:])
         self._pos = positions[:, -1:]
@@ -211,13 +205,7 @@ class ReferenceStream:
 class ElidaoMixin(BiasTunedMethod):
     """Adds the reference stream and the V_a replacement to a LIDAO variant."""
 
-    needs: ClassVar[Needs] = Needs(
-        gradients=True,
-        hidden_states=True,
-        attribute_head=True,
-        gender_words=True,
-        reference_stream=True,
-    )
+    needs: ClassVar[Needs] = replace(BiasTunedMethod.needs, reference_stream=True)
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         super().__init__(lm, params, task)

@@ -12,8 +12,6 @@ matrix-vector product per sequence and step suffices; no (V, D) tensor is ever b
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import weakref
 from dataclasses import dataclass
@@ -94,23 +92,13 @@ def gender_direction(lm: LoadedLM) -> torch.Tensor:
     return total / norm
 
 
-# model object → {digest of the word list's contents: geometry}
+# model object → {the word list's contents (groups, words, pairs): geometry}
 _GEOMETRY: weakref.WeakKeyDictionary[Any, dict[str, GenderGeometry]] = weakref.WeakKeyDictionary()
-
-
-def words_digest(words: Any) -> str:
-    """SHA-256 of a word list's contents (groups, words, pairs): the geometry's cache key."""
-    content = {
-        "groups": list(words.groups),
-        "words": {g: list(ws) for g, ws in sorted(words.words.items())},
-        "pairs": [list(p) for p in words.pairs],
-    }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def gender_geometry(lm: LoadedLM) -> GenderGeometry:
     """The per-LM constants of ℓ̂_a, cached per (model object, word list contents)."""
-    key = words_digest(lm.words)
+    key = repr((lm.words.groups, sorted(lm.words.words.items()), lm.words.pairs))
     cached = _GEOMETRY.get(lm.model, {}).get(key)
     if cached is not None:
         return cached
@@ -136,30 +124,20 @@ def gender_geometry(lm: LoadedLM) -> GenderGeometry:
     return geometry
 
 
-def demographic_scores(geo: GenderGeometry, gen_sum: torch.Tensor) -> torch.Tensor:
+def demographic_scores(
+    geo: GenderGeometry, gen_sum: torch.Tensor, es: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, V) s_x = KL(q(·|c,x) ‖ q(·|x)) + Σ_a p(a) q(a|x) log(q(a|x)/p(a)).
 
     Args:
         geo: the LM's gender geometry.
-        gen_sum: (B, D) float32 sum n·c̄ of the input embeddings of the tokens generated so far
-            (zero before the first token, where the KL term vanishes).
-    """
-    with torch.no_grad():
-        es = (geo.embed @ gen_sum.to(geo.embed.dtype).T).T.float()  # (B, V): the one mat-vec
-        return scores_from_products(geo, gen_sum, es)
-
-
-def scores_from_products(
-    geo: GenderGeometry, gen_sum: torch.Tensor, es: torch.Tensor | None
-) -> torch.Tensor:
-    """(B, V) s_x of `demographic_scores` given es = (E S)ᵀ, (B, V) float32.
-
-    `es=None` means S = 0 (before the first token): the products are zero, not computed.
-    The bias tuner computes `es` in the same pass over E as the horizon's expected embedding.
+        gen_sum: (B, D) float32 sum S = n·c̄ of the input embeddings of the tokens generated so
+            far (zero before the first token, where the KL term vanishes).
+        es: (B, V) float32 (E S)ᵀ when computed already (the bias tuner's pass over E).
     """
     with torch.no_grad():
         if es is None:
-            es = torch.zeros((gen_sum.shape[0], geo.proj.shape[0]), device=gen_sum.device)
+            es = (geo.embed @ gen_sum.to(geo.embed.dtype).T).T.float()  # (B, V): the one mat-vec
         num = (gen_sum @ geo.direction).unsqueeze(-1) + geo.proj  # (B, V): (S + E_x)·v
         sq = (gen_sum * gen_sum).sum(-1, keepdim=True) + 2.0 * es + geo.sqnorm  # ‖S + E_x‖²
         cos = num / sq.clamp_min(1e-24).sqrt()

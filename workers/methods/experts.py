@@ -20,8 +20,26 @@ if TYPE_CHECKING:
     from workers.models import LoadedLM
 
 
-def check_same_tokenizer(base: LoadedLM, extra: LoadedLM, what: str) -> None:
-    """Raise MethodError unless `extra` maps text to the same ids as `base`, with the same vocabulary."""
+def load_extra_lm(base: LoadedLM, spec: Any, param: str, method: str) -> LoadedLM:
+    """Load the extra model named by parameter `param` (a hub id or local path) like θ.
+
+    Raises:
+        MethodError: the parameter is missing, the model cannot be loaded, or its tokenizer (or
+            its vocabulary) differs from θ's.
+    """
+    from workers.models import load_lm
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise MethodError(
+            f"method {method}: parameter `{param}` is required (a hub id or local path of the model); got {spec!r}"
+        )
+    try:
+        extra = load_lm(
+            ModelRef(spec, None, base.ref.dtype), device=str(base.device), words=base.words
+        )
+    except (OSError, ValueError) as exc:
+        raise MethodError(f"method {method}: {param} {spec!r}: cannot load: {exc}") from exc
+    what = f"{method} {param}"
     a, b = base.tokenizer.get_vocab(), extra.tokenizer.get_vocab()
     if a != b:
         only_a = sorted(set(a) - set(b))[:5]
@@ -39,27 +57,6 @@ def check_same_tokenizer(base: LoadedLM, extra: LoadedLM, what: str) -> None:
         raise MethodError(
             f"{what} {extra.ref.id!r} scores {vb} token ids, model {base.ref.id!r} scores {va}"
         )
-
-
-def load_extra_lm(base: LoadedLM, spec: Any, param: str, method: str) -> LoadedLM:
-    """Load the extra model named by parameter `param` (a hub id or local path) like θ.
-
-    Raises:
-        MethodError: the parameter is missing, the model cannot be loaded, or its tokenizer differs.
-    """
-    from workers.models import load_lm
-
-    if not isinstance(spec, str) or not spec.strip():
-        raise MethodError(
-            f"method {method}: parameter `{param}` is required (a hub id or local path of the model); got {spec!r}"
-        )
-    try:
-        extra = load_lm(
-            ModelRef(spec, None, base.ref.dtype), device=str(base.device), words=base.words
-        )
-    except (OSError, ValueError) as exc:
-        raise MethodError(f"method {method}: {param} {spec!r}: cannot load: {exc}") from exc
-    check_same_tokenizer(base, extra, f"{method} {param}")
     return extra
 
 

@@ -1,9 +1,6 @@
-"""Head metadata without torch: finding a head's JSON and checking it against (model, task).
-
-`harness.config` uses `check_head_spec` when the config is read (before Ray starts), so a
-sentiment head given for the toxicity task, or a head trained on another LM, is refused with
-the config field named. `workers.methods.heads` uses the same helpers when an actor loads the
-weights. The metadata formats are described in `workers.methods.heads`.
+"""Head metadata without torch: finding a head's JSON and checking it against (model, task),
+by `harness.config` when the config is read (a head of another task or LM is refused naming
+the field) and by `workers.methods.heads` when an actor loads the weights (formats there).
 """
 
 from __future__ import annotations
@@ -126,30 +123,35 @@ def known_hidden_size(model_id: str) -> int | None:
     return KNOWN_HIDDEN.get(model_name(model_id))
 
 
-def check_head_spec(spec: str, model_id: str, task: str) -> str | None:
-    """Check head `spec` (path or URL) against the model and task it is given for.
+def check_head_spec(
+    spec: str,
+    model_id: str,
+    task: str | None,
+    meta: dict[str, Any] | None = None,
+    width: int | None = None,
+) -> str | None:
+    """Check head `spec` (path or URL, its metadata `meta` read here when not given) against the
+    model and task it is given for: hidden size (`width`, else where known without loading), LM
+    (ids match on their last path component: `gpt2-large` and `openai-community/gpt2-large`, a
+    local folder named like the model; a head without one is checked by size only), task.
 
-    Returns:
-        None when checked, else why it could not be checked here (the actor checks it).
-
-    Raises:
-        HeadMetaError: unreadable metadata, or a task, LM id or hidden size that disagrees.
-    """
-    meta = read_meta(spec)
+    Returns None when checked, else why it could not be checked here (the actor checks it);
+    raises `HeadMetaError` for unreadable metadata, or a size, LM id or task that disagrees."""
+    meta = read_meta(spec) if meta is None else meta
     if meta is None:
         return f"head {spec} cannot be seen from here; it is checked when the model loads"
-    head_task = meta.get("task")
-    if head_task is not None and str(head_task) != task:
+    size = meta.get("hidden_size", meta.get("embed_size"))
+    width = width or known_hidden_size(model_id)
+    if size is not None and width is not None and int(size) != width:
         raise HeadMetaError(
-            f"head {spec} was trained for task {head_task!r}, not for {task!r} (model {model_id})"
+            f"head {spec} is {size} wide, but model {model_id} has hidden size {width}"
         )
     head_lm = meta.get("lm_id", meta.get("pretrained_model"))
     if head_lm and model_name(str(head_lm)) != model_name(model_id):
         raise HeadMetaError(f"head {spec} was trained on {head_lm!r}, not on model {model_id!r}")
-    width = meta.get("hidden_size", meta.get("embed_size"))
-    expected = known_hidden_size(model_id)
-    if width is not None and expected is not None and int(width) != expected:
+    head_task = meta.get("task")
+    if task is not None and head_task is not None and str(head_task) != task:
         raise HeadMetaError(
-            f"head {spec} is {width} wide, but model {model_id} has hidden size {expected}"
+            f"head {spec} was trained for task {head_task!r}, not for {task!r} (model {model_id})"
         )
     return None

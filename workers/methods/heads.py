@@ -1,50 +1,41 @@
-"""Attribute heads: linear classifiers on the mean-pooled final hidden states of a frozen LM.
+"""Attribute heads: linear classifiers `W (C, D), b (C,)` on the mean of a frozen LM's final
+hidden states, what its LM head reads (after `project_out` where a model has one, as opt-350m).
+Heads are per LM and per task; PPLM, UDDIA and the LIDAO family read the property of a text
+through them.
 
-PPLM, UDDIA and the LIDAO family read the property of a text (non-toxic, positive...) through a
-head `W (C, D), b (C,)` applied to the mean of the LM's final hidden states: what the LM head
-reads (after the final norm, and after `project_out` where a model has one, as opt-350m; D is
-the LM head's input width). Heads are per LM and per task.
-
-File format written by the harness (`save_head`), two files side by side:
-
-- `<stem>.safetensors`: `{"linear.weight": (C, D) float32, "linear.bias": (C,) float32}`;
-- `<stem>.json`: the metadata, an object with
-  `format` ("lidao-head/1"), `lm_id`, `lm_revision`, `hidden_size`, `class_names` (index
-  order), `target_class` (index of the desirable class), `task`, `data` (source, `sha256`,
-  sizes), `training` (epochs, lr, batch size, seed, max tokens, accuracies), `created` (UTC
-  ISO date) and `versions` (torch, transformers, lidao-harness).
-
-Read as well (`load_head`), so the public PPLM / UDDIA heads load as they are: a torch state
-dict `{mlp.weight, mlp.bias}` (`.pt`) with a PPLM meta JSON beside it (`<name>_meta.json`, or
-`<name>.json`) holding `class_size, embed_size, pretrained_model, class_vocab, default_class`.
-PPLM's `default_class` is the class its demo steers to, not always a desirable one (its SST
-head's is `very_negative`), so the target class of such a head is `target_class` when the meta
-has one, else the single class whose name reads desirable (`non_toxic`, `positive`...).
+Files (docs/design.md, "Attribute heads"): ours (`save_head`) are `<stem>.safetensors`
+(`linear.weight`, `linear.bias`, float32) and `<stem>.json` (`format` "lidao-head/1", `lm_id`,
+`lm_revision`, `hidden_size`, `class_names`, `target_class`, `task`, `data`, `training`,
+`created`, `versions`). `load_head` also reads a PPLM head as published: a torch state dict
+`{mlp.weight, mlp.bias}` with its meta JSON (`class_size, embed_size, pretrained_model,
+class_vocab, default_class`). PPLM's `default_class` is the class its demo steers to, not
+always a desirable one (its SST head's is `very_negative`), so such a head's target class is
+the meta's `target_class`, else the single class whose name reads desirable (`non_toxic`...).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pyarrow.fs import LocalFileSystem
 from torch import nn
 
 from jobs.files import DatasetError, fetch
-from results.run.shards import file_mode
+from results.run.shards import put_bytes
 from workers.methods.base import MethodError
 from workers.methods.head_meta import (
     KNOWN_HEADS,
     UDDIA_TOXICITY_HEAD,
     HeadMetaError,
+    check_head_spec,
     local_weights,
     meta_path,
     model_name,
-    read_meta_file,
+    read_meta,
 )
 from workers.tiny import TINY_PREFIX
 
@@ -65,14 +56,9 @@ TASK_CLASSES: dict[str, tuple[str, str]] = {
 
 
 class AttributeHead(nn.Module):
-    """A linear classifier over pooled hidden states.
-
-    Attributes:
-        linear: `nn.Linear(D, C)`.
-        target_class: index of the desirable class (non-toxic, positive...).
-        class_names: the C class names, in index order.
-        meta: the metadata it was loaded with (see the module docstring).
-    """
+    """A linear classifier `linear` (D → C) over pooled hidden states, with its C
+    `class_names`, the index of the desirable one (`target_class`: non-toxic, positive...) and
+    the metadata it was loaded with (`meta`, see the module docstring)."""
 
     def __init__(
         self,
@@ -139,81 +125,59 @@ def _normalise_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _meta_path(weights: Path) -> Path:
-    try:
-        return meta_path(weights)
-    except HeadMetaError as exc:
-        raise MethodError(str(exc)) from None
-
-
-def _read_state(weights: Path) -> dict[str, torch.Tensor]:
+def _linear_tensors(weights: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) from a head's weights file: ours (`linear.`), PPLM's (`mlp.`) or bare."""
     try:
         if weights.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return dict(load_file(str(weights)))
-        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+            state: Any = load_file(str(weights))
+        else:
+            state = torch.load(str(weights), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
         raise MethodError(f"{weights}: cannot read head weights ({exc})") from exc
     if not isinstance(state, dict):
         raise MethodError(f"{weights}: expected a state dict, got {type(state).__name__}")
-    return state
-
-
-def _linear_tensors(
-    state: dict[str, torch.Tensor], where: str
-) -> tuple[torch.Tensor, torch.Tensor]:
     for prefix in ("linear.", "mlp.", ""):
         w, b = state.get(prefix + "weight"), state.get(prefix + "bias")
         if isinstance(w, torch.Tensor) and isinstance(b, torch.Tensor):
             return w, b
     raise MethodError(
-        f"{where}: no linear.weight/bias (or PPLM mlp.weight/bias); keys: {sorted(state)}"
+        f"{weights}: no linear.weight/bias (or PPLM mlp.weight/bias); keys: {sorted(state)}"
     )
 
 
-def _local_weights(spec: str) -> tuple[Path, dict[str, Any] | None]:
-    """Weights file of a path or URL, and the known metadata of a known URL."""
-    if spec.startswith(("http://", "https://")):
-        known = KNOWN_HEADS.get(spec, {})
-        try:
-            local = fetch(spec, sha256=known.get("sha256"))
-        except DatasetError as exc:
-            raise MethodError(f"head {spec}: {exc}") from exc
-        if known:
-            return Path(local), {**known["meta"], "task": known.get("task")}
+def _weights_and_meta(spec: str) -> tuple[Path, dict[str, Any], str]:
+    """The weights file of a head path or URL, its raw metadata, and the file that names it."""
+    try:
+        if spec.startswith(("http://", "https://")):
+            try:
+                weights = Path(fetch(spec, sha256=KNOWN_HEADS.get(spec, {}).get("sha256")))
+            except DatasetError as exc:
+                raise MethodError(f"head {spec}: {exc}") from exc
+            where = str(weights)
+        else:
+            found = local_weights(spec)
+            if found is None:
+                raise MethodError(f"head {spec}: no such file")
+            weights, where = found, str(meta_path(found))
+        meta = read_meta(spec)
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
+    if meta is None:
         raise MethodError(
             f"head {spec}: unknown URL; download it with its metadata JSON and pass the path"
         )
-    try:
-        path = local_weights(spec)
-    except HeadMetaError as exc:
-        raise MethodError(str(exc)) from None
-    if path is None:
-        raise MethodError(f"head {spec}: no such file")
-    return path, None
+    return weights, meta, where
 
 
 def load_head(path: str) -> AttributeHead:
-    """Load a head written by `save_head`, or a PPLM head with its meta JSON.
-
-    Args:
-        path: the weights file, its folder, or a known URL (fetched once, SHA-256 checked).
-
-    Raises:
-        MethodError: missing or unreadable files, or shapes that disagree with the metadata.
-    """
-    weights, meta = _local_weights(path)
-    where = str(weights)
-    if meta is None:
-        meta_file = _meta_path(weights)
-        try:
-            meta = read_meta_file(meta_file)
-        except HeadMetaError as exc:
-            raise MethodError(str(exc)) from exc
-        where = str(meta_file)
+    """Load a head written by `save_head`, or a PPLM head with its meta JSON, from its weights
+    file, their folder, or a known URL (fetched once, SHA-256 checked); `MethodError` for
+    missing or unreadable files, or shapes that disagree with the metadata."""
+    weights, meta, where = _weights_and_meta(path)
     meta = _normalise_meta(meta, where)
-    w, b = _linear_tensors(_read_state(weights), str(weights))
+    w, b = _linear_tensors(weights)
     n_classes, hidden = len(meta["class_names"]), w.shape[-1]
     if w.dim() != 2 or w.shape[0] != n_classes or b.shape != (n_classes,):
         raise MethodError(
@@ -235,12 +199,11 @@ def load_head(path: str) -> AttributeHead:
 
 def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
     """Write `<stem>.safetensors` and `<stem>.json` atomically; returns both paths."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    target = Path(path)
+    target = Path(path).absolute()
     if target.suffix != ".safetensors":
         target = target.with_name(target.name + ".safetensors")
-    target.parent.mkdir(parents=True, exist_ok=True)
     meta_file = target.with_suffix(".json")
     meta = {
         **head.meta,
@@ -250,48 +213,22 @@ def save_head(head: AttributeHead, path: str) -> tuple[str, str]:
         "target_class": head.target_class,
     }
     tensors = {k: v.detach().cpu().float().contiguous() for k, v in head.state_dict().items()}
-    _atomic(target, lambda tmp: save_file(tensors, tmp))
     text = json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n"
-    _atomic(meta_file, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    local = LocalFileSystem()
+    put_bytes(local, target.as_posix(), save(tensors), local=True)
+    put_bytes(local, meta_file.as_posix(), text.encode("utf-8"), local=True)
     return str(target), str(meta_file)
 
 
-def _atomic(target: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, file_mode())  # mkstemp made it 0600: give it the umask's mode instead
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def check_head(head: AttributeHead, lm: LoadedLM, task: str | None = None) -> None:
-    """Fail at actor start when the head was not trained on this LM (or for this task).
-
-    The LM ids match when their last path components agree (`gpt2-large` and
-    `openai-community/gpt2-large`; a local folder named like the model); the hidden sizes must
-    be equal. A head without an `lm_id` is checked by size only.
-
-    Raises:
-        MethodError: naming the head, both ids or both sizes.
-    """
-    source = head.meta.get("source", "attribute head")
-    width = lm_hidden_size(lm)
-    if head.hidden_size != width:
-        raise MethodError(
-            f"head {source}: {head.hidden_size} wide, but model {lm.ref.id} has hidden size {width}"
-        )
-    head_lm = head.meta.get("lm_id")
-    if head_lm and model_name(str(head_lm)) != model_name(lm.ref.id):
-        raise MethodError(f"head {source}: trained on {head_lm!r}, not on model {lm.ref.id!r}")
-    head_task = head.meta.get("task")
-    if task is not None and head_task is not None and str(head_task) != task:
-        raise MethodError(f"head {source}: trained for task {head_task!r}, not for {task!r}")
+    """`MethodError` at actor start when the head was not trained on this LM (or for this task):
+    `head_meta.check_head_spec` on its metadata and width."""
+    meta = {**head.meta, "hidden_size": head.hidden_size}
+    try:
+        source = meta.get("source", "attribute head")
+        check_head_spec(source, lm.ref.id, task, meta, lm_hidden_size(lm))
+    except HeadMetaError as exc:
+        raise MethodError(str(exc)) from None
 
 
 def random_head(lm: LoadedLM, task: str) -> AttributeHead:
@@ -308,16 +245,9 @@ def random_head(lm: LoadedLM, task: str) -> AttributeHead:
 
 
 def resolve_head(lm: LoadedLM, task: str, head: str | None) -> AttributeHead:
-    """The attribute head a method uses, on the LM's device, checked against the LM.
-
-    Args:
-        lm: the loaded model.
-        task: sentiment | regard | toxicity (names the random head's classes).
-        head: a head path or URL; None = a random head for tiny models, else an error.
-
-    Raises:
-        MethodError: no head for a real model (naming what to pass), or a mismatched head.
-    """
+    """The attribute head a method uses for `task`, on the LM's device, checked against the LM:
+    `head` (a path or URL), or None: a random head for tiny models, else a `MethodError` naming
+    what to pass (as for a mismatched head)."""
     if head is None:
         if not lm.ref.id.startswith(TINY_PREFIX):
             hint = ""

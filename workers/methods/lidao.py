@@ -17,21 +17,10 @@ import torch
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
-from workers.methods.biastune import SCOPES
-from workers.methods.estimators import (
-    gender_geometry,
-    hellinger_gate,
-    property_loss,
-)
+from workers.methods.estimators import gender_geometry, hellinger_gate, property_loss
+from workers.methods.heads import resolve_head
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM
-
-
-def load_head(lm: LoadedLM, task: str, head: str | None) -> torch.nn.Module:
-    """The attribute head of `task` for `lm` (see `workers.methods.heads.resolve_head`)."""
-    from workers.methods.heads import resolve_head
-
-    return resolve_head(lm, task, head)  # type: ignore[no-any-return]
 
 
 class DiscountedHistory:
@@ -87,22 +76,18 @@ class BiasTunedMethod(DecodingMethod):
             )
         p = {**defaults, **params}
         family = FAMILY_TUNING.get(lm.family, FAMILY_TUNING["other"])
-        p["lr"] = float(family["lr"] if p["lr"] is None else p["lr"])
-        p["tau"] = float(family["tau"] if p["tau"] is None else p["tau"])
+        for name in ("lr", "tau"):
+            p[name] = float(family[name] if p[name] is None else p[name])
         if not 0.0 <= p["tau"] <= 1.0 or p["lr"] < 0.0:
             raise MethodError(
                 f"method {self.name!r}: need 0 <= tau <= 1 and lr >= 0, got {p['tau']}, {p['lr']}"
             )
-        if p["scope"] not in SCOPES:
-            raise MethodError(
-                f"method {self.name!r}: scope must be one of {SCOPES}, got {p['scope']!r}"
-            )
         super().__init__(lm, p, task)
-        self.tuner = BiasTuner(lm, int(p["blocks"]), str(p["scope"]))
+        self.tuner = BiasTuner(lm, int(p["blocks"]), str(p["scope"]))  # checks the scope
         p["blocks"] = self.tuner.sites.k  # clamped to the model's depth
         self.geometry = gender_geometry(lm)
-        self.head = load_head(lm, task, p["head"]).to(lm.device)
-        self.target = int(getattr(self.head, "target_class", 0))
+        self.head = resolve_head(lm, task, p["head"])
+        self.target = self.head.target_class
         self._reset(0)
 
     # ---- per-batch state -------------------------------------------------------------------
@@ -111,7 +96,7 @@ class BiasTunedMethod(DecodingMethod):
         dev, dim = self.lm.device, self.geometry.embed.shape[1]
         self._gen_sum = torch.zeros((batch, dim), device=dev)  # Σ E[generated tokens], (B, D)
         self._gen_zero = True  # no token generated yet: ℓ̂_a's product E·S is skipped
-        self._records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._records: list[tuple[torch.Tensor, torch.Tensor, Any]] = []  # loss_g, loss_a, chose_g
         self._emitted: list[torch.Tensor] = []  # per step, (B,) rows that appended a token
         self._columns: list[dict[str, Any]] | None = None
 
@@ -194,30 +179,22 @@ class BiasTunedMethod(DecodingMethod):
         if steps == 0:
             return [{"loss_g": [], "loss_a": [], "choices": None} for _ in range(batch)]
         emitted = torch.stack(self._emitted[:steps]).cpu()  # (S, B)
-        loss_g = torch.stack([r[0] for r in self._records[:steps]]).float().cpu()
-        loss_a = torch.stack([r[1] for r in self._records[:steps]]).float().cpu()
-        has_choice = self._records[0][2] is not None
-        chose = (
-            torch.stack([r[2] for r in self._records[:steps] if r[2] is not None]).cpu()
-            if has_choice
-            else None
-        )
+        records = self._records[:steps]
+        loss_g = torch.stack([r[0] for r in records]).float().cpu()
+        loss_a = torch.stack([r[1] for r in records]).float().cpu()
+        chose = None if records[0][2] is None else torch.stack([r[2] for r in records]).cpu()
         columns = []
         for b in range(batch):
             idx = torch.nonzero(emitted[:, b]).flatten()
+            choices = None if chose is None else chose[idx, b].tolist()
             columns.append(
                 {
                     "loss_g": loss_g[idx, b].tolist(),
                     "loss_a": loss_a[idx, b].tolist(),
-                    "choices": ["g" if c else "a" for c in chose[idx, b].tolist()]
-                    if chose is not None
-                    else None,
+                    "choices": None if choices is None else ["g" if c else "a" for c in choices],
                 }
             )
         return columns
-
-    def effective_params(self) -> dict[str, Any]:
-        return dict(self.params)
 
 
 class Uddia(BiasTunedMethod):

@@ -5,44 +5,40 @@ Before each token, a per-sequence perturbation Δ of the keys and values of ever
 
     CE(head(pooled), desirable class) + kl_scale · KL(p_Δ ‖ p_θ)
 
-where `pooled` is the mean of the final hidden states of the context (θ's), of the last
-position under the perturbed past (detached, as in the reference) and of `horizon_length`
-positions whose input embedding is the expected embedding `Eᵀ p_Δ` of the next token (run on
-θ's cache); the gradient reaches Δ through p_Δ. Each step is, per sequence s and layer l,
+where `pooled` is the mean of θ's final hidden states of the context, of the last position
+under the perturbed past (detached, as in the reference) and of `horizon_length` positions fed
+the expected embedding `Eᵀ p_Δ` of the next token (on θ's cache). Per sequence s and layer l,
 
     Δ ← Δ − step_size · g ⊙ w / (max(‖g ⊙ w‖, 1e-3 · max_l ‖g_l ⊙ w‖) + 1e-15)^gamma
 
-with the norm over the layer's keys and values of that sequence, `w` the window mask, and the
-floor 1e-3 of the sequence's largest layer norm (`NORM_FLOOR_REL`; the reference has none). The
-sampling distribution is the geometric mixture `p_Δ^gm_scale · p_θ^(1−gm_scale)`.
+with the norm over the layer's keys and values, `w` the window mask, and the floor
+`NORM_FLOOR_REL` (the reference has none). Sampling is from `p_Δ^gm_scale · p_θ^(1−gm_scale)`.
 
-Decisions (facts from the reference `uber-research/PPLM` run_pplm.py and the PPLM baseline of
-DExperts / UDDIA, whose GPT-2 pipeline the paper's tables come from; see docs/design.md):
-- The perturbed history persists, as in the paper and the reference: the keys and values of a
-  token are the ones computed under the perturbed past, so steps accumulate over the sequence.
-  This method therefore keeps its own cache beside the loop's θ cache.
-- Defaults: 10 steps of size 0.2 (3 steps for Falcon, the paper's appendix; 10 × 0.2 is also
-  what the DExperts/UDDIA scripts ran for GPT-2 large), gamma 1.0, kl_scale 0.01, gm_scale 0.9,
-  horizon 1, window 0 (= all). run_pplm.py's CLI defaults differ (3 steps, 0.02, gamma 1.5).
+Decisions (from the reference `uber-research/PPLM` run_pplm.py and the PPLM baseline of
+DExperts / UDDIA, whose GPT-2 pipeline the paper's tables come from):
+- The perturbed history persists, as in the paper and the reference (a token's keys and values
+  are computed under the perturbed past), so this method keeps its own cache beside θ's.
+- Defaults (`jobs.catalog`): 10 steps of 0.2 (3 for Falcon, the paper's appendix; 10 × 0.2 is
+  what the DExperts/UDDIA scripts ran for GPT-2 large); run_pplm.py's CLI defaults differ (3
+  steps, 0.02, gamma 1.5).
 - `window_length` > 0 perturbs the most recent positions (the reference's mask keeps the
   oldest ones, which contradicts its own decay ramp); `decay` ramps weights 1/w … 1 toward them.
-- Temperature and repetition penalty (the loop's `process`) apply to both distributions
-  before the mixture (the reference applies them to p_Δ only); top-p is the loop's.
-- Batched: losses of the rows are summed, each row's Δ gets its own exact gradient and norm.
+- Temperature and repetition penalty apply to both distributions before the mixture (the
+  reference: to p_Δ only). Batched: each row's Δ gets its own exact gradient and norm.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.estimators import property_loss
 from workers.methods.heads import AttributeHead, resolve_head
 
 if TYPE_CHECKING:
@@ -74,21 +70,12 @@ class PPLMConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any], family: str) -> PPLMConfig:
-        p = dict(params)
+        p = {"head": None, **params}
         if p.get("steps") is None:
             p["steps"] = 3 if family == "falcon" else 10
+        casts: dict[Any, Any] = {"int": int, "float": float, "bool": bool}  # head: as given
         try:
-            cfg = cls(
-                steps=int(p["steps"]),
-                step_size=float(p["step_size"]),
-                kl_scale=float(p["kl_scale"]),
-                gm_scale=float(p["gm_scale"]),
-                gamma=float(p["gamma"]),
-                horizon_length=int(p["horizon_length"]),
-                window_length=int(p["window_length"]),
-                decay=bool(p["decay"]),
-                head=p.get("head"),
-            )
+            cfg = cls(**{f.name: casts.get(f.type, lambda v: v)(p[f.name]) for f in fields(cls)})
         except (KeyError, TypeError, ValueError) as exc:
             raise MethodError(f"method pplm: bad parameters {params}: {exc}") from exc
         checks = {
@@ -135,13 +122,9 @@ def window_mask(length: int, window: int, decay: bool, device: torch.device) -> 
     (they multiply Δ's float32 gradients, never the model's keys and values)."""
     w = torch.ones(length, device=device)
     if 0 < window < length:
-        w.zero_()
-        ramp = (
-            torch.arange(1, window + 1, device=device) / window
-            if decay
-            else torch.ones(window, device=device)
-        )
-        w[length - window :] = ramp
+        w[: length - window] = 0.0
+        if decay:
+            w[length - window :] = torch.arange(1, window + 1, device=device) / window
     return w.view(1, 1, length, 1)
 
 
@@ -208,9 +191,7 @@ class Perturber:
         logits, last_hidden, _ = self.forward_last(s, perturbed(s.past, deltas))
         probs = torch.softmax(logits, -1)
         total = s.hidden_sum + last_hidden.detach() + self.horizon(s, probs)  # (B, D)
-        pooled = total / s.count.unsqueeze(-1)
-        target = torch.full((pooled.shape[0],), self.head.target_class, device=pooled.device)
-        ce = F.cross_entropy(self.head(pooled), target, reduction="none")
+        ce = property_loss(self.head, total / s.count.unsqueeze(-1), self.head.target_class)
         if self.cfg.kl_scale == 0:
             return ce, ce
         return ce, ce + self.cfg.kl_scale * _kl(probs, torch.softmax(s.unpert_logits, -1))

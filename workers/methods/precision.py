@@ -1,10 +1,9 @@
 """float32 copies of a half-precision model's tuned path, shared by every tuner of the model.
 
-In a half-precision model an offset of 0.006 rounds away on any activation of magnitude ≥ 2, so
-the tuned path (the top k blocks, the final norm, a `project_out`, and the output product) runs
-on float32 copies of those modules while θ's own forward and the lower blocks stay in the
-model's dtype; the copies get float32 rotary cos/sin and attend over float32 K/V of θ. The
-measurements behind this choice: `docs/design.md` (Bias tuning, precision policy).
+In bf16 an offset of 0.006 rounds away on any activation of magnitude ≥ 2, so the tuned path
+(the top k blocks, the final norm, a `project_out`, the output product) runs on float32 copies
+while θ's own forward and the lower blocks stay in the model's dtype (docs/design.md,
+"Precision policy", with the measurements behind it).
 """
 
 from __future__ import annotations
@@ -29,13 +28,9 @@ if TYPE_CHECKING:
 _FLOAT32_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-def _float32_copies(model: nn.Module) -> dict[str, Any]:
-    return _FLOAT32_COPIES.setdefault(model, {})
-
-
 def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
     """The output matrix in float32, one copy per model."""
-    copies = _float32_copies(model)
+    copies = _FLOAT32_COPIES.setdefault(model, {})
     if "head" not in copies:
         copies["head"] = head.weight.detach().float()
     return copies["head"]  # type: ignore[no-any-return]
@@ -48,14 +43,22 @@ class Float32Top:
     Built only for a half-precision model; the originals stay in place for θ's forwards. The
     copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
     them, and one with fewer blocks uses the top ones of a deeper one's (hooks that install the
-    offsets come and go with each pass, so sharing carries no state).
+    offsets come and go with each pass, so sharing carries no state). Attention must take
+    float32: FlashAttention is refused.
     """
 
-    def __init__(self, model: nn.Module, sites: TuneSites) -> None:
-        self.model = model
+    def __init__(self, lm: LoadedLM, sites: TuneSites) -> None:
+        attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
+        if attention.startswith("flash_attention"):
+            raise MethodError(
+                f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
+                f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
+                f"or eager"
+            )
+        model = lm.model
         blocks = model.get_submodule(sites.blocks_path)
         first = sites.num_blocks - sites.k
-        copies = _float32_copies(model)
+        copies = _FLOAT32_COPIES.setdefault(model, {})
         rotary = getattr(
             model.get_submodule(sites.blocks_path.rpartition(".")[0]), "rotary_emb", None
         )
@@ -112,15 +115,3 @@ def _float32_rotary(rotary: nn.Module) -> Any:
         return args, kwargs
 
     return hook
-
-
-def float32_top(lm: LoadedLM, sites: TuneSites) -> Float32Top:
-    """The float32 copies of a half-precision `lm`'s tuned path (attention must take float32)."""
-    attention = str(getattr(lm.model.config, "_attn_implementation", None) or "")
-    if attention.startswith("flash_attention"):
-        raise MethodError(
-            f"bias tuning: the tuned blocks of a half-precision model run in float32, which "
-            f"{attention} does not take; load {lm.ref.id} with attn_implementation sdpa "
-            f"or eager"
-        )
-    return Float32Top(lm.model, sites)

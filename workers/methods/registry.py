@@ -1,9 +1,6 @@
-"""Methods by name, imported lazily so the driver never imports torch.
-
-What a method is called, its `"module:Class"`, its parameter defaults and kinds, and how a job's
-parameters resolve are the catalog's (`jobs.catalog`, torch-free). This module adds the plugins
-(loaded before every lookup), the import of a method's class (inside the generation actor) and
-`register_method`, the call an `--include` module makes.
+"""Methods by name, imported lazily so the driver never imports torch: the catalog's lookups
+(`jobs.catalog`: names, targets, defaults, kinds) after the plugins, the import of a method's
+class (inside the generation actor) and `register_method`, the call an `--include` module makes.
 """
 
 from __future__ import annotations

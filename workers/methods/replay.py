@@ -1,15 +1,7 @@
-"""What θ's own forwards of a batch leave for the bias-tuning passes, and their replay.
-
-The shared loop runs θ's forward of every new position anyway; the tuner's probe takes what it
-can from it instead of recomputing it:
-
-- `ThetaGraph` (`last` scope of a float32 model): θ's forward runs through zero offsets that
-  require grad, and the probe differentiates that forward of the new position.
-- `LinearRecord` (`context` scope of a float32 model): θ's forwards record the outputs of the
-  tuned linear layers (`replayable`), and in the probe's re-run of the context each of those
-  layers returns them through `_Replay` (the value θ computed, the derivative of `x Wᵀ + b`
-  w.r.t. its input) instead of computing them, so only norms, activations and attention are
-  recomputed for the graph.
+"""What θ's own forwards of a batch leave for the bias-tuning probe, instead of recomputing it
+(docs/design.md, "Bias tuning"): `ThetaGraph` (`last` scope of a float32 model: θ's forward
+through zero offsets that require grad) and `LinearRecord` (`context` scope of a float32 model:
+the tuned linear layers' outputs, replayed through `_Replay` in the probe's re-run).
 """
 
 from __future__ import annotations
@@ -66,14 +58,12 @@ def replayable(module: nn.Module) -> bool:
 
 class ThetaGraph:
     """`last` scope of a float32 model: the shared loop's forwards of θ through zero offsets
-    that require grad, so the probe differentiates θ's own forward of the new position instead
-    of running the tuned blocks on it again.
+    that require grad, so the probe differentiates θ's own forward of the new position.
 
-    Adding 0.0 changes no value, so the loop's logits, cache and hidden states are θ's. The
-    graph of a forward serves its step only: the cache's tuned layers and the final hidden
-    states are detached before the next forward (earlier positions are constants of θ in
-    `last` scope). The prompt's forward runs without hooks (its positions before the last
-    are constants too), so the first probe of a batch re-runs the last position.
+    Adding 0.0 changes no value. The graph of a forward serves its step only: the cache's tuned
+    layers are detached before the next forward (earlier positions are constants of θ in `last`
+    scope); the prompt's forward runs without hooks, so a batch's first probe re-runs the last
+    position.
     """
 
     def __init__(self, model: nn.Module, sites: TuneSites, head: nn.Module, first: int) -> None:

@@ -1,17 +1,16 @@
 """The re-run of the tuned blocks over what θ fixed, for the probe and the tuned forward.
 
-The blocks below the tuned ones give the same states under θ and θ + δ, so their output at
-every position comes from the loop's hidden states: in `context` scope the tuner keeps, per
-batch, the states entering the first tuned block for every position (one more per token) and
-re-runs only the top k blocks over them; in `last` scope it runs the top k blocks on the last
-position only, over θ's cache. In a half-precision model the re-run takes the float32 copies
+The blocks below the tuned ones give the same states under θ and θ + δ, so the states entering
+the first tuned block come from the loop's hidden states (kept per batch, one more position per
+token) and only the top k blocks run: over every position in `context` scope, on the last one
+over θ's cache in `last` scope. In half precision the re-run takes the float32 copies
 (`workers.methods.precision`) and attends over float32 K/V of θ of the tuned blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +33,10 @@ if TYPE_CHECKING:
 
 
 class Rerun:
-    """The tuned blocks of one tuner re-run over θ's block inputs, with the lower blocks
-    skipped; per batch it keeps those inputs, the running sum of θ's final hidden states
-    (`last` scope) and, in half precision, θ's float32 K/V of the tuned blocks.
-
-    Args:
-        lm: the frozen LM.
-        sites: the tuned sites of `lm` (`find_sites`).
-        f32: the float32 copies of the tuned path (half precision) or None.
-        head: the LM's output layer.
-    """
+    """The tuned blocks (`sites`, on the float32 copies `f32` in half precision) re-run over
+    θ's block inputs, the lower blocks skipped; per batch it keeps those inputs, the running sum
+    of θ's final hidden states (`last` scope) and, in half precision, θ's float32 K/V of the
+    tuned blocks. `head` is the LM's output layer."""
 
     def __init__(
         self, lm: LoadedLM, sites: TuneSites, f32: Float32Top | None, head: nn.Linear
@@ -102,21 +95,17 @@ class Rerun:
         Grown by the loop's hidden states of each new position; recomputed (no grad) only when
         they are missing (a StepContext without hidden states, e.g. in unit tests).
         """
-        T = ctx.input_ids.shape[1]
-        hidden = ctx.hidden_states
-        if self.states is not None and self.states.shape[1] == T:
-            return self.states  # already grown for this step (the probe, then the tuned pass)
+        T, hidden, states = ctx.input_ids.shape[1], ctx.hidden_states, self.states
+        if states is not None and states.shape[1] == T:
+            return states  # already grown for this step (the probe, then the tuned pass)
+        new = None
         if hidden is not None and len(hidden) == self.sites.num_blocks + 1:
             new = hidden[self.first].detach()
-            if new.shape[1] == T:
-                self.states = new
-            elif self.states is not None and self.states.shape[1] + new.shape[1] == T:
-                self.states = torch.cat([self.states, new.to(self.states.device)], dim=1)
-            else:
-                self.states = None
-        elif self.states is not None and self.states.shape[1] != T:
-            self.states = None
-        if self.states is None:
+        if new is not None and new.shape[1] == T:
+            self.states = new
+        elif new is not None and states is not None and states.shape[1] + new.shape[1] == T:
+            self.states = torch.cat([states, new.to(states.device)], dim=1)
+        else:
             self.states = self._recompute(ctx)
         return self.states
 
@@ -143,23 +132,16 @@ class Rerun:
     @contextmanager
     def tuned(self, deltas: Sequence[torch.Tensor] | None) -> Iterator[HookState]:
         """Hooks adding `deltas`, on the float32 copies where the model is in half precision."""
-        with ExitStack() as stack:
-            if self.f32 is not None:
-                stack.enter_context(self.f32.swapped())
-            yield stack.enter_context(bias_offsets(self.model, self.tuned_sites, deltas))
+        with self.f32.swapped() if self.f32 else nullcontext():
+            with bias_offsets(self.model, self.tuned_sites, deltas) as state:
+                yield state
 
     def top(
-        self,
-        ctx: StepContext,
-        positions: slice,
-        states: torch.Tensor,
-        cache: Any,
+        self, ctx: StepContext, positions: slice, states: torch.Tensor | None, cache: Any
     ) -> Any:
-        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute)."""
-        skip = skip_blocks(self.lower, self.output(states)) if self.lower else None
-        with ExitStack() as stack:
-            if skip is not None:
-                stack.enter_context(skip)
+        """The decoder over `positions` with the lower blocks replaced by `states` (no recompute;
+        None: computed)."""
+        with skip_blocks(self.lower, self.output(states)) if states is not None else nullcontext():
             return self.base(
                 input_ids=ctx.input_ids[:, positions],
                 attention_mask=ctx.attention_mask,

@@ -1,21 +1,11 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-What θ fixes is never recomputed. In `last` scope of a float32 model the probe differentiates
-the shared loop's own forward of θ, run through zero offsets (`theta_forward`, `ThetaGraph` in
-`workers.methods.replay`): it computes only the horizon position. Otherwise (`context` scope,
-half precision, hand-built step contexts) the probe re-runs the tuned blocks over the states
-θ's forwards gave the first of them (`workers.methods.rerun`); in `context` scope of a float32
-model the re-run's linear layers return the outputs θ's forwards recorded for those positions
-(`LinearRecord`, `workers.methods.replay`). The probe's logits are θ's logits from the loop
-(their gradient is one product with the output matrix, no forward product: the passes over the
-vocabulary are in `workers.methods.vocab_pass`); the tuned forward replays the lower blocks too.
-
-Gradient scopes: `context` differentiates as if the tuned blocks of every position were
-recomputed with δ; `last` treats θ's cached states as constants (only the last position and
-the horizon carry gradient).
-
-Precision: in a half-precision model the tuned path runs on float32 copies of its modules while
-θ's own forward and the lower blocks stay in the model's dtype (`workers.methods.precision`).
+What θ fixes is never recomputed (docs/design.md, "Bias tuning"). The probe differentiates θ's
+own forward in `last` scope of a float32 model (`ThetaGraph`, `workers.methods.replay`), else
+re-runs the tuned blocks over θ's block inputs (`workers.methods.rerun`), replaying θ's linear
+outputs in `context` scope of a float32 model (`LinearRecord`). Its logits are θ's from the
+loop; the passes over the vocabulary are in `workers.methods.vocab_pass`, the float32 copies of
+a half-precision model's tuned path in `workers.methods.precision`.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from workers.methods.biastune import (
     tuning_step,
 )
 from workers.methods.estimators import GenderGeometry
-from workers.methods.precision import float32_head, float32_top
+from workers.methods.precision import Float32Top, float32_head
 from workers.methods.replay import LinearRecord, ThetaGraph, replayable
 from workers.methods.rerun import Rerun
 from workers.methods.vocab_pass import ThetaLogits, expectations, head_logits
@@ -59,14 +49,10 @@ class Probe:
 
 
 class BiasTuner:
-    """The bias-tuning passes of one decoding step, batched over the rows of the shared loop.
-
-    Args:
-        lm: the frozen LM.
-        blocks: number of top blocks to tune (clamped to the model's depth).
-        scope: `context` (gradient through the tuned blocks of every position) or `last`
-            (θ's cached states are constants; only the last position and the horizon carry it).
-    """
+    """The bias-tuning passes of one decoding step, batched over the rows of the shared loop,
+    for the top `blocks` blocks (clamped to the model's depth) and a gradient `scope`: `context`
+    (through the tuned blocks of every position) or `last` (θ's cached states are constants;
+    only the last position and the horizon carry it)."""
 
     def __init__(self, lm: LoadedLM, blocks: int, scope: str) -> None:
         if scope not in SCOPES:
@@ -84,7 +70,7 @@ class BiasTuner:
             )
         self.head = head
         half = self.embed.dtype in (torch.float16, torch.bfloat16)
-        self.f32 = float32_top(lm, self.sites) if half else None
+        self.f32 = Float32Top(lm, self.sites) if half else None
         self.rerun = Rerun(lm, self.sites, self.f32, head)  # the tuned blocks over θ's inputs
         self.first, self.tuned_sites = self.rerun.first, self.rerun.tuned_sites
         # float32 output matrix for the tuned path of a half-precision model
@@ -166,12 +152,8 @@ class BiasTuner:
         same pass over the vocabulary as the horizon's expected embedding.
         """
         B, T = ctx.input_ids.shape
-        if (
-            self.theta_graph.zeros is not None
-            and self.theta_graph.hidden is not None
-            and self.theta_graph.positions == T
-            and self.theta_graph.zeros[0].shape[0] == B
-        ):
+        graph = self.theta_graph
+        if graph.covers(B) and graph.hidden is not None and graph.positions == T:
             return self._probe_theta(ctx, demographic)
         states = self.rerun.inputs(ctx)
         deltas = self.zero_deltas(B)
@@ -278,28 +260,18 @@ class BiasTuner:
         """
         total = torch.where(ok, losses, torch.zeros_like(losses)).sum()
         grads = torch.autograd.grad(total, probe.deltas, allow_unused=True)
-        out = []
-        for g, d in zip(grads, probe.deltas):
-            g = torch.zeros_like(d) if g is None else g
-            keep = ok.to(g.device).unsqueeze(-1)
-            out.append(torch.where(keep, g, torch.zeros_like(g)))  # NaN rows cannot leak into δ
-        return tuning_step(out, lr)  # Adam's step with eps scaled to the row: docs/design.md
+        out = [  # NaN rows cannot leak into δ
+            torch.zeros_like(d) if g is None else torch.where(ok.to(g.device)[:, None], g, 0.0)
+            for g, d in zip(grads, probe.deltas)
+        ]
+        return tuning_step(out, lr)
 
     def tuned_logits(self, ctx: StepContext, deltas: Sequence[torch.Tensor]) -> torch.Tensor:
         """(B, V) float32 last-position logits under θ + δ, over θ's cache of the other positions."""
         T = ctx.input_ids.shape[1]
         cache = self.rerun.theta_cache(ctx, T - 1)
         with torch.no_grad(), self.rerun.tuned([d.detach() for d in deltas]):
-            if self.replay:
-                states = self.rerun.inputs(ctx)[:, -1:]
-                out = self.rerun.top(ctx, slice(T - 1, T), states, cache)
-            else:
-                out = self.base(
-                    input_ids=ctx.input_ids[:, -1:],
-                    attention_mask=ctx.attention_mask,
-                    position_ids=ctx.position_ids[:, -1:],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
+            states = self.rerun.inputs(ctx)[:, -1:] if self.replay else None
+            out = self.rerun.top(ctx, slice(T - 1, T), states, cache)
             logits = head_logits(out.last_hidden_state[:, -1], self.head_weight, self.head_bias)
         return logits.to(ctx.logits.device)

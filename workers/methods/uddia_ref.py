@@ -1,23 +1,15 @@
-"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`.
+"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`
+(docs/design.md, "UDDIA's reference pieces").
 
-**Prior.** UDDIA's Hellinger gate compares p_θ with B_f and B_m, the distributions over the
-clearly gendered tokens (q(a|x) > 0.75). The reference weights those tokens by their corpus
-frequency: B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75]. `prior:` names a counts file written
-by `python -m harness token-prior` (format in `harness.tools.token_prior`); counts are add-one
-smoothed, so a gendered token the corpus never saw keeps a small weight. Without a file the
-prior is uniform, and `effective_params` says `prior: uniform`.
+**Prior.** The gate's B_a weights the clearly gendered tokens by corpus frequency,
+B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75], from a counts file written by
+`python -m harness token-prior` (format in `harness.tools.token_prior`), add-one smoothed so a
+gendered token the corpus never saw keeps a small weight; without one the prior is uniform.
 
 **Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
-(the untuned model, conditioned on BOS + prompt, over the generated tokens) is generated again
-with `REDO_STEP` fewer tuned blocks, at most `REDO_TRIES` generations in all and never below one
-block. Each try uses the job's own uniforms, so a row's result depends only on its spec and
-seed. The row keeps the reference's choice: the first try with perplexity ≤ `REDO_PPL` (the
-tries stop there), else the try with the lowest perplexity (the earliest at a tie). A try
-without generated tokens has no perplexity and counts as ≤ `REDO_PPL`; a try that failed
-(`status: error`) is no candidate and ends the row's tries. The kept row's `effective_params`
-record `blocks` of the kept try, `redo_kept` (its number, 1 = the first generation),
-`redo_tries` (tries made) and `redo_ppl` (the perplexity of every try, in order; null for a
-failed try).
+(given BOS + prompt) is generated again with `REDO_STEP` fewer tuned blocks, at most
+`REDO_TRIES` generations in all and never below one block, each try with the job's own
+uniforms; the row keeps the reference's choice (`kept_try`) and records its tries.
 """
 
 from __future__ import annotations
@@ -114,38 +106,33 @@ def redo_rows(
     blocks: int,
     retry: Callable[[int, Sequence[JobSpec]], list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """Regenerate, with fewer tuned blocks, the rows whose perplexity is above `REDO_PPL`, and
-    keep each row's try by the reference's choice (`kept_try`).
-
-    Args:
-        lm: θ, which scores the perplexity.
-        jobs, rows: the batch and its rows from the first try (with `blocks` tuned blocks).
-        retry: generates the given jobs again with that many tuned blocks (rows in job order).
-    """
+    """Regenerate, with fewer tuned blocks, the rows (of `jobs`, first tried with `blocks`)
+    whose perplexity under θ is above `REDO_PPL`, and keep each row's try by the reference's
+    choice (`kept_try`). `retry(blocks, jobs)` generates jobs again (rows in job order)."""
     from workers.decoding import prompt_token_ids
 
     def ppl_of(i: int, row: dict[str, Any]) -> float | None:
         return continuation_ppl(lm, prompt_token_ids(lm, jobs[i].prompt), row["token_ids"])
 
+    def high(i: int) -> bool:  # the row's last try is ok and above REDO_PPL: try again
+        _, _, ppl, ok = tries[i][-1]
+        return ok and ppl is not None and ppl > REDO_PPL
+
     # per row whose first try is ok: every try's (row, blocks, perplexity, ok)
-    tries: dict[int, list[tuple[dict[str, Any], int, float | None, bool]]] = {}
-    for i, row in enumerate(rows):
-        if row["status"] == "ok":
-            tries[i] = [(row, blocks, ppl_of(i, row), True)]
-    todo = [i for i, t in tries.items() if t[0][2] is not None and t[0][2] > REDO_PPL]
+    tries: dict[int, list[tuple[dict[str, Any], int, float | None, bool]]] = {
+        i: [(row, blocks, ppl_of(i, row), True)]
+        for i, row in enumerate(rows)
+        if row["status"] == "ok"
+    }
+    todo = [i for i in tries if high(i)]
     for _ in range(REDO_TRIES - 1):
         blocks -= REDO_STEP
         if not todo or blocks < 1:
             break
-        again = retry(blocks, [jobs[i] for i in todo])
-        still = []
-        for i, row in zip(todo, again):
+        for i, row in zip(todo, retry(blocks, [jobs[i] for i in todo])):
             ok = row["status"] == "ok"
-            ppl = ppl_of(i, row) if ok else None
-            tries[i].append((row, blocks, ppl, ok))
-            if ok and ppl is not None and ppl > REDO_PPL:
-                still.append(i)
-        todo = still
+            tries[i].append((row, blocks, ppl_of(i, row) if ok else None, ok))
+        todo = [i for i in todo if high(i)]
     out = list(rows)
     for i, made in tries.items():
         ppls = [t[2] for t in made]

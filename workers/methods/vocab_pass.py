@@ -13,12 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workers.methods.estimators import (
-    GenderGeometry,
-    demographic_loss,
-    demographic_scores,
-    scores_from_products,
-)
+from workers.methods.estimators import GenderGeometry, demographic_loss, demographic_scores
 
 if TYPE_CHECKING:
     from workers.methods.base import StepContext
@@ -45,25 +40,10 @@ CPU_VOCAB_CHUNK = 1024  # rows of the output matrix per product on a CPU (see _v
 
 
 def _vocab_chunk(matrix: torch.Tensor) -> int:
-    """Rows of a (V, D) matrix per product in the tuner's passes over the vocabulary.
-
-    On a CPU, (B, D) @ E_cᵀ over chunks of 1,024 rows computes the same dot products as the
-    whole product (bit-identical on the development machine) for ~30 % less CPU time at B = 8
-    (each chunk stays in cache while it is used), and two products with the same chunk read it
-    once. On an accelerator, one product per matrix.
-    """
+    """Rows of a (V, D) matrix per product in the passes over the vocabulary: on a CPU, chunks
+    of 1,024 rows give the same dot products for ~30 % less CPU time at B = 8 (each chunk stays
+    in cache, and two products with it read it once); on an accelerator, one product."""
     return CPU_VOCAB_CHUNK if matrix.device.type == "cpu" else int(matrix.shape[0])
-
-
-def chunked_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(B, V) `hidden @ weightᵀ`, computed over row chunks of `weight` (the same dot products)."""
-    step = _vocab_chunk(weight)
-    if step >= weight.shape[0]:
-        return hidden @ weight.T
-    out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
-    for i in range(0, weight.shape[0], step):
-        torch.mm(hidden, weight[i : i + step].T, out=out[:, i : i + step])
-    return out
 
 
 def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -73,19 +53,21 @@ def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def vocab_forward(
     probs: torch.Tensor, embed: torch.Tensor, weight: torch.Tensor, gen_sum: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One pass over the vocabulary: (Eᵀp, Wᵀp, (E S)ᵀ or None), all float32, no gradient.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over the vocabulary: (Eᵀp, Wᵀp, (E S)ᵀ), all float32, no gradient.
 
     Eᵀp is the horizon's expected embedding, Wᵀp (the same tensor when E and W are tied) is
     what the backward of softmax + output layer needs, and (E S)ᵀ (B, V) is ℓ̂_a's product with
-    the sum S of generated embeddings (`gen_sum`; None: S = 0, skipped).
+    the sum S of generated embeddings (`gen_sum`; None: S = 0, zeros without a product).
     """
     tied = _same_matrix(weight, embed)
     step = _vocab_chunk(embed)
     B, V = probs.shape
     m = torch.zeros((B, embed.shape[1]), dtype=embed.dtype, device=embed.device)
     pw = m if tied else torch.zeros((B, weight.shape[1]), dtype=weight.dtype, device=weight.device)
-    es = None if gen_sum is None else torch.empty((B, V), dtype=embed.dtype, device=embed.device)
+    es = (torch.zeros if gen_sum is None else torch.empty)(
+        (B, V), dtype=embed.dtype, device=embed.device
+    )
     with torch.no_grad():
         for i in range(0, V, step):
             rows = slice(i, i + step)
@@ -93,7 +75,7 @@ def vocab_forward(
             m.addmm_(probs[:, rows], chunk)
             if not tied:
                 pw.addmm_(probs[:, rows], weight[rows])
-            if es is not None and gen_sum is not None:
+            if gen_sum is not None:
                 torch.mm(gen_sum, chunk.T, out=es[:, rows])
     return m, pw, es
 
@@ -173,8 +155,8 @@ def expectations(
         if demographic is None:
             scores = probs.new_zeros(()).expand(probs.shape)
         else:
-            zero = torch.zeros_like(m)
-            scores = scores_from_products(demographic[0], zero if gen_sum is None else gen_sum, es)
+            s = torch.zeros_like(m) if gen_sum is None else gen_sum
+            scores = demographic_scores(demographic[0], s, es)
     embeds, loss_a = _ThetaVocab.apply(hidden, probs, m, pw, scores, embed.detach(), weight)
     return embeds.unsqueeze(1), (loss_a if demographic is not None else None)
 
@@ -182,8 +164,15 @@ def expectations(
 def head_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """(B, V) float32 logits of (B, D) final hidden states (float32 output matrix if half)."""
-    logits = chunked_logits(hidden.to(weight.device, weight.dtype), weight)
+    """(B, V) float32 logits of (B, D) final hidden states (float32 output matrix if half),
+    over row chunks of `weight` (`_vocab_chunk`: the same dot products)."""
+    hidden, step = hidden.to(weight.device, weight.dtype), _vocab_chunk(weight)
+    if step >= weight.shape[0]:
+        logits = hidden @ weight.T
+    else:
+        logits = hidden.new_empty((hidden.shape[0], weight.shape[0]))
+        for i in range(0, weight.shape[0], step):
+            torch.mm(hidden, weight[i : i + step].T, out=logits[:, i : i + step])
     if bias is not None:
         logits = logits + bias.to(logits.device)
     return logits.float()
