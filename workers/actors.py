@@ -148,11 +148,16 @@ class ScorerActor:
         self, rows: list[dict[str, Any]], flush_rows: int | None = None
     ) -> dict[str, Any]:
         """Score `rows`, check one row came back per row, hold them (written once ~8k rows are
-        held); returns `{"rows": [{job_id, status}...], "flushed": bool}`."""
+        held); returns `{"rows": [{job_id, status}...], "flushed": bool}` (`retry` rows also
+        carry their `error`)."""
         out = self.score(rows)
         flushed = self._buffer(flush_rows).add(rows, out)
         return {
-            "rows": [{"job_id": r["job_id"], "status": r["status"]} for r in out],
+            "rows": [
+                {"job_id": r["job_id"], "status": r["status"]}
+                | ({"error": r["error"]} if r["status"] == "retry" else {})  # why: the stage counts
+                for r in out
+            ],
             "flushed": flushed,
         }
 

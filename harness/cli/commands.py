@@ -2,7 +2,9 @@
 samples}` (also installed as the `lidao-harness` command): parse, set up logging, run the command,
 turn its errors into one line and an exit code.
 
-Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names).
+Exit codes: 0 done, 1 a stage failed at run time, 2 bad input (config, files, names), 3 rows
+failed for a transient reason (`run` / `score`: a plain `score RUN` retries them), 130 / 143
+interrupted.
 `-v` / `-q` / `--include MODULE` go before or after the subcommand. The options of each command
 are `harness.cli.parser`; the commands that write a run directory `harness.cli.run_commands`.
 """
