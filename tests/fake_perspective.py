@@ -41,6 +41,14 @@ def default_score(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 16**8
 
 
+def response(text: str, attrs: list[str], value: float) -> dict[str, Any]:
+    """An analyze answer shaped as the service's: a summary and one span score per attribute."""
+    score = {"value": value, "type": "PROBABILITY"}
+    span = {"begin": 0, "end": len(text), "score": score}
+    scores = {a: {"spanScores": [span], "summaryScore": score} for a in attrs}
+    return {"attributeScores": scores, "languages": ["en"], "detectedLanguages": ["en"]}
+
+
 def error_body(status: int, message: str, reason: str | None = None) -> dict[str, Any]:
     err: dict[str, Any] = {
         "code": status,
@@ -107,9 +115,7 @@ class FakePerspective:
             return status, error_body(status, f"injected {status}")
         if not text or text in self.final_400:
             return 400, error_body(400, "Attribute TOXICITY does not support request languages: xx")
-        value = float(self.score(text))
-        scores = {a: {"summaryScore": {"value": value, "type": "PROBABILITY"}} for a in attrs}
-        return 200, {"attributeScores": scores, "languages": ["en"], "detectedLanguages": ["en"]}
+        return 200, response(text, attrs, float(self.score(text)))
 
     def held(self) -> bool:
         with self.lock:

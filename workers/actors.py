@@ -179,6 +179,6 @@ class ScorerActor:
         self.flush()  # nothing is held after the stage's own flush; a follower's leftovers
         stats = dict(self.scorer.close())
         if self.mirror is not None:
-            self.mirror.maybe_put(force=True)
             stats["cache_in_run"] = self.mirror.uri
+            stats["cache_mirror"] = self.mirror.close()
         return stats

@@ -119,7 +119,7 @@ class Followed:
                     scorer, mirror = held
                     scorer.close()
                     if mirror is not None:
-                        mirror.maybe_put(force=True)
+                        mirror.close()
             except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
                 log.warning("scorer %s: closing after following generation: %s", name, exc)
 

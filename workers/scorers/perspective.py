@@ -227,15 +227,20 @@ class PerspectiveToxicity(Scorer):
                     out[i] = self._row(rows[i], outcome)
             return self._finish(out)
 
-        def settled(key: CacheKey, answer: Answer) -> None:
-            if (
-                answer.kind == "ok"
-                and summary_value(answer.response, self.attribute).value is not None
-            ):
-                self.cache.put(key, "ok", response=answer.response)
-            elif answer.status == 400:  # a property of the text: asking again is pointless
-                self.cache.put(key, "error", error=answer.reason)
-            self._progress(len(need[key]))
+        def settled(answers: list[tuple[CacheKey, Answer]]) -> None:
+            # an answer with the score, or a 400 (a property of the text)
+            final: list[tuple[CacheKey, str, dict[str, Any] | None, str | None]] = []
+            for key, answer in answers:
+                if (
+                    answer.kind == "ok"
+                    and summary_value(answer.response, self.attribute).value is not None
+                ):
+                    final.append((key, "ok", answer.response, None))
+                elif answer.status == 400:
+                    final.append((key, "error", None, answer.reason))
+            if final:
+                self.cache.put_many(final)
+            self._progress(sum(len(need[key]) for key, _ in answers))
 
         assert self.client is not None
         for key, answer in self.client.fetch(todo, settled).items():

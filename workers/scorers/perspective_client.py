@@ -166,12 +166,15 @@ class PerspectiveClient:
         }
 
     def fetch(
-        self, items: list[Pending], settled: Callable[[CacheKey, Answer], None] | None = None
+        self,
+        items: list[Pending],
+        settled: Callable[[list[tuple[CacheKey, Answer]]], None] | None = None,
     ) -> dict[CacheKey, Answer]:
         """Settled answers for `items`, by cache key: ok, final (e.g. a 400 for this text), or
         transient when the item's retries ran out (the row is left for a later `score`).
 
-        `settled(key, answer)` is called as each item is settled (cache writes, progress).
+        `settled([(key, answer)...])` is called with the items each batch request settled
+        (cache writes, one transaction a batch; progress).
 
         Raises:
             ScorerError: an answer says the key or project is refused (401/403).
@@ -182,14 +185,16 @@ class PerspectiveClient:
             batch = self._ready(pending)
             answers = self._send(batch)
             now = time.monotonic()
+            done = []
             for i, item in enumerate(batch):
                 answer = answers.get(str(i)) or Answer("transient", reason=NO_ANSWER)
                 final = self._settle(item, answer, now)
                 if final is not None:
                     del pending[item.key]
                     out[item.key] = final
-                    if settled is not None:
-                        settled(item.key, final)
+                    done.append((item.key, final))
+            if settled is not None and done:
+                settled(done)
         return out
 
     def _ready(self, pending: dict[CacheKey, Pending]) -> list[Pending]:
