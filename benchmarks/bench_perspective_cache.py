@@ -103,6 +103,8 @@ def local_sqlite(batches: int = 200) -> str:
 
 def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) -> dict[str, Any]:
     """What the Perspective actor does over `n` texts; returns its stats and the time."""
+    import pyarrow as pa
+
     from workers.scorers import cache_mirror
     from workers.scorers.base import ScorerContext
     from workers.scorers.perspective import PerspectiveToxicity
@@ -115,6 +117,7 @@ def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) ->
     os.environ["PERSPECTIVE_API_KEY"] = KEY
     mirror = cache_mirror.CacheMirror(uri, cache_mirror.SYNCED_CACHES["perspective"], every_s)
     loaded_s = time.perf_counter() - t0
+    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ctx = ScorerContext(cache_dir=mirror.dir)
     scorer = PerspectiveToxicity(params, ctx)
     statuses: dict[str, int] = {}
@@ -123,14 +126,19 @@ def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) ->
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         mirror.maybe_put()
     stats = scorer.close()
+    before_close = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    mirror_stats = mirror.close()
     return {
         "load_s": round(loaded_s, 1),
         "s": round(time.perf_counter() - t0, 1),
         "sent": stats["sent"],
         "cached": stats["cached"],
         "status": statuses,
-        "mirror": mirror.close(),
+        "mirror": mirror_stats,
+        "arrow_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20, 1),
+        "before_close_mb": round(before_close, 1),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_peak_mb": round(after_load, 1),
     }
 
 
@@ -194,13 +202,15 @@ def main() -> None:
                 final = sum(i.size for i in store.reader.listing(("cache", "perspective-scores")))
                 base = base or {"stage": first["peak_mb"], "resume": again["peak_mb"]}
                 print(
-                    f"{n:>9,} answers: uploaded {uploaded / 1e6:8.1f} MB, final {final / 1e6:7.1f} MB "
-                    f"({final / n:.0f} B/answer), ratio {uploaded / final:.2f}; "
-                    f"stage {first['s']:.0f} s, peak {first['peak_mb']:.0f} MB "
-                    f"(×{first['peak_mb'] / base['stage']:.2f}), shards put "
-                    f"{first['mirror']['put_shards']}, compacted {first['mirror']['compacted']}; "
-                    f"resume {again['s']:.0f} s (load {again['load_s']:.0f} s), "
-                    f"peak {again['peak_mb']:.0f} MB (×{again['peak_mb'] / base['resume']:.2f}), "
+                    f"{n:>9,} answers: uploaded {uploaded / 1e6:.1f} MB, final {final / 1e6:.1f} MB "
+                    f"({final / n:.0f} B/answer), ratio {uploaded / final:.2f}; shards put "
+                    f"{first['mirror']['put_shards']}, compacted {first['mirror']['compacted']}\n"
+                    f"  stage  {first['s']:.0f} s; peak RSS {first['peak_mb']:.0f} MB "
+                    f"(×{first['peak_mb'] / base['stage']:.2f}; before close "
+                    f"{first['before_close_mb']:.0f}), Arrow peak {first['arrow_peak_mb']} MB\n"
+                    f"  resume {again['s']:.0f} s (load {again['load_s']:.0f} s); peak RSS "
+                    f"{again['peak_mb']:.0f} MB (×{again['peak_mb'] / base['resume']:.2f}; after the "
+                    f"load {again['load_peak_mb']:.0f}), Arrow peak {again['arrow_peak_mb']} MB; "
                     f"re-queries {again['sent']}, cached {again['cached']}",
                     flush=True,
                 )
