@@ -84,8 +84,10 @@ def test_each_answer_is_uploaded_about_once_and_another_node_asks_nothing_again(
     store = RunStore(uri)
     out, stats = stage(uri, fake, batch, shard_rows=256, every_s=3600)
     assert [r["status"] for r in out] == ["ok"] * 2000
-    # seven full shards as they filled up, the last 208 answers at the end
+    # seven full shards as they filled up, the last 208 answers at the end: each over half
+    # a shard, so in its final form at once (nothing to compact)
     assert (stats["put_shards"], stats["put_answers"], stats["compacted"]) == (8, 2000, 0)
+    assert all(Path(p).name.startswith("part-c-") for p in store.list_shards(*PARTS))
     sent, final = cache_bytes(s3, store)
     assert sent <= 2 * final and final > 2000 * 30  # (measured: sent ≈ 1.0 × final)
 

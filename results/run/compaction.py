@@ -26,7 +26,7 @@ from results.schema import CACHE_ANSWER_SCHEMA, GENERATION_SCHEMA, score_schema
 
 log = logging.getLogger("harness")
 COMPACT_TARGET_ROWS = 50_000  # rows per compacted shard (~5-20 MB of generations)
-ANSWER_TARGET_ROWS = 32_768  # cached API answers per compacted shard (~4 MB; ~20 MB in memory)
+ANSWER_TARGET_ROWS = 16_384  # cached API answers per compacted shard (~0.8 MB; ~35 MB to merge)
 
 
 class Compaction(RunFiles):

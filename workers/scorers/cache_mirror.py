@@ -36,9 +36,10 @@ class CacheMirror:
     copy is loaded from them (and from a whole sqlite file older versions put back), streamed
     a batch at a time. New answers are put back as they come (`maybe_put`): every
     `shard_rows` of them as one shard in its final form, the rest at least every `every_s`
-    seconds (and at `close`) as a smaller shard, which `close` compacts with the others
-    (`RunStore.compact_answers`). An answer is uploaded once, or twice when it went out in a
-    small shard, never the whole cache again. The process holds one batch of the load, one
+    seconds (and at `close`): in its final form too when it holds half `shard_rows` or more
+    (100 answers a second fill that in 41 s), else as a small shard that `close` compacts with
+    the others (`RunStore.compact_answers`). An answer is uploaded once, or twice when it went
+    out in a small shard, never the whole cache again. The process holds one batch of the load, one
     shard of new answers and sqlite's bounded page cache, whatever the cache's size; the copy
     takes disk on the node. A lost node loses at most `every_s` of answers, never a score.
     """
@@ -90,9 +91,10 @@ class CacheMirror:
 
     def maybe_put(self, force: bool = False) -> None:
         """Put the answers added since the last put back (object stores only): each
-        `shard_rows` of them at once as a shard in its final form (`part-c-`, never merged
-        again), and what is left once `every_s` has passed, or when `force`, as a `part-`
-        shard that `close` compacts."""
+        `shard_rows` of them at once, and what is left once `every_s` has passed or when
+        `force`. A shard of at least half `shard_rows` answers is in its final form
+        (`part-c-`, never merged again); a smaller one is a `part-` shard that `close`
+        compacts."""
         if self.copy is None:
             return
         due = force or time.monotonic() - self.last_put >= self.every_s
@@ -102,7 +104,7 @@ class CacheMirror:
                 break
             table = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], CACHE_ANSWER_SCHEMA)
             name = shard_name("\x00".join(r[:4]) for r in rows)
-            if len(rows) == self.shard_rows:
+            if 2 * len(rows) >= self.shard_rows:  # big enough to stay as it is
                 name = "part-c-" + name[len("part-") :]
             self.store.write_table("/".join([*self.parts, name]), table)
             self.mark = mark
