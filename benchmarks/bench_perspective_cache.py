@@ -2,6 +2,7 @@
 
     python benchmarks/bench_perspective_cache.py                       # 100k and 1M answers
     python benchmarks/bench_perspective_cache.py --answers 20000 --http
+    python benchmarks/bench_perspective_cache.py --shard-sizes 60 6000    # a shard's overhead
 
 For each size, on a local moto S3 server (`tests/s3_server.py`, counting the bytes it receives):
 
@@ -16,7 +17,7 @@ A first line measures what a local run does instead (the sqlite file itself, in 
 of the current directory's disk): committing batches of 100 answers, and looking keys up.
 
 It prints the bytes uploaded under RUN/cache/ against the final size of the answers there
-(the ratio must stay ≤ 2), and each process's peak resident memory (`ru_maxrss`) against the
+(the ratio must stay ≤ 2), and each process's peak resident memory (VmHWM) against the
 smallest size's (the cache must not be held in memory). `--http` sends every text to the fake
 endpoint (`tests/fake_perspective.py`) over HTTP, through googleapiclient (~3 ms a text on
 one core); by default a fake transport answers in process with the same responses (the
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -101,6 +101,14 @@ def local_sqlite(batches: int = 200) -> str:
     )
 
 
+def peak_mb() -> float:
+    """This process's peak resident memory (VmHWM). Not `ru_maxrss`: Linux keeps that across
+    exec, so a child would report the parent's resident set (here moto's objects) at fork."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    return kb / 1024
+
+
 def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) -> dict[str, Any]:
     """What the Perspective actor does over `n` texts; returns its stats and the time."""
     import pyarrow as pa
@@ -117,7 +125,7 @@ def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) ->
     os.environ["PERSPECTIVE_API_KEY"] = KEY
     mirror = cache_mirror.CacheMirror(uri, cache_mirror.SYNCED_CACHES["perspective"], every_s)
     loaded_s = time.perf_counter() - t0
-    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    after_load = peak_mb()
     ctx = ScorerContext(cache_dir=mirror.dir)
     scorer = PerspectiveToxicity(params, ctx)
     statuses: dict[str, int] = {}
@@ -126,7 +134,7 @@ def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) ->
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         mirror.maybe_put()
     stats = scorer.close()
-    before_close = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before_close = peak_mb()
     mirror_stats = mirror.close()
     return {
         "load_s": round(loaded_s, 1),
@@ -137,7 +145,7 @@ def stage(uri: str, n: int, chunk: int, endpoint: str | None, every_s: float) ->
         "mirror": mirror_stats,
         "arrow_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20, 1),
         "before_close_mb": round(before_close, 1),
-        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_mb": round(peak_mb(), 1),
         "load_peak_mb": round(after_load, 1),
     }
 
@@ -168,9 +176,23 @@ def main() -> None:
     )
     ap.add_argument("--every-s", type=float, default=60.0, help="seconds between puts")
     ap.add_argument("--http", action="store_true", help="through the fake endpoint over HTTP")
+    ap.add_argument("--shard-sizes", type=int, nargs="+", help="only: bytes of such shards")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.shard_sizes:
+        import io
+
+        import pyarrow.parquet as pq
+        from test_perspective_cache import answer_table
+
+        from results.run.files import with_schema_version
+
+        for n in args.shard_sizes:
+            buf = io.BytesIO()
+            pq.write_table(with_schema_version(answer_table(0, n)), buf, compression="zstd")
+            print(f"a shard of {n:,} answers: {buf.tell():,} B, {buf.tell() / n:.1f} B an answer")
+        return
     if args.child:
         print(
             json.dumps(stage(args.child, args.answers[0], args.chunk, args.endpoint, args.every_s))
