@@ -86,6 +86,23 @@ METRIC_FIELDS: dict[str, list[tuple[str, pa.DataType]]] = {
 }
 
 
+# The answers of an API scorer's cache (Perspective's), as an object-store run keeps them:
+# append-only shards RUN/cache/<cache>/part-*.parquet, compacted when the stage ends
+# (`workers.scorers.cache_mirror`). One row per (text_sha256, attributes, languages,
+# api_version): the rows of the sqlite cache (`workers.scorers.score_cache.COLUMNS`).
+CACHE_ANSWER_SCHEMA = pa.schema(
+    [
+        ("text_sha256", pa.string()),
+        ("attributes", pa.string()),
+        ("languages", pa.string()),
+        ("api_version", pa.string()),
+        ("status", pa.string()),  # ok | error (a final answer, e.g. HTTP 400)
+        ("response", pa.string()),  # the raw JSON answer when ok
+        ("error", pa.string()),
+        ("created_utc", pa.string()),  # ISO 8601 date of the answer
+    ]
+)
+
 # The long summary of aggregation (results.stats.aggregate): one row per statistic of a cell
 # (model, method, variant, task, view); see the `results.stats.aggregate` docstring for the names.
 SUMMARY_SCHEMA = pa.schema(
@@ -182,6 +199,7 @@ def all_schemas() -> dict[str, pa.Schema]:
     tables["summary"] = SUMMARY_SCHEMA
     tables["human.key"] = HUMAN_KEY_SCHEMA
     tables["human.choices"] = HUMAN_CHOICE_SCHEMA
+    tables["cache.answers"] = CACHE_ANSWER_SCHEMA
     return tables
 
 

@@ -4,7 +4,8 @@ It speaks `POST /v1alpha1/comments:analyze?key=...` (JSON) and `POST /batch` (mu
 of `application/http` parts, answered in the same format, with `Content-ID: <response-...>`),
 checks the key, and records every call with its arrival time. Faults are injected by setting
 attributes under `lock`: a burst of 429s, per-text status scripts (500, 503...), final 400s,
-whole-batch failures, dropped connections, delays, and a hold that freezes answers after N.
+whole-batch failures, dropped connections, garbage bodies, delays, and a hold that freezes
+answers after N.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def default_score(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 16**8
 
 
+def response(text: str, attrs: list[str], value: float) -> dict[str, Any]:
+    """An analyze answer shaped as the service's: a summary and one span score per attribute."""
+    score = {"value": value, "type": "PROBABILITY"}
+    span = {"begin": 0, "end": len(text), "score": score}
+    scores = {a: {"spanScores": [span], "summaryScore": score} for a in attrs}
+    return {"attributeScores": scores, "languages": ["en"], "detectedLanguages": ["en"]}
+
+
 def error_body(status: int, message: str, reason: str | None = None) -> dict[str, Any]:
     err: dict[str, Any] = {
         "code": status,
@@ -70,6 +79,7 @@ class FakePerspective:
     final_400: set[str] = field(default_factory=set)  # texts answered 400 every time
     batch_status: list[int] = field(default_factory=list)  # next batch requests fail whole
     drop_batches: int = 0  # the next N batch requests: connection closed, no answer
+    garbage_batches: int = 0  # the next N batch requests: a 200 whose body is not multipart
     delay_s: float = 0.0  # before each answer
     hold_after: int | None = None  # after N answered 200s, hang every request until released
     calls: list[Call] = field(default_factory=list)
@@ -105,9 +115,7 @@ class FakePerspective:
             return status, error_body(status, f"injected {status}")
         if not text or text in self.final_400:
             return 400, error_body(400, "Attribute TOXICITY does not support request languages: xx")
-        value = float(self.score(text))
-        scores = {a: {"summaryScore": {"value": value, "type": "PROBABILITY"}} for a in attrs}
-        return 200, {"attributeScores": scores, "languages": ["en"], "detectedLanguages": ["en"]}
+        return 200, response(text, attrs, float(self.score(text)))
 
     def held(self) -> bool:
         with self.lock:
@@ -169,7 +177,10 @@ def _handler(fake: FakePerspective) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client timed out: gone
+                self.close_connection = True
 
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -196,9 +207,13 @@ def _handler(fake: FakePerspective) -> type[BaseHTTPRequestHandler]:
                 whole = fake.batch_status.pop(0) if fake.batch_status else None
                 drop = fake.drop_batches > 0
                 fake.drop_batches -= int(drop)
+                garbage = fake.garbage_batches > 0
+                fake.garbage_batches -= int(garbage)
             if drop:
                 self.close_connection = True  # no answer at all: a connection error
                 return
+            if garbage:
+                return self._send(200, "text/html", b"<html>upstream proxy says hello</html>")
             if whole is not None:
                 payload = json.dumps(error_body(whole, f"injected batch {whole}")).encode()
                 return self._send(whole, "application/json", payload)

@@ -6,6 +6,8 @@ pyarrow's S3 client is C++: Python-level mocks do not see it, a server does.
 * `server.requests`: a `Counter` of "METHOD kind" (kind: `list`, `head`, `get`, `put`,
   `multipart-create`, `multipart-part`, `multipart-complete`, `multipart-abort`, `copy`,
   `delete`, `other`), also served as JSON at `GET /__requests` (for another process).
+* `server.uploaded`: a `Counter` of bytes sent to the server by path (PUT and POST bodies:
+  objects, parts of multipart uploads, and the small bodies of other requests).
 * `server.fail(match, times, status)`: the next `times` requests whose "METHOD path" contains
   `match` are answered with `status` (an S3 error body) instead of reaching moto.
 """
@@ -60,6 +62,7 @@ class CountingMotoServer(ThreadedMotoServer):
     def __init__(self, port: int = 0) -> None:
         super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
         self.requests: Counter[str] = Counter()
+        self.uploaded: Counter[str] = Counter()
         self._faults: list[list[Any]] = []  # [match, times left, status]
         self._lock = threading.Lock()
 
@@ -70,6 +73,7 @@ class CountingMotoServer(ThreadedMotoServer):
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.uploaded.clear()
             self._faults.clear()
 
     def total(self, kinds: Iterable[str] | None = None) -> int:
@@ -98,8 +102,11 @@ class CountingMotoServer(ThreadedMotoServer):
                 if k.startswith("HTTP_")
             }
             kind = request_kind(method, environ.get("QUERY_STRING", ""), headers)
+            size = headers.get("x-amz-decoded-content-length") or environ.get("CONTENT_LENGTH")
             with self._lock:
                 self.requests[f"{method} {kind}"] += 1
+                if method in ("PUT", "POST"):
+                    self.uploaded[path] += int(size or 0)
             status = self._fault(f"{method} {path}")
             if status is not None:
                 body = (

@@ -197,7 +197,7 @@ def test_the_feed_streams_only_the_needed_columns_of_unscored_ok_rows(tmp_path: 
     assert sorted(ids) == [f"j{i:03d}" for i in range(2, 20)]  # once each, ok only
 
 
-# ---- the Perspective cache lives with the run ----------------------------------------------
+# ---- the Perspective cache lives with the run (on S3: tests/test_perspective_cache.py) -------
 
 
 def test_a_local_run_holds_the_cache_itself(tmp_path: Path) -> None:
@@ -208,33 +208,3 @@ def test_a_local_run_holds_the_cache_itself(tmp_path: Path) -> None:
     shared = ScorerContext(cache_dir="/shared/cache")
     assert scorer_context("perspective", {}, shared, "s3://b/r")[0] is shared
     assert scorer_context("gender", {}, ScorerContext(), "s3://b/r")[1] is None
-
-
-def test_an_object_store_run_gets_the_cache_back_on_another_node(tmp_path: Path) -> None:
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    env = {
-        "AWS_ACCESS_KEY_ID": "t",
-        "AWS_SECRET_ACCESS_KEY": "t",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        try:
-            host, port = server.get_host_and_port()
-            boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="runs")
-            uri = f"s3://runs/r1?endpoint_override={host}:{port}&scheme=http"
-            first = CacheMirror(uri, "c.sqlite")
-            Path(first.dir, "c.sqlite").write_bytes(b"answers")
-            first.maybe_put()  # too soon: nothing sent yet
-            assert not RunStore(uri).exists("cache/c.sqlite")
-            first.maybe_put(force=True)
-            second = CacheMirror(uri, "c.sqlite")  # another node, later
-            assert second.dir != first.dir
-            assert Path(second.dir, "c.sqlite").read_bytes() == b"answers"
-        finally:
-            server.stop()

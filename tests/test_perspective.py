@@ -132,16 +132,17 @@ def test_final_400_is_an_error_row_with_the_reason_and_is_not_asked_again(
     assert sum(c.text == TEXTS[1] for c in fake.calls) == 1
 
 
-def test_transient_failures_past_the_cap_end_as_errors_and_are_retried_next_run(
+def test_transient_failures_past_the_cap_are_left_to_retry_and_asked_again_next_run(
     fake: FakePerspective, tmp_path: Path
 ) -> None:
     fake.scripts = {TEXTS[0]: [503] * 5}  # 1 try + 4 retries, all 503
     scorer = make_scorer(fake, tmp_path)
     out = scorer.score(rows_for(TEXTS[:2]))
-    assert out[0]["status"] == "error" and out[0]["error"].startswith(
-        "no answer after 5 attempts; last: HTTP 503"
+    assert out[0]["status"] == "retry" and out[0]["error"].startswith(
+        "server error: no answer after 5 attempts; last: HTTP 503"
     )
-    assert out[1]["status"] == "ok" and scorer.close()["failed"] == 1
+    stats = scorer.close()
+    assert out[1]["status"] == "ok" and (stats["retry"], stats["failed"]) == (1, 0)
     again = make_scorer(fake, tmp_path).score(rows_for(TEXTS[:2]))  # not cached: asked again
     assert again[0]["status"] == "ok" and sum(c.text == TEXTS[0] for c in fake.calls) == 6
 
@@ -301,7 +302,7 @@ def test_backoff_on_an_unreachable_endpoint_says_what_it_waits_for(
     scorer = PerspectiveToxicity(params, ScorerContext(cache_dir=str(tmp_path)))
     with caplog.at_level(logging.WARNING, logger="workers.scorers.perspective_client"):
         out = scorer.score(rows_for(TEXTS[:1]))
-    assert out[0]["status"] == "error"
+    assert out[0]["status"] == "retry" and out[0]["error"].startswith("transport error: ")
     waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
     assert len(waits) == 2 and f"127.0.0.1:{port}" in waits[0]
     assert KEY not in " ".join(waits)

@@ -133,13 +133,18 @@ class ScorerActor:
         self, rows: list[dict[str, Any]], flush_rows: int | None = None
     ) -> dict[str, Any]:
         """Score `rows`, check one row came back per row, hold them (written once ~8k rows are
-        held); returns `{"rows": [{job_id, status}...], "flushed": bool}`."""
+        held); returns `{"rows": [{job_id, status}...], "flushed": bool}` (`retry` rows also
+        carry their `error`)."""
         out = list(self.scorer.score(rows))
         if self.mirror is not None:
             self.mirror.maybe_put()
         flushed = self._buffer(flush_rows).add(rows, out)
         return {
-            "rows": [{"job_id": r["job_id"], "status": r["status"]} for r in out],
+            "rows": [
+                {"job_id": r["job_id"], "status": r["status"]}
+                | ({"error": r["error"]} if r["status"] == "retry" else {})  # why: the stage counts
+                for r in out
+            ],
             "flushed": flushed,
         }
 
@@ -161,6 +166,6 @@ class ScorerActor:
         self.flush()  # nothing is held after the stage's own flush; a follower's leftovers
         stats = dict(self.scorer.close())
         if self.mirror is not None:
-            self.mirror.maybe_put(force=True)
             stats["cache_in_run"] = self.mirror.uri
+            stats["cache_mirror"] = self.mirror.close()
         return stats

@@ -1,6 +1,7 @@
 """`python -m harness COMMAND` (also `lidao-harness`): parse, set up logging, run the command,
 turn its errors into one line and an exit code: 0 done, 1 a stage failed at run time, 2 bad
-input (config, files, names)."""
+input (config, files, names), 3 rows failed for a transient reason (`run` / `score`: a plain
+`score RUN` retries them), 130 / 143 interrupted."""
 
 from __future__ import annotations
 

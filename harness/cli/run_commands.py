@@ -8,6 +8,7 @@ runs, never when the command line is parsed.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -20,6 +21,8 @@ from harness.cli.validate import refuse_on_problems
 from harness.config import ConfigError, RunConfig, load_config, parse_config
 from results.run.history import Invocation
 from results.run.store import RunStore
+
+RETRY_EXIT = 3  # rows failed for a transient reason: a plain `score RUN` retries them
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -65,7 +68,7 @@ def run_main(args: argparse.Namespace) -> int:
     failed = failed_methods(store)
     if failed:  # a stage that ran but made nothing of a method is not a success
         raise RuntimeError("\n  ".join(failed))
-    return 0
+    return _retry_exit(result["scoring"], args.out)
 
 
 def score_main(args: argparse.Namespace) -> int:
@@ -115,11 +118,12 @@ def score_main(args: argparse.Namespace) -> int:
             stats = driver.score_stage(store, cfg, words, use_ray, scorers=scorers)
         inv.stage("scoring", stats, time.perf_counter() - t0)
         for name, st in stats.items():
-            missing = st["status"].get("missing", 0)
+            missing, retry = (st["status"].get(k, 0) for k in ("missing", "retry"))
             extra = f"; {missing} not scored (missing)" if missing else ""
+            extra += f"; {retry} failed for now (to retry)" if retry else ""
             again = " (old scores replaced)" if overwrite else ""
             print(
-                f"{name}: scored {st['scored'] - missing} rows{again} "
+                f"{name}: scored {st['scored'] - missing - retry} rows{again} "
                 f"(version {st['version']}){extra}"
             )
         if aggregate:
@@ -127,7 +131,27 @@ def score_main(args: argparse.Namespace) -> int:
             _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
     if aggregate:
         _print_outputs(store)
-    return 0
+    return _retry_exit(stats, args.run)
+
+
+def _retry_exit(stats: dict[str, Any], run: str) -> int:
+    """`RETRY_EXIT` and one line on stderr when rows failed for a transient reason (a rate
+    limit, a 5xx, a timeout, out of memory...: `retry` rows, never written), else 0."""
+    total, parts = 0, []
+    for name, st in stats.items():
+        kinds = st.get("retry_kinds") or {}
+        count = int((st.get("status") or {}).get("retry", 0))
+        if count:
+            total += count
+            parts.append(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    if not total:
+        return 0
+    print(
+        f"{total} rows failed for a transient reason ({'; '.join(parts)}); "
+        f"run `python -m harness score {run}` to retry them",
+        file=sys.stderr,
+    )
+    return RETRY_EXIT
 
 
 def aggregate_main(args: argparse.Namespace) -> int:

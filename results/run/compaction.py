@@ -22,10 +22,11 @@ import pyarrow.fs as pafs
 from results.run.done import DoneIds
 from results.run.files import RunFiles, file_mtime, shard_name, to_frame
 from results.run.shards import StoreError
-from results.schema import GENERATION_SCHEMA, score_schema
+from results.schema import CACHE_ANSWER_SCHEMA, GENERATION_SCHEMA, score_schema
 
 log = logging.getLogger("harness")
 COMPACT_TARGET_ROWS = 50_000  # rows per compacted shard (~5-20 MB of generations)
+ANSWER_TARGET_ROWS = 16_384  # cached API answers per compacted shard (~0.8 MB; ~35 MB to merge)
 
 
 class Compaction(RunFiles):
@@ -187,6 +188,37 @@ class Compaction(RunFiles):
                     flush(version)
         for version in list(groups):
             flush(version)
+
+    def compact_answers(self, parts: tuple[str, ...], target_rows: int = ANSWER_TARGET_ROWS) -> int:
+        """Merge the answer shards of an API cache (RUN/<parts>/, `CACHE_ANSWER_SCHEMA`) into
+        `part-c-` shards of about `target_rows` rows, streamed (memory: one group); returns how
+        many shards were merged. Compacted shards are never merged again, so an answer is
+        uploaded at most twice: in its shard, then in a compacted one."""
+
+        def merge(inputs: list[pafs.FileInfo], written: list[str]) -> None:
+            group: list[pa.RecordBatch] = []
+
+            def flush() -> None:
+                table = pa.Table.from_batches(group, CACHE_ANSWER_SCHEMA)
+                keys = (
+                    "\x00".join(k)
+                    for k in zip(*(table[c].to_pylist() for c in table.column_names[:4]))
+                )
+                name = "part-c-" + shard_name(keys)[len("part-") :]
+                written.append(self.write_table("/".join([*parts, name]), table))
+                group.clear()
+
+            only = [i.path for i in inputs]
+            for batch in self.reader.iter_batches(
+                parts, CACHE_ANSWER_SCHEMA, None, 8192, only=only
+            ):
+                group.append(batch)
+                if sum(b.num_rows for b in group) >= target_rows:
+                    flush()
+            if group:
+                flush()
+
+        return self._merge_small(parts, "answer", merge)
 
 
 def dedupe_generations(table: pa.Table) -> pa.Table:

@@ -11,6 +11,12 @@ from typing import Any, ClassVar
 from jobs.words import GroupWords, builtin_gender_words
 from results.schema import METRIC_FIELDS
 
+# A row whose scoring failed for a reason that may pass (a rate limit, a 5xx, a timeout, an
+# unparsable answer, out of memory): returned with this status and its error
+# "<kind>: <detail>", never written, so the next `score` of the run tries it again. A
+# permanent failure (a 400 for this text, a text the model cannot take) is an `error` row.
+RETRY = "retry"
+
 
 class ScorerError(ValueError):
     """A scorer that cannot start (bad parameter, label map without an expected label...)."""
@@ -121,8 +127,9 @@ def score_batched(
 ) -> list[dict[str, Any]]:
     """Run `score_batch` over chunks of `rows`; a failing chunk is retried row by row.
 
-    A row that still fails alone (too long for the model, out of memory...) becomes a
-    `status = error` row carrying the exception text, so one bad row never drops its batch.
+    A row that still fails alone becomes a `status = error` row carrying the exception text
+    (too long for the model...), or a `retry` row when memory ran out (another batch, or a
+    later `score`, may fit), so one bad row never drops its batch.
     """
     out: list[dict[str, Any]] = []
     for start in range(0, len(rows), max(1, batch_size)):
@@ -132,14 +139,23 @@ def score_batched(
             continue
         except Exception as exc:  # noqa: BLE001 - isolated below, row by row
             if len(chunk) == 1:
-                out.append(null_row(scorer, chunk[0], "error", f"{type(exc).__name__}: {exc}"))
+                out.append(failed_row(scorer, chunk[0], exc))
                 continue
         for row in chunk:
             try:
                 out.extend(score_batch([row]))
             except Exception as exc:  # noqa: BLE001 - recorded in the row
-                out.append(null_row(scorer, row, "error", f"{type(exc).__name__}: {exc}"))
+                out.append(failed_row(scorer, row, exc))
     return out
+
+
+def failed_row(scorer: Scorer, row: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """The row of a text whose scoring raised `exc`: `retry` when memory ran out (CUDA's
+    `OutOfMemoryError`, a `MemoryError`), else a final `error`."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        return null_row(scorer, row, RETRY, f"out of memory: {text}")
+    return null_row(scorer, row, "error", text)
 
 
 def score_nonempty(
@@ -168,7 +184,7 @@ def score_nonempty(
 def null_row(
     scorer: Scorer, row: dict[str, Any], status: str, error: str | None = None
 ) -> dict[str, Any]:
-    """A row of `scorer` for `row` with every metric column null (status empty or error)."""
+    """A row of `scorer` for `row` with every metric column null (status empty, error, retry)."""
     rec = scorer.key(row, status=status, error=error[:2000] if error else None)
     for name, _ in METRIC_FIELDS[scorer.metric]:
         rec[name] = None

@@ -9,57 +9,119 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
 
-from results.run.store import RunStore
-from workers.scorers.base import ScorerContext
+import pyarrow as pa
 
-CACHE_REL = "cache"  # RUN/cache/<file>
+from results.run.store import RunStore, shard_name
+from results.schema import CACHE_ANSWER_SCHEMA
+from workers.scorers.base import ScorerContext
+from workers.scorers.score_cache import COLUMNS, ScoreCache
+
+CACHE_REL = "cache"  # RUN/cache/<file>, and RUN/cache/<file stem>/ for the answer shards
 SYNCED_CACHES = {"perspective": "perspective-scores.sqlite"}  # scorer → its cache file
+SHARD_ROWS = 8192  # new answers per shard put back (or whatever is new every `every_s`)
 
 
 class CacheMirror:
     """Gives a scorer a cache directory that lives with the run, not with a worker's ~/.cache.
 
-    A local (or shared-filesystem) run directory holds the cache file itself (RUN/cache/).
-    On an object store the file is copied to a temp folder of the actor's node at start and
-    put back (whole, atomically) at most every `every_s` seconds and at close: a lost node
-    loses at most that much of the cache, never a score (scores are in their shards).
+    A local (or shared-filesystem) run directory holds the sqlite file itself (RUN/cache/):
+    each batch of answers is committed as it arrives, nothing else to do. On an object store
+    the scorer's sqlite file is a working copy in a temp folder of the actor's node, and the
+    run keeps the answers as append-only Parquet shards (RUN/cache/<file stem>/): at start the
+    copy is loaded from them (and from a whole sqlite file older versions put back), streamed
+    a batch at a time. New answers are put back as they come (`maybe_put`): every
+    `shard_rows` of them as one shard in its final form, the rest at least every `every_s`
+    seconds (and at `close`): in its final form too when it holds half `shard_rows` or more
+    (100 answers a second fill that in 41 s), else as a small shard that `close` compacts with
+    the others (`RunStore.compact_answers`). An answer is uploaded once, or twice when it went
+    out in a small shard, never the whole cache again. The process holds one batch of the load, one
+    shard of new answers and sqlite's bounded page cache, whatever the cache's size; the copy
+    takes disk on the node. A lost node loses at most `every_s` of answers, never a score.
     """
 
-    def __init__(self, run_uri: str, file_name: str, every_s: float = 60.0) -> None:
+    def __init__(
+        self, run_uri: str, file_name: str, every_s: float = 60.0, shard_rows: int = SHARD_ROWS
+    ) -> None:
         self.store = RunStore(run_uri)
-        self.rel = f"{CACHE_REL}/{file_name}"
-        self.every_s = every_s
+        self.file_name, self.every_s, self.shard_rows = file_name, every_s, max(1, shard_rows)
+        self.parts = (CACHE_REL, file_name.rsplit(".", 1)[0])
         self.last_put = time.monotonic()
+        self.stats = {"loaded": 0, "put_answers": 0, "put_shards": 0}
+        self.tmp: str | None = None
+        self.copy: ScoreCache | None = None
         if self.store.local:
             self.dir = self.store.path(CACHE_REL)
             os.makedirs(self.dir, exist_ok=True)
-            self.tmp: str | None = None
+            if self.store.list_shards(*self.parts):  # answers an object-store run put back
+                self._load(ScoreCache(os.path.join(self.dir, file_name)), close=True)
             return
-        self.tmp = tempfile.mkdtemp(prefix="lidao-cache-")
-        self.dir = self.tmp
-        if self.store.exists(self.rel):
-            with self.store.fs.open_input_stream(self.store.path(self.rel)) as fh:
-                data = fh.read()
-            with open(os.path.join(self.dir, file_name), "wb") as out:
-                out.write(data)
+        self.tmp = self.dir = tempfile.mkdtemp(prefix="lidao-cache-")
+        legacy = f"{CACHE_REL}/{file_name}"  # the whole file, as versions before shards put it
+        if self.store.exists(legacy):
+            with (
+                self.store.fs.open_input_stream(self.store.path(legacy)) as src,
+                open(os.path.join(self.dir, file_name), "wb") as dst,
+            ):
+                shutil.copyfileobj(src, dst, 1 << 20)
+        self.copy = ScoreCache(os.path.join(self.dir, file_name))
+        self._load(self.copy)
+        self.mark = self.copy.last_rowid()  # what is held now is in the run's storage
+
+    def _load(self, cache: ScoreCache, close: bool = False) -> None:
+        """Add the answer shards' rows to `cache`: a shard at a time, a record batch at a time
+        (no read-ahead: memory of one row group, whatever the number of shards)."""
+        for path in self.store.list_shards(*self.parts):
+            shard = self.store.reader.dataset([path], CACHE_ANSWER_SCHEMA)
+            for batch in shard.to_batches(
+                columns=list(COLUMNS), batch_size=4096, batch_readahead=0, fragment_readahead=0
+            ):
+                rows = zip(*(batch.column(c).to_pylist() for c in COLUMNS), strict=True)
+                self.stats["loaded"] += cache.add_rows(rows)
+        if close:
+            cache.close()
 
     @property
     def uri(self) -> str:
-        return f"{self.store.uri.split('?')[0].rstrip('/')}/{self.rel}"
+        return f"{self.store.uri.split('?')[0].rstrip('/')}/{'/'.join(self.parts)}"
 
     def maybe_put(self, force: bool = False) -> None:
-        """Copy the cache file back to the run's storage (object stores only)."""
-        if self.tmp is None or not (force or time.monotonic() - self.last_put >= self.every_s):
+        """Put the answers added since the last put back (object stores only): each
+        `shard_rows` of them at once, and what is left once `every_s` has passed or when
+        `force`. A shard of at least half `shard_rows` answers is in its final form
+        (`part-c-`, never merged again); a smaller one is a `part-` shard that `close`
+        compacts."""
+        if self.copy is None:
             return
-        local = os.path.join(self.dir, self.rel.rsplit("/", 1)[1])
-        if os.path.exists(local):
-            with open(local, "rb") as fh:
-                self.store.write_bytes(self.rel, fh.read())
-        self.last_put = time.monotonic()
+        due = force or time.monotonic() - self.last_put >= self.every_s
+        while due or self.copy.count_after(self.mark) >= self.shard_rows:
+            rows, mark = self.copy.rows_after(self.mark, self.shard_rows)
+            if not rows:
+                break
+            table = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], CACHE_ANSWER_SCHEMA)
+            name = shard_name("\x00".join(r[:4]) for r in rows)
+            if 2 * len(rows) >= self.shard_rows:  # big enough to stay as it is
+                name = "part-c-" + name[len("part-") :]
+            self.store.write_table("/".join([*self.parts, name]), table)
+            self.mark = mark
+            self.stats["put_answers"] += len(rows)
+            self.stats["put_shards"] += 1
+        if due:
+            self.last_put = time.monotonic()
+
+    def close(self) -> dict[str, Any]:
+        """Put back what is new, compact the shards, remove the working copy; returns stats."""
+        if self.copy is not None:
+            self.maybe_put(force=True)
+            self.copy.close()
+            self.stats["compacted"] = self.store.compact_answers(self.parts)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return dict(self.stats)
 
 
 def scorer_context(

@@ -3,8 +3,10 @@
 Every final answer is cached (`score_cache.ScoreCache`, sqlite) as it arrives, keyed by
 (text hash, attribute, languages, API version) with its date and raw response: a crash and
 a re-run ask nothing twice, and old runs can be re-scored after the service is gone (it is
-being shut down). A 400 answer is cached too (it is a property of the text); a transient
-failure that outlived its retries is not, so a re-run asks again.
+being shut down). A 400 answer is cached too (it is a property of the text: an `error` row);
+a transient failure that outlived its retries (429, 5xx, timeout, transport, an answer
+without the score) is not cached and its row is a `retry` row (`base.RETRY`): not written,
+so a plain `score` of the run asks again.
 
 Empty continuations are never sent (`status = empty`), nor texts over 20 KB (`error`).
 
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from workers.scorers.base import Scorer, ScorerContext, ScorerError, null_row, text_of
+from workers.scorers.base import RETRY, Scorer, ScorerContext, ScorerError, null_row, text_of
 from workers.scorers.perspective_client import (
     API_VERSION,
     DEFAULT_ENDPOINT,
@@ -33,6 +35,7 @@ from workers.scorers.perspective_client import (
     PerspectiveClient,
     RetryPolicy,
     summary_value,
+    transient_kind,
 )
 from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CachedScore, CacheKey, ScoreCache, text_sha256
@@ -141,6 +144,7 @@ class PerspectiveToxicity(Scorer):
             "cached": 0,
             "answered": 0,
             "failed": 0,
+            "retry": 0,
             "missing": 0,
         }
         self._bar: Any = None
@@ -223,12 +227,20 @@ class PerspectiveToxicity(Scorer):
                     out[i] = self._row(rows[i], outcome)
             return self._finish(out)
 
-        def settled(key: CacheKey, answer: Answer) -> None:
-            if answer.kind == "ok":
-                self.cache.put(key, "ok", response=answer.response)
-            elif answer.status == 400:  # a property of the text: asking again is pointless
-                self.cache.put(key, "error", error=answer.reason)
-            self._progress(len(need[key]))
+        def settled(answers: list[tuple[CacheKey, Answer]]) -> None:
+            # an answer with the score, or a 400 (a property of the text)
+            final: list[tuple[CacheKey, str, dict[str, Any] | None, str | None]] = []
+            for key, answer in answers:
+                if (
+                    answer.kind == "ok"
+                    and summary_value(answer.response, self.attribute).value is not None
+                ):
+                    final.append((key, "ok", answer.response, None))
+                elif answer.status == 400:
+                    final.append((key, "error", None, answer.reason))
+            if final:
+                self.cache.put_many(final)
+            self._progress(sum(len(need[key]) for key, _ in answers))
 
         assert self.client is not None
         for key, answer in self.client.fetch(todo, settled).items():
@@ -244,6 +256,7 @@ class PerspectiveToxicity(Scorer):
         self.counts["rows"] += len(done)
         self.counts["empty"] += sum(r["status"] == "empty" for r in done)
         self.counts["failed"] += sum(r["status"] == "error" for r in done)
+        self.counts["retry"] += sum(r["status"] == RETRY for r in done)
         return done
 
     def _client_stats(self) -> dict[str, Any]:
@@ -257,14 +270,25 @@ class PerspectiveToxicity(Scorer):
         return Outcome(None, f"{cached.error} (cached answer of {cached.created_utc})")
 
     def _outcome(self, answer: Answer) -> Outcome:
-        if answer.kind == "ok":
-            return summary_value(answer.response, self.attribute)
+        """The value, or why there is none; a transient failure's reason starts with its kind
+        and ends as a `retry` row (`_row`)."""
         assert self.client is not None
+        if answer.kind == "ok":
+            outcome = summary_value(answer.response, self.attribute)
+            return (
+                outcome
+                if outcome.value is not None
+                else outcome._replace(error=f"unparsable answer: {outcome.error}", retry=True)
+            )
+        if answer.kind == "transient":
+            return Outcome(
+                None, f"{transient_kind(answer)}: {self.client.redact(answer.reason)}", True
+            )
         return Outcome(None, self.client.redact(answer.reason))
 
     def _row(self, row: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
         if outcome.value is None:
-            return null_row(self, row, "error", outcome.error)
+            return null_row(self, row, RETRY if outcome.retry else "error", outcome.error)
         rec = self.key(row)
         rec["toxicity"] = outcome.value
         return rec
@@ -293,6 +317,7 @@ class PerspectiveToxicity(Scorer):
             f"perspective: {stats['rows']} rows: {stats['cached']} cached, {stats['sent']} texts sent "
             f"({stats['calls']} calls, {stats['retries']} retries, {stats['batches']} batches), "
             f"{stats['empty']} empty, {stats['failed']} failed"
+            + (f", {stats['retry']} to retry (transient failures)" if stats["retry"] else "")
             + (f", {stats['missing']} not in the cache (cache only)" if self.client is None else "")
         )
         if self._bar is not None:

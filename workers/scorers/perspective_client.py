@@ -34,12 +34,13 @@ DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/"
 DISCOVERY = Path(__file__).with_name("perspective_discovery.json")
 MAX_TEXT_BYTES = 20480  # the API answers 400 above this; not worth a call
 MAX_BATCH = 100
+NO_ANSWER = "no answer in the batch response"
 
 
 class Answer(NamedTuple):
     """What one call came back with."""
 
-    kind: str  # ok | final | transient | fatal
+    kind: str  # ok | final | transient (retried, or given up) | fatal
     response: dict[str, Any] | None = None
     reason: str = ""
     status: int | None = None  # HTTP status, None for connection errors
@@ -48,6 +49,7 @@ class Answer(NamedTuple):
 class Outcome(NamedTuple):
     value: float | None
     error: str | None
+    retry: bool = False  # a transient failure: the row is left for a later `score`
 
 
 @dataclass
@@ -76,6 +78,21 @@ def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
         return Outcome(float(response["attributeScores"][attribute]["summaryScore"]["value"]), None)  # type: ignore[index]
     except (KeyError, TypeError, ValueError):
         return Outcome(None, f"answer has no summaryScore for {attribute}")
+
+
+def transient_kind(answer: Answer) -> str:
+    """What a transient failure was, in the words of the "N rows failed: ..." line: rate
+    limited, server error, timed out, unparsable answer or transport error."""
+    last = answer.reason.rsplit("last: ", 1)[-1]  # a given-up item: its last answer
+    if answer.status == 429:
+        return "rate limited"
+    if answer.status == 408 or "Timeout" in last or "timed out" in last:
+        return "timed out"
+    if answer.status is not None and answer.status >= 500:
+        return "server error"
+    if last.startswith(("BatchError", "ValueError", "KeyError", "JSONDecodeError", NO_ANSWER)):
+        return "unparsable answer"
+    return "transport error"
 
 
 def classify(status: int | None, reason: str) -> Answer:
@@ -149,11 +166,15 @@ class PerspectiveClient:
         }
 
     def fetch(
-        self, items: list[Pending], settled: Callable[[CacheKey, Answer], None] | None = None
+        self,
+        items: list[Pending],
+        settled: Callable[[list[tuple[CacheKey, Answer]]], None] | None = None,
     ) -> dict[CacheKey, Answer]:
-        """Final answers (ok / final / transient given up) for `items`, by cache key.
+        """Settled answers for `items`, by cache key: ok, final (e.g. a 400 for this text), or
+        transient when the item's retries ran out (the row is left for a later `score`).
 
-        `settled(key, answer)` is called as each item is settled (cache writes, progress).
+        `settled([(key, answer)...])` is called with the items each batch request settled
+        (cache writes, one transaction a batch; progress).
 
         Raises:
             ScorerError: an answer says the key or project is refused (401/403).
@@ -164,16 +185,16 @@ class PerspectiveClient:
             batch = self._ready(pending)
             answers = self._send(batch)
             now = time.monotonic()
+            done = []
             for i, item in enumerate(batch):
-                answer = answers.get(str(i)) or Answer(
-                    "transient", reason="no answer in the batch response"
-                )
+                answer = answers.get(str(i)) or Answer("transient", reason=NO_ANSWER)
                 final = self._settle(item, answer, now)
                 if final is not None:
                     del pending[item.key]
                     out[item.key] = final
-                    if settled is not None:
-                        settled(item.key, final)
+                    done.append((item.key, final))
+            if settled is not None and done:
+                settled(done)
         return out
 
     def _ready(self, pending: dict[CacheKey, Pending]) -> list[Pending]:
@@ -207,9 +228,9 @@ class PerspectiveClient:
             return answer
         item.attempts += 1
         self.last_reason = self.redact(answer.reason)
-        if item.attempts > self.retry.max_retries:
+        if item.attempts > self.retry.max_retries:  # given up for now, not a final answer
             reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
-            return Answer("final", reason=self.redact(reason), status=answer.status)
+            return answer._replace(reason=self.redact(reason))
         delay = self.retry.delay(item.attempts)
         item.not_before = now + delay
         if answer.status == 429:
@@ -256,6 +277,8 @@ class PerspectiveClient:
 
         try:
             request.execute(http=self._http)
+        except BatchError as exc:  # an HttpError too: a body that is not multipart (garbage)
+            return Answer("transient", reason=self.redact(f"BatchError: {exc}"[:300]))
         except HttpError as exc:  # the batch request itself was refused (429, 5xx...)
             status = int(exc.resp.status)
             answer = classify(status, self.redact(http_reason(status, exc.content)))
@@ -266,7 +289,6 @@ class PerspectiveClient:
             OSError,  # refused, reset, timed out
             httplib2.HttpLib2Error,
             http.client.HTTPException,
-            BatchError,  # a response that is not multipart
             ValueError,  # a part that is not JSON
             KeyError,  # a part missing from the response
         ) as exc:

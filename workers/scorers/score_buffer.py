@@ -14,10 +14,14 @@ from typing import Any
 
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
+from workers.scorers.base import RETRY
 
 Row = dict[str, Any]
 FLUSH_ROWS = 8192  # score rows a writer holds before it writes them as one shard
 FLUSH_S = 60.0  # ... or once its oldest held row is this old (a slow, rate-limited scorer)
+# Rows that are not scores and are never written: `missing` (not in a cache-only Perspective's
+# cache) and `retry` (a transient failure): a later `score` hands them out again.
+UNWRITTEN = ("missing", RETRY)
 
 
 class ScoringError(RuntimeError):
@@ -44,10 +48,10 @@ def check_rows(name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
 
 
 def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
-    """Check the scorer's rows (`check_rows`) and write them as one atomic shard; rows with
-    status `missing` (cache-only Perspective) are not scores and are not written."""
+    """Check the scorer's rows (`check_rows`) and write them as one atomic shard, but for the
+    `UNWRITTEN` ones."""
     check_rows(name, chunk, out)
-    kept = [r for r in out if r["status"] != "missing"]
+    kept = [r for r in out if r["status"] not in UNWRITTEN]
     if kept:
         store.write_scores(name, SCORER_METRICS[name], kept)
 
@@ -77,7 +81,7 @@ class ScoreBuffer:
     def add(self, chunk: Sequence[Row], out: Sequence[Row]) -> bool:
         """Check the scorer's rows (`check_rows`), hold them; True when this wrote a shard."""
         check_rows(self.name, chunk, out)
-        kept = [r for r in out if r["status"] != "missing"]  # e.g. cache-only: not scored
+        kept = [r for r in out if r["status"] not in UNWRITTEN]
         if kept and not self.rows:
             self.since = time.monotonic()
         held = len(self.rows)

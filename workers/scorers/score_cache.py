@@ -1,10 +1,14 @@
-"""A persistent cache of API scores (sqlite), written answer by answer.
+"""A persistent cache of API scores (sqlite), written batch by batch as answers arrive.
 
 Keyed by (sha256 of the text, attributes, languages, API version); each entry keeps the date
-and the raw response, so scores can be re-derived after the service is gone. Every `put` is
-its own committed transaction: a crash loses at most the answer in flight, and a re-run asks
-nothing twice. sqlite's file locking makes the file safe to share between processes on one
-machine (not on a network file system).
+and the raw response, so scores can be re-derived after the service is gone. Every `put_many`
+(the answers of one batch request) is one committed transaction: a crash loses at most the
+answers in flight, and a re-run asks nothing twice. sqlite's file locking makes the file safe
+to share between processes on one machine (not on a network file system).
+
+Entries are only ever added (`INSERT OR IGNORE`: an answer is final), so sqlite's rowid grows
+with each new one and `rows_after` gives what was added since a mark: the rows an object-store
+run puts back as shards (`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 _SCHEMA = """
@@ -30,6 +34,18 @@ CREATE TABLE IF NOT EXISTS scores (
     PRIMARY KEY (text_sha256, attributes, languages, api_version)
 )
 """
+
+
+COLUMNS = (  # of the table, and of `results.schema.CACHE_ANSWER_SCHEMA`, in this order
+    "text_sha256",
+    "attributes",
+    "languages",
+    "api_version",
+    "status",
+    "response",
+    "error",
+    "created_utc",
+)
 
 
 class CacheKey(NamedTuple):
@@ -57,7 +73,7 @@ class ScoreCache:
         self.path = path
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        # autocommit (isolation_level=None): each put is durable on return. Ray may call an
+        # autocommit (isolation_level=None): each put_many is committed on return. Ray may call an
         # actor from another thread than the one that built it, hence check_same_thread.
         self._db = sqlite3.connect(
             path or ":memory:", timeout=60.0, isolation_level=None, check_same_thread=False
@@ -86,17 +102,51 @@ class ScoreCache:
         response: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> None:
+        self.put_many([(key, status, response, error)])
+
+    def put_many(
+        self, entries: Iterable[tuple[CacheKey, str, dict[str, Any] | None, str | None]]
+    ) -> None:
+        """Add final answers `(key, status, response, error)`, in one transaction."""
         created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        self._db.execute(
-            "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                *key,
-                status,
-                json.dumps(response, sort_keys=True) if response else None,
-                error,
-                created,
-            ),
+        self.add_rows(
+            (*key, status, json.dumps(response, sort_keys=True) if response else None, err, created)
+            for key, status, response, err in entries
         )
+
+    def add_rows(self, rows: Iterable[Sequence[Any]]) -> int:
+        """Add stored rows (`COLUMNS` order) in one transaction; a key already held keeps its
+        answer. Returns how many were new."""
+        before = self._db.total_changes
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(
+                f"INSERT OR IGNORE INTO scores ({', '.join(COLUMNS)}) VALUES "
+                f"({', '.join('?' * len(COLUMNS))})",
+                rows,
+            )
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return int(self._db.total_changes - before)
+
+    def rows_after(self, mark: int, limit: int) -> tuple[list[tuple[Any, ...]], int]:
+        """Up to `limit` rows added after rowid `mark` (`COLUMNS` order), and the new mark."""
+        got = self._db.execute(
+            f"SELECT rowid, {', '.join(COLUMNS)} FROM scores WHERE rowid > ? ORDER BY rowid "
+            "LIMIT ?",
+            (mark, limit),
+        ).fetchall()
+        return [tuple(r[1:]) for r in got], (got[-1][0] if got else mark)
+
+    def count_after(self, mark: int) -> int:
+        return int(
+            self._db.execute("SELECT COUNT(*) FROM scores WHERE rowid > ?", (mark,)).fetchone()[0]
+        )
+
+    def last_rowid(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM scores").fetchone()[0])
 
     def __len__(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM scores").fetchone()[0])

@@ -132,7 +132,7 @@ class Followed:
                     scorer, mirror = held
                     scorer.close()
                     if mirror is not None:
-                        mirror.maybe_put(force=True)
+                        mirror.close()
             except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
                 log.warning("scorer %s: closing after following generation: %s", name, exc)
 
@@ -145,16 +145,17 @@ class Followed:
                 keep = ("version", "scored", "status", "failed_chunks")
                 stats[name] = {k: during[k] for k in keep} | {"during_generation": during}
                 continue
-            # rows `missing` then (not in a cache-only Perspective's cache) got no score row:
-            # the final pass handed them out again and counts them itself
-            written = during["scored"] - during["status"].get("missing", 0)
+            # rows `missing` then (not in a cache-only Perspective's cache) or `retry` (a
+            # transient failure) got no score row: the final pass handed them out again
+            unwritten = ("missing", "retry")
+            written = during["scored"] - sum(during["status"].get(k, 0) for k in unwritten)
             final["during_generation"] = during
             final["scored"] = final.get("scored", 0) + written
             if final.get("version") == during["version"]:
                 final["skipped"] = max(0, final.get("skipped", 0) - written)
             status = dict(final.get("status") or {})
             for key, count in during["status"].items():
-                if key != "missing":
+                if key not in unwritten:
                     status[key] = status.get(key, 0) + count
             final["status"] = status
 

@@ -215,7 +215,7 @@ def _score_in_process(
         finally:
             stats[name] = work.stats(scorer.close())
             if mirror is not None:
-                mirror.maybe_put(force=True)
+                mirror.close()
         problem = work.failure()
         if problem and name not in failures:
             failures[name] = problem

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from jobs.catalog import SCORER_METRICS
 from results.run.shards import check_version
 from results.run.store import RunStore, StoreError
-from workers.scorers.base import ScorerError
+from workers.scorers.base import RETRY, ScorerError
 from workers.scorers.cache_mirror import CacheMirror
 from workers.scorers.registry import load_scorer
 from workers.scorers.score_buffer import Row, ScoreBuffer, ScoringError, check_rows, write_chunk
@@ -235,6 +235,7 @@ class Work:
     given_up_in_a_row: int = 0
     first_error: str | None = None
     statuses: Counter[str] = field(default_factory=Counter)
+    retry_kinds: Counter[str] = field(default_factory=Counter)  # transient failures, by kind
     started: float = field(default_factory=time.perf_counter)
     buffer: ScoreBuffer | None = None  # without Ray: rows held here, written ~8k at a time
 
@@ -258,8 +259,11 @@ class Work:
             write_chunk(store, self.name, chunk, out)
         self.given_up_in_a_row = 0
         self.statuses.update(r["status"] for r in out)
+        retry = [str(r.get("error") or "").split(":")[0] for r in out if r["status"] == RETRY]
+        self.retry_kinds.update(retry)
         if self.progress is not None:  # empty rows are not failures
-            self.progress.update(len(out), ok=sum(r["status"] != "error" for r in out))
+            bad = len(retry) + sum(r["status"] == "error" for r in out)
+            self.progress.update(len(out), ok=len(out) - bad)
 
     def score_here(
         self,
@@ -319,6 +323,7 @@ class Work:
             "skipped": self.skipped,
             "status": dict(self.statuses),
             "failed_chunks": self.failed_chunks,
+            "retry_kinds": dict(self.retry_kinds),
             "elapsed_s": round(time.perf_counter() - self.started, 3),
             "scorer": scorer_stats,
         }
