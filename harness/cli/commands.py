@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             include(args.include)
         return int(args.func(args))
     except (ConfigError, DatasetError, StoreError, JoinError, KeyError, ValueError) as exc:
-        print(f"error: {printable(redact_text(_message(exc)))}", file=sys.stderr)
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {printable(redact_text(str(text)))}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         print(f"error: {printable(redact_text(str(exc)))}", file=sys.stderr)
@@ -59,10 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutdown_ray()
         for key in env_set:
             os.environ.pop(key, None)
-
-
-def _message(exc: Exception) -> str:
-    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 def _os_error(exc: OSError) -> str:

@@ -23,6 +23,7 @@ KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
 HEADLINE_STATS = ["mean", "nnre", "bias", "bias_cm", "cm_rows", "bias_bc", "emt"]
 HEADLINE_GROUPS = ["all", "gap"]
 GEN_PARAMS = ["max_new_tokens", "top_p", "temperature", "repetition_penalty"]
+FILTERS = ("metric", "view", "stat")  # options that keep only the cells of the values given
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
@@ -183,9 +184,9 @@ def select_rows(diffs: pl.DataFrame, args: argparse.Namespace) -> pl.DataFrame:
         rows = rows.filter(
             pl.col("stat").is_in(HEADLINE_STATS) & pl.col("group").is_in(HEADLINE_GROUPS)
         )
-    for col, wanted in (("metric", args.metric), ("view", args.view), ("stat", args.stat)):
-        if wanted:
-            rows = rows.filter(pl.col(col).is_in(wanted))
+    for col in FILTERS:
+        if getattr(args, col):
+            rows = rows.filter(pl.col(col).is_in(getattr(args, col)))
     if args.min_diff > 0:
         rows = rows.filter((pl.col("diff").abs() >= args.min_diff) | pl.col("diff").is_null())
     return rows.sort(KEYS)
@@ -197,14 +198,10 @@ def why_empty(diffs: pl.DataFrame, args: argparse.Namespace) -> str:
     if diffs.is_empty():
         return "the two runs have no summary cells"
     reasons = []
-    for col, flag, wanted in (
-        ("metric", "--metric", args.metric),
-        ("view", "--view", args.view),
-        ("stat", "--stat", args.stat),
-    ):
-        known = sorted(set(diffs[col].drop_nulls().to_list()))
+    for col in FILTERS:
+        known, wanted = sorted(set(diffs[col].drop_nulls().to_list())), getattr(args, col)
         if wanted and not set(wanted) & set(known):
-            reasons.append(f"{flag} {' '.join(wanted)} matches none of: {', '.join(known)}")
+            reasons.append(f"--{col} {' '.join(wanted)} matches none of: {', '.join(known)}")
     if not reasons and args.min_diff > 0:
         reasons.append(f"no difference is at least --min-diff {args.min_diff:g}")
     return "; ".join(reasons) or "no cell passes the filters together (--all shows every stat)"

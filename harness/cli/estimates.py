@@ -1,15 +1,7 @@
-"""Time estimates beside the plan's counts: `validate` prints them, `run` logs them first.
-
-* Perspective: every generation is one text to score, and the client keeps to the quota
-  (`qps` over `quota_window_s`: at most ⌊qps × window⌋ texts a window, `workers.scorers.
-  ratelimit`), so the stage takes texts × window / ⌊qps × window⌋ seconds; texts that repeat
-  or are cached already are not asked again, so this is an upper bound.
-* Generation: per model, its jobs × `max_new_tokens` tokens per method over that method's
-  calibrated speed (`jobs.catalog.calibration`: measured by the benchmarks, scaled to the
-  model), shared by the model's replicas (the GPU budget's, else `replicas`, else 1). Rows that
-  stop at EOS take less. Methods or models without a calibration are named, not counted.
-
-A stage estimated over a day gets a warning on its line.
+"""Time estimates beside the plan's counts (docs/cli.md, validate): `validate` prints them,
+`run` logs them first. Perspective: texts × window / ⌊qps × window⌋ (an upper bound: repeated
+and cached texts are not asked again); generation: tokens per method over its calibrated speed
+(`jobs.catalog.calibration`), shared by the model's replicas. Over a day: a warning.
 """
 
 from __future__ import annotations

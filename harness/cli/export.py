@@ -44,24 +44,16 @@ def export_main(args: argparse.Namespace) -> int:
         write_results_json(store)  # a run aggregated by an older version
     try:
         done = export_to_hub(store, args.hub, private=args.private, revision=args.revision)
-    except ImportError as exc:
-        raise RuntimeError(str(exc)) from None
     except Exception as exc:  # huggingface_hub's HTTP errors: one line, no traceback
-        if isinstance(exc, (RuntimeError, OSError)) and not _is_hub_error(exc):
+        hub = type(exc).__module__.startswith(("huggingface_hub", "httpx", "requests"))
+        if isinstance(exc, (RuntimeError, OSError)) and not hub:
             raise
-        raise RuntimeError(f"export to {args.hub}: {_first_line(exc)}") from None
+        from harness.stages.generation.backends import first_line
+
+        raise RuntimeError(f"export to {args.hub}: {redact_text(first_line(exc))}") from None
     print(f"exported {len(done['files'])} files of {args.run} to {done['repo']}")
     print(f"commit: {done['commit']}")
     return 0
-
-
-def _is_hub_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith(("huggingface_hub", "httpx", "requests"))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact_text(text[0] if text else type(exc).__name__)
 
 
 def export_files(store: RunStore) -> dict[str, str]:

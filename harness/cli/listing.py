@@ -5,8 +5,6 @@ local Hugging Face cache."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from jobs.catalog import (
@@ -20,6 +18,7 @@ from jobs.catalog import (
     param_kind,
     scorer_param_kind,
 )
+from workers.hub import hub_cache
 
 
 def _fmt(value: Any) -> str:
@@ -53,13 +52,6 @@ def list_scorers() -> list[str]:
             kind = kind_label(scorer_param_kind(name, key, default))
             lines.append(f"    {key}: {kind} = {_fmt(default)}")
     return lines
-
-
-def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME", os.path.join(Path.home(), ".cache", "huggingface"))
-    return Path(home) / "hub"
 
 
 def cached_hub_models() -> list[str]:

@@ -60,22 +60,21 @@ def add_overrides(p: argparse.ArgumentParser) -> None:
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:
     """The common-field overrides given on the command line (None: not given)."""
-
-    def names(values: list[str] | None) -> list[str] | None:
-        if not values:
-            return None
-        return [n.strip() for v in values for n in v.split(",") if n.strip()]
-
     return {
         "limit": args.limit,
         "samples": args.samples,
         "batch_size": args.batch_size,
         "device": args.device,
         "address": getattr(args, "address", None),
-        "models": names(args.models),
-        "methods": names(args.methods),
+        "models": split_names(args.models) if args.models else None,
+        "methods": split_names(args.methods) if args.methods else None,
         "set": list(getattr(args, "set", None) or []),
     }
+
+
+def split_names(given: list[str] | None) -> list[str]:
+    """The names of a repeatable option whose values may each be a comma-separated list."""
+    return [v.strip() for item in given or [] for v in item.split(",") if v.strip()]
 
 
 def _batch_size(text: str) -> int | str:

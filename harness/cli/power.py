@@ -64,12 +64,6 @@ def pilot(
     return picked, float(settings.aggregation["level"])
 
 
-def _size(cell: Any) -> tuple[int, int]:
-    """(units with rows, median rows per prompt) of a pilot cell."""
-    units = int(np.unique(cell.unit_of[cell.prompt]).size)
-    return units, int(np.median(np.bincount(cell.prompt)[np.unique(cell.prompt)]))
-
-
 def power_main(args: argparse.Namespace) -> int:
     """The `power` subcommand: one line per pilot cell and number of samples per prompt."""
     from results.stats.power import prepare, units_needed
@@ -85,7 +79,8 @@ def power_main(args: argparse.Namespace) -> int:
     )
     for (model, task, _, variant, view, metric), cell in cells.items():
         unit = "pair" if cell.paired else "prompt"
-        have, per_prompt = _size(cell)
+        have = int(np.unique(cell.unit_of[cell.prompt]).size)  # units with rows
+        per_prompt = int(np.median(np.bincount(cell.prompt)[np.unique(cell.prompt)]))
         head = f"  {model}/{task}{f'[{variant}]' if variant else ''} {view} {metric} (pilot {have} {unit}s × {per_prompt}):"  # fmt: skip
         try:
             prepared = prepare(cell)

@@ -177,7 +177,6 @@ def _not_a_file(path: Path) -> str | None:
 def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
     """(field, id, revision, kind) of every model and tokenizer the run loads, tiny ones out."""
     from workers.methods.registry import resolve_params
-    from workers.scorers.registry import scorer_defaults
 
     out: list[tuple[str, str, str | None, str]] = []
     for i, m in enumerate(cfg.models):
@@ -190,14 +189,7 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
                 value = resolve_params(method.name, dict(method.params), m.id).get(key)
                 field = f"methods.{j}.params.{key}"
                 out.append((field, value if isinstance(value, str) else "", None, "model"))
-    for k, scorer in enumerate(cfg.scorers):
-        names = SCORER_MODEL_PARAMS.get(scorer.name, ())
-        if not names:
-            continue
-        params = {**scorer_defaults(scorer.name), **scorer.params}
-        for key in names:
-            field = f"scorers.{k}.params.{key}" + ("" if key in scorer.params else " (default)")
-            out.append((field, str(params.get(key) or ""), params.get("revision"), "model"))
+    out += _scorer_models([(s.name, s.params) for s in cfg.scorers])
     seen: set[tuple[str, str]] = set()
     unique = []
     for spec in out:
@@ -225,22 +217,29 @@ def check_models(
     return items
 
 
-def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """One line per model a `score` run would load and cannot (offline, not cached...)."""
+def _scorer_models(
+    scorers: Sequence[tuple[str, dict[str, Any]]], score: bool = False
+) -> list[tuple[str, str, str | None, str]]:
+    """(field, id, revision, "model") of each model the scorers load (`score`: named for the
+    `score` command's options, not the config's fields)."""
     from workers.scorers.registry import scorer_defaults
 
-    lines = []
-    for name, params in scorers:
-        full = {**scorer_defaults(name), **params}
-        for key in SCORER_MODEL_PARAMS.get(name, ()):
-            spec = str(full.get(key) or "")
-            if spec.startswith(TINY_PREFIX):
-                continue
-            found = hub.availability(spec, full.get("revision"), "model") if spec else None
-            problem = found.problem if found else "required: a hub id or a local folder"
-            if problem:
-                lines.append(redact_text(f"scorer {name}, parameter {key}: {problem}"))
-    return lines
+    out = []
+    for k, (name, given) in enumerate(scorers):
+        keys = SCORER_MODEL_PARAMS.get(name, ())
+        params = {**scorer_defaults(name), **given} if keys else {}
+        for key in keys:
+            field = f"scorers.{k}.params.{key}" + ("" if key in given else " (default)")
+            if score:
+                field = f"scorer {name}, parameter {key}"
+            out.append((field, str(params.get(key) or ""), params.get("revision"), "model"))
+    return out
+
+
+def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per model a `score` run would load and cannot (offline, not cached...)."""
+    specs = [s for s in _scorer_models(scorers, score=True) if not s[1].startswith(TINY_PREFIX)]
+    return [i.line() for i in check_models(specs) if i.problem]
 
 
 # ---- API keys and services ---------------------------------------------------------------

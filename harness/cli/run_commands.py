@@ -18,8 +18,9 @@ from harness.cli.preflight import scorer_model_problems
 from harness.cli.status import failed_methods, output_lines, print_status
 from harness.cli.tracking import check_trackers, track
 from harness.cli.validate import refuse_on_problems
-from harness.config import ConfigError, RunConfig, load_config, parse_config
-from results.run.history import Invocation
+from harness.config import ConfigError, RunConfig, dump_config, load_config, parse_config
+from results.run.history import Invocation, config_hash
+from results.run.identity import plan_ids, read_config
 from results.run.store import RunStore
 
 RETRY_EXIT = 3  # rows failed for a transient reason: a plain `score RUN` retries them
@@ -31,12 +32,12 @@ def run_main(args: argparse.Namespace) -> int:
     from results.run.invoke import check_interrupt, driven
 
     cfg = load_config(args.config, overrides(args))
-    _check_trackers(args)
+    check_trackers(args.wandb, args.tensorboard)
     use_ray = not args.no_ray
     refuse_on_problems(cfg, args.config, args.out, use_ray)  # `validate` first: all at once
     store = RunStore(args.out)
     with driven(store, "run") as inv:
-        inv.config_hash = _config_hash(cfg)
+        inv.config_hash = config_hash(dump_config(cfg))
         if use_ray:
             from harness.stages.generation.ray_runtime import init_ray
 
@@ -77,7 +78,7 @@ def score_main(args: argparse.Namespace) -> int:
     from harness.stages.scoring import selection as scorer_selection
     from results.run.invoke import driven
 
-    _check_trackers(args)
+    check_trackers(args.wandb, args.tensorboard)
     store = RunStore(args.run)
     cfg = _config_for(args.run, args.config)
     scorers = scorer_selection.scorers_to_run(
@@ -92,7 +93,7 @@ def score_main(args: argparse.Namespace) -> int:
     missing += [i.line() for i in check_cluster(attach, use_ray) if i.problem]
     if missing:
         raise ConfigError("\n".join(missing))
-    _check_plan(store)
+    plan_ids(store)  # a deleted plan is an error, never silently rebuilt
     overwrite = bool(getattr(args, "overwrite", False))
     aggregate = not getattr(args, "no_aggregate", False)
     with driven(store, "score") as inv:
@@ -130,7 +131,7 @@ def score_main(args: argparse.Namespace) -> int:
             use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
             _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
     if aggregate:
-        _print_outputs(store)
+        print("\n".join(output_lines(store)))
     return _retry_exit(stats, args.run)
 
 
@@ -158,14 +159,14 @@ def aggregate_main(args: argparse.Namespace) -> int:
     """`aggregate RUN`: the summary tables from what is scored."""
     from results.run.invoke import driven
 
-    _check_trackers(args)
+    check_trackers(args.wandb, args.tensorboard)
     options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
     store = RunStore(args.run)
-    _check_plan(store)
+    plan_ids(store)
     with driven(store, "aggregate") as inv:
         given = {k: v for k, v in options.items() if v is not None}
         _aggregate(store, inv, args, args.use_scorer, None, **given)
-    _print_outputs(store)
+    print("\n".join(output_lines(store)))
     return 0
 
 
@@ -188,23 +189,10 @@ def _aggregate(
     _after_aggregation(store, args)
 
 
-def _print_outputs(store: RunStore) -> None:
-    print("\n".join(output_lines(store)))
-
-
-def _check_plan(store: RunStore) -> None:
-    """A deleted plan is an error, never silently rebuilt."""
-    from results.run.identity import plan_ids
-
-    plan_ids(store)
-
-
 def _config_for(run_dir: str, path: str | None) -> RunConfig:
     """The config given, else the snapshot stored in the run directory."""
     if path:
         return load_config(path)
-    from results.run.identity import read_config
-
     store = RunStore(run_dir)
     raw = read_config(store)  # checked against what the plan recorded
     if raw is not None:
@@ -217,31 +205,17 @@ def _config_for(run_dir: str, path: str | None) -> RunConfig:
     raise ConfigError(f"{run_dir}: no config.yaml in the run directory; pass --config FILE")
 
 
-def _check_trackers(args: argparse.Namespace) -> None:
-    """`--wandb` / `--tensorboard` without their package: refused before any work."""
-    check_trackers(getattr(args, "wandb", None), getattr(args, "tensorboard", None))
-
-
 def _after_aggregation(store: RunStore, args: argparse.Namespace) -> None:
     """results.json, then the trackers asked for (`--wandb`, `--tensorboard`)."""
     from results.report.results_json import write_results_json
 
     write_results_json(store)
-    for line in track(store, getattr(args, "wandb", None), getattr(args, "tensorboard", None)):
+    for line in track(store, args.wandb, args.tensorboard):
         print(line)
-
-
-def _config_hash(cfg: RunConfig) -> str:
-    from harness.config import dump_config
-    from results.run.history import config_hash
-
-    return config_hash(dump_config(cfg))
 
 
 def _interrupted_line(store: RunStore) -> str:
     try:
-        from results.run.identity import plan_ids
-
         ids = plan_ids(store)
         done = len(ids & store.done_job_ids())
         return f"interrupted after {done} of {len(ids)} jobs; run the same command to resume"

@@ -11,6 +11,8 @@ their error and no scores. Never imports torch and never loads a model.
 from __future__ import annotations
 
 import argparse
+import functools
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from harness.cli.options import split_names
 from results.run.store import RunStore
 from results.schema import METRIC_FIELDS
 from results.stats.join import latest_version, scorer_metric
@@ -188,11 +191,11 @@ def select(samples: Samples, args: argparse.Namespace) -> pl.DataFrame:
     """The rows `args` ask for, sorted (not yet limited)."""
     frame = samples.frame
     for column, option in (("model", "model"), ("method", "method"), ("task", "task")):
-        wanted = _values(getattr(args, option, None))
+        wanted = split_names(getattr(args, option, None))
         if wanted:
             _check_values(frame, column, wanted, f"--{option}")
             frame = frame.filter(pl.col(column).is_in(wanted))
-    groups = _values(getattr(args, "group", None))
+    groups = split_names(getattr(args, "group", None))
     if groups:
         frame = frame.filter(_group_filter(samples, groups))
     if getattr(args, "status", None):
@@ -225,10 +228,6 @@ def select(samples: Samples, args: argparse.Namespace) -> pl.DataFrame:
     return frame
 
 
-def _values(given: list[str] | None) -> list[str]:
-    return [v.strip() for item in given or [] for v in item.split(",") if v.strip()]
-
-
 def _check_values(frame: pl.DataFrame, column: str, wanted: list[str], option: str) -> None:
     known = set(frame[column].drop_nulls().unique().to_list())
     unknown = [w for w in wanted if w not in known]
@@ -256,10 +255,7 @@ def _group_filter(samples: Samples, groups: list[str]) -> pl.Expr:
         if column not in samples.frame.columns:
             raise SamplesError(f"--group {group}: this run has no gender labels (no gender scorer)")
         parts.append(pl.col(column) == value)
-    expr = parts[0]
-    for part in parts[1:]:
-        expr = expr | part
-    return expr
+    return functools.reduce(operator.or_, parts)
 
 
 def _check_column(samples: Samples, column: str, where: str) -> None:
@@ -297,16 +293,9 @@ def where_filter(samples: Samples, expr: str) -> pl.Expr:
         value = raw.strip("'\"")
     else:
         raise SamplesError(f"--where {expr!r}: {column} is text; compare it with = or !=")
-    ops = {
-        ">": col > value,
-        ">=": col >= value,
-        "<": col < value,
-        "<=": col <= value,
-        "=": col == value,
-        "==": col == value,
-        "!=": col != value,
-    }
-    return ops[op].fill_null(False)
+    ops = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+    ops |= {"=": operator.eq, "==": operator.eq, "!=": operator.ne}
+    return ops[op](col, value).fill_null(False)
 
 
 __all__ = ["Samples", "SamplesError", "load_samples", "select", "where_filter"]

@@ -26,22 +26,21 @@ class TrackingError(RuntimeError):
     """A tracker that is not installed or refused the run; the message says which extra."""
 
 
+def _missing(module: str, extra: str) -> str:
+    return (
+        f"--{extra}: the {module!r} package is not installed; pip install 'lidao-harness[{extra}]'"
+    )
+
+
 def _need(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise TrackingError(
-            f"--{extra}: the {module!r} package is not installed; "
-            f"pip install 'lidao-harness[{extra}]'"
-        ) from None
+        raise TrackingError(_missing(module, extra)) from None
 
 
 def check_trackers(wandb_project: str | None, tensorboard_dir: str | None) -> None:
-    """Refuse a tracker whose package is missing (before a run's work, not after it).
-
-    Raises:
-        ConfigError: names the option and the extra to install.
-    """
+    """Refuse a tracker whose package is missing, with a `ConfigError` (before a run's work)."""
     from importlib.util import find_spec
 
     from harness.config import ConfigError
@@ -51,10 +50,7 @@ def check_trackers(wandb_project: str | None, tensorboard_dir: str | None) -> No
         (tensorboard_dir, "tensorboardX", "tensorboard"),
     ):
         if given and find_spec(module) is None:
-            raise ConfigError(
-                f"--{extra}: the {module!r} package is not installed; "
-                f"pip install 'lidao-harness[{extra}]'"
-            )
+            raise ConfigError(_missing(module, extra))
 
 
 def summary_scalars(store: RunStore) -> dict[str, float]:

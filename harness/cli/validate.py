@@ -40,15 +40,14 @@ def validate_main(args: argparse.Namespace) -> int:
     """The `validate` subcommand: the report; exit 2 when it lists a problem."""
     cfg = load_config(args.config, overrides(args))
     lines, problems = validate(cfg, args.config, out=args.out)
-    counts = [] if problems else _dataset_lines(cfg)  # a second read only of what validate read
-    if args.pilot and not problems:
-        counts += _pilot_lines(cfg, args.pilot)
+    counts = [] if problems else _dataset_lines(cfg, args.pilot)
     print(printable("\n".join([*lines[:1], *counts, *lines[1:]])))
     return 2 if problems else 0
 
 
-def _dataset_lines(cfg: RunConfig) -> list[str]:
-    """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset)."""
+def _dataset_lines(cfg: RunConfig, pilot: str | None) -> list[str]:
+    """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset), and with
+    `--pilot RUN` the MDE of the planned pairs (or prompts) × samples per prompt."""
     from harness.stages.generation import planning
 
     try:  # read (or fetched into the cache) by validate already
@@ -56,34 +55,21 @@ def _dataset_lines(cfg: RunConfig) -> list[str]:
     except (DatasetError, OSError):  # validate has listed the problem
         return []
     limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
-    if cfg.dataset.kind != "paired-jsonl":
-        return [f"  dataset: {len(prompts)} prompts{limit} (--limit counts prompts)"]
     pairs = len({p.pair_id for p in prompts})
-    groups = len(cfg.dataset.files or {})
-    return [
-        f"  dataset: {pairs} pairs × {groups} groups = {len(prompts)} prompts{limit} "
-        "(--limit counts pairs)"
-    ]
+    if cfg.dataset.kind != "paired-jsonl":
+        lines = [f"  dataset: {len(prompts)} prompts{limit} (--limit counts prompts)"]
+    else:
+        groups = len(cfg.dataset.files or {})
+        lines = [
+            f"  dataset: {pairs} pairs × {groups} groups = {len(prompts)} prompts{limit} "
+            "(--limit counts pairs)"
+        ]
+    if pilot:
+        from harness.cli.power import pilot_lines
 
-
-def _pilot_lines(cfg: RunConfig, run: str) -> list[str]:
-    """`--pilot RUN`: the MDE of the planned pairs (or prompts) × samples per prompt."""
-    from harness.cli.power import pilot_lines
-    from harness.stages.generation import planning
-
-    prompts = planning.load_prompts(cfg, planning.load_words(cfg))
-    paired = cfg.dataset.kind == "paired-jsonl"
-    units = len({p.pair_id for p in prompts}) if paired else len(prompts)
-    return pilot_lines(run, units, cfg.samples_per_prompt)
-
-
-def _head_of(model: ModelConfig, method_params: dict[str, Any], task: str) -> Any:
-    if method_params.get("head") is not None:
-        return method_params["head"]
-    heads = getattr(model, "heads", None)  # per-task heads of the model entry, where declared
-    if isinstance(heads, dict):
-        return heads.get(task)
-    return None
+        units = pairs if cfg.dataset.kind == "paired-jsonl" else len(prompts)
+        lines += pilot_lines(pilot, units, cfg.samples_per_prompt)
+    return lines
 
 
 def validate(
@@ -214,7 +200,8 @@ def _head_need(
     by_field: dict[str, Item],
 ) -> str:
     """`; head ...` of one model × method × task: random, MISSING, or the file and its state."""
-    head = _head_of(model, params, task)
+    given = params.get("head")
+    head = given if given is not None else model.heads.get(task)  # type: ignore[call-overload]
     if head is None:
         return (
             "; head: random (tiny model)"

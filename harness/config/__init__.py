@@ -8,32 +8,22 @@ from __future__ import annotations
 
 from harness.config.errors import ConfigError
 from harness.config.loading import dump_config, load_config
-from harness.config.overrides import OVERRIDES, apply_overrides, apply_sets
+from harness.config.overrides import apply_overrides, apply_sets
 from harness.config.reading import load_yaml, read_text
 from harness.config.sections import (
-    TASKS,
-    AggregationConfig,
-    DatasetConfig,
     GenerationConfig,
     ModelConfig,
-    NamedConfig,
     RunConfig,
     RuntimeConfig,
     ScorerConfig,
 )
-from harness.config.validation import check_grid_size, grid_factor, parse_config
-from jobs.redact import SECRET_KEYS, is_secret_key, redact, redacted
+from harness.config.validation import check_grid_size, parse_config
+from jobs.redact import redacted
 
 __all__ = [
-    "OVERRIDES",
-    "SECRET_KEYS",
-    "TASKS",
-    "AggregationConfig",
     "ConfigError",
-    "DatasetConfig",
     "GenerationConfig",
     "ModelConfig",
-    "NamedConfig",
     "RunConfig",
     "RuntimeConfig",
     "ScorerConfig",
@@ -41,12 +31,9 @@ __all__ = [
     "apply_sets",
     "check_grid_size",
     "dump_config",
-    "grid_factor",
-    "is_secret_key",
     "load_config",
     "load_yaml",
     "parse_config",
     "read_text",
-    "redact",
     "redacted",
 ]

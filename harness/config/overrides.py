@@ -12,6 +12,7 @@ import yaml
 
 from harness.config.errors import ConfigError
 from harness.config.reading import UniqueKeyLoader, looks_local
+from harness.config.validation import as_list
 from jobs.redact import REDACTED, is_secret_key, redact_text
 
 # List entries that may be given as a bare string, and the field that string is.
@@ -117,10 +118,10 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
                 node = node[part]
             node[leaf] = value
         elif key == "models":
-            have = [m for m in _as_list(out.get("models")) if isinstance(m, dict)]
+            have = [m for m in as_list(out.get("models")) if isinstance(m, dict)]
             out["models"] = [_pick(have, v, ("id", "name"), "id") for v in value]
         elif key == "methods":
-            have = [{"name": m} if isinstance(m, str) else m for m in _as_list(out.get("methods"))]
+            have = [{"name": m} if isinstance(m, str) else m for m in as_list(out.get("methods"))]
             out["methods"] = [_pick(have, v, ("name",), "name") for v in value]
         else:
             raise ConfigError(f"unknown override {key!r}")
@@ -134,7 +135,3 @@ def _pick(entries: list[Any], wanted: str, keys: tuple[str, ...], new_key: str) 
     if new_key == "id" and looks_local(wanted, Path.cwd()):
         wanted = str(Path(wanted).expanduser().resolve())
     return {new_key: wanted}
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

@@ -15,8 +15,6 @@ from jobs.spec import GenerationParams, ModelRef
 
 log = logging.getLogger("harness")
 
-TASKS = ("sentiment", "regard", "toxicity")
-
 
 class Strict(BaseModel):
     # strict: no "3" for 3, no true for a count; allow_inf_nan: `.inf` / `.nan` are errors.
@@ -50,19 +48,6 @@ class DatasetConfig(Strict):
     toxicity_bins: list[list[float]] | None = None
     sample_seed: int | None = None
 
-    @model_validator(mode="after")
-    def _rtp(self) -> DatasetConfig:
-        if self.kind != "realtoxicityprompts":
-            # a default written back by dump_config (the run's config.yaml) is not a choice
-            given = [f for f in RTP_ONLY if getattr(self, f) != type(self).model_fields[f].default]
-            if given:
-                raise ValueError(f"{', '.join(given)}: only for kind realtoxicityprompts")
-            return self
-        for pair in self.toxicity_bins or []:
-            if len(pair) != 2 or not 0.0 <= pair[0] < pair[1] <= 1.0:
-                raise ValueError(f"toxicity_bins: {pair} is not a range [low, high] within [0, 1]")
-        return self
-
     def rtp_path(self) -> str:
         """realtoxicityprompts: `path`, else the public JSONL."""
         from jobs.files import RTP_URL
@@ -71,6 +56,14 @@ class DatasetConfig(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> DatasetConfig:
+        if self.kind != "realtoxicityprompts":
+            # a default written back by dump_config (the run's config.yaml) is not a choice
+            given = [f for f in RTP_ONLY if getattr(self, f) != type(self).model_fields[f].default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for kind realtoxicityprompts")
+        for pair in self.toxicity_bins or []:
+            if len(pair) != 2 or not 0.0 <= pair[0] < pair[1] <= 1.0:
+                raise ValueError(f"toxicity_bins: {pair} is not a range [low, high] within [0, 1]")
         if self.kind == "paired-jsonl" and not self.files:
             raise ValueError("paired-jsonl needs `files: {group: path, ...}`")
         if self.kind == "prompt-list" and not self.path:
@@ -200,9 +193,7 @@ class RunConfig(Strict):
     samples_per_prompt: int = Field(1, ge=1)
     generation: GenerationConfig = GenerationConfig()
     scorers: list[ScorerConfig] = Field(default_factory=list)
-    gender_words: str | None = (
-        None  # path or URL of seed words (pairs file or JSON); None: built-in
-    )
+    gender_words: str | None = None  # path or URL of seed words (pairs or JSON); None: built-in
     gender_words_sha256: str | None = None
     runtime: RuntimeConfig = RuntimeConfig()
     aggregation: AggregationConfig = AggregationConfig()
@@ -222,48 +213,33 @@ class RunConfig(Strict):
             raise ValueError(f"models: two entries are called {', '.join(twice)} (set `name`)")
         return self
 
-    def model_labels(self) -> dict[str, str]:
-        """Model id → display label (`name`, else the id), for tables and logs."""
-        return {m.id: m.label for m in self.models}
-
     @model_validator(mode="after")
     def _heads_match(self) -> RunConfig:
-        self._check_heads()
-        return self
-
-    def _check_heads(self) -> None:
         """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
         from jobs.catalog import takes_head
         from workers.methods.head_meta import HeadMetaError, check_head_spec
 
         checked: set[tuple[str, str, str]] = set()
+
+        def check(where: str, spec: str, model: str, task: str) -> None:
+            try:
+                note = check_head_spec(spec, model, task)
+            except HeadMetaError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if note:
+                log.warning("%s: %s", where, note)
+            checked.add((spec, model, task))
+
         for i, model in enumerate(self.models):
             for task, spec in model.heads.items():
                 where = f"models.{i}.heads.{task}"
                 if task not in self.tasks:
                     log.warning("%s: the run has no task %r; this head is not used", where, task)
-                    continue
-                if not any(takes_head(m.name) and "head" not in m.params for m in self.methods):
-                    continue
-                _check_one(check_head_spec, HeadMetaError, where, spec, model.id, task)
-                checked.add((spec, model.id, task))
+                elif any(takes_head(m.name) and "head" not in m.params for m in self.methods):
+                    check(where, spec, model.id, task)
             for j, m in enumerate(self.methods):
                 given = m.params.get("head")
-                if not takes_head(m.name) or given is None:
-                    continue
-                for task in self.tasks:
+                for task in self.tasks if takes_head(m.name) and given is not None else []:
                     if (str(given), model.id, task) not in checked:
-                        where = f"methods.{j}.params.head"
-                        _check_one(
-                            check_head_spec, HeadMetaError, where, str(given), model.id, task
-                        )
-                        checked.add((str(given), model.id, task))
-
-
-def _check_one(check: Any, error: type[Exception], where: str, *args: str) -> None:
-    try:
-        note = check(*args)
-    except error as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    if note:
-        log.warning("%s: %s", where, note)
+                        check(f"methods.{j}.params.head", str(given), model.id, task)
+        return self

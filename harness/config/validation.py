@@ -69,10 +69,10 @@ def _name_errors(data: dict[str, Any]) -> list[str]:
     from workers.tiny import TINY_FAMILIES, TINY_PREFIX
 
     errors = []
-    models = [m for m in _as_list(data.get("models")) if isinstance(m, dict)]
+    models = [m for m in as_list(data.get("models")) if isinstance(m, dict)]
     ids = list(dict.fromkeys(m["id"] for m in models if isinstance(m.get("id"), str))) or ["(any)"]
     slices: dict[str, int] = {}  # (model, method, resolved parameters) → its first entry
-    for i, m in enumerate(_as_list(data.get("methods"))):
+    for i, m in enumerate(as_list(data.get("methods"))):
         name, params = _named(m)
         if not isinstance(name, str) or not isinstance(params, dict):
             continue  # the type errors are pydantic's
@@ -89,7 +89,7 @@ def _name_errors(data: dict[str, Any]) -> list[str]:
                 "jobs would be planned twice); drop one, or give them different parameters"
             )
     named: dict[str, int] = {}
-    for i, sc in enumerate(_as_list(data.get("scorers"))):
+    for i, sc in enumerate(as_list(data.get("scorers"))):
         name, params = _named(sc)
         if not isinstance(name, str):
             continue
@@ -123,19 +123,15 @@ def _named(entry: Any) -> tuple[Any, Any]:
     return entry, {}
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def grid_factor(cfg: RunConfig) -> int:
-    """Jobs per prompt: models × methods × tasks × samples."""
-    return len(cfg.models) * len(cfg.methods) * len(cfg.tasks) * cfg.samples_per_prompt
 
 
 def check_grid_size(cfg: RunConfig, n_prompts: int | None, source: str = "<config>") -> int:
     """The grid's size, computed without building it; refused above `runtime.max_jobs`.
     `n_prompts` None: before the prompts are read, the jobs of one prompt alone."""
-    size = (n_prompts or 1) * grid_factor(cfg)
+    size = (n_prompts or 1) * len(cfg.models) * len(cfg.methods) * len(cfg.tasks)
+    size *= cfg.samples_per_prompt
     if size > cfg.runtime.max_jobs:
         axes = (
             f"{len(cfg.models)} models × {len(cfg.methods)} methods × {len(cfg.tasks)} tasks × "

@@ -1,22 +1,8 @@
-"""Offline checks of a Ray cluster launcher config that `ray up`'s own validation leaves out.
-
-Ray's schema checks the launcher's keys but passes every `node_config` through untouched: a
-misspelt `InstanceTyp` or `machineTpye`, a made-up instance type or a `scheduling` written as
-a list reach the cloud only when the autoscaler first launches a worker, minutes into a run.
-This module checks each node type's `node_config` against the cloud SDK's own description of
-the request it becomes, read from files the SDKs ship (no credentials, no network):
-
-- AWS: botocore's service model of EC2 `RunInstances` (every key, nested shapes, the
-  `InstanceType` enum), plus the forms an `ImageId` and an instance-profile ARN can take.
-- GCP: the Compute Engine v1 discovery document that google-api-python-client ships
-  (the `Instance` schema, nested `$ref`s, enums such as `onHostMaintenance`).
-
-It also checks the resources the autoscaler bin-packs with: Ray fills them in from the cloud
-on AWS only (GCP: TPUs only), so every GCP worker type must declare its CPUs and GPUs, and a
-declared GPU count must match the machine type where the type fixes it (G2, A2, A3). On AWS
-a declared count (Ray keeps it over what it reads from EC2) must match the instance type:
-botocore's data names the types but not their GPUs, so the NVIDIA GPU families are tabulated
-here (`AWS_GPUS`); a type of a GPU-like family not in the table gets a warning, not a problem.
+"""Offline checks of a Ray cluster launcher config that `ray up`'s own validation leaves out
+(docs/cluster.md): each node type's `node_config` against the cloud SDK's own request shape
+(botocore's EC2 `RunInstances`; the Compute Engine v1 discovery document), and the resources
+the autoscaler bin-packs with (declared GPUs against the machine type; `AWS_GPUS` tabulates
+what botocore's data does not say). No credentials, no network.
 
     python -m harness.tools.launcher_check ray_cluster.yaml ray_cluster_gcp.yaml   # exit 2 on problems
 """
@@ -92,12 +78,6 @@ def aws_instance_gpus(instance_type: str) -> int | None:
 # ---- AWS: botocore's shapes ---------------------------------------------------------------
 
 
-def _ec2_model() -> Any:
-    import botocore.session  # ships with boto3, the AWS launcher's own dependency
-
-    return botocore.session.get_session().get_service_model("ec2")
-
-
 def _check_boto_shape(value: Any, shape: Any, where: str, out: list[str]) -> None:
     kind = shape.type_name
     if kind == "structure":
@@ -136,11 +116,12 @@ def _check_boto_shape(value: Any, shape: Any, where: str, out: list[str]) -> Non
 def check_aws_node_config(node_config: dict[str, Any], where: str) -> list[str]:
     out: list[str] = []
     try:
-        model = _ec2_model()
+        import botocore.session  # ships with boto3, the AWS launcher's own dependency
     except ImportError:
         return [
             f"{where}: botocore is not installed, so node_config was not checked (pip install boto3)"
         ]
+    model = botocore.session.get_session().get_service_model("ec2")
     shape = model.operation_model("RunInstances").input_shape
     _check_boto_shape(node_config, shape, where, out)
     image = node_config.get("ImageId")
@@ -153,11 +134,6 @@ def check_aws_node_config(node_config: dict[str, Any], where: str) -> list[str]:
 
 
 # ---- GCP: the Compute Engine discovery document --------------------------------------------
-
-
-def _compute_discovery() -> dict[str, Any]:
-    docs = importlib_resources.files("googleapiclient") / "discovery_cache" / "documents"
-    return dict(json.loads((docs / "compute.v1.json").read_text()))
 
 
 def _check_gce(
@@ -211,7 +187,8 @@ def check_gcp_node_config(node_config: dict[str, Any], where: str) -> list[str]:
     out: list[str] = []
     if "acceleratorType" in node_config or "acceleratorConfig" in node_config:
         return out  # a TPU node: the TPU API's shapes, not Compute Engine's
-    doc = _compute_discovery()
+    docs = importlib_resources.files("googleapiclient") / "discovery_cache" / "documents"
+    doc = json.loads((docs / "compute.v1.json").read_text())
     _check_gce(node_config, {"$ref": "Instance"}, doc, where, out)
     for i, disk in enumerate(node_config.get("disks") or []):
         image = ((disk or {}).get("initializeParams") or {}).get("sourceImage")
@@ -230,10 +207,6 @@ def _near(word: str, choices: list[str]) -> str:
 
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _declared_gpus(node: dict[str, Any]) -> Any:
-    return (node.get("resources") or {}).get("GPU")
 
 
 def check_launcher(config: dict[str, Any], name: str = "config") -> list[str]:
@@ -283,7 +256,7 @@ def check_launcher(config: dict[str, Any], name: str = "config") -> list[str]:
             problems.append(
                 f"{where}.resources: the head should declare CPU: 0 (keeps actors off it)"
             )
-        if node_type != head and provider == "gcp" and _declared_gpus(node) == 0:
+        if node_type != head and provider == "gcp" and res.get("GPU") == 0:
             problems.append(
                 f"{where}.resources.GPU: a worker type without GPUs cannot run a replica"
             )

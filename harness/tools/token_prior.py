@@ -9,13 +9,14 @@ import argparse
 import collections
 import datetime
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from jobs.files import sha256_file
+from results.run.shards import put_bytes
 
 PRIOR_FORMAT = "lidao-token-prior/1"
 
@@ -94,19 +95,9 @@ def _count(tokenizer: Any, docs: list[str], counts: collections.Counter[int]) ->
 
 
 def write_prior(path: str, payload: dict[str, Any]) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """`payload` as JSON at `path`, atomically (a reader never sees half a file)."""
+    data = (json.dumps(payload, sort_keys=True) + "\n").encode()
+    put_bytes(pafs.LocalFileSystem(), str(Path(path).absolute()), data, local=True)
 
 
 def token_prior_main(args: argparse.Namespace) -> int:

@@ -39,23 +39,19 @@ class Labelled:
 def add_train_head_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `train-head` options on `parser` (torch-free)."""
     parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
-    parser.add_argument("--revision", default=None, help="LM revision (hub models)")
+    parser.add_argument("--revision", help="LM revision (hub models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument(
-        "--device", default=None, help="cpu | cuda | cuda:N (default: cuda if present)"
-    )
+    parser.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda if present)")
     parser.add_argument(
         "--data", required=True, help="JSONL / CSV / Parquet file, or a hub dataset id"
     )
     parser.add_argument("--split", default="train", help="split of a hub dataset")
-    parser.add_argument(
-        "--val-data", default=None, help="validation file (default: hold out --val-fraction)"
-    )
+    parser.add_argument("--val-data", help="validation file (default: hold out --val-fraction)")
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--label-column", default="label")
-    parser.add_argument("--class-names", nargs="+", default=None, help="class names in id order")
-    parser.add_argument("--target-class", default=None, help="desirable class (name or id)")
+    parser.add_argument("--class-names", nargs="+", help="class names in id order")
+    parser.add_argument("--target-class", help="desirable class (name or id)")
     parser.add_argument("--task", required=True, help="sentiment | regard | toxicity (recorded)")
     parser.add_argument(
         "--out", required=True, help="output <stem>.safetensors; <stem>.json beside it"

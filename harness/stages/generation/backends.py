@@ -96,32 +96,19 @@ class ActorRecord:
 
 
 class Backend(Protocol):
-    """Creates actors and calls them; calls return futures the dispatcher waits on."""
+    """Creates actors and calls them; calls return futures the dispatcher waits on. `wait`:
+    the finished ones (waiting up to `timeout` for one); `result`: a call's value, or
+    `ActorLost` / `TaskFailed`; `free`: give back a slot's reservation (`ActorSpec.group`);
+    `renew`: a replacement's reservation, new where the old one's node died."""
 
     def create(self, spec: ActorSpec) -> Any: ...
-
     def prepare(self, actor: Any, keys: Sequence[MethodKey]) -> Any: ...
-
     def run_batch(self, actor: Any, batch: Batch) -> Any: ...
-
-    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
-        """The futures among `futures` that are finished (waits up to `timeout` for one)."""
-        ...
-
-    def result(self, future: Any) -> Any:
-        """The call's value; raises `ActorLost` or `TaskFailed`."""
-        ...
-
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]: ...
+    def result(self, future: Any) -> Any: ...
     def kill(self, actor: Any) -> None: ...
-
-    def free(self, group: Any) -> None:
-        """Give back a slot's reservation (`ActorSpec.group`)."""
-        ...
-
-    def renew(self, group: Any) -> Any:
-        """A slot's reservation for a replacement: `group`, or a new one where `group`'s node
-        died."""
-        ...
+    def free(self, group: Any) -> None: ...
+    def renew(self, group: Any) -> Any: ...
 
 
 def cpu_threads(num_cpus: float) -> int:
@@ -146,6 +133,16 @@ def actor_error(exc: BaseException, limit: int = 300) -> str:
     reasons = [ln for ln in lines[1:] if ln and ":" not in ln.split(" ", 1)[0]]
     text = " ".join([lines[0] if lines else type(exc).__name__, *reasons])
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def ray_ready(refs: Sequence[Any], timeout: float) -> list[Any]:
+    """The Ray refs among `refs` that are finished, waiting up to `timeout` for the first."""
+    import ray
+
+    ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+    if ready:  # collect everything finished by now, not only the first
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    return list(ready)
 
 
 # ---- in this process -----------------------------------------------------------------------
@@ -238,21 +235,17 @@ class RayBackend:
         self.words = ray.put(words)  # one copy in the object store, not one per actor
 
     def create(self, spec: ActorSpec) -> Any:
+        from harness.stages.generation.reservation import in_group
         from workers.actors import GenerationActor
 
         p = spec.placement
-        where: dict[str, Any] = {}
-        if (
-            spec.group is not None
-        ):  # inside the slot's reservation (harness.stages.generation.reservation)
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=spec.group, placement_group_bundle_index=0
-            )
-        # max_restarts=0: the dispatcher replaces dead actors itself (see harness.stages.generation.dispatch).
+        # max_restarts=0: the dispatcher replaces dead actors itself (see `dispatch`).
         return GenerationActor.options(  # type: ignore[attr-defined]
-            num_gpus=p.num_gpus, num_cpus=p.num_cpus, max_restarts=0, max_task_retries=0, **where
+            num_gpus=p.num_gpus,
+            num_cpus=p.num_cpus,
+            max_restarts=0,
+            max_task_retries=0,
+            **in_group(spec.group),
         ).remote(
             spec.model,
             self.run_uri,
@@ -270,15 +263,10 @@ class RayBackend:
         return actor.run_batch.remote(batch)
 
     def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
-        import ray
-
         if not futures:
             time.sleep(min(timeout, 0.05))
             return []
-        ready, _ = ray.wait(list(futures), num_returns=1, timeout=timeout)
-        if ready:  # collect everything finished by now, not only the first
-            ready, _ = ray.wait(list(futures), num_returns=len(futures), timeout=0)
-        return list(ready)
+        return ray_ready(futures, timeout)
 
     def result(self, future: Any) -> Any:
         import ray

@@ -1,21 +1,8 @@
 """Hand batches of jobs to generation actors from per-model queues, and survive actor deaths.
 
 Ray-free: actors are reached through a `backends.Backend` (Ray actors, or plain objects in this
-process), so every rule is testable without a cluster. Rules:
-
-* A model's queue is fed lazily from its `source`; an actor holds at most `PIPELINE` batches.
-* A batch whose call raises, or whose actor dies running it, goes back to the front of its
-  queue up to `max_batch_retries` times; then its jobs are written as error rows.
-* The driver, not Ray, restarts actors (`max_restarts=0`): it knows which batch was running.
-  A slot whose actor dies before it is ready `max_actor_restarts + 1` times in a row retires.
-* A model whose `prepare` raises before any replica loaded it is misconfigured: its jobs stay
-  pending and the stage ends in an error once the other models are done.
-* An actor not ready within `start_timeout_s` of the last progress anywhere is given up.
-* An actor is released once its queue is dry and it holds no batch, freeing its GPU.
-* A slot may hold a reservation (a placement group, `reservation`) for all its actors, freed
-  when the slot is done, renewed first for a replacement whose node died (`Backend.renew`);
-  `grow` hands over reservations placed while the stage runs (nodes
-  that joined), each a new slot while its model has batches."""
+process), so every rule (docs/cluster.md, Faults) is testable without a cluster. The driver,
+not Ray, restarts actors (`max_restarts=0`): it knows which batch was running."""
 
 from __future__ import annotations
 
@@ -248,7 +235,8 @@ class Dispatcher:
 
     def _fail_model(self, work: ModelWork, error: str) -> None:
         if work.error is None:
-            log.error("%s; its %d pending jobs stay pending", error, _queued(work))
+            queued = work.total - work.done - work.failed  # queued, in the source or in flight
+            log.error("%s; its %d pending jobs stay pending", error, queued)
         work.error = work.error or error
         for slot in self.slots:
             if slot.work is work and not slot.inflight:
@@ -373,11 +361,6 @@ class Dispatcher:
         """One summary per actor process that was started (the manifest's `actors`)."""
         now = self.clock()
         return [record.summary(now, placement) for record, placement in self.records]
-
-
-def _queued(work: ModelWork) -> int:
-    """Jobs of the model neither done nor failed (queued, in the source, or in flight)."""
-    return work.total - work.done - work.failed
 
 
 def _resources(p: Placement) -> str:

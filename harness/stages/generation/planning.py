@@ -1,11 +1,7 @@
-"""The plan stage: the config's prompts and grid, streamed into plan.parquet and counted.
-
-`plan_stage` loads the prompts, refuses a grid too large to hold, runs `plan_pass` and writes
-the config snapshot. `plan_pass` walks the grid once (`jobs.iter_plan` chunks of one (model,
-method, task) slice): each chunk's ids go to the identity check (`PlanCheck`), its rows to
-plan.parquet, its jobs are counted per slice as planned and pending. The `Plan` holds those
-counts and the done ids, never the jobs: `Plan.batches(model)` expands that model's pending
-slices again and cuts batches lazily. `plan` and `write_plan` do the same for a list of jobs."""
+"""The plan stage: the config's prompts and grid, streamed into plan.parquet and counted in one
+pass (`plan_pass`). The `Plan` holds the counts per slice and the done ids, never the jobs:
+`Plan.batches(model)` expands that model's pending slices again and cuts batches lazily.
+`plan` and `write_plan` do the same for a list of jobs (tests, small tools)."""
 
 from __future__ import annotations
 
@@ -168,30 +164,17 @@ def load_words(cfg: RunConfig) -> GroupWords:
 
 
 def load_prompts(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
-    ds = cfg.dataset
+    ds, cache = cfg.dataset, cfg.runtime.cache_dir
+    sha = (ds.sha256 or {}).get("path")
     if ds.kind == "paired-jsonl":
         assert ds.files is not None
-        return load_paired_jsonl(
-            ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cfg.runtime.cache_dir
-        )
-    sha = (ds.sha256 or {}).get("path")
-    if ds.kind == "realtoxicityprompts":
-        return load_rtp(cfg, words)
+        return load_paired_jsonl(ds.files, limit=ds.limit, sha256=ds.sha256, cache_dir=cache)
+    if ds.kind == "realtoxicityprompts":  # its filters, `limit` and sample seed
+        bins = tuple((float(lo), float(hi)) for lo, hi in ds.toxicity_bins or [])
+        keep = RtpFilter(ds.challenging, bins, ds.limit, ds.sample_seed)
+        return load_realtoxicityprompts(ds.rtp_path(), keep, words, sha256=sha, cache_dir=cache)
     assert ds.path is not None
-    return load_prompt_list(
-        ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
-    )
-
-
-def load_rtp(cfg: RunConfig, words: GroupWords) -> list[Prompt]:
-    """`dataset.kind: realtoxicityprompts`: its filters, `limit` and sample seed."""
-    ds = cfg.dataset
-    bins = tuple((float(lo), float(hi)) for lo, hi in ds.toxicity_bins or [])
-    keep = RtpFilter(ds.challenging, bins, ds.limit, ds.sample_seed)
-    sha = (ds.sha256 or {}).get("path")
-    return load_realtoxicityprompts(
-        ds.rtp_path(), keep, words, sha256=sha, cache_dir=cfg.runtime.cache_dir
-    )
+    return load_prompt_list(ds.path, ds.text_field, ds.limit, words, sha256=sha, cache_dir=cache)
 
 
 def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:

@@ -1,14 +1,5 @@
-"""Starting or attaching to Ray, and asking the autoscaler for GPUs. `init_ray` decides:
-
-* inside `ray job submit` (`RAY_ADDRESS` and the job's runtime env are set): attach, adding
-  only the variable naming `--include` modules;
-* an address given (`runtime.ray_address`, or `RAY_ADDRESS`): attach and ship this project's
-  packages and the `--include` modules as `py_modules`;
-* no address: a local Ray of its own (`address="local"`, its own temp dir) bound to 127.0.0.1,
-  without token auth or usage reporting; another cluster on this machine is left alone.
-
-`ray.init` installs its own SIGTERM handler (exit 15, no clean-up); `init_ray` puts back the
-command's. Ray is imported inside the functions: the loopback setting must be in the
+"""Starting or attaching to Ray (`init_ray`: docs/design.md, The generation stage), and what the
+cluster holds. Ray is imported inside the functions: the loopback setting must be in the
 environment before Ray reads its constants, and `status` should not pay for importing Ray."""
 
 from __future__ import annotations
@@ -32,16 +23,6 @@ PACKAGES = ("harness", "jobs", "results", "workers")
 UPLOAD_EXCLUDES = ["__pycache__", "*.pyc", "*.parquet", ".mypy_cache", ".ruff_cache"]
 # Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-
-
-def in_ray_job() -> bool:
-    """True inside the entrypoint of `ray job submit` (the job's runtime env is in force)."""
-    return JOB_CONFIG_ENV in os.environ
-
-
-def cluster_address(address: str | None = None) -> str | None:
-    """The cluster to attach to: `address`, else $RAY_ADDRESS, else None (start a local Ray)."""
-    return address or os.environ.get("RAY_ADDRESS") or None
 
 
 def local_ray_env() -> None:
@@ -135,7 +116,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
     """Attach to the cluster (see the module docstring), else start a local Ray of our own;
     returns the cluster resources. A local Ray declares more logical CPUs than cores, so that
     one-CPU actors do not starve every other task on a small machine."""
-    target = cluster_address(address)
+    target = address or os.environ.get("RAY_ADDRESS") or None  # None: a local Ray of our own
     if target is None:
         local_ray_env()
     import ray
@@ -143,7 +124,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     with keep_signal_handlers():
-        if target is not None and in_ray_job():
+        if target is not None and JOB_CONFIG_ENV in os.environ:  # the entrypoint of a Ray job
             # the job's runtime env (its working dir) carries the code; Ray merges these env vars
             env = {k: v for k, v in include_env().items() if k == "env_vars"}
             ray.init(address=target, log_to_driver=True, runtime_env=env or None)
@@ -167,9 +148,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
                 log_to_driver=True,
             )
     resources = dict(ray.cluster_resources())
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
     where = "local Ray" if target is None else f"Ray cluster at {target}"
-    log.info("%s: %d node(s), %s", where, len(nodes), _short(resources))
+    short = [f"{k} {resources[k]:g}" for k in ("CPU", "GPU") if k in resources]
+    short += [f"memory {resources['memory'] / 2**30:.0f} GiB"] if "memory" in resources else []
+    log.info("%s: %d node(s), %s", where, alive_nodes(), ", ".join(short))
     return resources
 
 
@@ -178,18 +160,6 @@ def alive_nodes() -> int:
     import ray
 
     return sum(1 for n in ray.nodes() if n.get("Alive"))
-
-
-def _short(resources: dict[str, Any]) -> str:
-    keep = ("CPU", "GPU", "memory")
-    parts = []
-    for key in keep:
-        if key in resources:
-            value = resources[key]
-            parts.append(
-                f"{key} {value / 2**30:.0f} GiB" if key == "memory" else f"{key} {value:g}"
-            )
-    return ", ".join(parts)
 
 
 def shutdown_ray() -> None:
@@ -201,13 +171,6 @@ def shutdown_ray() -> None:
 
         if ray.is_initialized():
             ray.shutdown()
-    remove_local_temp()
-
-
-def remove_local_temp() -> None:
-    """Delete the temp dir of the local Ray `init_ray` started (once Ray is down)."""
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return
     while _local_temp:
         shutil.rmtree(_local_temp.pop(), ignore_errors=True)
 

@@ -1,23 +1,7 @@
-"""GPUs reserved for generation: the run's budget, and one Ray placement group per GPU replica.
-
-The budget (`request_budget`) is computed once from the config (and the GPUs a cluster has):
-
-* `runtime.gpus: N` is the GPUs generation holds at once, for all its models together. A model
-  entry with `replicas` takes `replicas × num_gpus` off it; the rest is split evenly between the
-  other GPU models, each getting as many replicas of its `num_gpus` (default 1) as its part
-  holds, at least one. Two models under `gpus: 4` thus run 2 replicas each, not 4.
-* Unset (or `auto`): the GPUs the cluster has when the stage starts (at least one replica per
-  model), and on a cluster that grows, one more replica per GPU that joins (`Growth`).
-
-Each GPU replica gets its own placement group of one bundle (`{GPU: share, CPU: cpus}`), created
-before any actor starts and before scorers that follow generation start their pools
-(`harness.driver.generation_stage`): a bundle, once placed, is held for that replica alone, so
-a scorer's actor can only take what the reservations leave free and can never starve a replica
-(counting the cluster's GPUs could not tell a scorer's quarter GPU from a free one). One group
-per replica rather than one for the set: a group is placed whole or not at all, and replicas
-must be able to start one by one as nodes join. Pending groups are demand the autoscaler sees;
-they are removed when their replica is done, and die with their driver (a job's placement
-groups go with it), so a killed driver leaves no reservation behind.
+"""GPUs reserved for generation: the run's budget (`request_budget`, split between the models by
+`split_budget`) and one Ray placement group of one bundle per GPU replica, created before any
+actor or scorer starts so a placed bundle is that replica's alone; one group per replica (not
+one for the set) so replicas start one by one as nodes join. Rules: docs/cluster.md, Placement.
 """
 
 from __future__ import annotations
@@ -69,6 +53,7 @@ class Budget:
     shares: dict[str, float]  # model id → GPUs per replica
     limit: int | None  # runtime.gpus (None: auto)
     gpus_per_node: float | None = None  # the GPU node type's GPUs, when known
+    counts: tuple[int, ...] = ()  # replicas of each GPU model entry, in order (ids may repeat)
 
     @property
     def gpus(self) -> float:
@@ -144,6 +129,7 @@ def budget_for(
         {m.ref().id: s for m, s in zip(gpu_models, shares, strict=True)},
         limit,
         gpus_per_node,
+        tuple(counts),
     )
 
 
@@ -158,6 +144,15 @@ def new_group(share: float, cpus: float, name: str) -> Any:
     if cpus:
         bundle["CPU"] = cpus
     return placement_group([bundle], strategy="STRICT_PACK", name=name)
+
+
+def in_group(group: Any) -> dict[str, Any]:
+    """Actor options that create it inside `group`'s bundle (none for no group)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, 0)}
 
 
 def live_group(group: Any) -> Any:
@@ -302,7 +297,7 @@ class Growth:
                     continue
                 for _ in range(want - self.count[m]):
                     name = f"lidao:{m.id}#{self.count[m]}"
-                    group = new_group(self.shares[m], _cpus(self.configs[m]), name)
+                    group = new_group(self.shares[m], self.configs[m].num_cpus or 1.0, name)
                     self.pending.append((m, group))
                     self.created.append(group)
                     self.count[m] += 1
@@ -313,7 +308,3 @@ class Growth:
         out = [(m, g) for m, g in self.pending if g in ready]
         self.pending = [(m, g) for m, g in self.pending if g not in ready]
         return out
-
-
-def _cpus(mc: ModelConfig) -> float:
-    return mc.num_cpus or 1.0

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.config import ModelConfig, RunConfig
 from harness.progress import Progress
-from harness.stages.generation.backends import Batch, LocalBackend, MethodKey, Placement, RayBackend
+from harness.stages.generation.backends import Batch, LocalBackend, Placement, RayBackend
 from harness.stages.generation.devices import visible_gpus
 from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
 from harness.stages.generation.dispatch_state import ModelWork, Policy
@@ -28,7 +28,6 @@ from harness.stages.generation.reservation import (
     budget_for,
     gpu_share,
     new_group,
-    split_budget,
     wait_placed,
 )
 from jobs.grid import CHUNK_SIZE
@@ -48,10 +47,6 @@ class GenerationError(RuntimeError):
     def __init__(self, message: str, stats: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.stats = stats or {}
-
-
-def method_keys(jobs: Sequence[JobSpec]) -> list[MethodKey]:
-    return sorted({(j.method, j.method_params, j.task) for j in jobs})
 
 
 def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Placement:
@@ -96,17 +91,14 @@ class Setup:
 
 
 def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
-    """The placement of each model, and a placement group reserved for each GPU replica.
-
-    The budget (`reservation.request_budget`) is computed once and logged. Every replica's group is
-    created at once (the autoscaler's demand) and waited for up to `runtime.gpu_wait_s` (a local
-    Ray: a few seconds); a model none of whose replicas could be placed fails the stage
-    (`GenerationError`, its jobs stay pending), never falling back to CPU. Call this before
-    anything else takes GPUs. A local Ray without GPUs runs models without `num_gpus` on CPU."""
+    """The placement of each model, and a placement group reserved for each GPU replica, all
+    created at once and waited for (docs/cluster.md, Placement); a model none of whose replicas
+    could be placed is a `GenerationError` (its jobs stay pending), never a CPU fallback. Call
+    this before anything else takes GPUs."""
     from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 
     rt = cfg.runtime
-    configs = {m: _model_config(cfg, m) for m in models}
+    configs = {m: next(mc for mc in cfg.models if mc.ref() == m) for m in models}
     have = cluster_gpus()
     local = not cluster_mode()
     shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
@@ -119,20 +111,13 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
         return Setup(cpu_only)
     entries = [configs[m] for m in gpu_models]
     budget = budget_for(entries, rt.device, rt.gpus, have, cap=have if local else None)
-    gpus = _budget_gpus(rt.gpus, have, local)
-    counts = dict(
-        zip(gpu_models, split_budget(entries, [shares[m] for m in gpu_models], gpus), strict=True)
-    )
     log.info("%s", budget.line())
     placements = dict(cpu_only)
     groups: dict[ModelRef, list[Any]] = {}
-    for m in gpu_models:
-        mc, share = configs[m], shares[m]
-        device = rt.device or ("auto" if share > 1 else "cuda")
-        placements[m] = Placement(counts[m], share, mc.num_cpus or 1.0, device)
-        groups[m] = [
-            new_group(share, mc.num_cpus or 1.0, f"lidao:{m.id}#{i}") for i in range(counts[m])
-        ]
+    for m, n in zip(gpu_models, budget.counts, strict=True):
+        share, cpus = shares[m], configs[m].num_cpus or 1.0
+        placements[m] = Placement(n, share, cpus, rt.device or ("auto" if share > 1 else "cuda"))
+        groups[m] = [new_group(share, cpus, f"lidao:{m.id}#{i}") for i in range(n)]
     setup = Setup(placements, groups, budget)
     wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
     what = "generation of " + ", ".join(m.id for m in gpu_models)
@@ -158,15 +143,6 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
     return setup
 
 
-def _budget_gpus(limit: int | None, have: float, local: bool) -> float:
-    gpus = float(limit) if limit is not None else have
-    return min(gpus, have) if local else gpus
-
-
-def _model_config(cfg: RunConfig, model: ModelRef) -> ModelConfig:
-    return next(m for m in cfg.models if m.ref() == model)
-
-
 def generate_stage(
     store: RunStore,
     cfg: RunConfig,
@@ -184,7 +160,9 @@ def generate_stage(
     `setup`: `reserve_generation`'s reservations (made here when None), released when it ends.
     Raises `GenerationError` (after the other models are done and the manifest is written) when a
     model could not run at all or a method could not start; its `stats` are the stage's stats."""
-    plan = jobs if isinstance(jobs, Plan) else _list_plan(store, jobs, retry_failed)
+    if not isinstance(jobs, Plan):
+        jobs = Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
+    plan = jobs
     stats: dict[str, Any] = {
         "planned": plan.planned,
         "pending_at_start": plan.pending,
@@ -215,32 +193,19 @@ def generate_stage(
                 update_manifest(store, {"generation": stats})
                 raise GenerationError(str(exc), stats) from None
             where = setup.placements
-            works = [_work(cfg, plan, m, where[m], setup.groups.get(m)) for m in models]
+            works: Any = [[_work(cfg, plan, m, where[m], setup.groups.get(m)) for m in models]]
+            backend: Any = RayBackend(store.uri, words)
+        else:  # one model at a time: every model in memory at once would not fit
+            works = ([_work(cfg, plan, model, None)] for model in models)
+            backend = _local_backend(store, words)
+        for group in works:
+            grow = setup.grow if use_ray and setup is not None else None
             dispatchers.append(
                 Dispatcher(
-                    works,
-                    RayBackend(store.uri, words),
-                    policy,
-                    _fail_batch(store),
-                    bar.update,
-                    observer,
-                    grow=setup.grow,
+                    group, backend, policy, _fail_batch(store), bar.update, observer, grow=grow
                 )
             )
             dispatchers[-1].run()
-        else:  # one model at a time: every model in memory at once would not fit
-            for model in models:
-                dispatchers.append(
-                    Dispatcher(
-                        [_work(cfg, plan, model, None)],
-                        _local_backend(store, words),
-                        policy,
-                        _fail_batch(store),
-                        bar.update,
-                        observer,
-                    )
-                )
-                dispatchers[-1].run()
     finally:
         bar.close()
         if setup is not None:
@@ -261,10 +226,6 @@ def generate_stage(
         update_manifest(store, {"generation": stats})
         raise GenerationError("; ".join(errors), stats)
     return stats
-
-
-def _list_plan(store: RunStore, jobs: Sequence[JobSpec], retry_failed: bool) -> Plan:
-    return Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
 
 
 def feed_chunk(batch_size: int, replicas: int) -> int:

@@ -1,16 +1,8 @@
-"""How scoring follows generation: while the generation stage runs, a thread (the *follower*)
-scores the ok rows of generation shards as they appear.
-
-`following(...)` wraps the generation stage (`harness.driver`). The follower polls
-RUN/generations/ (`work.FollowRows`: each shard read once, each job handed out once) and scores
-with the scorers that follow (`runtime.score_during_generation`: `auto`, the default, those
-whose pool never holds a GPU, so generation keeps its GPUs; `true` every scorer; `false` none).
-When the block ends, the follower finishes the chunks in flight and is joined (an error in it
-is raised here), so compaction may run; its scorers stay up (`Followed`), and the final pass
-(`stage.score_run(..., followed=)`) takes them over and scores the rest: Perspective keeps one
-actor, one rate limiter and one cache throughout. When the block raises, the follower stops at
-once and its scorers are closed. A scorer that fails while following drops out with a warning;
-the final pass starts it again and reports what it reports.
+"""How scoring follows generation: `following(...)` wraps the generation stage while a thread (the
+`Follower`) scores the ok rows of generation shards as they appear, with the scorers
+`runtime.score_during_generation` picks. Its scorers stay up for the final pass
+(`Followed`, `stage.score_run(..., followed=)`), so Perspective keeps one rate limiter and one
+cache throughout. docs/design.md, Scoring during generation.
 """
 
 from __future__ import annotations
@@ -67,11 +59,10 @@ def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
         return cfg.model_copy(update={"runtime": runtime})
     if not growing or cfg.runtime.score_during_generation is not True:
         return cfg
-    settings = pool_settings(cfg)
     on_gpu = [
         s.name
         for s in cfg.scorers
-        if pool_wants_gpu(s.name, cfg.runtime.device, settings.shares.get(s.name, Share()))
+        if pool_wants_gpu(s.name, cfg.runtime.device, Share(s.replicas, s.num_gpus))
     ]
     if not on_gpu:
         return cfg

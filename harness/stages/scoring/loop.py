@@ -1,15 +1,7 @@
-"""How scoring on Ray is supervised: every scorer on its pool (`pool`), all at once, fed chunk
-by chunk by the driver (`score_on_ray`, `ScoreLoop`).
-
-The driver keeps at most `PIPELINE` chunks on each actor (least loaded first, so every actor
-gets work before any gets a second chunk), waits with `ray.wait(timeout)`, and treats a call
-that outlives `call_timeout_s` like a dead actor: the actor is killed and replaced, the chunk
-retried elsewhere. Actors score and write the shards themselves (`ScorerActor.score_chunk`:
-rows held until ~8k, then one atomic shard); the driver gets back each row's job id and status
-and whether the actor's rows are now written. It counts a chunk as scored only once its
-actor says so; the chunks of an actor that dies or is replaced before that are scored again.
-When no chunk is left every actor writes what it holds (`flush`), and the stage compacts the
-shards (`stage.compact_scores`).
+"""How scoring on Ray is supervised: every scorer's pool fed chunk by chunk (`ScoreLoop`: at most
+`PIPELINE` chunks per actor, least loaded first; a call that outlives `call_timeout_s` is a dead
+actor). A chunk counts as scored only once its actor has written its rows (`flushed`); the
+chunks of an actor lost before that are scored again. docs/design.md, Scoring.
 """
 
 from __future__ import annotations
@@ -20,7 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.stages.generation.backends import actor_error
+from harness.stages.generation.backends import actor_error, ray_ready
+from harness.stages.generation.ray_runtime import cluster_mode
 from harness.stages.scoring.pool import (
     Pool,
     PoolActor,
@@ -65,7 +58,7 @@ def score_on_ray(
     pools = [live.get(name) or Pool(name, params, plans[name], context) for name, params in scorers]
     new = [p for p in pools if p.name not in live]
     try:
-        if _cluster_mode():
+        if cluster_mode():
             replan = lambda gpus: pool_plans(scorers, context, settings, gpus)  # noqa: E731
             reserve_pools(new, replan, settings.gpu_wait_s)
         start_pools([p for p in new if p.error is None], store.uri, start_timeout_s)
@@ -95,12 +88,6 @@ def score_on_ray(
                 failures[pool.name] = problem
         free_pools(pools)  # this run's reservations only
     return stats, failures
-
-
-def _cluster_mode() -> bool:
-    from harness.stages.generation.ray_runtime import cluster_mode
-
-    return cluster_mode()
 
 
 class ScoreLoop:
@@ -143,7 +130,6 @@ class ScoreLoop:
     def _drain(
         self, follow: threading.Event | None, abort: threading.Event | None, idle_s: float
     ) -> None:
-        import ray
 
         while self.calls or (follow is not None and not follow.is_set()):
             check_interrupt()
@@ -156,11 +142,7 @@ class ScoreLoop:
                 if not self.calls:
                     follow.wait(idle_s)
                     continue
-            refs = list(self.calls)
-            ready, _ = ray.wait(refs, num_returns=1, timeout=min(1.0, self.timeout))
-            if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
+            for ref in ray_ready(list(self.calls), min(1.0, self.timeout)):
                 if ref in self.calls:
                     self._handle(ref)
             self._expire()
@@ -193,7 +175,7 @@ class ScoreLoop:
         try:
             out = ray.get(ref)
         except rex.RayTaskError as exc:
-            if _is_scorer_error(exc):
+            if isinstance(getattr(exc, "cause", None), ScorerError):
                 self._stop_pool(pool, ray_error(exc))
                 return
             self._chunk_failed(pool, chunk, attempts, ray_error(exc))
@@ -309,7 +291,3 @@ class ScoreLoop:
             actor.calls, actor.end = [], "stopped: scorer failed"
             ray.kill(actor.handle, no_restart=True)
         pool.actors = []
-
-
-def _is_scorer_error(exc: BaseException) -> bool:
-    return isinstance(getattr(exc, "cause", None), ScorerError)

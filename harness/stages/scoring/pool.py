@@ -1,15 +1,7 @@
-"""Where scoring runs: each scorer's pool of actors, sized, started and closed, and the settings
-it is placed and supervised by (`PoolSettings`, from `runtime` and `scorers`).
-
-Pool sizes (`pool_plans`): a GPU scorer gets one actor per GPU of the budget (`runtime.gpus`,
-else the GPUs the cluster has), each holding 1/k of a GPU when k GPU scorers run at once, so
-every GPU hosts one actor of each; `replicas` / `num_gpus` in a scorer's config entry override
-both. In cluster mode each GPU actor gets a placement group, waited for up to
-`runtime.gpu_wait_s` (`harness.stages.scoring.reserve`); a GPU scorer never falls back to CPU
-unless `runtime.device: cpu`. CPU scorers get one actor (or `replicas`), Perspective exactly one: one
-process holds the quota's rate limiter and writes the cache. Actors set torch's threads to
-their CPUs. `start_pools` keeps the actors ready within the start timeout; the driver then
-feeds them (`harness.stages.scoring.loop`).
+"""Where scoring runs: each scorer's pool of actors, sized (`pool_plans`: a GPU scorer one actor
+per GPU of the budget at 1/k GPU for k GPU scorers, a CPU scorer one, Perspective exactly one:
+one rate limiter, one cache writer), started and closed, and `PoolSettings` (from `runtime` and
+`scorers`). docs/design.md, Scoring.
 """
 
 from __future__ import annotations
@@ -170,16 +162,17 @@ def budget_gpus(settings: PoolSettings, have: float) -> float:
 
 def new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
     """The actor of `slot`, inside the slot's placement group when the pool has one."""
+    from harness.stages.generation.reservation import in_group
     from workers.actors import ScorerActor
 
     p = pool.plan
-    where: dict[str, Any] = {}
-    if slot < len(pool.groups) and pool.groups[slot] is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pool.groups[slot], 0)
+    group = pool.groups[slot] if slot < len(pool.groups) else None
     handle = ScorerActor.options(  # type: ignore[attr-defined]
-        num_cpus=p.num_cpus, num_gpus=p.num_gpus, max_restarts=0, max_task_retries=0, **where
+        num_cpus=p.num_cpus,
+        num_gpus=p.num_gpus,
+        max_restarts=0,
+        max_task_retries=0,
+        **in_group(group),
     ).remote(pool.name, pool.params, pool.context, cpu_threads(p.num_cpus), run_uri)
     return PoolActor(handle, slot)
 

@@ -1,19 +1,6 @@
-"""GPU scorer pools on a cluster: a placement group per actor, re-planned when GPUs are lost.
-
-In cluster mode each actor of a GPU scorer's pool gets a placement group of one bundle
-(`{GPU: share, CPU: cpus}`, `reserve_pools`). Pending groups are the demand the autoscaler
-scales for, and they are this run's own: removed when the stage ends (`free_pools`), and by Ray
-when the driver dies. Two runs on one cluster thus never withdraw each other's demand, which
-`ray.autoscaler.sdk.request_resources` (one standing request per cluster, the last call wins)
-did.
-
-A pool waits until its groups are placed, at most `runtime.gpu_wait_s` (`settle`). When the
-cluster holds fewer GPUs than this driver has seen (a GPU node lost), each pool is re-planned
-for the GPUs left (`pool_plans`) and goes on as soon as that many of its groups are placed;
-the others are removed. A pool none of whose groups is placed cannot start. During the stage
-an actor's replacement goes into its slot's group, renewed when its node died
-(`reservation.live_group`); when that group is not placed at once while the pool has other
-actors, the pool goes on without the slot (`regroup`).
+"""GPU scorer pools on a cluster: a placement group per actor (this run's own demand, never
+`request_resources`' one request per cluster), waited for up to `runtime.gpu_wait_s`, the pools
+re-planned for the GPUs left after a node loss (docs/cluster.md, scoring's reservations).
 """
 
 from __future__ import annotations

@@ -25,20 +25,13 @@ def scorers_to_run(
     Raises:
         ConfigError: an unknown scorer or parameter, or a malformed setting.
     """
-
-    from workers.scorers.registry import check_params, check_scorer_name
+    from harness.stages.scoring.stage import check_scorers
 
     given = {s.name: dict(s.params) for s in cfg.scorers}
     chosen = list(dict.fromkeys(names)) if names else list(given)
     if not chosen:
         raise ConfigError("the run's config names no scorer: pass --scorer NAME")
-    params: dict[str, dict[str, Any]] = {}
-    for name in chosen:
-        try:
-            check_scorer_name(name)
-        except KeyError as exc:
-            raise ConfigError(f"--scorer: {exc.args[0]}") from None
-        params[name] = dict(given.get(name, {}))
+    params = {name: dict(given.get(name, {})) for name in chosen}
     for item in settings or []:
         key, eq, raw = item.partition("=")
         target, dot, field = key.rpartition(".")
@@ -54,11 +47,10 @@ def scorers_to_run(
         if "perspective" not in params:
             raise ConfigError("--cache-only applies to --scorer perspective only")
         params["perspective"]["cache_only"] = True
-    problems = [
-        f"{n}.{k}: {why}" for n, p in params.items() for k, why in check_params(n, p).items()
-    ]
-    if problems:
-        raise ConfigError("--scorer / --set: " + "; ".join(problems))
+    try:
+        check_scorers(list(params.items()))
+    except (KeyError, ValueError) as exc:  # a KeyError's message is its first argument
+        raise ConfigError(f"--scorer / --set: {exc.args[0]}") from None
     return list(params.items())
 
 

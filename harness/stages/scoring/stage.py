@@ -1,16 +1,7 @@
-"""The scoring stage, shared by `run` and `score`: score only what is missing. Read top-down:
-`score_stage` (a run's config) → `score_run` → in this process, or on Ray (`loop`, on the
-pools of `pool`), over the rows `work` streams; `follow` scores while generation runs.
-
-For each scorer, the rows to score are the ok generation rows with no score row at its
-*current* version (a new model revision or API version rescores everything; a re-run with
-nothing new does no work). Scored rows are written by whoever scored them (an actor; without
-Ray this process) as atomic shards of ~8k rows (`workers.scorers.score_buffer.ScoreBuffer`),
-and the stage ends by compacting each scorer's shards (`compact_scores`), so an interrupted
-stage resumes from what was written. Scoring never generates. A chunk that fails (the scorer
-raised, its actor died, the call outlived `runtime.score_call_timeout_s`) is retried up to
-`runtime.score_chunk_retries` times, then its rows stay unscored and the stage ends with a
-`ScoringError` that counts them. The driver imports no torch: scorer modules import it lazily.
+"""The scoring stage, shared by `run` and `score`: each scorer over the ok generation rows it has
+not scored at its current version, in this process or on Ray (`loop`, over `pool`s, fed by
+`work`), written as atomic shards by whoever scored them and compacted at the end, so an
+interrupted stage resumes from what was written. docs/design.md, Scoring.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from results.run.manifest import update_manifest
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import scorer_context
-from workers.scorers.registry import check_scorer_name, load_scorer
+from workers.scorers.registry import check_params, check_scorer_name, load_scorer
 from workers.scorers.score_buffer import ScoreBuffer, ScoringError
 
 if TYPE_CHECKING:
@@ -104,23 +95,13 @@ def score_run(
     pools: PoolSettings | None = None,
     followed: Followed | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run every scorer over the ok generation rows it has not scored at its version yet.
+    """Run every scorer (registry name, parameters) over the ok generation rows it has not
+    scored at its version yet: on Ray a pool of actors per scorer, all at once (`pools`: their
+    settings); else one after the other here. Without a `context.cache_dir`, Perspective's cache
+    lives in RUN/cache/. `followed`: what scored during generation, taken over.
 
-    Args:
-        store: the run directory.
-        scorers: (registry name, parameters) pairs.
-        context: seed words, cache directory, device. Without a `cache_dir`, persistent caches
-            (Perspective's) live in the run's storage (RUN/cache/).
-        use_ray: a pool of actors per scorer (all at once); else in process, one after the other.
-        batch_size: rows per chunk.
-        progress: progress bars per scorer.
-        start_timeout_s: Ray only: how long an actor may take to start.
-        pools: GPU budget, waits, timeouts, retries and pool sizes (`PoolSettings()`).
-        followed: what scored during generation (`follow`): taken over, its counts added.
-
-    Returns:
-        Stats per scorer: version, scored, skipped, status counts, failed_chunks, elapsed_s, and
-        the scorer's own `close()` stats (Ray: one per actor, with where it ran).
+    Returns stats per scorer: version, scored, skipped, status counts, failed_chunks,
+    elapsed_s and the scorer's own `close()` stats (Ray: one per actor, with where it ran).
 
     Raises:
         StoreError: no generations, or a shard of a newer schema.
@@ -130,7 +111,8 @@ def score_run(
     names = [name for name, _ in scorers]
     try:
         try:
-            _check(store, scorers)
+            check_scorers(scorers)
+            check_has_generations(store)
             settings = pools or PoolSettings()
             live = followed.take(scorers) if followed is not None else {}
             if use_ray:
@@ -161,9 +143,10 @@ def score_run(
     return stats
 
 
-def _check(store: RunStore, scorers: Sequence[tuple[str, dict[str, Any]]]) -> None:
-    """`score_run`'s checks before any work: each scorer once, known, with parameters it takes,
-    and generations to score."""
+def check_scorers(scorers: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """The checks of every scorer list the stage runs (`score`'s before anything starts):
+    each scorer once, known (`KeyError`), with parameters it takes, of their kinds
+    (`ValueError`). A config's list was checked by `parse_config` already, naming fields."""
     names = [name for name, _ in scorers]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -173,7 +156,9 @@ def _check(store: RunStore, scorers: Sequence[tuple[str, dict[str, Any]]]) -> No
     for name, params in scorers:
         check_scorer_name(name)
         load_scorer(name).check_params(params)  # imports the module only: no torch here
-    check_has_generations(store)
+    problems = [f"{n}.{k}: {why}" for n, p in scorers for k, why in check_params(n, p).items()]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def _score_in_process(
