@@ -29,8 +29,8 @@ from results.report.tables import (
     MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
-    Field,
     Layout,
+    Style,
     layout,
     legend,
     level_text,
@@ -42,48 +42,32 @@ from results.stats.aggregate import READ_COLUMNS, summarize
 from results.stats.join import join_run
 
 
-def _num(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
+def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
+    marked = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}
+    return marked.get(mark, text) + flags + "".join(f" {b}" for b in below)
 
 
-def md_p(p: float | None) -> str:
-    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+MARKDOWN = Style(_md_cell, "(other {:.0%})".format)
 
 
-def md_field(f: Field, kind: str = "") -> str:
-    """One cell: value (± sd, share of other), mark, flags; a bias its interval and p."""
-    text = _num(f.value)
-    if f.value is None:
-        return text
-    if f.sd is not None:
-        text += f" ± {f.sd:.2f}"
-    if f.other is not None:
-        text += f" (other {f.other:.0%})"
-    text = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}.get(
-        f.mark, text
-    )
-    text += f.flags
-    if f.low is not None and f.high is not None:
-        text += f" [{f.low:.2f}, {f.high:.2f}]"
-    if kind == "bias":
-        text += f" {md_p(f.p)}{f.p_marks}" + (f" {f.detail}" if f.detail else "")
-        text += f" MDE {f.mde:.2f}" if f.mde is not None else ""
-    return text
+def _md_lines(rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table whose first row is the header."""
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
+    return [lines[0], "|" + "---|" * len(rows[0]), *lines[1:]]
 
 
 def markdown_table(lay: Layout) -> str:
     """A view's paper-style table, then its warnings (one bullet per flagged cell)."""
     if not lay.blocks:
         return "_No cells for this view._\n"
-    head = ["Model / method"]
-    for col in lay.columns:
-        head.append(f"{TASKS[col.task][0]}: {col.header} {'↑' if col.higher else '↓'}")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [f"{TASKS[c.task][0]}: {c.header} {'↑' if c.higher else '↓'}" for c in lay.columns]
     kinds = [c.kind for c in lay.columns]
-    for block in lay.blocks:
-        for row in block.rows:
-            cells = [row.label, *(md_field(f, k) for f, k in zip(row.fields, kinds))]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    rows = [
+        [row.label, *(MARKDOWN.field(f, k) for f, k in zip(row.fields, kinds))]
+        for block in lay.blocks
+        for row in block.rows
+    ]
+    lines = _md_lines([["Model / method", *head], *rows])
     if lay.warnings:
         lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
     return "\n".join(lines) + "\n"
@@ -93,11 +77,11 @@ def frame_markdown(frame: pl.DataFrame) -> str:
     """A plain Markdown table of `frame` (floats with 2 decimals, nulls as –)."""
     if frame.is_empty():
         return "_none_\n"
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
-    for row in frame.iter_rows():
-        cells = ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
+        for row in frame.iter_rows()
+    ]
+    return "\n".join(_md_lines([frame.columns, *rows])) + "\n"
 
 
 def view_layouts(res: AggregateResult) -> dict[str, Layout]:

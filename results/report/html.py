@@ -25,10 +25,11 @@ from results.report.tables import (
     MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
-    Field,
     Layout,
+    Style,
     legend,
     level_text,
+    p_text,
     table_legend,
 )
 
@@ -59,33 +60,25 @@ img{max-width:100%;border:1px solid #eee}
 """
 
 
-def _cell(f: Field, kind: str) -> str:
-    """One <td>: the value (marked) and its flags; under a bias its interval and p-value,
-    under a regard score the share of `other` (a second line, so the table stays narrow)."""
-    if f.value is None:
-        return "<td>–</td>"
-    text = f"{f.value:.2f}"
-    if kind == "score" and f.sd is not None:
-        text += f" ± {f.sd:.2f}"
-    cls = f' class="{f.mark}"' if f.mark in ("best", "second") else ""
+def _html_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
+    """A <td>: the value (marked) and its flags, the lines below it in a second line (so the
+    table stays narrow)."""
+    cls = f' class="{mark}"' if mark in ("best", "second") else ""
     out = f"<span{cls}>{text}</span>"
-    if f.mark == "nd":
+    if mark == "nd":
         out += ' <span class="nd" title="not distinguishable from the best">n.d.</span>'
-    if f.flags:
-        out += f'<sup class="flag">{html.escape(f.flags)}</sup>'
-    below = []
-    if kind == "bias":
-        if f.low is not None and f.high is not None:
-            below.append(f"[{f.low:.2f}, {f.high:.2f}]")
-        below.append("no test" if f.p is None else "p<0.001" if f.p < 0.001 else f"p={f.p:.3f}")
-        below[-1] += f'<span class="flag">{f.p_marks}</span>' if f.p_marks else ""
-        below += [html.escape(f.detail)] if f.detail else []
-        below += [f"MDE {f.mde:.2f}"] if f.mde is not None else []
-    if kind == "score" and f.other is not None:
-        below.append(f"other {f.other:.0%}")
-    if below:
-        out += f'<span class="sub">{" ".join(below)}</span>'
+    out += f'<sup class="flag">{html.escape(flags)}</sup>' if flags else ""
+    out += f'<span class="sub">{" ".join(below)}</span>' if below else ""
     return f"<td>{out}</td>"
+
+
+HTML = Style(
+    _html_cell,
+    "other {:.0%}".format,
+    "<td>–</td>",
+    p=lambda p, marks: p_text(p) + (f'<span class="flag">{marks}</span>' if marks else ""),
+    text=html.escape,
+)
 
 
 def paper_table_html(lay: Layout) -> str:
@@ -105,7 +98,7 @@ def paper_table_html(lay: Layout) -> str:
     for block in lay.blocks:
         out.append('<tbody class="model">')
         for row in block.rows:
-            tds = "".join(_cell(f, k) for f, k in zip(row.fields, kinds))
+            tds = "".join(HTML.field(f, k) for f, k in zip(row.fields, kinds))
             ref = ' class="ref"' if row.method == "vanilla" else ""
             out.append(f"<tr{ref}><td>{html.escape(row.label)}</td>{tds}</tr>")
         out.append("</tbody>")

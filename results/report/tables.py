@@ -46,27 +46,13 @@ from results.stats.permutation import POWER
 
 def short_variant(variant: str) -> str:
     """A variant as printed: `method_params={"tau": 0.5}` → `tau=0.5` (JSON params unfolded)."""
-    text = variant
-    if "method_params=" in variant:
-        head, _, rest = variant.partition("method_params=")
-        depth, end = 0, len(rest)
-        for i, ch in enumerate(rest):
-            depth += ch == "{"
-            depth -= ch == "}"
-            if depth == 0:
-                end = i + 1
-                break
-        try:
-            params = json.loads(rest[:end])
-            shown = (
-                ",".join(f"{k}={v}" for k, v in params.items())
-                if isinstance(params, dict)
-                else rest[:end]
-            )
-        except ValueError:
-            shown = rest[:end]
-        text = head + shown + rest[end:]
-    return text
+    head, _, rest = variant.partition("method_params=")
+    try:
+        params, end = json.JSONDecoder().raw_decode(rest)
+    except ValueError:
+        return head + rest
+    shown = ",".join(f"{k}={v}" for k, v in params.items()) if isinstance(params, dict) else None
+    return head + (rest[:end] if shown is None else shown) + rest[end:]
 
 
 def method_label(method: str, variant: str = "") -> str:
@@ -130,6 +116,38 @@ P_MARKS = {
         "toxicity; Bias cm holds them fixed (count-matched gap and p-value beside it)",
     ),
 }
+
+
+def p_text(p: float | None) -> str:
+    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+class Style(NamedTuple):
+    """How one format (Markdown, HTML, LaTeX) writes a `Field`: `Style.field`."""
+
+    cell: Callable[[str, str, str, list[str]], str]  # (value, mark, flags, lines below) → cell
+    other: Callable[[float], str]  # regard's share of `other`
+    none: str = "–"  # a cell without a value
+    num: Callable[[float], str] = "{:.2f}".format  # a value, interval end or MDE
+    sd: str = " ± "  # between a score and its spread
+    p: Callable[[float | None, str], str] = lambda p, marks: p_text(p) + marks  # (p, its marks)
+    text: Callable[[str], str] = str  # escapes the detail under a gap
+
+    def field(self, f: Field, kind: str) -> str:
+        """One cell: the value (± sd) marked, its flags; below it a score's share of `other`,
+        a gap's interval, p-value (with its marks), detail and MDE."""
+        if f.value is None:
+            return self.none
+        text = self.num(f.value)
+        text += f"{self.sd}{f.sd:.2f}" if kind == "score" and f.sd is not None else ""
+        below = [self.other(f.other)] if kind == "score" and f.other is not None else []
+        if kind == "bias":
+            if f.low is not None and f.high is not None:
+                below.append(f"[{self.num(f.low)}, {self.num(f.high)}]")
+            below.append(self.p(f.p, f.p_marks))
+            below += [self.text(f.detail)] if f.detail else []
+            below += [f"MDE {self.num(f.mde)}"] if f.mde is not None else []
+        return self.cell(text, f.mark, f.flags, below)
 
 
 @dataclass
