@@ -224,48 +224,45 @@ def render(
         text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
         parts += [f'<h2>How to read the tables</h2><p class="legend">{prose_html(text)}</p>']
     for i, (view, lay) in enumerate(layouts.items(), 1):
-        parts += [f"<h2>Table {i} — {html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
-        parts += [f'<p class="legend">{prose_html(table_legend(lay))}</p>']
-        parts += [paper_table_html(lay)]
-
-    parts += human_html(res.summary, res.level)
+        parts += [
+            f"<h2>Table {i} — {html.escape(VIEW_TITLES[view])} (level {at})</h2>",
+            f'<p class="legend">{prose_html(table_legend(lay))}</p>',
+            paper_table_html(lay),
+        ]
 
     def img(name: str, alt: str) -> str:
         data = base64.b64encode(images[name]).decode()
         return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
 
-    parts.append(f'<h2 id="forest">Bias of each method with its {at} interval</h2>')
-    if "forest.png" in images:
-        parts.append(img("forest.png", "forest plot of the biases"))
-    else:
-        parts.append("<p><em>no bias to plot (no paper-style cells)</em></p>")
-    parts.append('<h2 id="plots">Fairness–fluency trade-off</h2>')
-    tradeoffs = [n for n in images if n.startswith("tradeoff")]
-    for name in tradeoffs:
-        parts.append(img(name, f"trade-off plot {name}"))
-    if not tradeoffs:
-        parts.append(
-            "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
-        )
+    tradeoffs = [img(n, f"trade-off plot {n}") for n in images if n.startswith("tradeoff")]
     parts += [
+        *human_html(res.summary, res.level),
+        f'<h2 id="forest">Bias of each method with its {at} interval</h2>',
+        img("forest.png", "forest plot of the biases")
+        if "forest.png" in images
+        else "<p><em>no bias to plot (no paper-style cells)</em></p>",
+        '<h2 id="plots">Fairness–fluency trade-off</h2>',
+        *(
+            tradeoffs
+            or [
+                "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
+            ]
+        ),
         "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
-        f"(level {at})</h2>"
-    ]
-    parts += [frame_html(paired_table(res.summary), "diff")]
-    parts += [
+        f"(level {at})</h2>",
+        frame_html(paired_table(res.summary), "diff"),
         "<h2>The paper's values beside ours (diff = ours − paper)</h2>",
         frame_html(res.paper, "diff"),
-    ]
-    parts += ['<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>']
-    parts += [
-        '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>'
-    ]
-    parts += [sample_html(r) for r in samples] or [
-        "<p><em>no generations with per-token choices</em></p>"
-    ]
-    parts += [
+        '<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>',
+        '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>',
+        *(
+            [sample_html(r) for r in samples]
+            or ["<p><em>no generations with per-token choices</em></p>"]
+        ),
         "<h2>Generations and the perplexity filter</h2>",
         frame_html(filter_table(res.summary)),
+        "<h2>Rows per group</h2>",
+        frame_html(counts_table(res.summary)),
+        "</body></html>",
     ]
-    parts += ["<h2>Rows per group</h2>", frame_html(counts_table(res.summary)), "</body></html>"]
     return "\n".join(parts)
