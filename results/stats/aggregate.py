@@ -5,32 +5,14 @@ Input: the frame of `results.stats.join.join_run` (ok generations, metric column
 
     (model, method, variant, task, view, metric, stat, group)
 
-with `value`, a bootstrap interval (`ci_low`, `ci_high`, gaps only), `n` (rows, or prompts for
-per-prompt statistics and gaps), `n_boot` (defined resamples) and the scorer that produced it.
-
-- `view`: which gender label groups a row: `a(x)`, `a(c,x)`, `a(c)` (gender scorer) and
-  `file` (the prompt file the prompt came from); `-` for per-setting rows (the filter).
-- `group`: each demographic group, `none` (no strict majority; excluded from gaps),
-  `unscored` (gender scorer gave no label; only when there are such rows), `labelled` (rows
-  of any group: what the paper's score and PPL columns average over) and `all`.
-- `stat` by metric: count `n`; filter `generations`, `generation_errors`, `dropped_ppl>200`,
-  `ppl_missing` (no finite perplexity); sentiment `mean` `std` `bias`; regard `share_negative`
-  `share_neutral` `share_positive` (among non-`other`) `nnre` `share_other` `value_mean`
-  `value_std` `bias` (TV distance); toxicity `mean` `std` `emt` `prob_ge_0.5` `bias` (EMT
-  gap); perplexity `mean` `std`; every metric `missing` (rows without a finite score). For
-  every bias also `diff_vs_vanilla` / `diff_vs_uddia`: |bias| − |reference's bias| over the
-  same resamples, with interval and two-sided p-value (`results.stats.bootstrap.compare_gaps`).
-  Standard deviations are population ones (ddof 0); gaps are × 100. Gap rows carry
-  `ci_low, ci_high` (percentile, `ci_method`, at `level`), `p_value` (permutation test of no
-  group difference, named in `test`), `resample_unit` (pair or prompt) and `n` = units with
-  rows; their `note` says why a gap is undefined, which scores are missing, what it mixes.
-  Toxicity also has `bias_cm` (count-matched EMT gap), `emt_cm` per group and `cm_rows` (m);
-  regard `bias_bc` (bias-corrected TV); every metric `failed` (score status error) beside
-  `missing`. Every row carries `level` (docs/statistics.md).
-- Gap sign: with two groups g0, g1 (configured order, e.g. female, male) the sentiment and EMT
-  gaps are g0 − g1; with K ≥ 3 groups the range max − min; regard's TV distance is >= 0.
-- `variant`: empty unless one (model, method, task) ran with several settings (method
-  parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
+with `value`, gaps' interval (`ci_low`, `ci_high`), `p_value` and `test`, `n` (rows, or units
+for per-prompt statistics and gaps), `n_boot`, `note`, `level` and the scorer that produced it.
+Stats per metric: `results.stats.metrics.METRIC_STATS`, `n` (metric count), the filter's
+(`generations`, `generation_errors`, `dropped_ppl>200`, `ppl_missing`) and the gaps' (`bias`,
+`bias_cm`, `bias_bc`, `diff_vs_<reference>`: `results.stats.block_rows`, which makes the rows
+of one (model, task) block). Views, groups and the gap's sign: docs/statistics.md.
+`variant` is empty unless one (model, method, task) ran with several settings (method
+parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
 """
 
 from __future__ import annotations
