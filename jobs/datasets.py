@@ -1,9 +1,6 @@
-"""Prompt datasets: paired JSONL (UDDIA format), plain prompt lists and RealToxicityPrompts.
-
-Every loader validates the whole input before any work starts and names file and line in
-its errors. Paths may be local files or http(s) URLs, fetched once into a local cache and
-checked against a pinned SHA-256 when one is given (`jobs.files`).
-"""
+"""Prompt datasets: paired JSONL (UDDIA format), plain prompt lists and RealToxicityPrompts,
+read through `jobs.files`; every loader validates the whole input before any work starts and
+names file and line in its errors."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs.
-
-`iter_plan` streams the grid as `PlanChunk`s: the jobs of one (model, method, task) slice, at
-most `chunk_size` at a time, so a planner, a resume check or a plan writer holds one chunk of
-`JobSpec`s, never the whole grid. `expand_grid` is the same order as one list (small runs,
-tests). Duplicate jobs are caught up front from the inputs (a prompt id listed twice, a slice
-listed twice), which is what makes two job ids equal.
-"""
+"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs, streamed
+as `PlanChunk`s of one (model, method, task) slice so that no caller holds the whole grid."""
 
 from __future__ import annotations
 

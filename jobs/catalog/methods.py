@@ -1,9 +1,6 @@
 """Methods by name: their classes (as `"module:Class"` text), parameter defaults and kinds, and
-the resolution of a job's parameters. Torch-free: nothing here imports a method.
-
-`workers.methods.registry` imports the classes (inside actors) and loads plugins, which add
-their methods here through `add_method`.
-"""
+the resolution of a job's parameters. Torch-free: `workers.methods.registry` imports the
+classes (inside actors) and loads plugins, which add their methods here (`add_method`)."""
 
 from __future__ import annotations
 
