@@ -46,22 +46,18 @@ FEW_UNITS = 20  # fewer resampling units than this: the interval and p-value are
 NOT_GROUPS = {"none", "unscored", "labelled", "all", "gap"}
 
 
+# A gap's summary columns → the suffix of its cell columns.
+GAP_COLUMNS = [("ci_low", "low"), ("ci_high", "high"), ("p_value", "p"), ("n", "n")]
+GAP_COLUMNS += [(c, c) for c in ("note", "test", "mde", "flags")]
+
+
 def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) -> pl.DataFrame:
     rows = summary.filter(
         (pl.col("metric") == metric) & (pl.col("stat") == stat) & (pl.col("group") == group)
     )
     cols = [pl.col("value").alias(name)]
-    if stat in BIAS_STATS:
-        test = pl.col("test") if "test" in summary.columns else pl.lit(None, dtype=pl.String)
-        cols += [
-            pl.col("ci_low").alias(f"{name}_low"),
-            pl.col("ci_high").alias(f"{name}_high"),
-            pl.col("p_value").alias(f"{name}_p"),
-            pl.col("n").alias(f"{name}_n"),
-            pl.col("note").alias(f"{name}_note"),
-            test.alias(f"{name}_test"),
-            *(pl.col(c).alias(f"{name}_{c}") for c in ("mde", "flags") if c in summary.columns),
-        ]
+    if stat in BIAS_STATS:  # (a column the summary lacks is added as nulls by `table_cells`)
+        cols += [pl.col(c).alias(f"{name}_{x}") for c, x in GAP_COLUMNS if c in summary.columns]
     return rows.select(*CELL_KEYS, *cols)
 
 
@@ -120,7 +116,7 @@ CELL_VALUES = {
     **{
         f"{s}{x}": pl.String if x in ("_note", "_test", "_flags") else pl.Float64
         for s in BIAS_STATS
-        for x in ("", "_low", "_high", "_p", "_n", "_note", "_test", "_mde", "_flags")
+        for x in ["", *(f"_{x}" for _, x in GAP_COLUMNS)]
     },
 }
 
