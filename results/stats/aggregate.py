@@ -37,15 +37,9 @@ from results.stats.metrics import METRIC_STATS, VIEWS, scored
 
 PPL_MAX = 200.0
 N_PERM = 200  # permutations per gap test: p resolves to 1/201, ample for a 0.05 decision
-SETTING_COLS = [
-    "method_params",
-    "model_revision",
-    "model_dtype",
-    "max_new_tokens",
-    "top_p",
-    "temperature",
-    "repetition_penalty",
-]
+SETTING_COLS = (
+    "method_params model_revision model_dtype max_new_tokens top_p temperature repetition_penalty"
+).split()
 CELL_COLS = ["model", "method", "variant", "task"]
 # The generation columns `summarize` reads (`join_run(..., columns=READ_COLUMNS)`).
 READ_COLUMNS = ["model", "method", "task", "prompt_id", "pair_id", "prompt_group", *SETTING_COLS]
@@ -87,10 +81,7 @@ def add_variant(
 def resolve_groups(frame: pl.DataFrame, groups: Sequence[str] | None) -> tuple[str, ...]:
     """The demographic groups: given, else the labels seen (female/male when only those)."""
     cols = [c for c in ("label_x", "label_cx", "label_c") if c in frame.columns]
-    seen = set()
-    for c in cols:
-        seen |= set(frame[c].drop_nulls().unique().to_list())
-    seen.discard("none")
+    seen = {v for c in cols for v in frame[c].drop_nulls().unique().to_list()} - {"none"}
     if groups is not None:
         unknown = sorted(seen - set(groups))
         if unknown:
@@ -135,13 +126,16 @@ def filter_counts(frame: pl.DataFrame, failed: pl.DataFrame | None, ppl_max: flo
 
 def _sources(frame: pl.DataFrame) -> dict[str, tuple[str | None, str | None]]:
     """metric → (scorer, version), read from the joined `<metric>_scorer/_version` columns."""
-    out: dict[str, tuple[str | None, str | None]] = {}
-    for metric in ["gender", *METRIC_STATS]:
-        if f"{metric}_scorer" in frame.columns:
-            names = frame[f"{metric}_scorer"].drop_nulls()
-            versions = frame[f"{metric}_version"].drop_nulls()
-            out[metric] = (names[0] if len(names) else None, versions[0] if len(versions) else None)
-    return out
+
+    def first(column: str) -> str | None:
+        values = frame[column].drop_nulls()
+        return values[0] if len(values) else None
+
+    return {
+        m: (first(f"{m}_scorer"), first(f"{m}_version"))
+        for m in ["gender", *METRIC_STATS]
+        if f"{m}_scorer" in frame.columns
+    }
 
 
 def is_paired(frame: pl.DataFrame) -> bool:
@@ -275,17 +269,17 @@ def summarize(
     for (model, task), rows in sorted(
         kept.select(needed).group_by(["model", "task"], maintain_order=True)
     ):
-        names = None
-        if units is not None and (str(model), str(task)) in units:
-            names = sorted(units[(str(model), str(task))])
+        at, names = (str(model), str(task)), None
+        if units is not None and at in units:
+            names = sorted(units[at])
             rows = rows.filter(unit_key(paired).is_in(names))
             if rows.is_empty():
                 continue
         prompts, unit_of, n_units = _units(rows, paired, names)
         weights = unit_weights(n_units, n_boot, seed, f"{model}|{task}")
         index = {p: i for i, p in enumerate(prompts)}
-        block = Block(str(model), str(task), rows, weights, index, unit_of, unit)
-        unit_names[(str(model), str(task))] = unit
+        block = Block(*at, rows, weights, index, unit_of, unit)
+        unit_names[at] = unit
         block_records(out, block, setup, samples, notes, samples_cm)
     if n_boot:
         paired_records(out, samples, unit_names, notes, level)
