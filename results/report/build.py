@@ -1,9 +1,6 @@
-"""`aggregate_run`, the I/O entry of aggregation, and the Markdown / LaTeX reports.
-
-Writes RUN/summary.parquet and summary.csv (the long summary, `results.stats.aggregate`) and
-RUN/report/: tables.md, tables.tex (paper layout, `results.report.tables`; best bold, second
-underlined), tradeoff*.png (`results.report.plot`) and index.html (`results.report.html`).
-"""
+"""`aggregate_run`, the I/O entry of aggregation: RUN/summary.parquet and summary.csv (the long
+summary, `results.stats.aggregate`) and RUN/report/ (tables.md, written here; tables.tex and
+report.tex, `tex`; the figures, `plot`; index.html, `html`)."""
 
 from __future__ import annotations
 

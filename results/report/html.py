@@ -1,11 +1,7 @@
-"""report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts).
-
-Sections: a header (run, harness version, date, the aggregation settings and the config),
-notes, the paper-style tables of each view, the forest plot of every bias with its interval,
-the trade-off plots (where a perplexity exists), paired comparisons, the paper's values beside
-ours, per-token choices of every method that records them (the paper's Table 3: red = the step
-tuned for the property g, blue = for the group a; tokens spaced as the tokenizer decodes
-them: `results.report.pieces`), the filter and the counts.
+"""report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts): the
+run's header and notes, the paper-style tables, the figures, the supplementary tables and the
+per-token choices (the paper's Table 3: red = the step tuned for the property g, blue = for the
+group a; tokens spaced as the tokenizer decodes them, `results.report.pieces`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""report/tables.tex and report/report.tex: LaTeX that compiles with pdflatex and lualatex.
-
-`tables.tex` is a fragment to `\\input` (needs booktabs, graphicx, pdflscape): one float per
-view with a `\\label` (`tab:harness:ax`, …), a table wider than the line shrunk to it, a table
-of three tasks on a landscape page, shrunk to the page's height where it is taller; the
-warnings of each table (few resampling units, missing scores) follow it as text. `report.tex`
-is a whole document around it (notes, the tables, the PDF figures). Every text that reaches
-the page goes through `tex_escape`: TeX's specials, the characters OT1 fonts print as others
-(`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs become commands that mean the
-same in both engines; any other non-ASCII character becomes its ASCII letter with an accent
-command, or `[U+XXXX]`.
+"""report/tables.tex (a fragment: one table per view, docs/design.md "Reports") and
+report/report.tex (a document around it), LaTeX that compiles with pdflatex and lualatex: every
+text that reaches the page goes through `tex_escape`, which turns TeX's specials, the characters
+OT1 fonts print as others (`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs into
+commands that mean the same in both engines, any other non-ASCII character into its ASCII
+letter with an accent command, or `[U+XXXX]`.
 """
 
 from __future__ import annotations
