@@ -91,10 +91,13 @@ def resolve_groups(frame: pl.DataFrame, groups: Sequence[str] | None) -> tuple[s
 
 
 def ppl_filter(frame: pl.DataFrame, ppl_max: float = PPL_MAX) -> tuple[pl.DataFrame, bool]:
-    """Drop rows with perplexity > `ppl_max`; rows without a perplexity are kept.
+    """Drop rows with perplexity > `ppl_max`; rows without a perplexity are kept. The kept
+    rows carry `pair_id` (null where the run has none: its units are the prompts).
 
     Returns the kept rows and whether a perplexity scorer ran (if not, nothing is dropped).
     """
+    if "pair_id" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     if "perplexity_status" not in frame.columns:
         return frame, False
     high = scored("perplexity") & (pl.col("perplexity") > ppl_max)  # NaN is not high: missing
@@ -178,8 +181,6 @@ def block_units(
 ) -> dict[tuple[str, str], set[str]]:
     """(model, task) → the resampling units with rows after the perplexity filter."""
     kept, _ = ppl_filter(frame, ppl_max)
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     paired = is_paired(frame) if paired is None else paired
     keyed = kept.select("model", "task", unit_key(paired).alias("unit")).unique()
     out: dict[tuple[str, str], set[str]] = {}
@@ -258,8 +259,6 @@ def summarize(
     label_cols = [VIEWS[v] for v in views]
     value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
     value_cols += ["regard_label"] if "regard" in metrics else []
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     needed = list(
         dict.fromkeys(
             ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols, *value_cols]

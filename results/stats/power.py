@@ -48,8 +48,6 @@ def pilot_cells(
     (`join_run(...).frame`), after the perplexity filter; toxicity also as toxicity_cm."""
     frame, _ = add_variant(frame)
     kept, _ = ppl_filter(frame, ppl_max)
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     names, paired = resolve_groups(kept, groups), is_paired(frame)
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
     out: dict[tuple[str, ...], Cell] = {}
