@@ -128,16 +128,10 @@ def load_prompt_list(
         else:
             texts = [(ln, _field(rec, text_field, spec, ln)) for ln, rec in iter_jsonl(path, spec)]
     elif path.endswith(".csv"):
-        with open(path, "rb") as raw:
-            data = decode_utf8(raw.read(), spec)
-        with io.StringIO(data, newline="") as fh:
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is None or text_field not in reader.fieldnames:
-                raise DatasetError(
-                    f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})"
-                )
-            for i, rec in enumerate(reader):
-                texts.append((i + 2, rec[text_field] or ""))  # line 1 is the header
+        reader = csv.DictReader(io.StringIO(decode_utf8(Path(path).read_bytes(), spec), newline=""))
+        if reader.fieldnames is None or text_field not in reader.fieldnames:
+            raise DatasetError(f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})")
+        texts = [(i + 2, rec[text_field] or "") for i, rec in enumerate(reader)]  # 1: the header
     elif path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
