@@ -1,9 +1,6 @@
-"""Prompt datasets: paired JSONL (UDDIA format), plain prompt lists and RealToxicityPrompts.
-
-Every loader validates the whole input before any work starts and names file and line in
-its errors. Paths may be local files or http(s) URLs, fetched once into a local cache and
-checked against a pinned SHA-256 when one is given (`jobs.files`).
-"""
+"""Prompt datasets: paired JSONL (UDDIA format), plain prompt lists and RealToxicityPrompts,
+read through `jobs.files`; every loader validates the whole input before any work starts and
+names file and line in its errors."""
 
 from __future__ import annotations
 
@@ -131,16 +128,10 @@ def load_prompt_list(
         else:
             texts = [(ln, _field(rec, text_field, spec, ln)) for ln, rec in iter_jsonl(path, spec)]
     elif path.endswith(".csv"):
-        with open(path, "rb") as raw:
-            data = decode_utf8(raw.read(), spec)
-        with io.StringIO(data, newline="") as fh:
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is None or text_field not in reader.fieldnames:
-                raise DatasetError(
-                    f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})"
-                )
-            for i, rec in enumerate(reader):
-                texts.append((i + 2, rec[text_field] or ""))  # line 1 is the header
+        reader = csv.DictReader(io.StringIO(decode_utf8(Path(path).read_bytes(), spec), newline=""))
+        if reader.fieldnames is None or text_field not in reader.fieldnames:
+            raise DatasetError(f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})")
+        texts = [(i + 2, rec[text_field] or "") for i, rec in enumerate(reader)]  # 1: the header
     elif path.endswith(".parquet"):
         import pyarrow.parquet as pq
 

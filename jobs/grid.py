@@ -1,11 +1,5 @@
-"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs.
-
-`iter_plan` streams the grid as `PlanChunk`s: the jobs of one (model, method, task) slice, at
-most `chunk_size` at a time, so a planner, a resume check or a plan writer holds one chunk of
-`JobSpec`s, never the whole grid. `expand_grid` is the same order as one list (small runs,
-tests). Duplicate jobs are caught up front from the inputs (a prompt id listed twice, a slice
-listed twice), which is what makes two job ids equal.
-"""
+"""The planner: expand (prompts × models × methods × tasks × seeds) into job specs, streamed
+as `PlanChunk`s of one (model, method, task) slice so that no caller holds the whole grid."""
 
 from __future__ import annotations
 
@@ -79,28 +73,13 @@ def iter_plan(
 def _slice_chunks(
     key: SliceKey, prompts: Sequence[Prompt], samples: int, chunk_size: int
 ) -> Iterator[PlanChunk]:
+    same = (key.method, key.model, key.task, key.generation, key.params)  # JobSpec's last five
+    make_id = job_id_maker(JobSpec("", "", "", None, 0, *same))
     jobs: list[JobSpec] = []
-    make_id: Callable[[str, str, int], str] | None = None
-    tried = False
     for prompt in prompts:
         for seed in range(samples):
-            job = JobSpec(
-                prompt_id=prompt.prompt_id,
-                prompt=prompt.text,
-                prompt_group=prompt.group,
-                pair_id=prompt.pair_id,
-                seed=seed,
-                method=key.method,
-                model=key.model,
-                task=key.task,
-                generation=key.generation,
-                method_params=key.params,
-            )
-            if not tried:
-                make_id, tried = job_id_maker(job), True
-            if (
-                make_id is not None
-            ):  # the id from pieces of the slice's text: `job_id` then reads it
+            job = JobSpec(prompt.prompt_id, prompt.text, prompt.group, prompt.pair_id, seed, *same)
+            if make_id is not None:  # the id from pieces of the slice's text: `job_id` reads it
                 job.__dict__["job_id"] = make_id(prompt.prompt_id, prompt.text, seed)
             jobs.append(job)
             if len(jobs) == chunk_size:

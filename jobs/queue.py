@@ -1,10 +1,5 @@
-"""Work left to do, cut into batches: resume = planned − done.
-
-`pending` filters a list; `pending_chunks` filters a stream of `PlanChunk`s against the done
-ids (a set, or a `results.DoneIds` held as a compact array), so a resume check over millions of
-planned jobs holds one chunk at a time; `iter_batches` cuts such a stream into batches lazily
-(what each model's queue pulls from in the generation stage).
-"""
+"""Work left to do, cut into batches: resume = planned − done, a list or a stream of
+`PlanChunk`s at a time (the done ids: a set, or a `results.DoneIds` held as a compact array)."""
 
 from __future__ import annotations
 

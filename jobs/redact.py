@@ -14,19 +14,9 @@ from typing import Any, Protocol
 
 SECRET_KEYS = ("key", "token", "password", "secret", "credentials")
 # Query parameters that carry credentials although their names do not end in a secret key.
-SECRET_QUERY = (
-    "sig",
-    "signature",
-    "auth",
-    "access_token",
-    "x-amz-signature",
-    "x-amz-credential",
-    "x-goog-signature",
-    "x-goog-credential",
-    "code",
-    "apikey",
-    "pass",
-    "pwd",
+SECRET_QUERY = tuple(
+    "sig signature auth access_token x-amz-signature x-amz-credential x-goog-signature "
+    "x-goog-credential code apikey pass pwd".split()
 )
 REDACTED = "<redacted>"
 # What a terminal acts on instead of showing: C0 and C1 controls but tab and newline, DEL, and

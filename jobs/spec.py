@@ -10,6 +10,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -116,47 +118,51 @@ class JobSpec:
 
     def to_row(self) -> dict[str, Any]:
         """Flat row for the plan table (see `results.schema.PLAN_SCHEMA`)."""
-        return {
-            "job_id": self.job_id,
-            "prompt_id": self.prompt_id,
-            "pair_id": self.pair_id,
-            "prompt_group": self.prompt_group,
-            "prompt": self.prompt,
-            "seed": self.seed,
-            "method": self.method,
-            "method_params": self.method_params,
-            "model": self.model.id,
-            "model_revision": self.model.revision,
-            "model_dtype": self.model.dtype,
-            "task": self.task,
-            "max_new_tokens": self.generation.max_new_tokens,
-            "top_p": self.generation.top_p,
-            "temperature": self.generation.temperature,
-            "repetition_penalty": self.generation.repetition_penalty,
-        }
+        return {column: get(self) for column, get in _PLAN_FIELDS.items()}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobSpec:
+        names = "prompt_id prompt prompt_group pair_id method task method_params".split()
         return cls(
-            prompt_id=row["prompt_id"],
-            prompt=row["prompt"],
-            prompt_group=row["prompt_group"],
-            pair_id=row["pair_id"],
+            **{k: row[k] for k in names},
             seed=int(row["seed"]),
-            method=row["method"],
             model=ModelRef(row["model"], row["model_revision"], row["model_dtype"]),
-            task=row["task"],
             generation=GenerationParams(
-                max_new_tokens=int(row["max_new_tokens"]),
-                top_p=float(row["top_p"]),
-                temperature=float(row["temperature"]),
-                repetition_penalty=float(row["repetition_penalty"]),
+                int(row["max_new_tokens"]),
+                float(row["top_p"]),
+                float(row["temperature"]),
+                float(row["repetition_penalty"]),
             ),
-            method_params=row["method_params"],
         )
 
 
-_SENTINELS = {"prompt_id": "\x00prompt_id\x00", "prompt": "\x00prompt\x00", "seed": "\x00seed\x00"}
+# The plan table's columns (`results.schema.PLAN_SCHEMA` order) → how a `JobSpec` gives each.
+_PLAN_FIELDS = {
+    column: operator.attrgetter(path)
+    for column, path in {
+        **{c: c for c in ("job_id", "prompt_id", "pair_id", "prompt_group", "prompt", "seed")},
+        "method": "method",
+        "method_params": "method_params",
+        "model": "model.id",
+        "model_revision": "model.revision",
+        "model_dtype": "model.dtype",
+        "task": "task",
+        **{
+            c: f"generation.{c}"
+            for c in ("max_new_tokens", "top_p", "temperature", "repetition_penalty")
+        },
+    }.items()
+}
+
+
+def plan_columns(jobs: Sequence[JobSpec]) -> dict[str, list[Any]]:
+    """The plan table of `jobs` as columns: what `JobSpec.to_row` gives row by row, built
+    without a dict per job."""
+    return {column: list(map(get, jobs)) for column, get in _PLAN_FIELDS.items()}
+
+
+# In the order their keys sort, so the order they stand in the canonical JSON.
+_SENTINELS = {"prompt": "\x00prompt\x00", "prompt_id": "\x00prompt_id\x00", "seed": "\x00seed\x00"}
 
 
 def job_id_maker(template: JobSpec) -> Callable[[str, str, int], str] | None:
@@ -167,73 +173,19 @@ def job_id_maker(template: JobSpec) -> Callable[[str, str, int], str] | None:
     probe = dataclasses.replace(
         template, prompt_id=_SENTINELS["prompt_id"], prompt=_SENTINELS["prompt"]
     )
-    identity = probe.identity()
-    identity["seed"] = _SENTINELS["seed"]
-    text = canonical_json(identity)
-    marks = {k: json.dumps(v, ensure_ascii=False) for k, v in _SENTINELS.items()}
-    if any(text.count(m) != 1 for m in marks.values()):
+    text = canonical_json({**probe.identity(), "seed": _SENTINELS["seed"]})
+    marks = [json.dumps(v) for v in _SENTINELS.values()]
+    if any(text.count(m) != 1 for m in marks) or sorted(marks, key=text.index) != marks:
         return None
-    order = sorted(marks, key=lambda k: text.index(marks[k]))
-    pieces, rest = [], text
-    for key in order:
-        head, rest = rest.split(marks[key], 1)
-        pieces.append(head)
-    pieces.append(rest)
-    a, b, c, d = pieces
-    k1, k2, k3 = order
+    a, b, c, d = re.split("|".join(map(re.escape, marks)), text)
     prefix = f"j{JOB_ID_VERSION}-"
     dumps = json.dumps
 
     def make(prompt_id: str, prompt: str, seed: int) -> str:
-        values = {
-            "prompt_id": dumps(prompt_id, ensure_ascii=False),
-            "prompt": dumps(prompt, ensure_ascii=False),
-            "seed": str(int(seed)),
-        }
-        body = a + values[k1] + b + values[k2] + c + values[k3] + d
+        body = (
+            a + dumps(prompt, ensure_ascii=False) + b + dumps(prompt_id, ensure_ascii=False) + c
+            + str(int(seed)) + d
+        )  # fmt: skip
         return prefix + hashlib.sha256(body.encode("utf-8")).hexdigest()[:20]
 
     return make
-
-
-PLAN_COLUMNS = (
-    "job_id",
-    "prompt_id",
-    "pair_id",
-    "prompt_group",
-    "prompt",
-    "seed",
-    "method",
-    "method_params",
-    "model",
-    "model_revision",
-    "model_dtype",
-    "task",
-    "max_new_tokens",
-    "top_p",
-    "temperature",
-    "repetition_penalty",
-)
-
-
-def plan_columns(jobs: Sequence[JobSpec]) -> dict[str, list[Any]]:
-    """The plan table of `jobs` as columns (`results.schema.PLAN_SCHEMA` order): what
-    `JobSpec.to_row` gives row by row, built without a dict per job."""
-    return {
-        "job_id": [j.job_id for j in jobs],
-        "prompt_id": [j.prompt_id for j in jobs],
-        "pair_id": [j.pair_id for j in jobs],
-        "prompt_group": [j.prompt_group for j in jobs],
-        "prompt": [j.prompt for j in jobs],
-        "seed": [j.seed for j in jobs],
-        "method": [j.method for j in jobs],
-        "method_params": [j.method_params for j in jobs],
-        "model": [j.model.id for j in jobs],
-        "model_revision": [j.model.revision for j in jobs],
-        "model_dtype": [j.model.dtype for j in jobs],
-        "task": [j.task for j in jobs],
-        "max_new_tokens": [j.generation.max_new_tokens for j in jobs],
-        "top_p": [j.generation.top_p for j in jobs],
-        "temperature": [j.generation.temperature for j in jobs],
-        "repetition_penalty": [j.generation.repetition_penalty for j in jobs],
-    }

@@ -1,23 +1,12 @@
 """The catalog: what can be named in a config, known without importing torch or any class.
 
-Methods (`jobs.catalog.methods`): name → `"module:Class"`, parameter defaults, declared kinds,
-choices and ranges, and `resolve_params` (a job's effective parameters). Scorers
-(`jobs.catalog.scorers`): name → `"module:Class"`, the metric it fills, parameter defaults and
-kinds. The paper's settings per model and LM family (`jobs.catalog.paper`). The parameter kinds
-(`jobs.catalog.kinds`).
-
-The catalog sits on the lowest floor, so the planner (`jobs.grid`), the statistics and the run
-record read it without reaching up into `workers`. The built-in entries are declared here.
-
-Plugins: the catalog's tables are mutable, and it never loads plugins itself (the loader,
-`workers.plugins`, sits above it). `workers.plugins.load_plugins` (entry points, `--include`
-modules) adds plugin entries with `add_method` / `add_scorer`, directly or through
-`workers.methods.registry.register_method` / `workers.scorers.registry.register_scorer`. The
-registries' lookups (`check_method_name`, `resolve_params`, `check_scorer_name`, `load_*`) load
-plugins first and then read the catalog. Lower-floor code reads the catalog as it stands: it
-sees plugin entries once the entry point of the process has loaded them. The CLI does (its
-`--include`, `list`, `status`), the config does when it validates method and scorer names (so
-every run has them before it plans), and the actors do when they resolve a name.
+Methods (`methods`: name → `"module:Class"`, parameter defaults, kinds, choices and ranges,
+`resolve_params`), scorers (`scorers`: name → `"module:Class"`, metric, defaults, kinds), the
+paper's settings per model and LM family (`paper`), the parameter kinds (`kinds`). It sits on
+the lowest floor, so the planner, the statistics and the run record read it without reaching
+up into `workers`. Its tables are mutable: `workers.plugins.load_plugins` adds plugin entries
+(`add_method` / `add_scorer`); the catalog never loads plugins itself, so lower-floor code
+sees them once the process's entry point has (docs/footguns.md).
 """
 
 from jobs.catalog.kinds import kind_error, kind_label, kind_of_default

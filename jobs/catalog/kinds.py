@@ -1,9 +1,6 @@
-"""Parameter kinds: the small type language of method and scorer parameters.
-
-A kind is `float`, `int`, `bool`, `str`, `list`, `dict` or `any`; a trailing `?` allows null
-(a value resolved at load time). Methods' parameter values are checked against their kinds when
-a config is validated; `harness list` shows every parameter's kind.
-"""
+"""Parameter kinds, the small type language of method and scorer parameters: `float`, `int`,
+`bool`, `str`, `list`, `dict` or `any`, a trailing `?` allowing null (a value resolved at load
+time). A config's parameter values are checked against them; `harness list` shows them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Methods by name: their classes (as `"module:Class"` text), parameter defaults and kinds, and
-the resolution of a job's parameters. Torch-free: nothing here imports a method.
-
-`workers.methods.registry` imports the classes (inside actors) and loads plugins, which add
-their methods here through `add_method`.
-"""
+the resolution of a job's parameters. Torch-free: `workers.methods.registry` imports the
+classes (inside actors) and loads plugins, which add their methods here (`add_method`)."""
 
 from __future__ import annotations
 
@@ -72,32 +69,18 @@ DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
 # Declared kind of each built-in parameter, by name (names mean the same in every method);
 # see jobs/catalog/kinds.py.
 PARAM_KINDS: dict[str, str] = {
-    "lr": "float?",
-    "tau": "float?",
-    "blocks": "int",
-    "scope": "str",
-    "head": "any",  # a head file, or null for the task's default head
-    "lam": "float",
-    "redo": "bool",
-    "gamma": "float",
-    "instruction": "str?",
+    **dict.fromkeys("lr tau class_bias alpha".split(), "float?"),
+    **dict.fromkeys(
+        "lam gamma step_size kl_scale gm_scale disc_weight filter_p target_p".split(), "float"
+    ),
+    **dict.fromkeys("blocks horizon_length window_length".split(), "int"),
     "steps": "int?",
-    "step_size": "float",
-    "kl_scale": "float",
-    "gm_scale": "float",
-    "horizon_length": "int",
-    "window_length": "int",
-    "decay": "bool",
-    "gedi_model": "str?",
-    "code_desired": "str?",
-    "code_undesired": "str?",
-    "disc_weight": "float",
-    "filter_p": "float",
-    "target_p": "float",
-    "class_bias": "float?",
-    "expert": "str?",
-    "anti_expert": "str?",
-    "alpha": "float?",
+    **dict.fromkeys("redo decay".split(), "bool"),
+    "scope": "str",
+    **dict.fromkeys(
+        "instruction gedi_model code_desired code_undesired expert anti_expert".split(), "str?"
+    ),
+    "head": "any",  # a head file, or null for the task's default head
 }
 PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scope": ("context", "last")}
 # Closed ranges (low, high), None = unbounded.

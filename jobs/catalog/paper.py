@@ -1,8 +1,6 @@
-"""The paper's settings per model (its hyper-parameter table) and per LM family.
-
-Torch-free data: the planner resolves method parameters with them, the config takes the paper's
-sampling parameters from them, the tuned methods read `FAMILY_TUNING` when they load.
-"""
+"""The paper's settings per model (its hyper-parameter table) and per LM family, torch-free:
+the planner resolves method parameters with them, the config takes the paper's sampling
+parameters from them, the tuned methods read `FAMILY_TUNING` when they load."""
 
 from __future__ import annotations
 

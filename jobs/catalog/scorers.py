@@ -1,10 +1,6 @@
 """Scorers by name: their classes (as `"module:Class"` text), the metric each fills, parameter
-defaults and kinds. Torch-free: nothing here imports a scorer.
-
-`workers.scorers.registry` imports the classes and loads plugins, which add their scorers here
-through `add_scorer`. The built-in scorers' `default_params` and `SCORER_PARAMS` are the same
-(tests/test_catalog.py).
-"""
+defaults (the built-ins' classes' own: tests/test_catalog.py) and kinds. Torch-free:
+`workers.scorers.registry` imports the classes and loads plugins, which add theirs here."""
 
 from __future__ import annotations
 

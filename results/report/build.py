@@ -1,13 +1,9 @@
-"""`aggregate_run`, the I/O entry of aggregation, and the Markdown / LaTeX reports.
-
-Writes RUN/summary.parquet and summary.csv (the long summary, `results.stats.aggregate`) and
-RUN/report/: tables.md, tables.tex (paper layout, `results.report.tables`; best bold, second
-underlined), tradeoff*.png (`results.report.plot`) and index.html (`results.report.html`).
-"""
+"""`aggregate_run`, the I/O entry of aggregation: RUN/summary.parquet and summary.csv (the long
+summary, `results.stats.aggregate`) and RUN/report/ (tables.md, written here; tables.tex and
+report.tex, `tex`; the figures, `plot`; index.html, `html`)."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +25,8 @@ from results.report.tables import (
     MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
-    Field,
     Layout,
+    Style,
     layout,
     legend,
     level_text,
@@ -42,48 +38,32 @@ from results.stats.aggregate import READ_COLUMNS, summarize
 from results.stats.join import join_run
 
 
-def _num(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
+def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
+    marked = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}
+    return marked.get(mark, text) + flags + "".join(f" {b}" for b in below)
 
 
-def md_p(p: float | None) -> str:
-    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+MARKDOWN = Style(_md_cell, "(other {:.0%})".format)
 
 
-def md_field(f: Field, kind: str = "") -> str:
-    """One cell: value (± sd, share of other), mark, flags; a bias its interval and p."""
-    text = _num(f.value)
-    if f.value is None:
-        return text
-    if f.sd is not None:
-        text += f" ± {f.sd:.2f}"
-    if f.other is not None:
-        text += f" (other {f.other:.0%})"
-    text = {"best": f"**{text}**", "second": f"<u>{text}</u>", "nd": f"{text} (n.d.)"}.get(
-        f.mark, text
-    )
-    text += f.flags
-    if f.low is not None and f.high is not None:
-        text += f" [{f.low:.2f}, {f.high:.2f}]"
-    if kind == "bias":
-        text += f" {md_p(f.p)}{f.p_marks}" + (f" {f.detail}" if f.detail else "")
-        text += f" MDE {f.mde:.2f}" if f.mde is not None else ""
-    return text
+def _md_lines(rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table whose first row is the header."""
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
+    return [lines[0], "|" + "---|" * len(rows[0]), *lines[1:]]
 
 
 def markdown_table(lay: Layout) -> str:
     """A view's paper-style table, then its warnings (one bullet per flagged cell)."""
     if not lay.blocks:
         return "_No cells for this view._\n"
-    head = ["Model / method"]
-    for col in lay.columns:
-        head.append(f"{TASKS[col.task][0]}: {col.header} {'↑' if col.higher else '↓'}")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [f"{TASKS[c.task][0]}: {c.header} {'↑' if c.higher else '↓'}" for c in lay.columns]
     kinds = [c.kind for c in lay.columns]
-    for block in lay.blocks:
-        for row in block.rows:
-            cells = [row.label, *(md_field(f, k) for f, k in zip(row.fields, kinds))]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    rows = [
+        [row.label, *(MARKDOWN.field(f, k) for f, k in zip(row.fields, kinds))]
+        for block in lay.blocks
+        for row in block.rows
+    ]
+    lines = _md_lines([["Model / method", *head], *rows])
     if lay.warnings:
         lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
     return "\n".join(lines) + "\n"
@@ -93,11 +73,11 @@ def frame_markdown(frame: pl.DataFrame) -> str:
     """A plain Markdown table of `frame` (floats with 2 decimals, nulls as –)."""
     if frame.is_empty():
         return "_none_\n"
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
-    for row in frame.iter_rows():
-        cells = ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
+        for row in frame.iter_rows()
+    ]
+    return "\n".join(_md_lines([frame.columns, *rows])) + "\n"
 
 
 def view_layouts(res: AggregateResult) -> dict[str, Layout]:
@@ -123,20 +103,15 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
         out += ["", f"## Table {i} — {VIEW_TITLES[view]} (level {at})", "", table_legend(lay)]
         out += ["", markdown_table(lay)]
     out += human_markdown(res.summary, res.level)
-    out += [
-        "",
-        f"## Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})",
-        "",
-    ]
-    out += [frame_markdown(paired_table(res.summary))]
-    out += ["", "## The paper's values beside ours", "", frame_markdown(res.paper)]
-    out += [
-        "",
-        "## Generations and the perplexity filter",
-        "",
-        frame_markdown(filter_table(res.summary)),
-    ]
-    out += ["", "## Rows per group", "", frame_markdown(counts_table(res.summary))]
+    for title, frame in {
+        f"Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})": paired_table(
+            res.summary
+        ),
+        "The paper's values beside ours": res.paper,
+        "Generations and the perplexity filter": filter_table(res.summary),
+        "Rows per group": counts_table(res.summary),
+    }.items():
+        out += ["", f"## {title}", "", frame_markdown(frame)]
     return "\n".join(out)
 
 
@@ -263,47 +238,43 @@ def aggregate_run(
         skipped) and the written paths.
     """
     settings = run_settings(store)
-    agg_cfg = dict(settings.aggregation)
     given = {"seed": seed, "n_boot": n_boot, "ppl_max": ppl_max, "level": level}
-    agg_cfg.update({k: v for k, v in given.items() if v is not None})
+    cfg = {**settings.aggregation, **{k: v for k, v in given.items() if v is not None}}
+    seed, n_boot, level = int(cfg["seed"]), int(cfg["n_boot"]), float(cfg["level"])
     joined = join_run(store, scorers, READ_COLUMNS)
     agg = summarize(
         joined.frame,
         joined.failed,
         groups=groups if groups is not None else settings.groups,
-        seed=int(agg_cfg["seed"]),
-        n_boot=int(agg_cfg["n_boot"]),
-        level=float(agg_cfg["level"]),
-        ppl_max=float(agg_cfg["ppl_max"]),
-        n_perm=min(int(agg_cfg["n_perm"]), int(agg_cfg["n_boot"])),
+        seed=seed,
+        n_boot=n_boot,
+        level=level,
+        ppl_max=float(cfg["ppl_max"]),
+        n_perm=min(int(cfg["n_perm"]), n_boot),
     )
     cells = table_cells(agg.summary)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
     paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
-    human = human_rows(store, int(agg_cfg["seed"]), int(agg_cfg["n_boot"]), float(agg_cfg["level"]))
+    units = agg.summary["resample_unit"].drop_nulls().unique()
     res = AggregateResult(
         store.uri,
-        pl.concat([agg.summary, human]),
+        pl.concat([agg.summary, human_rows(store, seed, n_boot, level)]),
         cells,
         paper,
         settings.notes + joined.notes + agg.notes,
-        int(agg_cfg["seed"]),
-        int(agg_cfg["n_boot"]),
-        settings=agg_cfg,
+        seed,
+        n_boot,
+        settings=cfg,
         config=settings.config,
         samples=agg.samples,
         samples_cm=agg.samples_cm,
-        unit=units[0]
-        if len(units := agg.summary["resample_unit"].drop_nulls().unique())
-        else "prompt",
+        unit=units[0] if len(units) else "prompt",
         groups=agg.groups,
     )
     if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
         res.notes.append(empty_reason(agg.summary))
     res.paths["summary.parquet"] = store.write_table("summary.parquet", res.summary.to_arrow())
-    buf = io.BytesIO()
-    res.summary.write_csv(buf)
-    res.paths["summary.csv"] = store.write_bytes("summary.csv", buf.getvalue())
+    res.paths["summary.csv"] = store.write_bytes("summary.csv", res.summary.write_csv().encode())
     write_report(store, res, _sample_rows(store, joined.frame["job_id"], tokenizer_for))
     return res
 
@@ -333,9 +304,11 @@ def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, 
     layouts = view_layouts(res)
     res.notes.extend(warning_notes(layouts))
     cells = res.cells
-    res.paths["tables.md"] = store.write_bytes(
-        "report/tables.md", markdown_report(res, layouts).encode()
-    )
+
+    def put(name: str, data: bytes) -> None:
+        res.paths[name] = store.write_bytes(f"report/{name}", data)
+
+    put("tables.md", markdown_report(res, layouts).encode())
     figures = {}
     for view, name in (("a(x)", "tradeoff"), ("a(c,x)", "tradeoff_acx")):
         in_view = cells.filter(pl.col("view") == view) if not cells.is_empty() else cells
@@ -347,15 +320,10 @@ def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, 
     for name, fig in figures.items():
         files = figure_files(fig)
         for fmt, data in files.items():
-            res.paths[f"{name}.{fmt}"] = store.write_bytes(f"report/{name}.{fmt}", data)
+            put(f"{name}.{fmt}", data)
         images[f"{name}.png"] = files["png"]
-    res.paths["tables.tex"] = store.write_bytes(
-        "report/tables.tex",
-        (latex_tables(res, layouts, MULTIPLICITY) + human_latex(res.summary, res.level)).encode(),
-    )
+    tables = latex_tables(res, layouts, MULTIPLICITY) + human_latex(res.summary, res.level)
+    put("tables.tex", tables.encode())
     pdfs = [f"{n}.pdf" for n in ("forest", "tradeoff", "tradeoff_acx") if n in figures]
-    res.paths["report.tex"] = store.write_bytes(
-        "report/report.tex", latex_document(res, pdfs, MULTIPLICITY).encode()
-    )
-    html = report_html.render(res, images, samples, layouts)
-    res.paths["index.html"] = store.write_bytes("report/index.html", html.encode())
+    put("report.tex", latex_document(res, pdfs, MULTIPLICITY).encode())
+    put("index.html", report_html.render(res, images, samples, layouts).encode())

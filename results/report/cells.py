@@ -12,17 +12,9 @@ TASKS = {
     "regard": ("Regard", "NNRe", "regard", "nnre", "value_std", True),
     "toxicity": ("Toxicity", "Toxi", "toxicity", "mean", "std", False),
 }
-METHOD_ORDER = [
-    "vanilla",
-    "gedi",
-    "dexperts",
-    "pplm",
-    "uddia",
-    "lidao-min",
-    "lidao-prod",
-    "elidao-min",
-    "elidao-prod",
-]
+METHOD_ORDER = (
+    "vanilla gedi dexperts pplm uddia lidao-min lidao-prod elidao-min elidao-prod".split()
+)
 METHOD_NAMES = {
     "gedi": "GeDi", "dexperts": "DExperts", "pplm": "PPLM", "uddia": "UDDIA",
     "lidao-min": "LIDAO-m", "lidao-prod": "LIDAO-p", "elidao-min": "eLIDAO-m", "elidao-prod": "eLIDAO-p",
@@ -54,22 +46,18 @@ FEW_UNITS = 20  # fewer resampling units than this: the interval and p-value are
 NOT_GROUPS = {"none", "unscored", "labelled", "all", "gap"}
 
 
+# A gap's summary columns → the suffix of its cell columns.
+GAP_COLUMNS = [("ci_low", "low"), ("ci_high", "high"), ("p_value", "p"), ("n", "n")]
+GAP_COLUMNS += [(c, c) for c in ("note", "test", "mde", "flags")]
+
+
 def _pick(summary: pl.DataFrame, metric: str, stat: str, group: str, name: str) -> pl.DataFrame:
     rows = summary.filter(
         (pl.col("metric") == metric) & (pl.col("stat") == stat) & (pl.col("group") == group)
     )
     cols = [pl.col("value").alias(name)]
-    if stat in BIAS_STATS:
-        test = pl.col("test") if "test" in summary.columns else pl.lit(None, dtype=pl.String)
-        cols += [
-            pl.col("ci_low").alias(f"{name}_low"),
-            pl.col("ci_high").alias(f"{name}_high"),
-            pl.col("p_value").alias(f"{name}_p"),
-            pl.col("n").alias(f"{name}_n"),
-            pl.col("note").alias(f"{name}_note"),
-            test.alias(f"{name}_test"),
-            *(pl.col(c).alias(f"{name}_{c}") for c in ("mde", "flags") if c in summary.columns),
-        ]
+    if stat in BIAS_STATS:  # (a column the summary lacks is added as nulls by `table_cells`)
+        cols += [pl.col(c).alias(f"{name}_{x}") for c, x in GAP_COLUMNS if c in summary.columns]
     return rows.select(*CELL_KEYS, *cols)
 
 
@@ -121,14 +109,16 @@ def _missing(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
     return text.join(unlabelled, on=CELL_KEYS, how="full", coalesce=True, nulls_equal=True)
 
 
-CELL_VALUES = ["score", "score_sd", "ppl", "other", "missing", "unlabelled", "gen_errors"]
-CELL_VALUES += ["cm_rows"] + [
-    f"{s}{suffix}"
-    for s in BIAS_STATS
-    for suffix in ("", "_low", "_high", "_p", "_n", "_note", "_test", "_mde", "_flags")
-]
-_STRING_VALUES = {"missing"} | {f"{s}_{x}" for s in BIAS_STATS for x in ("note", "test", "flags")}
-_INT_VALUES = {"unlabelled", "gen_errors"}
+# The value columns of `table_cells`, with their types (a column the summary lacks is null).
+CELL_VALUES = {
+    **dict.fromkeys(["score", "score_sd", "ppl", "other"], pl.Float64),
+    **{"missing": pl.String, "unlabelled": pl.Int64, "gen_errors": pl.Int64, "cm_rows": pl.Float64},
+    **{
+        f"{s}{x}": pl.String if x in ("_note", "_test", "_flags") else pl.Float64
+        for s in BIAS_STATS
+        for x in ["", *(f"_{x}" for _, x in GAP_COLUMNS)]
+    },
+}
 
 
 def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
@@ -141,16 +131,8 @@ def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
     in every view; only the gaps and the missing scores depend on the view."""
     parts = []
     for task, (_, _, metric, stat, spread, _) in TASKS.items():
-        keys = (
-            summary.filter((pl.col("task") == task) & (pl.col("view") != "-"))
-            .select(CELL_KEYS)
-            .unique()
-        )
         sub = summary.filter(pl.col("task") == task)
-        errors = sub.filter(
-            (pl.col("metric") == "filter") & (pl.col("stat") == "generation_errors")
-        )
-        cell = keys
+        cell = sub.filter(pl.col("view") != "-").select(CELL_KEYS).unique()
         for frame in (
             _pick(sub, metric, stat, "all", "score"),
             _pick(sub, metric, spread, "all", "score_sd"),
@@ -161,24 +143,17 @@ def table_cells(summary: pl.DataFrame) -> pl.DataFrame:
             _missing(sub, metric),
         ):
             cell = cell.join(frame, on=CELL_KEYS, how="left", nulls_equal=True)
-        cell = cell.join(
-            errors.select(*CELL_KEYS[:4], pl.col("value").cast(pl.Int64).alias("gen_errors")),
-            on=CELL_KEYS[:4],
-            how="left",
-            nulls_equal=True,
+        errors = sub.filter(
+            (pl.col("metric") == "filter") & (pl.col("stat") == "generation_errors")
         )
+        errors = errors.select(*CELL_KEYS[:4], pl.col("value").cast(pl.Int64).alias("gen_errors"))
+        cell = cell.join(errors, on=CELL_KEYS[:4], how="left", nulls_equal=True)
         if task != "regard":
             cell = cell.drop("other", strict=False)
-        for col in CELL_VALUES:
-            if col not in cell.columns:
-                kind = (
-                    pl.String
-                    if col in _STRING_VALUES
-                    else pl.Int64
-                    if col in _INT_VALUES
-                    else pl.Float64
-                )
-                cell = cell.with_columns(pl.lit(None, dtype=kind).alias(col))
+        missing = [
+            pl.lit(None, t).alias(c) for c, t in CELL_VALUES.items() if c not in cell.columns
+        ]
+        cell = cell.with_columns(missing)
         parts.append(cell.select(*CELL_KEYS, *CELL_VALUES))
     return pl.concat(parts, how="vertical_relaxed").sort(CELL_KEYS) if parts else pl.DataFrame()
 
@@ -194,19 +169,13 @@ def model_rank(model: str) -> tuple[int, str]:
 
 def ordered(frame: pl.DataFrame) -> pl.DataFrame:
     """Rows in report order: paper models first, then task, method (paper order), view."""
-    views = ["a(x)", "a(c,x)", "a(c)", "file", "-"]
+    orders = {"model": list(MODEL_NAMES), "task": list(TASKS), "method": METHOD_ORDER}
+    orders |= {"view": ["a(x)", "a(c,x)", "a(c)", "file", "-"]} if "view" in frame.columns else {}
     keys = {
-        "_m": pl.col("model").map_elements(lambda m: model_rank(m)[0], return_dtype=pl.Int64),
-        "_k": pl.col("method").map_elements(lambda m: method_rank(m)[0], return_dtype=pl.Int64),
+        f"_{c}": pl.col(c).replace_strict(o, range(len(o)), default=len(o), return_dtype=pl.Int64)
+        for c, o in orders.items()
     }
-    if "view" in frame.columns:
-        keys["_v"] = pl.col("view").map_elements(
-            lambda v: views.index(v) if v in views else 9, return_dtype=pl.Int64
-        )
-    keys["_t"] = pl.col("task").map_elements(
-        lambda t: list(TASKS).index(t) if t in TASKS else 9, return_dtype=pl.Int64
-    )
-    by = ["_m", "model", "_t", "task", "_k", "method", "variant", *(["_v"] if "_v" in keys else [])]
+    by = ["_model", "model", "_task", "task", "_method", "method", "variant", *list(keys)[3:]]
     return frame.with_columns(**keys).sort(by).drop(list(keys))
 
 

@@ -1,11 +1,7 @@
-"""report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts).
-
-Sections: a header (run, harness version, date, the aggregation settings and the config),
-notes, the paper-style tables of each view, the forest plot of every bias with its interval,
-the trade-off plots (where a perplexity exists), paired comparisons, the paper's values beside
-ours, per-token choices of every method that records them (the paper's Table 3: red = the step
-tuned for the property g, blue = for the group a; tokens spaced as the tokenizer decodes
-them: `results.report.pieces`), the filter and the counts.
+"""report/index.html: one self-contained page (inline CSS, plots as data URIs, no scripts): the
+run's header and notes, the paper-style tables, the figures, the supplementary tables and the
+per-token choices (the paper's Table 3: red = the step tuned for the property g, blue = for the
+group a; tokens spaced as the tokenizer decodes them, `results.report.pieces`).
 """
 
 from __future__ import annotations
@@ -25,10 +21,11 @@ from results.report.tables import (
     MULTIPLICITY,
     TASKS,
     VIEW_TITLES,
-    Field,
     Layout,
+    Style,
     legend,
     level_text,
+    p_text,
     table_legend,
 )
 
@@ -59,33 +56,25 @@ img{max-width:100%;border:1px solid #eee}
 """
 
 
-def _cell(f: Field, kind: str) -> str:
-    """One <td>: the value (marked) and its flags; under a bias its interval and p-value,
-    under a regard score the share of `other` (a second line, so the table stays narrow)."""
-    if f.value is None:
-        return "<td>–</td>"
-    text = f"{f.value:.2f}"
-    if kind == "score" and f.sd is not None:
-        text += f" ± {f.sd:.2f}"
-    cls = f' class="{f.mark}"' if f.mark in ("best", "second") else ""
+def _html_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
+    """A <td>: the value (marked) and its flags, the lines below it in a second line (so the
+    table stays narrow)."""
+    cls = f' class="{mark}"' if mark in ("best", "second") else ""
     out = f"<span{cls}>{text}</span>"
-    if f.mark == "nd":
+    if mark == "nd":
         out += ' <span class="nd" title="not distinguishable from the best">n.d.</span>'
-    if f.flags:
-        out += f'<sup class="flag">{html.escape(f.flags)}</sup>'
-    below = []
-    if kind == "bias":
-        if f.low is not None and f.high is not None:
-            below.append(f"[{f.low:.2f}, {f.high:.2f}]")
-        below.append("no test" if f.p is None else "p<0.001" if f.p < 0.001 else f"p={f.p:.3f}")
-        below[-1] += f'<span class="flag">{f.p_marks}</span>' if f.p_marks else ""
-        below += [html.escape(f.detail)] if f.detail else []
-        below += [f"MDE {f.mde:.2f}"] if f.mde is not None else []
-    if kind == "score" and f.other is not None:
-        below.append(f"other {f.other:.0%}")
-    if below:
-        out += f'<span class="sub">{" ".join(below)}</span>'
+    out += f'<sup class="flag">{html.escape(flags)}</sup>' if flags else ""
+    out += f'<span class="sub">{" ".join(below)}</span>' if below else ""
     return f"<td>{out}</td>"
+
+
+HTML = Style(
+    _html_cell,
+    "other {:.0%}".format,
+    "<td>–</td>",
+    p=lambda p, marks: p_text(p) + (f'<span class="flag">{marks}</span>' if marks else ""),
+    text=html.escape,
+)
 
 
 def paper_table_html(lay: Layout) -> str:
@@ -105,7 +94,7 @@ def paper_table_html(lay: Layout) -> str:
     for block in lay.blocks:
         out.append('<tbody class="model">')
         for row in block.rows:
-            tds = "".join(_cell(f, k) for f, k in zip(row.fields, kinds))
+            tds = "".join(HTML.field(f, k) for f, k in zip(row.fields, kinds))
             ref = ' class="ref"' if row.method == "vanilla" else ""
             out.append(f"<tr{ref}><td>{html.escape(row.label)}</td>{tds}</tr>")
         out.append("</tbody>")
@@ -231,48 +220,45 @@ def render(
         text = legend(res.n_boot, res.seed, res.unit, res.level, res.groups)
         parts += [f'<h2>How to read the tables</h2><p class="legend">{prose_html(text)}</p>']
     for i, (view, lay) in enumerate(layouts.items(), 1):
-        parts += [f"<h2>Table {i} — {html.escape(VIEW_TITLES[view])} (level {at})</h2>"]
-        parts += [f'<p class="legend">{prose_html(table_legend(lay))}</p>']
-        parts += [paper_table_html(lay)]
-
-    parts += human_html(res.summary, res.level)
+        parts += [
+            f"<h2>Table {i} — {html.escape(VIEW_TITLES[view])} (level {at})</h2>",
+            f'<p class="legend">{prose_html(table_legend(lay))}</p>',
+            paper_table_html(lay),
+        ]
 
     def img(name: str, alt: str) -> str:
         data = base64.b64encode(images[name]).decode()
         return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
 
-    parts.append(f'<h2 id="forest">Bias of each method with its {at} interval</h2>')
-    if "forest.png" in images:
-        parts.append(img("forest.png", "forest plot of the biases"))
-    else:
-        parts.append("<p><em>no bias to plot (no paper-style cells)</em></p>")
-    parts.append('<h2 id="plots">Fairness–fluency trade-off</h2>')
-    tradeoffs = [n for n in images if n.startswith("tradeoff")]
-    for name in tradeoffs:
-        parts.append(img(name, f"trade-off plot {name}"))
-    if not tradeoffs:
-        parts.append(
-            "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
-        )
+    tradeoffs = [img(n, f"trade-off plot {n}") for n in images if n.startswith("tradeoff")]
     parts += [
+        *human_html(res.summary, res.level),
+        f'<h2 id="forest">Bias of each method with its {at} interval</h2>',
+        img("forest.png", "forest plot of the biases")
+        if "forest.png" in images
+        else "<p><em>no bias to plot (no paper-style cells)</em></p>",
+        '<h2 id="plots">Fairness–fluency trade-off</h2>',
+        *(
+            tradeoffs
+            or [
+                "<p><em>no trade-off plot: no perplexity was measured (the forest plot above shows the biases)</em></p>"
+            ]
+        ),
         "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
-        f"(level {at})</h2>"
-    ]
-    parts += [frame_html(paired_table(res.summary), "diff")]
-    parts += [
+        f"(level {at})</h2>",
+        frame_html(paired_table(res.summary), "diff"),
         "<h2>The paper's values beside ours (diff = ours − paper)</h2>",
         frame_html(res.paper, "diff"),
-    ]
-    parts += ['<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>']
-    parts += [
-        '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>'
-    ]
-    parts += [sample_html(r) for r in samples] or [
-        "<p><em>no generations with per-token choices</em></p>"
-    ]
-    parts += [
+        '<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>',
+        '<p class="legend"><span class="tok-g">red: tuned for the property g</span> · <span class="tok-a">blue: tuned for the group a</span></p>',
+        *(
+            [sample_html(r) for r in samples]
+            or ["<p><em>no generations with per-token choices</em></p>"]
+        ),
         "<h2>Generations and the perplexity filter</h2>",
         frame_html(filter_table(res.summary)),
+        "<h2>Rows per group</h2>",
+        frame_html(counts_table(res.summary)),
+        "</body></html>",
     ]
-    parts += ["<h2>Rows per group</h2>", frame_html(counts_table(res.summary)), "</body></html>"]
     return "\n".join(parts)

@@ -1,23 +1,10 @@
-"""The paper-style table model shared by the Markdown, LaTeX, HTML and plot renderers.
-
-Layout of Tables 1–2 of the paper: one table per view, method rows under each model (the
-`vanilla` row carries the model's name, the others `+Method`: `method_label`, the names the
-plots use too), and per task the columns: the task's score (Sent / NNRe / Toxi, mean ± std over
-every kept generation, whatever the view; regard adds the share of `other`), its bias (× 100,
-signed for two groups, with the bootstrap interval and the gap test's p-value), where the
-summary has them the count-matched EMT gap / bias-corrected TV beside the paper's, and the
-mean perplexity of every kept generation.
-
-Marks among the debiasing methods of a model (vanilla excluded), at the run's `level`: the
-smallest |bias| is bold only when the paired comparison (same resamples) tells it from every
-other method's (p < 1 − level); methods it cannot tell from the best are marked `n.d.` (not
-distinguishable at that level) instead. The second best is underlined only when the best is
-clear and it is itself clear of the rest. Perplexity has no interval: its best / second are by
-the printed value. Cells with fewer than `FEW_UNITS` resampling units (†) or with missing or
-failed scores or generations (‡) are flagged, with the counts in the layout's warnings; a
-p-value carries the marks of the summary's `flags` (`P_MARKS`), a gap its MDE. `legend` says
-once how to read every table, `table_legend` what one table adds. Also the supplementary
-tables (counts, filter, paired comparisons).
+"""The paper-style table model shared by the Markdown, LaTeX, HTML and plot renderers
+(docs/design.md, "Reports"): per view a `Layout` of the paper's Tables 1–2 (method rows under
+each model; per task its score, gaps, PPL), the marks among the debiasing methods at the run's
+`level` (a smallest |bias| in bold only where the paired comparison over the same resamples
+tells it from every other; `n.d.` where it cannot; PPL by the printed value), the flags and
+warnings of few units (†) and missing scores (‡), `Style` (how a format writes a cell), and
+the legends (`legend` once for every table, `table_legend` what one table adds).
 """
 
 from __future__ import annotations
@@ -46,27 +33,13 @@ from results.stats.permutation import POWER
 
 def short_variant(variant: str) -> str:
     """A variant as printed: `method_params={"tau": 0.5}` → `tau=0.5` (JSON params unfolded)."""
-    text = variant
-    if "method_params=" in variant:
-        head, _, rest = variant.partition("method_params=")
-        depth, end = 0, len(rest)
-        for i, ch in enumerate(rest):
-            depth += ch == "{"
-            depth -= ch == "}"
-            if depth == 0:
-                end = i + 1
-                break
-        try:
-            params = json.loads(rest[:end])
-            shown = (
-                ",".join(f"{k}={v}" for k, v in params.items())
-                if isinstance(params, dict)
-                else rest[:end]
-            )
-        except ValueError:
-            shown = rest[:end]
-        text = head + shown + rest[end:]
-    return text
+    head, _, rest = variant.partition("method_params=")
+    try:
+        params, end = json.JSONDecoder().raw_decode(rest)
+    except ValueError:
+        return head + rest
+    shown = ",".join(f"{k}={v}" for k, v in params.items()) if isinstance(params, dict) else None
+    return head + (rest[:end] if shown is None else shown) + rest[end:]
 
 
 def method_label(method: str, variant: str = "") -> str:
@@ -77,12 +50,6 @@ def method_label(method: str, variant: str = "") -> str:
 
 def model_label(model: str) -> str:
     return MODEL_NAMES.get(model, model)
-
-
-def row_label(model: str, method: str, variant: str) -> str:
-    """A table row: the vanilla row names its model (`GPT-2 vanilla`), the others the method."""
-    label = method_label(method, variant)
-    return f"{model_label(model)} {label}" if method == "vanilla" else label
 
 
 @dataclass(frozen=True)
@@ -107,7 +74,6 @@ class Field:
     mark: str = ""  # best | second | nd (not distinguishable from the best) | ""
     other: float | None = None  # regard: share of `other` among scored rows
     p: float | None = None  # the gap test's p-value (bias columns)
-    n: int | None = None  # resampling units of the gap
     flags: str = ""  # warning markers: FEW (fewer than FEW_UNITS units), MISSING (scores)
     detail: str = ""  # printed under a gap (count-matched EMT: `m=3`)
     mde: float | None = None  # minimum detectable effect of the gap (power POWER, the level)
@@ -130,6 +96,38 @@ P_MARKS = {
         "toxicity; Bias cm holds them fixed (count-matched gap and p-value beside it)",
     ),
 }
+
+
+def p_text(p: float | None) -> str:
+    return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+class Style(NamedTuple):
+    """How one format (Markdown, HTML, LaTeX) writes a `Field`: `Style.field`."""
+
+    cell: Callable[[str, str, str, list[str]], str]  # (value, mark, flags, lines below) → cell
+    other: Callable[[float], str]  # regard's share of `other`
+    none: str = "–"  # a cell without a value
+    num: Callable[[float], str] = "{:.2f}".format  # a value, interval end or MDE
+    sd: str = " ± "  # between a score and its spread
+    p: Callable[[float | None, str], str] = lambda p, marks: p_text(p) + marks  # (p, its marks)
+    text: Callable[[str], str] = str  # escapes the detail under a gap
+
+    def field(self, f: Field, kind: str) -> str:
+        """One cell: the value (± sd) marked, its flags; below it a score's share of `other`,
+        a gap's interval, p-value (with its marks), detail and MDE."""
+        if f.value is None:
+            return self.none
+        text = self.num(f.value)
+        text += f"{self.sd}{f.sd:.2f}" if kind == "score" and f.sd is not None else ""
+        below = [self.other(f.other)] if kind == "score" and f.other is not None else []
+        if kind == "bias":
+            if f.low is not None and f.high is not None:
+                below.append(f"[{self.num(f.low)}, {self.num(f.high)}]")
+            below.append(self.p(f.p, f.p_marks))
+            below += [self.text(f.detail)] if f.detail else []
+            below += [f"MDE {self.num(f.mde)}"] if f.mde is not None else []
+        return self.cell(text, f.mark, f.flags, below)
 
 
 @dataclass
@@ -276,17 +274,16 @@ def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally)
             continue
         s, value = col.stat, r.get(col.stat)
         n, m = r.get(f"{s}_n"), r.get("cm_rows")
-        flags = ""
+        flags, where = "", f"{named} · {col.header} ({TASKS[col.task][0]})"
         if value is not None:
             flags = MISSING if lost else ""
             tally.gaps += 1
             tally.tests += [str(r[f"{s}_test"])] if r.get(f"{s}_test") else []
             if n is not None and n < FEW_UNITS:
                 flags = FEW + flags
-                tally.few.append((f"{named} · {col.header} ({TASKS[col.task][0]})", int(n)))
+                tally.few.append((where, int(n)))
         marks = [P_MARKS[f][0] for f in (r.get(f"{s}_flags") or "").split(",") if f in P_MARKS]
         tally.p_marks.update(marks)
-        where = f"{named} · {col.header} ({TASKS[col.task][0]})"
         counts = re.search(r"rows per prompt differ by group \(([^)]*)\)", r.get(f"{s}_note") or "")
         if counts and value is not None:
             tally.warnings.append(
@@ -296,7 +293,7 @@ def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally)
         out.append(
             Field(
                 value, low=r.get(f"{s}_low"), high=r.get(f"{s}_high"), p=r.get(f"{s}_p"),
-                n=None if n is None else int(n), flags=flags,
+                flags=flags,
                 detail=f"m={m:g}" if s == "bias_cm" and m is not None else "",
                 mde=r.get(f"{s}_mde"), p_marks="".join(marks),
             )
@@ -338,32 +335,33 @@ def layout(
             msub.select("method", "variant").unique().iter_rows(),
             key=lambda k: (method_rank(k[0]), k[1]),
         )
-        rows = [Row(row_label(model, m, v), m, v) for m, v in keys]
+        names = [f"{model_label(model)} {method_label(m, v)}" for m, v in keys]
+        # The vanilla row names its model (`GPT-2 vanilla`), the others only the method.
+        rows = [
+            Row(n if m == "vanilla" else method_label(m, v), m, v) for n, (m, v) in zip(names, keys)
+        ]
         debiased = [i for i, k in enumerate(keys) if k[0] != "vanilla"]
         for task in tasks:
-            values = {
+            by_key = {
                 (r["method"], r["variant"]): r
                 for r in msub.filter(pl.col("task") == task).iter_rows(named=True)
             }
-            got = [values.get(k, {}) for k in keys]
+            got = [by_key.get(k, {}) for k in keys]
             mine = [c for c in columns if c.task == task]
-            for row, r in zip(rows, got):
-                named = (
-                    row.label if row.method == "vanilla" else f"{model_label(model)} {row.label}"
-                )
-                row.fields += _fields(mine, r, named, tally)
-            for stat, draws in (("bias", samples), ("bias_cm", samples_cm)):
-                col = next((c for c in mine if c.stat == stat), None)
-                if col is None:
+            for name, row, r in zip(names, rows, got):
+                row.fields += _fields(mine, r, name, tally)
+            for col in mine:
+                values = [got[i].get(col.stat or col.kind) for i in debiased]
+                if col.kind == "ppl":
+                    marks = _marks(values)
+                elif col.stat in ("bias", "bias_cm"):
+                    draws = samples if col.stat == "bias" else samples_cm
+                    compare = sample_comparer(draws, model, task, view, level)
+                    marks = bias_marks([keys[i] for i in debiased], values, compare, 1 - level)
+                else:
                     continue
-                compare = sample_comparer(draws, model, task, view, level)
-                gaps = [got[i].get(stat) for i in debiased]
-                marks = bias_marks([keys[i] for i in debiased], gaps, compare, 1 - level)
                 for i, mark in zip(debiased, marks):
                     rows[i].fields[columns.index(col)].mark = mark
-            ppl_col = columns.index(next(c for c in mine if c.kind == "ppl"))
-            for i, mark in zip(debiased, _marks([got[i].get("ppl") for i in debiased])):
-                rows[i].fields[ppl_col].mark = mark
         blocks.append(Block(model, rows))
     if tally.few:
         tally.warnings.insert(0, few_warning(tally.few, tally.gaps, unit))

@@ -1,14 +1,9 @@
-"""report/tables.tex and report/report.tex: LaTeX that compiles with pdflatex and lualatex.
-
-`tables.tex` is a fragment to `\\input` (needs booktabs, graphicx, pdflscape): one float per
-view with a `\\label` (`tab:harness:ax`, …), a table wider than the line shrunk to it, a table
-of three tasks on a landscape page, shrunk to the page's height where it is taller; the
-warnings of each table (few resampling units, missing scores) follow it as text. `report.tex`
-is a whole document around it (notes, the tables, the PDF figures). Every text that reaches
-the page goes through `tex_escape`: TeX's specials, the characters OT1 fonts print as others
-(`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs become commands that mean the
-same in both engines; any other non-ASCII character becomes its ASCII letter with an accent
-command, or `[U+XXXX]`.
+"""report/tables.tex (a fragment: one table per view, docs/design.md "Reports") and
+report/report.tex (a document around it), LaTeX that compiles with pdflatex and lualatex: every
+text that reaches the page goes through `tex_escape`, which turns TeX's specials, the characters
+OT1 fonts print as others (`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs into
+commands that mean the same in both engines, any other non-ASCII character into its ASCII
+letter with an accent command, or `[U+XXXX]`.
 """
 
 from __future__ import annotations
@@ -22,10 +17,11 @@ from results.report.tables import (
     MISSING,
     TASKS,
     VIEW_TITLES,
-    Field,
     Layout,
+    Style,
     legend,
     level_text,
+    p_text,
     table_legend,
 )
 
@@ -33,65 +29,34 @@ if TYPE_CHECKING:
     from results.report.result import AggregateResult
 
 TEX_CHARS = {
-    "\\": r"\textbackslash{}",
-    "{": r"\{",
-    "}": r"\}",
-    "$": r"\$",
-    "&": r"\&",
-    "%": r"\%",
-    "#": r"\#",
-    "_": r"\_",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-    "<": r"\textless{}",
-    ">": r"\textgreater{}",
-    "|": r"\textbar{}",
+    **{ch: "\\" + ch for ch in "{}$&%#_"},
+    **{
+        ch: rf"\text{name}{{}}"
+        for ch, name in zip(
+            "\\~^<>|`'",
+            "backslash asciitilde asciicircum less greater bar asciigrave quotesingle".split(),
+        )
+    },
     '"': r"\texttt{\char34}",  # OT1 has no straight double quote but in its typewriter font
-    "`": r"\textasciigrave{}",
-    "'": r"\textquotesingle{}",
-    "−": "$-$",
-    "≈": r"$\approx$",
-    "±": r"$\pm$",
-    "×": r"$\times$",
-    "≤": r"$\leq$",
-    "≥": r"$\geq$",
-    "≠": r"$\neq$",
-    "↑": r"$\uparrow$",
-    "↓": r"$\downarrow$",
-    "→": r"$\rightarrow$",
-    "·": r"$\cdot$",
+    **{
+        ch: f"${cmd}$"
+        for ch, cmd in zip(
+            "−≈±×≤≥≠↑↓→·µκ",
+            r"- \approx \pm \times \leq \geq \neq \uparrow \downarrow \rightarrow \cdot \mu \kappa".split(),
+        )
+    },
+    **{
+        ch: rf"\textsuperscript{{{s}}}"
+        for ch, s in zip(FEW + MISSING + "§¶°²³", r"\dag \ddag \S \P o 2 3".split())
+    },
+    **{ch: f"\\{cmd}{{}}" for ch, cmd in zip("ßæÆøØœŒ", "ss ae AE o O oe OE".split())},
     "—": "---",
     "–": "--",
     "…": r"\dots{}",
-    FEW: r"\textsuperscript{\dag}",
-    MISSING: r"\textsuperscript{\ddag}",
-    "§": r"\textsuperscript{\S}",
-    "¶": r"\textsuperscript{\P}",
-    "°": r"\textsuperscript{o}",
-    "²": r"\textsuperscript{2}",
-    "³": r"\textsuperscript{3}",
-    "µ": r"$\mu$",
-    "κ": r"$\kappa$",
     "\u00a0": "~",
-    "ß": r"\ss{}",
-    "æ": r"\ae{}",
-    "Æ": r"\AE{}",
-    "ø": r"\o{}",
-    "Ø": r"\O{}",
-    "œ": r"\oe{}",
-    "Œ": r"\OE{}",
 }
-ACCENTS = {  # combining mark → accent command (the OT1 / TU fonts have all of these)
-    "\u0300": "`",
-    "\u0301": "'",
-    "\u0302": "^",
-    "\u0303": "~",
-    "\u0308": '"',
-    "\u0327": "c",
-    "\u030a": "r",
-    "\u030c": "v",
-    "\u0304": "=",
-}
+# combining mark → accent command (the OT1 / TU fonts have all of these)
+ACCENTS = dict(zip("\u0300\u0301\u0302\u0303\u0308\u0327\u030a\u030c\u0304", "`'^~\"crv="))
 
 
 def _char(ch: str) -> str:
@@ -133,38 +98,24 @@ def tex_num(x: float, digits: int = 2) -> str:
     return "$-$" + text[1:] if text.startswith("-") else text
 
 
-def tex_p(p: float | None) -> str:
-    if p is None:
-        return "no test"
-    return "$p<0.001$" if p < 0.001 else f"$p={p:.3f}$"
-
-
-def tex_field(f: Field, kind: str) -> str:
-    """One cell: the value (marked), its flags; a bias adds its interval and p below it."""
-    if f.value is None:
-        return "--"
-    text = tex_num(f.value)
-    if kind == "score" and f.sd is not None:
-        text += f"$\\pm${f.sd:.2f}"
-    if f.mark == "best":
-        text = rf"\textbf{{{text}}}"
-    elif f.mark == "second":
-        text = rf"\underline{{{text}}}"
-    elif f.mark == "nd":
-        text += r"\textsuperscript{n.d.}"
-    text += tex_escape(f.flags)
-    below = []
-    if kind == "score" and f.other is not None:
-        below.append(f"other {100 * f.other:.0f}\\%")
-    if kind == "bias":
-        if f.low is not None and f.high is not None:
-            below.append(f"[{tex_num(f.low)}, {tex_num(f.high)}]")
-        below.append(tex_p(f.p) + tex_escape(f.p_marks))
-        below += [tex_escape(f.detail)] if f.detail else []
-        below += [f"MDE {tex_num(f.mde)}"] if f.mde is not None else []
+def _tex_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
+    """The value (marked) and its flags, with the lines below it in a one-column tabular."""
+    marked = {"best": rf"\textbf{{{text}}}", "second": rf"\underline{{{text}}}"}.get(mark, text)
+    text = marked + (r"\textsuperscript{n.d.}" if mark == "nd" else "") + tex_escape(flags)
     if not below:
         return text
     return rf"\begin{{tabular}}[t]{{@{{}}c@{{}}}}{text}\\{{\scriptsize {' '.join(below)}}}\end{{tabular}}"
+
+
+TEX = Style(
+    _tex_cell,
+    lambda o: f"other {100 * o:.0f}\\%",
+    "--",
+    tex_num,
+    "$\\pm$",
+    lambda p, marks: ("no test" if p is None else f"${p_text(p)}$") + tex_escape(marks),
+    tex_escape,
+)
 
 
 def view_label(view: str) -> str:
@@ -219,7 +170,7 @@ def latex_table(
     kinds = [c.kind for c in columns]
     for b, block in enumerate(blocks):
         for row in block.rows:
-            cells = [tex_field(f, k) for f, k in zip(row.fields, kinds)]
+            cells = [TEX.field(f, k) for f, k in zip(row.fields, kinds)]
             out.append(tex_escape(row.label) + " & " + " & ".join(cells) + r" \\")
         out.append(r"\midrule" if b < len(blocks) - 1 else r"\bottomrule")
     out += [r"\end{tabular}}}", rf"\end{{{env}}}"]

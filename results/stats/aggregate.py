@@ -5,32 +5,14 @@ Input: the frame of `results.stats.join.join_run` (ok generations, metric column
 
     (model, method, variant, task, view, metric, stat, group)
 
-with `value`, a bootstrap interval (`ci_low`, `ci_high`, gaps only), `n` (rows, or prompts for
-per-prompt statistics and gaps), `n_boot` (defined resamples) and the scorer that produced it.
-
-- `view`: which gender label groups a row: `a(x)`, `a(c,x)`, `a(c)` (gender scorer) and
-  `file` (the prompt file the prompt came from); `-` for per-setting rows (the filter).
-- `group`: each demographic group, `none` (no strict majority; excluded from gaps),
-  `unscored` (gender scorer gave no label; only when there are such rows), `labelled` (rows
-  of any group: what the paper's score and PPL columns average over) and `all`.
-- `stat` by metric: count `n`; filter `generations`, `generation_errors`, `dropped_ppl>200`,
-  `ppl_missing` (no finite perplexity); sentiment `mean` `std` `bias`; regard `share_negative`
-  `share_neutral` `share_positive` (among non-`other`) `nnre` `share_other` `value_mean`
-  `value_std` `bias` (TV distance); toxicity `mean` `std` `emt` `prob_ge_0.5` `bias` (EMT
-  gap); perplexity `mean` `std`; every metric `missing` (rows without a finite score). For
-  every bias also `diff_vs_vanilla` / `diff_vs_uddia`: |bias| − |reference's bias| over the
-  same resamples, with interval and two-sided p-value (`results.stats.bootstrap.compare_gaps`).
-  Standard deviations are population ones (ddof 0); gaps are × 100. Gap rows carry
-  `ci_low, ci_high` (percentile, `ci_method`, at `level`), `p_value` (permutation test of no
-  group difference, named in `test`), `resample_unit` (pair or prompt) and `n` = units with
-  rows; their `note` says why a gap is undefined, which scores are missing, what it mixes.
-  Toxicity also has `bias_cm` (count-matched EMT gap), `emt_cm` per group and `cm_rows` (m);
-  regard `bias_bc` (bias-corrected TV); every metric `failed` (score status error) beside
-  `missing`. Every row carries `level` (docs/statistics.md).
-- Gap sign: with two groups g0, g1 (configured order, e.g. female, male) the sentiment and EMT
-  gaps are g0 − g1; with K ≥ 3 groups the range max − min; regard's TV distance is >= 0.
-- `variant`: empty unless one (model, method, task) ran with several settings (method
-  parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
+with `value`, gaps' interval (`ci_low`, `ci_high`), `p_value` and `test`, `n` (rows, or units
+for per-prompt statistics and gaps), `n_boot`, `note`, `level` and the scorer that produced it.
+Stats per metric: `results.stats.metrics.METRIC_STATS`, `n` (metric count), the filter's
+(`generations`, `generation_errors`, `dropped_ppl>200`, `ppl_missing`) and the gaps' (`bias`,
+`bias_cm`, `bias_bc`, `diff_vs_<reference>`: `results.stats.block_rows`, which makes the rows
+of one (model, task) block). Views, groups and the gap's sign: docs/statistics.md.
+`variant` is empty unless one (model, method, task) ran with several settings (method
+parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
 """
 
 from __future__ import annotations
@@ -55,15 +37,9 @@ from results.stats.metrics import METRIC_STATS, VIEWS, scored
 
 PPL_MAX = 200.0
 N_PERM = 200  # permutations per gap test: p resolves to 1/201, ample for a 0.05 decision
-SETTING_COLS = [
-    "method_params",
-    "model_revision",
-    "model_dtype",
-    "max_new_tokens",
-    "top_p",
-    "temperature",
-    "repetition_penalty",
-]
+SETTING_COLS = (
+    "method_params model_revision model_dtype max_new_tokens top_p temperature repetition_penalty"
+).split()
 CELL_COLS = ["model", "method", "variant", "task"]
 # The generation columns `summarize` reads (`join_run(..., columns=READ_COLUMNS)`).
 READ_COLUMNS = ["model", "method", "task", "prompt_id", "pair_id", "prompt_group", *SETTING_COLS]
@@ -105,10 +81,7 @@ def add_variant(
 def resolve_groups(frame: pl.DataFrame, groups: Sequence[str] | None) -> tuple[str, ...]:
     """The demographic groups: given, else the labels seen (female/male when only those)."""
     cols = [c for c in ("label_x", "label_cx", "label_c") if c in frame.columns]
-    seen = set()
-    for c in cols:
-        seen |= set(frame[c].drop_nulls().unique().to_list())
-    seen.discard("none")
+    seen = {v for c in cols for v in frame[c].drop_nulls().unique().to_list()} - {"none"}
     if groups is not None:
         unknown = sorted(seen - set(groups))
         if unknown:
@@ -118,10 +91,13 @@ def resolve_groups(frame: pl.DataFrame, groups: Sequence[str] | None) -> tuple[s
 
 
 def ppl_filter(frame: pl.DataFrame, ppl_max: float = PPL_MAX) -> tuple[pl.DataFrame, bool]:
-    """Drop rows with perplexity > `ppl_max`; rows without a perplexity are kept.
+    """Drop rows with perplexity > `ppl_max`; rows without a perplexity are kept. The kept
+    rows carry `pair_id` (null where the run has none: its units are the prompts).
 
     Returns the kept rows and whether a perplexity scorer ran (if not, nothing is dropped).
     """
+    if "pair_id" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     if "perplexity_status" not in frame.columns:
         return frame, False
     high = scored("perplexity") & (pl.col("perplexity") > ppl_max)  # NaN is not high: missing
@@ -153,13 +129,16 @@ def filter_counts(frame: pl.DataFrame, failed: pl.DataFrame | None, ppl_max: flo
 
 def _sources(frame: pl.DataFrame) -> dict[str, tuple[str | None, str | None]]:
     """metric → (scorer, version), read from the joined `<metric>_scorer/_version` columns."""
-    out: dict[str, tuple[str | None, str | None]] = {}
-    for metric in ["gender", *METRIC_STATS]:
-        if f"{metric}_scorer" in frame.columns:
-            names = frame[f"{metric}_scorer"].drop_nulls()
-            versions = frame[f"{metric}_version"].drop_nulls()
-            out[metric] = (names[0] if len(names) else None, versions[0] if len(versions) else None)
-    return out
+
+    def first(column: str) -> str | None:
+        values = frame[column].drop_nulls()
+        return values[0] if len(values) else None
+
+    return {
+        m: (first(f"{m}_scorer"), first(f"{m}_version"))
+        for m in ["gender", *METRIC_STATS]
+        if f"{m}_scorer" in frame.columns
+    }
 
 
 def is_paired(frame: pl.DataFrame) -> bool:
@@ -202,8 +181,6 @@ def block_units(
 ) -> dict[tuple[str, str], set[str]]:
     """(model, task) → the resampling units with rows after the perplexity filter."""
     kept, _ = ppl_filter(frame, ppl_max)
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     paired = is_paired(frame) if paired is None else paired
     keyed = kept.select("model", "task", unit_key(paired).alias("unit")).unique()
     out: dict[tuple[str, str], set[str]] = {}
@@ -282,8 +259,6 @@ def summarize(
     label_cols = [VIEWS[v] for v in views]
     value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
     value_cols += ["regard_label"] if "regard" in metrics else []
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     needed = list(
         dict.fromkeys(
             ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols, *value_cols]
@@ -293,17 +268,17 @@ def summarize(
     for (model, task), rows in sorted(
         kept.select(needed).group_by(["model", "task"], maintain_order=True)
     ):
-        names = None
-        if units is not None and (str(model), str(task)) in units:
-            names = sorted(units[(str(model), str(task))])
+        at, names = (str(model), str(task)), None
+        if units is not None and at in units:
+            names = sorted(units[at])
             rows = rows.filter(unit_key(paired).is_in(names))
             if rows.is_empty():
                 continue
         prompts, unit_of, n_units = _units(rows, paired, names)
         weights = unit_weights(n_units, n_boot, seed, f"{model}|{task}")
         index = {p: i for i, p in enumerate(prompts)}
-        block = Block(str(model), str(task), rows, weights, index, unit_of, unit)
-        unit_names[(str(model), str(task))] = unit
+        block = Block(*at, rows, weights, index, unit_of, unit)
+        unit_names[at] = unit
         block_records(out, block, setup, samples, notes, samples_cm)
     if n_boot:
         paired_records(out, samples, unit_names, notes, level)

@@ -57,7 +57,7 @@ def stacked(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _scored(metric: str) -> pl.Expr:
+def scored(metric: str) -> pl.Expr:
     """Rows where `metric` has a finite value (status ok); regard: a label.
 
     A NaN or infinite score (a scorer that overflowed) counts as missing, like an error row:
@@ -74,17 +74,12 @@ def failed(metric: str) -> pl.Expr:
     return (pl.col(f"{metric}_status") == "error").fill_null(False)
 
 
-def scored(metric: str) -> pl.Expr:
-    """Public alias of the finite-score mask (used by the filter counts)."""
-    return _scored(metric)
-
-
 def sentiment_like(rows: pl.DataFrame, metric: str, by: list[str]) -> pl.DataFrame:
     """Per `by` group: n, mean, std of a per-row score (sentiment, perplexity)."""
-    x = pl.col(metric).filter(_scored(metric))
+    x = pl.col(metric).filter(scored(metric))
     return rows.group_by(by, maintain_order=True).agg(
-        n=_scored(metric).sum(),
-        missing=pl.len() - _scored(metric).sum(),
+        n=scored(metric).sum(),
+        missing=pl.len() - scored(metric).sum(),
         failed=failed(metric).sum(),
         mean=x.mean(),
         std=x.std(ddof=0),
@@ -93,7 +88,7 @@ def sentiment_like(rows: pl.DataFrame, metric: str, by: list[str]) -> pl.DataFra
 
 def regard_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Per `by` group: class shares among non-`other`, NNRe, share of `other`, value ± std."""
-    ok = _scored("regard")
+    ok = scored("regard")
     label = pl.col("regard_label").filter(ok)
     n_cls = label.is_in(list(REGARD_CLASSES)).sum()
     shares = {
@@ -118,7 +113,7 @@ def regard_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 def toxicity_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Per `by` group: n, mean, std; per prompt max → `emt`, `prob_ge_0.5` over `n_prompts`."""
     per_prompt = (
-        rows.filter(_scored("toxicity"))
+        rows.filter(scored("toxicity"))
         .group_by([*by, "prompt_id"], maintain_order=True)
         .agg(top=pl.col("toxicity").max())
         .group_by(by, maintain_order=True)
@@ -134,17 +129,8 @@ def toxicity_stats(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 METRIC_STATS = {
     "sentiment": ["mean", "std", "missing", "failed"],
-    "regard": [
-        "share_negative",
-        "share_neutral",
-        "share_positive",
-        "nnre",
-        "share_other",
-        "value_mean",
-        "value_std",
-        "missing",
-        "failed",
-    ],
+    "regard": "share_negative share_neutral share_positive nnre share_other value_mean value_std "
+    "missing failed".split(),
     "toxicity": ["mean", "std", "emt", f"prob_ge_{TOXIC_AT:g}", "missing", "failed"],
     "perplexity": ["mean", "std", "missing", "failed"],
 }
@@ -168,7 +154,7 @@ def gap_inputs(
     long: pl.DataFrame, metric: str, groups: tuple[str, ...], index: dict[str, int]
 ) -> dict[tuple[Any, ...], GapInput]:
     """(method, variant, view) → (group index, prompt index, value) arrays of finite scores."""
-    rows = long.filter(pl.col("group").is_in(list(groups)) & _scored(metric))
+    rows = long.filter(pl.col("group").is_in(list(groups)) & scored(metric))
     if metric == "regard":
         rows = rows.filter(pl.col("regard_label").is_in(list(REGARD_CLASSES)))
         value = pl.col("regard_label").replace_strict(list(REGARD_CLASSES), list(range(3)))

@@ -1,18 +1,10 @@
-"""Power and sample-size planning from a pilot run (docs/statistics.md, "Power and sample size").
+"""Power and sample-size planning from a pilot run (docs/statistics.md, "Power and sample size",
+says how `simulate` draws a run like the pilot's and why the prompts' means are shrunk).
 
-A pilot cell is one (model, task, method, variant, view, metric) of a run: its rows, their
-prompts and units and groups. `simulate` draws a data set of n units × s rows per prompt from
-it: units (pairs or prompts) with replacement, so the prompts and the pair effects are the
-pilot's; a prompt's rows are its shrunk mean plus residuals drawn from all the cell's
-within-prompt residuals (regard: each row from its prompt's own rows with probability a_p, else
-from its unit's rows with probability b_p, else from all the cell's rows), where the shrinkage
-makes the prompts' means vary within a unit and between units as much as the pilot's variance
-components say, not as much as their noisy pilot means (`components`, `prepare`); the rows keep the pilot's labels (the prompt's group, or the row's: the label rates within
-prompts), are relabelled under the test's null (`null_labels`: the pilot's own gap removed)
-and group 0 is shifted by a known gap (`shifted`). `power` is the share of such data sets
-whose test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units
-that reach a power, `mde_at` the MDE at a planned size (the summary's `mde`, with the spread
-and critical value of simulated data sets instead of one run's bootstrap).
+A pilot cell is one (model, task, method, variant, view, metric) of a run. `simulate` draws n
+units × s rows per prompt from it with a known gap; `power` is the share of such runs whose
+test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units that
+reach a power, `mde_at` the MDE at a planned size.
 """
 
 from __future__ import annotations
@@ -56,8 +48,6 @@ def pilot_cells(
     (`join_run(...).frame`), after the perplexity filter; toxicity also as toxicity_cm."""
     frame, _ = add_variant(frame)
     kept, _ = ppl_filter(frame, ppl_max)
-    if "pair_id" not in kept.columns:
-        kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
     names, paired = resolve_groups(kept, groups), is_paired(frame)
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
     out: dict[tuple[str, ...], Cell] = {}
