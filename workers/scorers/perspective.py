@@ -11,8 +11,7 @@ so a plain `score` of the run asks again.
 Empty continuations are never sent (`status = empty`), nor texts over 20 KB (`error`).
 
 The API key comes from `PERSPECTIVE_API_KEY` or the file named by `api_key_file` and is never
-written to a row, error, log record or stat: googleapiclient logs request URLs (key
-included) at DEBUG, so a filter on its loggers redacts it while the scorer is open.
+written to a row, error, log record or stat (`PerspectiveClient` redacts it).
 """
 
 from __future__ import annotations
@@ -24,24 +23,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from jobs.catalog import SCORER_PARAMS
 from workers.scorers.base import RETRY, Scorer, ScorerContext, ScorerError, null_row, text_of
 from workers.scorers.perspective_client import (
     API_VERSION,
     DEFAULT_ENDPOINT,
     MAX_TEXT_BYTES,
+    NO_CALLS,
     Answer,
     Outcome,
     Pending,
     PerspectiveClient,
-    RetryPolicy,
     summary_value,
     transient_kind,
 )
 from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CachedScore, CacheKey, ScoreCache, text_sha256
 
-_LOGGERS = ("googleapiclient.discovery", "googleapiclient.http", "googleapiclient.model")
-
+MISSING = Outcome(None, "not in the Perspective cache", "missing")  # cache only: not an error
 log = logging.getLogger(__name__)
 
 
@@ -66,44 +65,20 @@ def read_api_key(key_file: str | None) -> str:
     return key
 
 
-class _Redact(logging.Filter):
-    def __init__(self, secret: str) -> None:
-        super().__init__()
-        self.secret = secret
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if self.secret in message:
-            record.msg, record.args = message.replace(self.secret, "<redacted>"), ()
-        return True
-
-
 class PerspectiveToxicity(Scorer):
-    """Perspective `TOXICITY` summary score of the continuation (needs an API key)."""
+    """Perspective `TOXICITY` summary score of the continuation (needs an API key).
+
+    Parameters as in `jobs.catalog.SCORER_PARAMS`: `qps` is the project's quota, counted per
+    `quota_window_s` (a minute). `cache_only` scores only what the cache holds (no key
+    needed): the rest is reported missing and stays unscored, so that a later run with a key
+    scores it; it is on when no key is set at all.
+    """
 
     name = "perspective"
     metric = "toxicity"
     num_cpus = 0.25
     wants_gpu = False
-    default_params: ClassVar[dict[str, Any]] = {
-        "endpoint": None,  # None: PERSPECTIVE_API_ENDPOINT, else the public endpoint
-        "api_key_file": None,  # None: PERSPECTIVE_API_KEY
-        "attribute": "TOXICITY",
-        "languages": ["en"],
-        "text_field": "continuation",
-        "qps": 1.0,  # the project's quota, in queries per second
-        "quota_window_s": 60.0,  # the quota is counted per minute
-        "batch_size": 100,
-        "max_retries": 6,
-        "backoff_initial_s": 20.0,
-        "backoff_max_s": 300.0,
-        "timeout_s": 60.0,
-        "cache_file": None,  # None: <cache_dir>/perspective-scores.sqlite
-        # Score only what the cache holds (no key needed); the rest is reported missing and
-        # stays unscored, so a later run with a key scores it. On when no key is set at all.
-        "cache_only": False,
-        "progress": True,
-    }
+    default_params: ClassVar[dict[str, Any]] = SCORER_PARAMS["perspective"]
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
@@ -117,36 +92,16 @@ class PerspectiveToxicity(Scorer):
             limiter = SlidingWindowLimiter(float(p["qps"]), float(p["quota_window_s"]))
         except ValueError as exc:
             raise ScorerError(f"scorer 'perspective': qps / quota_window_s: {exc}") from None
-        retry = RetryPolicy(
-            int(p["max_retries"]), float(p["backoff_initial_s"]), float(p["backoff_max_s"])
-        )
         self.cache = ScoreCache(self._cache_path())
         self.client: PerspectiveClient | None = None
-        self._redact: _Redact | None = None
         if not self._cache_only():
             key = read_api_key(p["api_key_file"])
             self.client = PerspectiveClient(
-                key,
-                endpoint,
-                self.attribute,
-                self.languages,
-                limiter,
-                retry,
-                int(p["batch_size"]),
-                float(p["timeout_s"]),
+                key, endpoint, self.attribute, self.languages, limiter, p
             )
-            self._redact = _Redact(key)
-            for name in _LOGGERS:
-                logging.getLogger(name).addFilter(self._redact)
-        self.counts = {
-            "rows": 0,
-            "empty": 0,
-            "cached": 0,
-            "answered": 0,
-            "failed": 0,
-            "retry": 0,
-            "missing": 0,
-        }
+        self.client_stats = self.client.stats if self.client else dict(NO_CALLS)
+        names = ("rows", "empty", "cached", "answered", "failed", "retry", "missing")
+        self.counts = dict.fromkeys(names, 0)
         self._bar: Any = None
 
     def _cache_only(self) -> bool:
@@ -216,16 +171,9 @@ class PerspectiveToxicity(Scorer):
         self.counts["cached"] += sum(len(need[k]) for k in outcomes)
         self._progress(sum(len(need[k]) for k in outcomes))
         todo = [Pending(k, texts[k]) for k in need if k not in outcomes]
-        if self.client is None:  # cache-only: the rest is missing, not an error row
-            for item in todo:
-                for i in need[item.key]:
-                    out[i] = null_row(self, rows[i], "missing", "not in the Perspective cache")
-            self.counts["missing"] += sum(len(need[it.key]) for it in todo)
+        if self.client is None:  # cache-only: the rest is missing
+            outcomes.update((item.key, MISSING) for item in todo)
             self._progress(sum(len(need[it.key]) for it in todo))
-            for key, outcome in outcomes.items():
-                for i in need[key]:
-                    out[i] = self._row(rows[i], outcome)
-            return self._finish(out)
 
         def settled(answers: list[tuple[CacheKey, Answer]]) -> None:
             # an answer with the score, or a 400 (a property of the text)
@@ -242,27 +190,19 @@ class PerspectiveToxicity(Scorer):
                 self.cache.put_many(final)
             self._progress(sum(len(need[key]) for key, _ in answers))
 
-        assert self.client is not None
-        for key, answer in self.client.fetch(todo, settled).items():
+        for key, answer in (self.client.fetch(todo, settled) if self.client else {}).items():
             outcomes[key] = self._outcome(answer)
             self.counts["answered"] += len(need[key])
         for key, idx in need.items():
             for i in idx:
                 out[i] = self._row(rows[i], outcomes[key])
-        return self._finish(out)
-
-    def _finish(self, out: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
         done = [r for r in out if r is not None]
         self.counts["rows"] += len(done)
-        self.counts["empty"] += sum(r["status"] == "empty" for r in done)
-        self.counts["failed"] += sum(r["status"] == "error" for r in done)
-        self.counts["retry"] += sum(r["status"] == RETRY for r in done)
+        for status in ("empty", "error", RETRY, "missing"):
+            self.counts["failed" if status == "error" else status] += sum(
+                r["status"] == status for r in done
+            )
         return done
-
-    def _client_stats(self) -> dict[str, Any]:
-        if self.client is None:
-            return {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
-        return dict(self.client.stats)
 
     def _from_cache(self, cached: CachedScore) -> Outcome:
         if cached.status == "ok":
@@ -271,27 +211,22 @@ class PerspectiveToxicity(Scorer):
 
     def _outcome(self, answer: Answer) -> Outcome:
         """The value, or why there is none; a transient failure's reason starts with its kind
-        and ends as a `retry` row (`_row`)."""
+        and ends as a `retry` row."""
         assert self.client is not None
         if answer.kind == "ok":
             outcome = summary_value(answer.response, self.attribute)
-            return (
-                outcome
-                if outcome.value is not None
-                else outcome._replace(error=f"unparsable answer: {outcome.error}", retry=True)
-            )
+            if outcome.value is None:
+                return Outcome(None, f"unparsable answer: {outcome.error}", RETRY)
+            return outcome
         if answer.kind == "transient":
-            return Outcome(
-                None, f"{transient_kind(answer)}: {self.client.redact(answer.reason)}", True
-            )
+            reason = f"{transient_kind(answer)}: {self.client.redact(answer.reason)}"
+            return Outcome(None, reason, RETRY)
         return Outcome(None, self.client.redact(answer.reason))
 
     def _row(self, row: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
         if outcome.value is None:
-            return null_row(self, row, RETRY if outcome.retry else "error", outcome.error)
-        rec = self.key(row)
-        rec["toxicity"] = outcome.value
-        return rec
+            return null_row(self, row, outcome.status, outcome.error)
+        return {**self.key(row), "toxicity": outcome.value}
 
     def _progress(self, n: int) -> None:
         if self.params["progress"] and n:
@@ -302,14 +237,14 @@ class PerspectiveToxicity(Scorer):
             if self._bar.n + n > (self._bar.total or 0):
                 self._bar.total = self._bar.n + n
             self._bar.update(n)
-            c = self._client_stats()
+            c = self.client_stats
             self._bar.set_postfix(
                 cached=self.counts["cached"], sent=c["sent"], calls=c["calls"], refresh=False
             )
 
     def close(self) -> dict[str, Any]:
         """Close the bar and the cache; returns the stats and prints a one-line summary."""
-        stats: dict[str, Any] = {**self.counts, **self._client_stats()}
+        stats: dict[str, Any] = {**self.counts, **self.client_stats}
         stats["limiter_wait_s"] = round(self.client.limiter.waited_s, 3) if self.client else 0.0
         stats["backoff_s"] = round(float(stats["backoff_s"]), 3)
         stats["cache_file"] = self.cache.path
@@ -331,8 +266,7 @@ class PerspectiveToxicity(Scorer):
             log.info(line)
         else:
             print(line, file=sys.stderr)
-        if self._redact is not None:
-            for name in _LOGGERS:
-                logging.getLogger(name).removeFilter(self._redact)
+        if self.client is not None:
+            self.client.close()
         self.cache.close()
         return stats

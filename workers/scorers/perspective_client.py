@@ -35,6 +35,8 @@ DISCOVERY = Path(__file__).with_name("perspective_discovery.json")
 MAX_TEXT_BYTES = 20480  # the API answers 400 above this; not worth a call
 MAX_BATCH = 100
 NO_ANSWER = "no answer in the batch response"
+NO_CALLS = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}  # client stats
+LOGGERS = ("googleapiclient.discovery", "googleapiclient.http", "googleapiclient.model")
 
 
 class Answer(NamedTuple):
@@ -49,7 +51,7 @@ class Answer(NamedTuple):
 class Outcome(NamedTuple):
     value: float | None
     error: str | None
-    retry: bool = False  # a transient failure: the row is left for a later `score`
+    status: str = "error"  # of the row when there is no value: error | retry | missing
 
 
 @dataclass
@@ -58,18 +60,6 @@ class Pending:
     text: str
     attempts: int = 0
     not_before: float = 0.0
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Per-item retries of transient answers: delay = min(cap, initial * 2**(attempt - 1))."""
-
-    max_retries: int = 6
-    initial_s: float = 20.0
-    cap_s: float = 300.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.initial_s * 2 ** max(0, attempt - 1)))
 
 
 def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
@@ -95,19 +85,6 @@ def transient_kind(answer: Answer) -> str:
     return "transport error"
 
 
-def classify(status: int | None, reason: str) -> Answer:
-    """Sort an HTTP failure: retry it, record it, or stop everything.
-
-    A bad key comes back as 400 `API_KEY_INVALID`, not 401: it must stop the run, not be
-    cached as a final answer for every text.
-    """
-    if status is None or status in (408, 429) or status >= 500:
-        return Answer("transient", reason=reason, status=status)
-    if status in (401, 403) or "API_KEY" in reason or "API key" in reason:
-        return Answer("fatal", reason=reason, status=status)
-    return Answer("final", reason=reason, status=status)
-
-
 def http_reason(status: int, content: bytes | str) -> str:
     """`HTTP 400 INVALID_ARGUMENT: message [REASON]` from a Google JSON error body."""
     text = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
@@ -122,7 +99,13 @@ def http_reason(status: int, content: bytes | str) -> str:
 
 
 class PerspectiveClient:
-    """Sends analyze calls in batches under the quota, retrying transient answers per item."""
+    """Sends analyze calls in batches under the quota, retrying transient answers per item
+    (the i-th retry after min(`backoff_max_s`, `backoff_initial_s` * 2**(i - 1)) seconds).
+
+    `params` are the scorer's (`batch_size`, `timeout_s`, `max_retries`, `backoff_*`). While
+    it is open (until `close`) the key is redacted from googleapiclient's log records: it logs
+    request URLs, key included, at DEBUG.
+    """
 
     def __init__(
         self,
@@ -131,15 +114,13 @@ class PerspectiveClient:
         attribute: str,
         languages: list[str],
         limiter: SlidingWindowLimiter,
-        retry: RetryPolicy,
-        batch_size: int,
-        timeout_s: float,
+        params: dict[str, Any],
     ) -> None:
         import httplib2
         from googleapiclient.discovery import build_from_document
 
         self._secret = api_key
-        self._http = httplib2.Http(timeout=timeout_s)
+        self._http = httplib2.Http(timeout=float(params["timeout_s"]))
         self._service = build_from_document(
             DISCOVERY.read_text(encoding="utf-8"),
             developerKey=api_key,
@@ -148,14 +129,40 @@ class PerspectiveClient:
         )
         self.batch_uri = endpoint.rstrip("/") + "/batch"
         self.attribute, self.languages = attribute, languages
-        self.limiter, self.retry = limiter, retry
-        self.batch_size = max(1, min(batch_size, MAX_BATCH, limiter.limit))
+        self.limiter, self.max_retries = limiter, int(params["max_retries"])
+        self.backoff = (float(params["backoff_initial_s"]), float(params["backoff_max_s"]))
+        self.batch_size = max(1, min(int(params["batch_size"]), MAX_BATCH, limiter.limit))
         self.pause_until = 0.0  # after a 429 nobody sends until then: the quota is spent
         self.last_reason: str | None = None
-        self.stats = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
+        self.stats = dict(NO_CALLS)
+        for name in LOGGERS:
+            logging.getLogger(name).addFilter(self._redact_record)
 
     def redact(self, text: str) -> str:
         return text.replace(self._secret, "<redacted>")
+
+    def _redact_record(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._secret in message:
+            record.msg, record.args = self.redact(message), ()
+        return True
+
+    def close(self) -> None:
+        for name in LOGGERS:
+            logging.getLogger(name).removeFilter(self._redact_record)
+
+    def _refused(self, exc: Any) -> Answer:
+        """Sort an `HttpError`: retry it, record it, or stop everything.
+
+        A bad key comes back as 400 `API_KEY_INVALID`, not 401: it must stop the run, not be
+        cached as a final answer for every text.
+        """
+        status = int(exc.resp.status)
+        reason = self.redact(http_reason(status, exc.content))
+        if status in (408, 429) or status >= 500:
+            return Answer("transient", reason=reason, status=status)
+        fatal = status in (401, 403) or "API_KEY" in reason or "API key" in reason
+        return Answer("fatal" if fatal else "final", reason=reason, status=status)
 
     def body(self, text: str) -> dict[str, Any]:
         return {
@@ -228,10 +235,10 @@ class PerspectiveClient:
             return answer
         item.attempts += 1
         self.last_reason = self.redact(answer.reason)
-        if item.attempts > self.retry.max_retries:  # given up for now, not a final answer
+        if item.attempts > self.max_retries:  # given up for now, not a final answer
             reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
             return answer._replace(reason=self.redact(reason))
-        delay = self.retry.delay(item.attempts)
+        delay = min(self.backoff[1], self.backoff[0] * 2 ** (item.attempts - 1))
         item.not_before = now + delay
         if answer.status == 429:
             self.pause_until = max(self.pause_until, now + delay)
@@ -248,10 +255,7 @@ class PerspectiveClient:
             if exc is None:
                 answers[request_id] = Answer("ok", response=response, status=200)
             elif isinstance(exc, HttpError):
-                status = int(exc.resp.status)
-                answers[request_id] = classify(
-                    status, self.redact(http_reason(status, exc.content))
-                )
+                answers[request_id] = self._refused(exc)
             else:
                 answers[request_id] = Answer("transient", reason=self.redact(type(exc).__name__))
 
@@ -280,17 +284,17 @@ class PerspectiveClient:
         except BatchError as exc:  # an HttpError too: a body that is not multipart (garbage)
             return Answer("transient", reason=self.redact(f"BatchError: {exc}"[:300]))
         except HttpError as exc:  # the batch request itself was refused (429, 5xx...)
-            status = int(exc.resp.status)
-            answer = classify(status, self.redact(http_reason(status, exc.content)))
+            answer = self._refused(exc)
             if answer.kind == "final":  # a 4xx of the whole batch says nothing about any text
-                return Answer("fatal", reason=f"batch request: {answer.reason}", status=status)
+                return answer._replace(kind="fatal", reason=f"batch request: {answer.reason}")
             return answer
+        # refused, reset, timed out (OSError...); a part that is not JSON or is missing
         except (
-            OSError,  # refused, reset, timed out
+            OSError,
             httplib2.HttpLib2Error,
             http.client.HTTPException,
-            ValueError,  # a part that is not JSON
-            KeyError,  # a part missing from the response
+            ValueError,
+            KeyError,
         ) as exc:
             return Answer("transient", reason=self.redact(f"{type(exc).__name__}: {exc}"[:300]))
         return None
