@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from jobs.catalog import SCORER_PARAMS
 from jobs.spec import ModelRef
 from workers.scorers.base import Scorer, ScorerContext, ScorerError, null_row, score_nonempty
 
@@ -33,12 +34,7 @@ class Perplexity(Scorer):
     metric = "perplexity"
     num_cpus = 0.5  # fractional: several scorer actors share a small machine
     wants_gpu = True
-    default_params: ClassVar[dict[str, Any]] = {
-        "model": "openai-community/gpt2-xl",
-        "revision": None,
-        "dtype": "float32",
-        "batch_size": 16,
-    }
+    default_params: ClassVar[dict[str, Any]] = SCORER_PARAMS["perplexity"]
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)

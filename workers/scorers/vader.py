@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from jobs.catalog import SCORER_PARAMS
 from workers.scorers.base import Scorer, text_of
 
 
@@ -12,7 +13,7 @@ class VaderSentiment(Scorer):
     name = "sentiment-vader"
     metric = "sentiment"
     num_cpus = 0.25
-    default_params: ClassVar[dict[str, Any]] = {"text_field": "continuation"}
+    default_params: ClassVar[dict[str, Any]] = SCORER_PARAMS["sentiment-vader"]
 
     def __init__(self, params: dict[str, Any], context: Any) -> None:
         super().__init__(params, context)
