@@ -14,9 +14,8 @@ from typing import Any
 
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.scorers.base import RETRY
+from workers.scorers.base import RETRY, Row
 
-Row = dict[str, Any]
 FLUSH_ROWS = 8192  # score rows a writer holds before it writes them as one shard
 FLUSH_S = 60.0  # ... or once its oldest held row is this old (a slow, rate-limited scorer)
 # Rows that are not scores and are never written: `missing` (not in a cache-only Perspective's
@@ -50,10 +49,7 @@ def check_rows(name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
 def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
     """Check the scorer's rows (`check_rows`) and write them as one atomic shard, but for the
     `UNWRITTEN` ones."""
-    check_rows(name, chunk, out)
-    kept = [r for r in out if r["status"] not in UNWRITTEN]
-    if kept:
-        store.write_scores(name, SCORER_METRICS[name], kept)
+    ScoreBuffer(store, name, flush_rows=1).add(chunk, out)
 
 
 class ScoreBuffer:
