@@ -41,15 +41,10 @@ class SlidingWindowLimiter:
         if self.limit < 1:
             raise ValueError(f"rate {rate}/s over {window_s}s allows no call at all")
         self.window_s = window_s
-        self._clock = clock
-        self._sleep = sleep
+        self._clock, self._sleep = clock, sleep
         self._done: deque[float] = deque()  # finish times of recorded calls, oldest first
         self._lock = threading.Lock()  # one batch in flight at a time
         self.waited_s = 0.0
-
-    def _expire(self, now: float) -> None:
-        while self._done and self._done[0] <= now - self.window_s:
-            self._done.popleft()
 
     def wait_for(self, n: int) -> None:
         """Block until `n` more calls fit in the window that starts now."""
@@ -59,7 +54,8 @@ class SlidingWindowLimiter:
             )
         while True:
             now = self._clock()
-            self._expire(now)
+            while self._done and self._done[0] <= now - self.window_s:
+                self._done.popleft()
             if len(self._done) + n <= self.limit:
                 return
             # The oldest calls that must leave before n more fit.
@@ -67,10 +63,6 @@ class SlidingWindowLimiter:
             delay = max(leave - now, 1e-3)
             self.waited_s += delay
             self._sleep(delay)
-
-    def record(self, n: int) -> None:
-        now = self._clock()
-        self._done.extend([now] * n)
 
     @contextmanager
     def calls(self, n: int) -> Iterator[None]:
@@ -80,4 +72,4 @@ class SlidingWindowLimiter:
             try:
                 yield
             finally:
-                self.record(n)
+                self._done.extend([self._clock()] * n)

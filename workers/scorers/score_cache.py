@@ -36,15 +36,8 @@ CREATE TABLE IF NOT EXISTS scores (
 """
 
 
-COLUMNS = (  # of the table, and of `results.schema.CACHE_ANSWER_SCHEMA`, in this order
-    "text_sha256",
-    "attributes",
-    "languages",
-    "api_version",
-    "status",
-    "response",
-    "error",
-    "created_utc",
+COLUMNS = tuple(  # of the table, and of `results.schema.CACHE_ANSWER_SCHEMA`, in this order
+    "text_sha256 attributes languages api_version status response error created_utc".split()
 )
 
 
@@ -89,10 +82,7 @@ class ScoreCache:
                 tuple(key),
             ).fetchone()
             if row is not None:
-                status, response, error, created = row
-                out[key] = CachedScore(
-                    status, json.loads(response) if response else None, error, created
-                )
+                out[key] = CachedScore(row[0], json.loads(row[1]) if row[1] else None, *row[2:])
         return out
 
     def put(
@@ -118,17 +108,13 @@ class ScoreCache:
         """Add stored rows (`COLUMNS` order) in one transaction; a key already held keeps its
         answer. Returns how many were new."""
         before = self._db.total_changes
-        self._db.execute("BEGIN")
-        try:
+        with self._db:  # commits, or rolls back on any exception
+            self._db.execute("BEGIN")
             self._db.executemany(
                 f"INSERT OR IGNORE INTO scores ({', '.join(COLUMNS)}) VALUES "
                 f"({', '.join('?' * len(COLUMNS))})",
                 rows,
             )
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return int(self._db.total_changes - before)
 
     def rows_after(self, mark: int, limit: int) -> tuple[list[tuple[Any, ...]], int]:
