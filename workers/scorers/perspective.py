@@ -35,7 +35,6 @@ from workers.scorers.perspective_client import (
     Pending,
     PerspectiveClient,
     summary_value,
-    transient_kind,
 )
 from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CachedScore, CacheKey, ScoreCache, text_sha256
@@ -153,7 +152,6 @@ class PerspectiveToxicity(Scorer):
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any] | None] = [None] * len(rows)
         need: dict[CacheKey, list[int]] = {}
-        texts: dict[CacheKey, str] = {}
         for i, row in enumerate(rows):
             text = text_of(row, self.params["text_field"])
             if not str(row.get("continuation") or "").strip():
@@ -165,24 +163,25 @@ class PerspectiveToxicity(Scorer):
             else:
                 key = self.cache_key(text)
                 need.setdefault(key, []).append(i)
-                texts[key] = text
         self._progress(len(rows) - sum(len(v) for v in need.values()))
         outcomes = {k: self._from_cache(c) for k, c in self.cache.get_many(need).items()}
         self.counts["cached"] += sum(len(need[k]) for k in outcomes)
         self._progress(sum(len(need[k]) for k in outcomes))
-        todo = [Pending(k, texts[k]) for k in need if k not in outcomes]
+        field = self.params["text_field"]
+        todo = [
+            Pending(k, text_of(rows[i[0]], field)) for k, i in need.items() if k not in outcomes
+        ]
         if self.client is None:  # cache-only: the rest is missing
             outcomes.update((item.key, MISSING) for item in todo)
             self._progress(sum(len(need[it.key]) for it in todo))
 
         def settled(answers: list[tuple[CacheKey, Answer]]) -> None:
-            # an answer with the score, or a 400 (a property of the text)
+            # cached: an answer with the score, or a 400 (a property of the text)
             final: list[tuple[CacheKey, str, dict[str, Any] | None, str | None]] = []
             for key, answer in answers:
-                if (
-                    answer.kind == "ok"
-                    and summary_value(answer.response, self.attribute).value is not None
-                ):
+                outcomes[key] = self._outcome(answer)
+                self.counts["answered"] += len(need[key])
+                if outcomes[key].value is not None:
                     final.append((key, "ok", answer.response, None))
                 elif answer.status == 400:
                     final.append((key, "error", None, answer.reason))
@@ -190,9 +189,8 @@ class PerspectiveToxicity(Scorer):
                 self.cache.put_many(final)
             self._progress(sum(len(need[key]) for key, _ in answers))
 
-        for key, answer in (self.client.fetch(todo, settled) if self.client else {}).items():
-            outcomes[key] = self._outcome(answer)
-            self.counts["answered"] += len(need[key])
+        if self.client is not None:
+            self.client.fetch(todo, settled)
         for key, idx in need.items():
             for i in idx:
                 out[i] = self._row(rows[i], outcomes[key])
@@ -210,18 +208,16 @@ class PerspectiveToxicity(Scorer):
         return Outcome(None, f"{cached.error} (cached answer of {cached.created_utc})")
 
     def _outcome(self, answer: Answer) -> Outcome:
-        """The value, or why there is none; a transient failure's reason starts with its kind
-        and ends as a `retry` row."""
+        """The value, or why there is none: a transient failure (its reason starts with its
+        kind) or an answer without the score is a `retry` row, a final answer an `error` row."""
         assert self.client is not None
         if answer.kind == "ok":
             outcome = summary_value(answer.response, self.attribute)
             if outcome.value is None:
                 return Outcome(None, f"unparsable answer: {outcome.error}", RETRY)
             return outcome
-        if answer.kind == "transient":
-            reason = f"{transient_kind(answer)}: {self.client.redact(answer.reason)}"
-            return Outcome(None, reason, RETRY)
-        return Outcome(None, self.client.redact(answer.reason))
+        status = RETRY if answer.kind == "transient" else "error"
+        return Outcome(None, self.client.redact(answer.reason), status)
 
     def _row(self, row: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
         if outcome.value is None:

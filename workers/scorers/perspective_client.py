@@ -73,14 +73,14 @@ def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
 def transient_kind(answer: Answer) -> str:
     """What a transient failure was, in the words of the "N rows failed: ..." line: rate
     limited, server error, timed out, unparsable answer or transport error."""
-    last = answer.reason.rsplit("last: ", 1)[-1]  # a given-up item: its last answer
+    reason = answer.reason
     if answer.status == 429:
         return "rate limited"
-    if answer.status == 408 or "Timeout" in last or "timed out" in last:
+    if answer.status == 408 or "Timeout" in reason or "timed out" in reason:
         return "timed out"
     if answer.status is not None and answer.status >= 500:
         return "server error"
-    if last.startswith(("BatchError", "ValueError", "KeyError", "JSONDecodeError", NO_ANSWER)):
+    if reason.startswith(("BatchError", "ValueError", "KeyError", "JSONDecodeError", NO_ANSWER)):
         return "unparsable answer"
     return "transport error"
 
@@ -173,21 +173,17 @@ class PerspectiveClient:
         }
 
     def fetch(
-        self,
-        items: list[Pending],
-        settled: Callable[[list[tuple[CacheKey, Answer]]], None] | None = None,
-    ) -> dict[CacheKey, Answer]:
-        """Settled answers for `items`, by cache key: ok, final (e.g. a 400 for this text), or
-        transient when the item's retries ran out (the row is left for a later `score`).
-
-        `settled([(key, answer)...])` is called with the items each batch request settled
-        (cache writes, one transaction a batch; progress).
+        self, items: list[Pending], settled: Callable[[list[tuple[CacheKey, Answer]]], None]
+    ) -> None:
+        """Send `items` until each is settled: ok, final (e.g. a 400 for this text), or
+        transient when its retries ran out (the row is left for a later `score`). Each batch
+        request's settled items go to `settled([(key, answer)...])` (a cache transaction a
+        batch; progress).
 
         Raises:
             ScorerError: an answer says the key or project is refused (401/403).
         """
         pending = {it.key: it for it in items}
-        out: dict[CacheKey, Answer] = {}
         while pending:
             batch = self._ready(pending)
             answers = self._send(batch)
@@ -197,12 +193,9 @@ class PerspectiveClient:
                 answer = answers.get(str(i)) or Answer("transient", reason=NO_ANSWER)
                 final = self._settle(item, answer, now)
                 if final is not None:
-                    del pending[item.key]
-                    out[item.key] = final
-                    done.append((item.key, final))
-            if settled is not None and done:
+                    done.append((pending.pop(item.key).key, final))
+            if done:
                 settled(done)
-        return out
 
     def _ready(self, pending: dict[CacheKey, Pending]) -> list[Pending]:
         """The next batch: items whose backoff has passed, waiting for the first one if none."""
@@ -237,6 +230,7 @@ class PerspectiveClient:
         self.last_reason = self.redact(answer.reason)
         if item.attempts > self.max_retries:  # given up for now, not a final answer
             reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
+            reason = f"{transient_kind(answer)}: {reason}"
             return answer._replace(reason=self.redact(reason))
         delay = min(self.backoff[1], self.backoff[0] * 2 ** (item.attempts - 1))
         item.not_before = now + delay
@@ -279,6 +273,14 @@ class PerspectiveClient:
         import httplib2
         from googleapiclient.errors import BatchError, HttpError
 
+        # refused, reset, timed out (OSError...); a part that is not JSON (ValueError) or missing
+        transport = (
+            OSError,
+            httplib2.HttpLib2Error,
+            http.client.HTTPException,
+            ValueError,
+            KeyError,
+        )
         try:
             request.execute(http=self._http)
         except BatchError as exc:  # an HttpError too: a body that is not multipart (garbage)
@@ -288,13 +290,6 @@ class PerspectiveClient:
             if answer.kind == "final":  # a 4xx of the whole batch says nothing about any text
                 return answer._replace(kind="fatal", reason=f"batch request: {answer.reason}")
             return answer
-        # refused, reset, timed out (OSError...); a part that is not JSON or is missing
-        except (
-            OSError,
-            httplib2.HttpLib2Error,
-            http.client.HTTPException,
-            ValueError,
-            KeyError,
-        ) as exc:
+        except transport as exc:
             return Answer("transient", reason=self.redact(f"{type(exc).__name__}: {exc}"[:300]))
         return None
