@@ -54,8 +54,8 @@ class GenerationActor:
         gpu_share: float = 0.0,
     ) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self._args = (model, run_uri, words, device, name)
-        self.threads, self.gpu_share = threads, gpu_share
+        self._args = (model, run_uri, words, device, name, gpu_share)  # Generator's, in order
+        self.threads = threads
         self.gen: Any = None
 
     def _generator(self) -> Any:
@@ -63,10 +63,7 @@ class GenerationActor:
             from workers.generator import Generator
 
             set_threads(self.threads)
-            model, run_uri, words, device, name = self._args
-            self.gen = Generator(
-                model, run_uri, words=words, device=device, name=name, gpu_share=self.gpu_share
-            )
+            self.gen = Generator(*self._args)
         return self.gen
 
     def prepare(self, keys: list[tuple[str, str, str]]) -> dict[str, Any]:

@@ -53,26 +53,15 @@ def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[
 
 
 class ScoreBuffer:
-    """Score rows held by their writer (an actor, or the driver without Ray) and written as
-    one atomic shard once `flush_rows` rows are held or the oldest is `flush_s` old, so that
-    a stage writes a shard per ~8k rows instead of one per chunk. What is held and not yet
-    written is not a score: a writer that dies loses it, and its chunks are scored again
-    (`harness.stages.scoring.loop.ScoreLoop` requeues every chunk of an actor that it has not
-    seen flushed).
-    """
+    """Score rows held by their writer and written as one atomic shard once `flush_rows` rows
+    are held or the oldest is `FLUSH_S` old. What is held is not yet a score: a writer that
+    dies loses it, and `harness.stages.scoring.loop.ScoreLoop` requeues every chunk of an
+    actor that it has not seen flushed."""
 
-    def __init__(
-        self,
-        store: RunStore,
-        name: str,
-        flush_rows: int = FLUSH_ROWS,
-        flush_s: float = FLUSH_S,
-    ) -> None:
-        self.store, self.name = store, name
-        self.flush_rows, self.flush_s = max(1, flush_rows), flush_s
+    def __init__(self, store: RunStore, name: str, flush_rows: int = FLUSH_ROWS) -> None:
+        self.store, self.name, self.flush_rows = store, name, max(1, flush_rows)
         self.rows: list[Row] = []
         self.since = 0.0
-        self.shards = 0
 
     def add(self, chunk: Sequence[Row], out: Sequence[Row]) -> bool:
         """Check the scorer's rows (`check_rows`), hold them; True when this wrote a shard."""
@@ -83,7 +72,7 @@ class ScoreBuffer:
         held = len(self.rows)
         self.rows.extend(kept)
         if len(self.rows) >= self.flush_rows or (
-            self.rows and time.monotonic() - self.since >= self.flush_s
+            self.rows and time.monotonic() - self.since >= FLUSH_S
         ):
             try:
                 self.flush()
@@ -97,6 +86,5 @@ class ScoreBuffer:
         """Write what is held as one shard; returns how many rows. A failed write keeps them."""
         if self.rows:
             self.store.write_scores(self.name, SCORER_METRICS[self.name], self.rows)
-            self.shards += 1
         count, self.rows = len(self.rows), []
         return count
