@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from jobs.words import GroupWords, builtin_gender_words
-from results.schema import METRIC_FIELDS
+from results.schema import METRIC_FIELDS, SCORE_KEY_FIELDS
 
 # A row whose scoring failed for a reason that may pass (a rate limit, a 5xx, a timeout, an
 # unparsable answer, out of memory): returned with this status and its error
@@ -92,14 +92,9 @@ class Scorer:
         return {}
 
     def key(self, row: Row, status: str = "ok", error: str | None = None) -> Row:
-        return {
-            "job_id": row["job_id"],
-            "scorer": self.name,
-            "scorer_version": self.version,
-            "metric": self.metric,
-            "status": status,
-            "error": error,
-        }
+        """The key columns (`results.schema.SCORE_KEY_FIELDS`) of the score row of `row`."""
+        values = (row["job_id"], self.name, self.version, self.metric, status, error)
+        return {name: value for (name, _), value in zip(SCORE_KEY_FIELDS, values, strict=True)}
 
 
 TEXT_JOIN = "raw"  # how prompt+continuation is joined: the raw strings, nothing inserted

@@ -1,17 +1,11 @@
 """Perspective API toxicity (`perspective`): batched, rate-limited, retried, cached.
 
-Every final answer is cached (`score_cache.ScoreCache`, sqlite) as it arrives, keyed by
-(text hash, attribute, languages, API version) with its date and raw response: a crash and
-a re-run ask nothing twice, and old runs can be re-scored after the service is gone (it is
-being shut down). A 400 answer is cached too (it is a property of the text: an `error` row);
-a transient failure that outlived its retries (429, 5xx, timeout, transport, an answer
-without the score) is not cached and its row is a `retry` row (`base.RETRY`): not written,
-so a plain `score` of the run asks again.
-
-Empty continuations are never sent (`status = empty`), nor texts over 20 KB (`error`).
-
-The API key comes from `PERSPECTIVE_API_KEY` or the file named by `api_key_file` and is never
-written to a row, error, log record or stat (`PerspectiveClient` redacts it).
+Every final answer (one with the score, or a 400: a property of the text, an `error` row) is
+cached as it arrives (`score_cache.ScoreCache`): a crash and a re-run ask nothing twice, and
+old runs can be re-scored after the service is gone (it is being shut down). A transient
+failure that outlived its retries is not cached: its row is a `retry` row (`base.RETRY`).
+Empty continuations are never sent (`status = empty`), nor texts over 20 KB (`error`). The API
+key (`PERSPECTIVE_API_KEY` or `api_key_file`) never reaches a row, error, log record or stat.
 """
 
 from __future__ import annotations
@@ -44,23 +38,19 @@ log = logging.getLogger(__name__)
 
 
 def read_api_key(key_file: str | None) -> str:
-    """The key from `key_file` when given, else from `PERSPECTIVE_API_KEY`."""
-    if key_file:
-        path = Path(key_file).expanduser()
-        try:
-            key = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ScorerError(
-                f"scorer 'perspective': cannot read api_key_file {str(path)!r}: {exc.strerror}"
-            ) from None
-        if not key:
-            raise ScorerError(f"scorer 'perspective': api_key_file {str(path)!r} is empty")
-        return key
-    key = os.environ.get("PERSPECTIVE_API_KEY", "").strip()
-    if not key:
+    """The key from `key_file` when given, else from `PERSPECTIVE_API_KEY` (set: without
+    either the scorer is cache-only)."""
+    if not key_file:
+        return os.environ["PERSPECTIVE_API_KEY"].strip()
+    path = Path(key_file).expanduser()
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
         raise ScorerError(
-            "scorer 'perspective': no API key; set PERSPECTIVE_API_KEY or the api_key_file parameter"
-        )
+            f"scorer 'perspective': cannot read api_key_file {str(path)!r}: {exc.strerror}"
+        ) from None
+    if not key:
+        raise ScorerError(f"scorer 'perspective': api_key_file {str(path)!r} is empty")
     return key
 
 

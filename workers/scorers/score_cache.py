@@ -1,14 +1,11 @@
 """A persistent cache of API scores (sqlite), written batch by batch as answers arrive.
 
-Keyed by (sha256 of the text, attributes, languages, API version); each entry keeps the date
-and the raw response, so scores can be re-derived after the service is gone. Every `put_many`
-(the answers of one batch request) is one committed transaction: a crash loses at most the
-answers in flight, and a re-run asks nothing twice. sqlite's file locking makes the file safe
-to share between processes on one machine (not on a network file system).
-
-Entries are only ever added (`INSERT OR IGNORE`: an answer is final), so sqlite's rowid grows
-with each new one and `rows_after` gives what was added since a mark: the rows an object-store
-run puts back as shards (`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
+Keyed by (sha256 of the text, attributes, languages, API version), with each answer's date and
+raw response. Every `put_many` (the answers of one batch request) is one transaction: a crash
+loses at most the answers in flight. sqlite's locking makes the file safe to share between
+processes on one machine (not on a network file system). Entries are only ever added, so the
+rowid orders them by arrival: `rows_after` gives what an object-store run puts back as shards
+(`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
 """
 
 from __future__ import annotations
