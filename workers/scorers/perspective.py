@@ -142,8 +142,9 @@ class PerspectiveToxicity(Scorer):
     def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any] | None] = [None] * len(rows)
         need: dict[CacheKey, list[int]] = {}
+        field = self.params["text_field"]
         for i, row in enumerate(rows):
-            text = text_of(row, self.params["text_field"])
+            text = text_of(row, field)
             if not str(row.get("continuation") or "").strip():
                 out[i] = null_row(self, row, "empty")
             elif len(text.encode("utf-8")) > MAX_TEXT_BYTES:
@@ -153,17 +154,14 @@ class PerspectiveToxicity(Scorer):
             else:
                 key = self.cache_key(text)
                 need.setdefault(key, []).append(i)
-        self._progress(len(rows) - sum(len(v) for v in need.values()))
         outcomes = {k: self._from_cache(c) for k, c in self.cache.get_many(need).items()}
         self.counts["cached"] += sum(len(need[k]) for k in outcomes)
-        self._progress(sum(len(need[k]) for k in outcomes))
-        field = self.params["text_field"]
         todo = [
             Pending(k, text_of(rows[i[0]], field)) for k, i in need.items() if k not in outcomes
         ]
         if self.client is None:  # cache-only: the rest is missing
             outcomes.update((item.key, MISSING) for item in todo)
-            self._progress(sum(len(need[it.key]) for it in todo))
+        self._progress(len(rows) - sum(len(need[k]) for k in need if k not in outcomes))
 
         def settled(answers: list[tuple[CacheKey, Answer]]) -> None:
             # cached: an answer with the score, or a 400 (a property of the text)

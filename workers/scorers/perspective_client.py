@@ -128,7 +128,11 @@ class PerspectiveClient:
             client_options={"api_endpoint": endpoint},
         )
         self.batch_uri = endpoint.rstrip("/") + "/batch"
-        self.attribute, self.languages = attribute, languages
+        self.attribute = attribute
+        # an analyze request's body but for its "comment"
+        self.request: dict[str, Any] = dict(
+            requestedAttributes={attribute: {}}, languages=languages, doNotStore=True
+        )
         self.limiter, self.max_retries = limiter, int(params["max_retries"])
         self.backoff = (float(params["backoff_initial_s"]), float(params["backoff_max_s"]))
         self.batch_size = max(1, min(int(params["batch_size"]), MAX_BATCH, limiter.limit))
@@ -163,14 +167,6 @@ class PerspectiveClient:
             return Answer("transient", reason=reason, status=status)
         fatal = status in (401, 403) or "API_KEY" in reason or "API key" in reason
         return Answer("fatal" if fatal else "final", reason=reason, status=status)
-
-    def body(self, text: str) -> dict[str, Any]:
-        return {
-            "comment": {"text": text},
-            "requestedAttributes": {self.attribute: {}},
-            "languages": self.languages,
-            "doNotStore": True,
-        }
 
     def fetch(
         self, items: list[Pending], settled: Callable[[list[tuple[CacheKey, Answer]]], None]
@@ -255,9 +251,8 @@ class PerspectiveClient:
 
         request = BatchHttpRequest(callback=on_answer, batch_uri=self.batch_uri)
         for i, item in enumerate(batch):
-            request.add(
-                self._service.comments().analyze(body=self.body(item.text)), request_id=str(i)
-            )
+            body = {"comment": {"text": item.text}, **self.request}
+            request.add(self._service.comments().analyze(body=body), request_id=str(i))
         self.stats["sent"] += sum(1 for it in batch if it.attempts == 0)  # distinct texts
         self.stats["calls"] += len(batch)
         self.stats["retries"] += sum(1 for it in batch if it.attempts > 0)
