@@ -41,19 +41,18 @@ class CacheMirror:
         self, run_uri: str, file_name: str, every_s: float = 60.0, shard_rows: int = SHARD_ROWS
     ) -> None:
         self.store = RunStore(run_uri)
-        self.file_name, self.every_s, self.shard_rows = file_name, every_s, max(1, shard_rows)
+        self.every_s, self.shard_rows = every_s, max(1, shard_rows)
         self.parts = (CACHE_REL, file_name.rsplit(".", 1)[0])
         self.last_put = time.monotonic()
         self.stats = {"loaded": 0, "put_answers": 0, "put_shards": 0}
-        self.tmp: str | None = None
-        self.copy: ScoreCache | None = None
+        self.copy: ScoreCache | None = None  # the working copy (object stores), in a temp dir
         if self.store.local:
             self.dir = self.store.path(CACHE_REL)
             os.makedirs(self.dir, exist_ok=True)
             if self.store.list_shards(*self.parts):  # answers an object-store run put back
                 self._load(ScoreCache(os.path.join(self.dir, file_name)), close=True)
             return
-        self.tmp = self.dir = tempfile.mkdtemp(prefix="lidao-cache-")
+        self.dir = tempfile.mkdtemp(prefix="lidao-cache-")
         legacy = f"{CACHE_REL}/{file_name}"  # the whole file, as versions before shards put it
         if self.store.exists(legacy):
             with (
@@ -111,8 +110,7 @@ class CacheMirror:
             self.maybe_put(force=True)
             self.copy.close()
             self.stats["compacted"] = self.store.compact_answers(self.parts)
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
         return dict(self.stats)
 
 

@@ -142,11 +142,7 @@ class HFClassifier(Scorer):
         import torch
 
         enc = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_tokens,
-            return_tensors="pt",
+            texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
         ).to(self.device)
         with torch.inference_mode():
             logits = self.model(**enc).logits.float()  # (B, num_labels)

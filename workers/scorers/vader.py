@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from jobs.catalog import SCORER_PARAMS
-from workers.scorers.base import Scorer, text_of
+from workers.scorers.base import Scorer, null_row, text_of
 
 
 class VaderSentiment(Scorer):
@@ -29,11 +29,9 @@ class VaderSentiment(Scorer):
         out = []
         for row in rows:
             text = text_of(row, self.params["text_field"])
-            if not text.strip():
-                rec = self.key(row, status="empty")
-                rec["sentiment"] = None
+            if text.strip():
+                compound = self._analyzer.polarity_scores(text)["compound"]
+                out.append({**self.key(row), "sentiment": (compound + 1.0) / 2.0})
             else:
-                rec = self.key(row)
-                rec["sentiment"] = (self._analyzer.polarity_scores(text)["compound"] + 1.0) / 2.0
-            out.append(rec)
+                out.append(null_row(self, row, "empty"))
         return out
