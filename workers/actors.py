@@ -81,11 +81,9 @@ class GenerationActor:
 class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
-    A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`workers.scorers.cache_mirror.scorer_context`). `score_chunk`
-    holds the rows it scored (`ScoreBuffer`) and writes them itself as atomic shards of ~8k
-    rows, so the driver never carries score rows; it requeues the chunks it has not seen
-    `flushed` when the actor dies.
+    A persistent cache (Perspective's) lives in the run's storage (`scorer_context`). The rows
+    it scores are held (`ScoreBuffer`) and written here as shards of ~8k rows, so the driver
+    never carries score rows; it requeues the chunks it has not seen `flushed` if the actor dies.
     """
 
     def __init__(

@@ -26,9 +26,6 @@ from workers.scorers.base import (
 if TYPE_CHECKING:
     import torch
 
-TEXT_FIELDS = SCORER_CHOICES["text_field"]
-ACTIVATIONS = SCORER_CHOICES["activation"]
-
 
 def label_index(id2label: dict[Any, Any], wanted: Sequence[str], where: str) -> dict[str, int]:
     """Map each `wanted` label (lower case) to its logit index in a config's `id2label` (keys
@@ -78,10 +75,11 @@ class HFClassifier(Scorer):
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
-        for key, choices in (("text_field", TEXT_FIELDS), ("activation", ACTIVATIONS)):
-            if self.params[key] not in choices:
+        for key in ("text_field", "activation"):
+            if self.params[key] not in SCORER_CHOICES[key]:
                 raise ScorerError(
-                    f"scorer {self.name!r}: {key} {self.params[key]!r}; use one of {choices}"
+                    f"scorer {self.name!r}: {key} {self.params[key]!r}; "
+                    f"use one of {SCORER_CHOICES[key]}"
                 )
         if int(self.params["batch_size"]) < 1 or int(self.params["max_length"]) < 1:
             raise ScorerError(f"scorer {self.name!r}: batch_size and max_length must be >= 1")

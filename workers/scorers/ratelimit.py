@@ -20,13 +20,8 @@ from contextlib import contextmanager
 
 
 class SlidingWindowLimiter:
-    """At most `limit` calls in any `window_s`-second window, counting batched calls one by one.
-
-    Args:
-        rate: calls per second allowed on average.
-        window_s: the window over which the server counts (60 for a per-minute quota).
-        clock / sleep: injectable for tests.
-    """
+    """At most `limit` = floor(`rate` * `window_s`) calls in any `window_s`-second window (60
+    for a per-minute quota), counting batched calls one by one; `clock` / `sleep` for tests."""
 
     def __init__(
         self,
