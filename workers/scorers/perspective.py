@@ -121,10 +121,8 @@ class PerspectiveToxicity(Scorer):
         return CacheKey(text_sha256(text), self.attribute, ",".join(self.languages), API_VERSION)
 
     def begin(self, total: int) -> None:
-        """Open the progress bar for `total` rows to come (rate and ETA)."""
-        # Only on a terminal and without `--no-progress` (workers.console.bars_enabled): in
-        # a Ray actor, or with output to a file or a pipe, the driver's own bar or its plain
-        # lines report the stage; the summary line comes at close.
+        """Open the progress bar for `total` rows to come, on a terminal without `--no-progress`
+        only (in an actor or into a file the driver reports the stage; a summary at close)."""
         from workers.console import bars_enabled
 
         if self.params["progress"] and self._bar is None and total > 0 and bars_enabled():
