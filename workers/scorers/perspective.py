@@ -28,9 +28,9 @@ from workers.scorers.perspective_client import (
     Outcome,
     Pending,
     PerspectiveClient,
+    SlidingWindowLimiter,
     summary_value,
 )
-from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CachedScore, CacheKey, ScoreCache, text_sha256
 
 MISSING = Outcome(None, "not in the Perspective cache", "missing")  # cache only: not an error

@@ -1,4 +1,5 @@
-"""The Perspective API transport: batched analyze calls under the quota, per-item retries.
+"""The Perspective API transport: batched analyze calls under the quota (a sliding-window
+limiter), per-item retries.
 
 googleapiclient 2.x ships no discovery document for `commentanalyzer v1alpha1`: the service is
 built from `perspective_discovery.json` (written for this project) with
@@ -16,14 +17,17 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from workers.scorers.base import ScorerError
-from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CacheKey
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,63 @@ def http_reason(status: int, content: bytes | str) -> str:
         return " ".join(x for x in (head, str(err.get("message") or ""), tags) if x)
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"HTTP {status}: {text[:200]}"
+
+
+class SlidingWindowLimiter:
+    """At most `limit` = floor(`rate` * `window_s`) calls in any `window_s`-second window (60
+    for a per-minute quota), counting batched calls one by one; `clock` / `sleep` for tests.
+
+    Each call is recorded when its request *finished* (the server saw it at some moment
+    before), so the next call, which waits until the oldest recorded call has left the window,
+    reaches the server at least one full window after it: the server can never count more
+    than the limit, however long the requests take. Failed calls (429, 5xx) count too.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0 or window_s <= 0:
+            raise ValueError(f"rate ({rate}) and window_s ({window_s}) must be > 0")
+        self.limit = math.floor(rate * window_s + 1e-9)
+        if self.limit < 1:
+            raise ValueError(f"rate {rate}/s over {window_s}s allows no call at all")
+        self.window_s = window_s
+        self._clock, self._sleep = clock, sleep
+        self._done: deque[float] = deque()  # finish times of recorded calls, oldest first
+        self._lock = threading.Lock()  # one batch in flight at a time
+        self.waited_s = 0.0
+
+    def wait_for(self, n: int) -> None:
+        """Block until `n` more calls fit in the window that starts now."""
+        if n > self.limit:
+            raise ValueError(
+                f"{n} calls at once exceed the quota of {self.limit} per {self.window_s}s"
+            )
+        while True:
+            now = self._clock()
+            while self._done and self._done[0] <= now - self.window_s:
+                self._done.popleft()
+            if len(self._done) + n <= self.limit:
+                return
+            # The oldest calls that must leave before n more fit.
+            leave = self._done[len(self._done) + n - self.limit - 1] + self.window_s
+            delay = max(leave - now, 1e-3)
+            self.waited_s += delay
+            self._sleep(delay)
+
+    @contextmanager
+    def calls(self, n: int) -> Iterator[None]:
+        """Wait for room for `n` calls, run the body (the request), record them when it ends."""
+        with self._lock:
+            self.wait_for(n)
+            try:
+                yield
+            finally:
+                self._done.extend([self._clock()] * n)
 
 
 class PerspectiveClient:
