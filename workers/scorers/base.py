@@ -147,13 +147,15 @@ def failed_row(scorer: Scorer, row: Row, exc: Exception) -> Row:
 def score_nonempty(
     scorer: Scorer, rows: Sequence[Row], batch_size: int, score_batch: Batch
 ) -> list[Row]:
-    """`score_batched` over the rows with a continuation, the others `status = empty`; in order."""
+    """`score_batched` over the rows with a continuation, the others `status = empty`; in
+    order (a `score_batch` that returned too few rows: fewer, for `check_rows` to name)."""
     blank = [not str(row.get("continuation") or "").strip() for row in rows]
     todo = [row for row, empty in zip(rows, blank) if not empty]
     scored = iter(score_batched(scorer, todo, batch_size, score_batch))
-    return [
-        null_row(scorer, row, "empty") if empty else next(scored) for row, empty in zip(rows, blank)
+    out = [
+        null_row(scorer, row, "empty") if b else next(scored, None) for row, b in zip(rows, blank)
     ]
+    return [r for r in out if r is not None]
 
 
 def null_row(scorer: Scorer, row: Row, status: str, error: str | None = None) -> Row:
