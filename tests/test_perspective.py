@@ -24,7 +24,7 @@ from fake_perspective import FakePerspective, default_score
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
 from workers.scorers.perspective import PerspectiveToxicity
-from workers.scorers.ratelimit import SlidingWindowLimiter
+from workers.scorers.perspective_client import SlidingWindowLimiter
 from workers.scorers.score_cache import ScoreCache
 
 REPO = Path(__file__).resolve().parents[1]

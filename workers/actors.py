@@ -21,10 +21,17 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def torch_threads() -> int:
+def where() -> dict[str, Any]:
+    """Where this actor runs: its process, host, Ray node, GPUs and torch's threads."""
     import torch
 
-    return int(torch.get_num_threads())
+    return {
+        "threads": int(torch.get_num_threads()),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+    }
 
 
 @ray.remote
@@ -47,8 +54,8 @@ class GenerationActor:
         gpu_share: float = 0.0,
     ) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self._args = (model, run_uri, words, device, name)
-        self.threads, self.gpu_share = threads, gpu_share
+        self._args = (model, run_uri, words, device, name, gpu_share)  # Generator's, in order
+        self.threads = threads
         self.gen: Any = None
 
     def _generator(self) -> Any:
@@ -56,28 +63,15 @@ class GenerationActor:
             from workers.generator import Generator
 
             set_threads(self.threads)
-            model, run_uri, words, device, name = self._args
-            self.gen = Generator(
-                model, run_uri, words=words, device=device, name=name, gpu_share=self.gpu_share
-            )
+            self.gen = Generator(*self._args)
         return self.gen
 
     def prepare(self, keys: list[tuple[str, str, str]]) -> dict[str, Any]:
         """Load the model and every method; say where this replica runs and what it sees."""
         gen = self._generator()
-        info = dict(gen.prepare(keys))
-        context = ray.get_runtime_context()
-        info.update(
-            threads=torch_threads(),
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            node_id=context.get_node_id(),
-            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
-            # The driver wrote plan.parquet before starting actors: a replica on another node
-            # that cannot see it writes its shards where nobody reads them (a local run dir).
-            run_dir_visible=gen.store.exists("plan.parquet"),
-        )
-        return info
+        # The driver wrote plan.parquet before starting actors: a replica on another node
+        # that cannot see it writes its shards where nobody reads them (a local run dir).
+        return {**gen.prepare(keys), **where(), "run_dir_visible": gen.store.exists("plan.parquet")}
 
     def run_batch(self, jobs: list[Any]) -> dict[str, Any]:
         return dict(self._generator().run_batch(jobs))
@@ -87,44 +81,26 @@ class GenerationActor:
 class ScorerActor:
     """One scorer replica of a pool (a classifier on a GPU share, Perspective on a CPU...).
 
-    A scorer with a persistent cache (Perspective) keeps it in the run's storage unless the
-    context names a `cache_dir` (`workers.scorers.cache_mirror.scorer_context`). `score_chunk`
-    holds the rows it scored (`ScoreBuffer`) and writes them itself as atomic shards of ~8k
-    rows, so the driver never carries score rows; it requeues the chunks it has not seen
-    `flushed` when the actor dies.
+    A persistent cache (Perspective's) lives in the run's storage (`scorer_context`). The rows
+    it scores are held (`ScoreBuffer`) and written here as shards of ~8k rows, so the driver
+    never carries score rows; it requeues the chunks it has not seen `flushed` if the actor dies.
     """
 
     def __init__(
-        self,
-        name: str,
-        params: dict[str, Any],
-        context: Any,
-        threads: int | None = None,
-        run_uri: str | None = None,
+        self, name: str, params: dict[str, Any], context: Any, threads: int | None, run_uri: str
     ) -> None:
+        from workers.scorers.cache_mirror import scorer_context
         from workers.scorers.registry import load_scorer
 
         set_threads(threads)
-        self.mirror: Any = None
         self.name, self.run_uri = name, run_uri
         self.buffer: Any = None
-        if run_uri is not None:
-            from workers.scorers.cache_mirror import scorer_context
-
-            context, self.mirror = scorer_context(name, params, context, run_uri)
+        context, self.mirror = scorer_context(name, params, context, run_uri)
         self.scorer = load_scorer(name)(params, context)
 
     def info(self) -> dict[str, Any]:
         """The scorer's version and where this replica runs."""
-        runtime = ray.get_runtime_context()
-        return {
-            "version": str(self.scorer.version),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "node_id": runtime.get_node_id(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "threads": torch_threads(),
-        }
+        return {"version": str(self.scorer.version), **where()}
 
     def begin(self, total: int) -> None:
         self.scorer.begin(total)
@@ -138,7 +114,12 @@ class ScorerActor:
         out = list(self.scorer.score(rows))
         if self.mirror is not None:
             self.mirror.maybe_put()
-        flushed = self._buffer(flush_rows).add(rows, out)
+        if self.buffer is None:
+            from results.run.store import RunStore
+            from workers.scorers.score_buffer import FLUSH_ROWS, ScoreBuffer
+
+            self.buffer = ScoreBuffer(RunStore(self.run_uri), self.name, flush_rows or FLUSH_ROWS)
+        flushed = self.buffer.add(rows, out)
         return {
             "rows": [
                 {"job_id": r["job_id"], "status": r["status"]}
@@ -151,16 +132,6 @@ class ScorerActor:
     def flush(self) -> int:
         """Write the held rows now (the stage's end); returns how many."""
         return int(self.buffer.flush()) if self.buffer is not None else 0
-
-    def _buffer(self, flush_rows: int | None) -> Any:
-        if self.buffer is None:
-            from results.run.store import RunStore
-            from workers.scorers.score_buffer import FLUSH_ROWS, ScoreBuffer
-
-            if self.run_uri is None:
-                raise ValueError("ScorerActor.score_chunk needs the run's URI (run_uri)")
-            self.buffer = ScoreBuffer(RunStore(self.run_uri), self.name, flush_rows or FLUSH_ROWS)
-        return self.buffer
 
     def close(self) -> dict[str, Any]:
         self.flush()  # nothing is held after the stage's own flush; a follower's leftovers

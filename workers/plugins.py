@@ -6,6 +6,9 @@ its `"metric"`), and `--include` modules that call `register_method` / `register
 Either way the entries land in the torch-free catalog (`jobs.catalog`). Included module names
 reach Ray workers in `LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same
 names; target classes are imported only inside actors, like the built-in ones.
+
+This is also the lazy registry behind `workers.methods.registry` and `workers.scorers.registry`:
+the catalog's lookups after the plugins, and the import of a method's or scorer's class.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, ParamSpec, TypeVar
 
-from jobs.catalog import add_method, add_scorer
+import jobs.catalog as catalog
 
 INCLUDE_ENV = "LIDAO_HARNESS_INCLUDE"
 METHOD_GROUP = "lidao_harness.methods"
@@ -71,8 +74,6 @@ def load_plugins() -> None:
 
 
 def _register(group: str, name: str, spec: Any, where: str) -> None:
-    from results.schema import METRIC_FIELDS
-
     s = {"target": spec} if isinstance(spec, str) else spec
     if not isinstance(s, dict) or not isinstance(s.get("target"), str):
         raise PluginError(f"{where}: expected a dict with a 'target': 'module:Class' string")
@@ -82,9 +83,9 @@ def _register(group: str, name: str, spec: Any, where: str) -> None:
     options = {"params": s.get("params"), "kinds": s.get("kinds")}
     try:
         if scorer:
-            add_scorer(name, s["target"], s["metric"], METRIC_FIELDS, **options)
+            register_scorer(name, s["target"], s["metric"], **options)
         else:
-            add_method(name, s["target"], **options)
+            register_method(name, s["target"], **options)
     except ValueError as exc:
         raise PluginError(f"{where}: {exc}") from None
 
@@ -109,3 +110,54 @@ def after_plugins(lookup: Callable[P, R]) -> Callable[P, R]:
         return lookup(*args, **kwargs)
 
     return looked_up
+
+
+# the catalog's lookups, after the plugins (a plugin's methods, scorers and parameters too)
+check_method_name = after_plugins(catalog.check_method_name)
+check_scorer_name = after_plugins(catalog.check_scorer_name)  # UnknownScorerError: a KeyError
+resolve_params = after_plugins(catalog.resolve_params)
+# What an `--include` module calls: `target` is `"module:Class"` (a `DecodingMethod`, imported
+# only inside actors), `params` its defaults, `kinds` declared kinds (else those of the defaults).
+register_method = catalog.add_method
+
+
+def load_method(name: str) -> type[Any]:
+    """Import the method class registered under `name` (inside actors only)."""
+    check_method_name(name)
+    return import_target(catalog.METHODS[name])
+
+
+def load_scorer(name: str) -> type[Any]:
+    """Import the scorer class registered under `name` (inside actors only)."""
+    check_scorer_name(name)
+    return import_target(catalog.SCORERS[name])
+
+
+def register_scorer(
+    name: str,
+    target: str,
+    metric: str,
+    params: dict[str, Any] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> None:
+    """Add a scorer from outside the tree: `target` is `"module:Class"` (a
+    `workers.scorers.base.Scorer`), `metric` the column it fills, `params` its defaults (else
+    its class's `default_params`), `kinds` their declared kinds (else those of the defaults)."""
+    from results.schema import METRIC_FIELDS
+
+    catalog.add_scorer(name, target, metric, METRIC_FIELDS, params=params, kinds=kinds)
+
+
+def scorer_defaults(name: str) -> dict[str, Any]:
+    """Parameter defaults of `name`: the catalog's, else (a plugin that declared none) its
+    class's `default_params` (imports the scorer's module, which imports no torch)."""
+    check_scorer_name(name)
+    if name in catalog.SCORER_PARAMS:
+        return dict(catalog.SCORER_PARAMS[name])
+    return dict(getattr(load_scorer(name), "default_params", {}))
+
+
+def check_scorer_params(name: str, params: dict[str, Any]) -> dict[str, str]:
+    """{parameter: problem} of `params` given to scorer `name` (`jobs.catalog.check_scorer_params`
+    against its defaults, a plugin's included); empty when all is well."""
+    return catalog.check_scorer_params(name, params, scorer_defaults(name))

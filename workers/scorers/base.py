@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from jobs.words import GroupWords, builtin_gender_words
-from results.schema import METRIC_FIELDS
+from results.schema import METRIC_FIELDS, SCORE_KEY_FIELDS
 
 # A row whose scoring failed for a reason that may pass (a rate limit, a 5xx, a timeout, an
 # unparsable answer, out of memory): returned with this status and its error
 # "<kind>: <detail>", never written, so the next `score` of the run tries it again. A
 # permanent failure (a 400 for this text, a text the model cannot take) is an `error` row.
 RETRY = "retry"
+Row = dict[str, Any]  # a generation row in, a score row out
+Batch = Callable[[list[Row]], list[Row]]  # scores a batch of rows, one out per row in
 
 
 class ScorerError(ValueError):
@@ -54,7 +56,7 @@ class Scorer:
         if own is not None and not getattr(own, "_checks_finite", False):
 
             @functools.wraps(own)
-            def score(self: Scorer, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+            def score(self: Scorer, rows: Sequence[Row]) -> list[Row]:
                 return reject_non_finite(self, own(self, rows))
 
             score._checks_finite = True  # type: ignore[attr-defined]
@@ -82,30 +84,23 @@ class Scorer:
     def begin(self, total: int) -> None:
         """Called once before the first `score` with the number of rows to come (progress)."""
 
-    def score(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def score(self, rows: Sequence[Row]) -> list[Row]:
         raise NotImplementedError
 
     def close(self) -> dict[str, Any]:
         """Release resources; returns stats for the manifest (e.g. sent / cached / failed)."""
         return {}
 
-    def key(
-        self, row: dict[str, Any], status: str = "ok", error: str | None = None
-    ) -> dict[str, Any]:
-        return {
-            "job_id": row["job_id"],
-            "scorer": self.name,
-            "scorer_version": self.version,
-            "metric": self.metric,
-            "status": status,
-            "error": error,
-        }
+    def key(self, row: Row, status: str = "ok", error: str | None = None) -> Row:
+        """The key columns (`results.schema.SCORE_KEY_FIELDS`) of the score row of `row`."""
+        values = (row["job_id"], self.name, self.version, self.metric, status, error)
+        return {name: value for (name, _), value in zip(SCORE_KEY_FIELDS, values, strict=True)}
 
 
 TEXT_JOIN = "raw"  # how prompt+continuation is joined: the raw strings, nothing inserted
 
 
-def text_of(row: dict[str, Any], field_name: str) -> str:
+def text_of(row: Row, field_name: str) -> str:
     """`continuation` or `prompt+continuation`: the text as the model saw it.
 
     The prompt and the continuation are concatenated exactly as generated, nothing inserted:
@@ -120,36 +115,27 @@ def text_of(row: dict[str, Any], field_name: str) -> str:
 
 
 def score_batched(
-    scorer: Scorer,
-    rows: Sequence[dict[str, Any]],
-    batch_size: int,
-    score_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
+    scorer: Scorer, rows: Sequence[Row], batch_size: int, score_batch: Batch
+) -> list[Row]:
     """Run `score_batch` over chunks of `rows`; a failing chunk is retried row by row.
 
-    A row that still fails alone becomes a `status = error` row carrying the exception text
-    (too long for the model...), or a `retry` row when memory ran out (another batch, or a
-    later `score`, may fit), so one bad row never drops its batch.
+    A row that still fails alone becomes a `failed_row` (`error`, or `retry` when memory ran
+    out), so one bad row never drops its batch.
     """
-    out: list[dict[str, Any]] = []
+    out: list[Row] = []
     for start in range(0, len(rows), max(1, batch_size)):
         chunk = list(rows[start : start + batch_size])
         try:
             out.extend(score_batch(chunk))
-            continue
-        except Exception as exc:  # noqa: BLE001 - isolated below, row by row
-            if len(chunk) == 1:
+        except Exception as exc:  # noqa: BLE001 - isolated row by row, recorded in the row
+            if len(chunk) > 1:
+                out.extend(score_batched(scorer, chunk, 1, score_batch))
+            else:
                 out.append(failed_row(scorer, chunk[0], exc))
-                continue
-        for row in chunk:
-            try:
-                out.extend(score_batch([row]))
-            except Exception as exc:  # noqa: BLE001 - recorded in the row
-                out.append(failed_row(scorer, row, exc))
     return out
 
 
-def failed_row(scorer: Scorer, row: dict[str, Any], exc: Exception) -> dict[str, Any]:
+def failed_row(scorer: Scorer, row: Row, exc: Exception) -> Row:
     """The row of a text whose scoring raised `exc`: `retry` when memory ran out (CUDA's
     `OutOfMemoryError`, a `MemoryError`), else a final `error`."""
     text = f"{type(exc).__name__}: {exc}"
@@ -159,31 +145,20 @@ def failed_row(scorer: Scorer, row: dict[str, Any], exc: Exception) -> dict[str,
 
 
 def score_nonempty(
-    scorer: Scorer,
-    rows: Sequence[dict[str, Any]],
-    batch_size: int,
-    score_batch: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """`score_batched` over the rows with a continuation; the others get `status = empty`.
-
-    Output rows are in input order.
-    """
-    out: list[dict[str, Any] | None] = [None] * len(rows)
-    todo: list[int] = []
-    for i, row in enumerate(rows):
-        if str(row.get("continuation") or "").strip():
-            todo.append(i)
-        else:
-            out[i] = null_row(scorer, row, "empty")
-    scored = score_batched(scorer, [rows[i] for i in todo], batch_size, score_batch)
-    for i, rec in zip(todo, scored):
-        out[i] = rec
+    scorer: Scorer, rows: Sequence[Row], batch_size: int, score_batch: Batch
+) -> list[Row]:
+    """`score_batched` over the rows with a continuation, the others `status = empty`; in
+    order (a `score_batch` that returned too few rows: fewer, for `check_rows` to name)."""
+    blank = [not str(row.get("continuation") or "").strip() for row in rows]
+    todo = [row for row, empty in zip(rows, blank) if not empty]
+    scored = iter(score_batched(scorer, todo, batch_size, score_batch))
+    out = [
+        null_row(scorer, row, "empty") if b else next(scored, None) for row, b in zip(rows, blank)
+    ]
     return [r for r in out if r is not None]
 
 
-def null_row(
-    scorer: Scorer, row: dict[str, Any], status: str, error: str | None = None
-) -> dict[str, Any]:
+def null_row(scorer: Scorer, row: Row, status: str, error: str | None = None) -> Row:
     """A row of `scorer` for `row` with every metric column null (status empty, error, retry)."""
     rec = scorer.key(row, status=status, error=error[:2000] if error else None)
     for name, _ in METRIC_FIELDS[scorer.metric]:
@@ -191,25 +166,21 @@ def null_row(
     return rec
 
 
-def reject_non_finite(scorer: Scorer, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows scored ok with a NaN or infinite metric value become `status = error` rows.
-
-    The message names the field and the value; every metric column of such a row is null,
-    so nothing downstream can mistake it for a score.
-    """
+def reject_non_finite(scorer: Scorer, rows: list[Row]) -> list[Row]:
+    """Rows scored ok with a NaN or infinite metric value become `error` rows naming the field
+    and the value, every metric column null: nothing downstream can mistake it for a score."""
     fields = [name for name, _ in METRIC_FIELDS.get(scorer.metric, ())]
     out = []
     for rec in rows:
         bad = [
-            (name, rec.get(name))
+            f"{name} = {rec[name]!r}"
             for name in fields
             if isinstance(rec.get(name), float) and not math.isfinite(rec[name])
         ]
         if rec.get("status") == "ok" and bad:
-            what = ", ".join(f"{name} = {value!r}" for name, value in bad)
-            message = f"non-finite score from {scorer.name}: {what} (e.g. an fp16 overflow)"
-            fixed = null_row(scorer, rec, "error", message)
-            out.append(fixed)
-        else:
-            out.append(rec)
+            message = (
+                f"non-finite score from {scorer.name}: {', '.join(bad)} (e.g. an fp16 overflow)"
+            )
+            rec = null_row(scorer, rec, "error", message)
+        out.append(rec)
     return out

@@ -27,40 +27,32 @@ SHARD_ROWS = 8192  # new answers per shard put back (or whatever is new every `e
 
 
 class CacheMirror:
-    """Gives a scorer a cache directory that lives with the run, not with a worker's ~/.cache.
+    """Gives a scorer a cache directory that lives with the run (docs/design.md, "Scoring").
 
-    A local (or shared-filesystem) run directory holds the sqlite file itself (RUN/cache/):
-    each batch of answers is committed as it arrives, nothing else to do. On an object store
-    the scorer's sqlite file is a working copy in a temp folder of the actor's node, and the
-    run keeps the answers as append-only Parquet shards (RUN/cache/<file stem>/): at start the
-    copy is loaded from them (and from a whole sqlite file older versions put back), streamed
-    a batch at a time. New answers are put back as they come (`maybe_put`): every
-    `shard_rows` of them as one shard in its final form, the rest at least every `every_s`
-    seconds (and at `close`): in its final form too when it holds half `shard_rows` or more
-    (100 answers a second fill that in 41 s), else as a small shard that `close` compacts with
-    the others (`RunStore.compact_answers`). An answer is uploaded once, or twice when it went
-    out in a small shard, never the whole cache again. The process holds one batch of the load, one
-    shard of new answers and sqlite's bounded page cache, whatever the cache's size; the copy
-    takes disk on the node. A lost node loses at most `every_s` of answers, never a score.
+    A local (or shared-filesystem) run directory holds the sqlite file itself (RUN/cache/).
+    On an object store the sqlite file is a working copy in a temp folder of the actor's node,
+    loaded at start from the run's append-only answer shards (RUN/cache/<file stem>/, and a
+    whole sqlite file older versions put back) a record batch at a time; new answers go back
+    as shards (`maybe_put`), so an answer is uploaded once, or twice when it went out in a
+    small shard, and a lost node loses at most `every_s` of answers, never a score.
     """
 
     def __init__(
         self, run_uri: str, file_name: str, every_s: float = 60.0, shard_rows: int = SHARD_ROWS
     ) -> None:
         self.store = RunStore(run_uri)
-        self.file_name, self.every_s, self.shard_rows = file_name, every_s, max(1, shard_rows)
+        self.every_s, self.shard_rows = every_s, max(1, shard_rows)
         self.parts = (CACHE_REL, file_name.rsplit(".", 1)[0])
         self.last_put = time.monotonic()
         self.stats = {"loaded": 0, "put_answers": 0, "put_shards": 0}
-        self.tmp: str | None = None
-        self.copy: ScoreCache | None = None
+        self.copy: ScoreCache | None = None  # the working copy (object stores), in a temp dir
         if self.store.local:
             self.dir = self.store.path(CACHE_REL)
             os.makedirs(self.dir, exist_ok=True)
             if self.store.list_shards(*self.parts):  # answers an object-store run put back
                 self._load(ScoreCache(os.path.join(self.dir, file_name)), close=True)
             return
-        self.tmp = self.dir = tempfile.mkdtemp(prefix="lidao-cache-")
+        self.dir = tempfile.mkdtemp(prefix="lidao-cache-")
         legacy = f"{CACHE_REL}/{file_name}"  # the whole file, as versions before shards put it
         if self.store.exists(legacy):
             with (
@@ -92,9 +84,8 @@ class CacheMirror:
     def maybe_put(self, force: bool = False) -> None:
         """Put the answers added since the last put back (object stores only): each
         `shard_rows` of them at once, and what is left once `every_s` has passed or when
-        `force`. A shard of at least half `shard_rows` answers is in its final form
-        (`part-c-`, never merged again); a smaller one is a `part-` shard that `close`
-        compacts."""
+        `force`. A shard of half `shard_rows` or more is final (`part-c-`, 100 answers a second
+        fill one in 41 s); a smaller `part-` shard is compacted by `close`."""
         if self.copy is None:
             return
         due = force or time.monotonic() - self.last_put >= self.every_s
@@ -119,8 +110,7 @@ class CacheMirror:
             self.maybe_put(force=True)
             self.copy.close()
             self.stats["compacted"] = self.store.compact_answers(self.parts)
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
         return dict(self.stats)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from jobs.catalog import SCORER_CHOICES
+from jobs.catalog import SCORER_CHOICES, SCORER_PARAMS
 from workers.scorers.base import (
     TEXT_JOIN,
     Scorer,
@@ -26,21 +26,11 @@ from workers.scorers.base import (
 if TYPE_CHECKING:
     import torch
 
-TEXT_FIELDS = SCORER_CHOICES["text_field"]
-ACTIVATIONS = SCORER_CHOICES["activation"]
-
 
 def label_index(id2label: dict[Any, Any], wanted: Sequence[str], where: str) -> dict[str, int]:
-    """Map each wanted label (lower case) to its logit index, or fail listing what was found.
-
-    Args:
-        id2label: a model config's `id2label` (keys may be ints or digit strings).
-        wanted: labels the metric needs, lower case.
-        where: names the scorer and model in the error.
-
-    Raises:
-        ScorerError: a wanted label is absent, or two ids carry the same label.
-    """
+    """Map each `wanted` label (lower case) to its logit index in a config's `id2label` (keys
+    ints or digit strings); a `ScorerError` naming `where` when one is absent, listing what was
+    found, or when two ids carry the same label."""
     found: dict[str, int] = {}
     for idx, label in sorted((int(i), str(lab)) for i, lab in (id2label or {}).items()):
         key = label.strip().lower()
@@ -69,9 +59,7 @@ def truncation_length(max_length: int, tokenizer: Any, config: Any) -> int:
         limits.append(tok_max)
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0:
-        if "roberta" in str(getattr(config, "model_type", "")) or "camembert" in str(
-            getattr(config, "model_type", "")
-        ):
+        if any(t in str(getattr(config, "model_type", "")) for t in ("roberta", "camembert")):
             positions -= int(getattr(config, "pad_token_id", 1) or 0) + 1
         limits.append(positions)
     return max(1, min(limits))
@@ -83,25 +71,16 @@ class HFClassifier(Scorer):
     num_cpus = 0.5  # fractional: several scorer actors share a small machine
     wants_gpu = True
     labels: ClassVar[tuple[str, ...]] = ()  # lower-case labels that must be in id2label
-    default_params: ClassVar[dict[str, Any]] = {
-        "model": "",
-        "revision": None,
-        "batch_size": 32,
-        "text_field": "continuation",
-        "max_length": 512,
-        "activation": "auto",
-    }
+    default_params: ClassVar[dict[str, Any]] = {**SCORER_PARAMS["sentiment"], "model": ""}
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
-        if self.params["text_field"] not in TEXT_FIELDS:
-            raise ScorerError(
-                f"scorer {self.name!r}: text_field {self.params['text_field']!r}; use one of {TEXT_FIELDS}"
-            )
-        if self.params["activation"] not in ACTIVATIONS:
-            raise ScorerError(
-                f"scorer {self.name!r}: activation {self.params['activation']!r}; use one of {ACTIVATIONS}"
-            )
+        for key in ("text_field", "activation"):
+            if self.params[key] not in SCORER_CHOICES[key]:
+                raise ScorerError(
+                    f"scorer {self.name!r}: {key} {self.params[key]!r}; "
+                    f"use one of {SCORER_CHOICES[key]}"
+                )
         if int(self.params["batch_size"]) < 1 or int(self.params["max_length"]) < 1:
             raise ScorerError(f"scorer {self.name!r}: batch_size and max_length must be >= 1")
         from workers.models import pick_device
@@ -161,11 +140,7 @@ class HFClassifier(Scorer):
         import torch
 
         enc = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_tokens,
-            return_tensors="pt",
+            texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
         ).to(self.device)
         with torch.inference_mode():
             logits = self.model(**enc).logits.float()  # (B, num_labels)
@@ -174,12 +149,10 @@ class HFClassifier(Scorer):
     def _score_batch(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         texts = [text_of(r, self.params["text_field"]) for r in rows]
         probs = self.probabilities(texts).cpu().tolist()
-        out = []
-        for row, p in zip(rows, probs):
-            rec = self.key(row)
-            rec.update(self.values({lab: float(p[i]) for lab, i in self.index.items()}))
-            out.append(rec)
-        return out
+        return [
+            {**self.key(row), **self.values({lab: float(p[i]) for lab, i in self.index.items()})}
+            for row, p in zip(rows, probs)
+        ]
 
     def values(self, probs: dict[str, float]) -> dict[str, Any]:
         """The metric's columns from the wanted labels' probabilities."""
@@ -192,10 +165,7 @@ class SentimentClassifier(HFClassifier):
     name = "sentiment"
     metric = "sentiment"
     labels = ("negative", "positive")
-    default_params = {
-        **HFClassifier.default_params,
-        "model": "distilbert/distilbert-base-uncased-finetuned-sst-2-english",
-    }
+    default_params = SCORER_PARAMS["sentiment"]
 
     def values(self, probs: dict[str, float]) -> dict[str, Any]:
         return {"sentiment": probs["positive"]}
@@ -207,11 +177,7 @@ class RegardClassifier(HFClassifier):
     name = "regard"
     metric = "regard"
     labels = ("negative", "neutral", "positive", "other")
-    default_params = {
-        **HFClassifier.default_params,
-        "model": "sasha/regardv3",
-        "text_field": "prompt+continuation",
-    }
+    default_params = SCORER_PARAMS["regard"]
 
     def values(self, probs: dict[str, float]) -> dict[str, Any]:
         label = max(self.labels, key=lambda lab: probs[lab])  # ties: the first in `labels`
@@ -223,11 +189,7 @@ class ToxicityClassifier(HFClassifier):
 
     name = "toxicity-hf"
     metric = "toxicity"
-    default_params = {
-        **HFClassifier.default_params,
-        "model": "unitary/unbiased-toxic-roberta",
-        "label": "toxicity",
-    }
+    default_params = SCORER_PARAMS["toxicity-hf"]
 
     def wanted_labels(self) -> tuple[str, ...]:
         return (str(self.params["label"]).lower(),)

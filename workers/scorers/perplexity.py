@@ -8,10 +8,9 @@ continuation alone adds a piece for SentencePiece-style tokenizers (LLaMA: " was
 "▁▁was", one "▁" token more than after a prompt). Where the whole text does not start with the
 prompt's ids (the continuation glues onto the prompt's last word, "The chair" + "man"), the
 continuation is tokenized alone: its own tokens are scored, never a re-segmentation of the
-prompt across the join. Labels are
--100 on prompt tokens and padding. Batches are right-padded: under a causal mask real tokens
-never see the padding, so position ids need no correction and a batch scores exactly like its
-rows one by one.
+prompt across the join. Labels are -100 on prompt tokens and padding. Batches are right-padded:
+under a causal mask real tokens never see the padding, so position ids need no correction and
+a batch scores exactly like its rows one by one.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from jobs.catalog import SCORER_PARAMS
 from jobs.spec import ModelRef
 from workers.scorers.base import Scorer, ScorerContext, ScorerError, null_row, score_nonempty
 
@@ -33,12 +33,7 @@ class Perplexity(Scorer):
     metric = "perplexity"
     num_cpus = 0.5  # fractional: several scorer actors share a small machine
     wants_gpu = True
-    default_params: ClassVar[dict[str, Any]] = {
-        "model": "openai-community/gpt2-xl",
-        "revision": None,
-        "dtype": "float32",
-        "batch_size": 16,
-    }
+    default_params: ClassVar[dict[str, Any]] = SCORER_PARAMS["perplexity"]
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
@@ -83,17 +78,13 @@ class Perplexity(Scorer):
         return score_nonempty(self, rows, int(self.params["batch_size"]), self._score_batch)
 
     def _score_batch(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        pairs = [self.token_ids(r) for r in rows]
-        nll = self.mean_nll(pairs)
-        out = []
-        for row, value in zip(rows, nll):
-            if value is None:  # the continuation has no token under this tokenizer
-                out.append(null_row(self, row, "empty"))
-                continue
-            rec = self.key(row)
-            rec["perplexity"] = math.exp(value)
-            out.append(rec)
-        return out
+        nll = self.mean_nll([self.token_ids(r) for r in rows])
+        return [  # None: the continuation has no token under this tokenizer
+            null_row(self, row, "empty")
+            if value is None
+            else {**self.key(row), "perplexity": math.exp(value)}
+            for row, value in zip(rows, nll)
+        ]
 
     def mean_nll(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[float | None]:
         """Mean NLL (nats) of each continuation given its prompt; None for no tokens."""

@@ -1,4 +1,5 @@
-"""The Perspective API transport: batched analyze calls under the quota, per-item retries.
+"""The Perspective API transport: batched analyze calls under the quota (a sliding-window
+limiter), per-item retries.
 
 googleapiclient 2.x ships no discovery document for `commentanalyzer v1alpha1`: the service is
 built from `perspective_discovery.json` (written for this project) with
@@ -16,14 +17,17 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from workers.scorers.base import ScorerError
-from workers.scorers.ratelimit import SlidingWindowLimiter
 from workers.scorers.score_cache import CacheKey
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,8 @@ DISCOVERY = Path(__file__).with_name("perspective_discovery.json")
 MAX_TEXT_BYTES = 20480  # the API answers 400 above this; not worth a call
 MAX_BATCH = 100
 NO_ANSWER = "no answer in the batch response"
+NO_CALLS = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}  # client stats
+LOGGERS = ("googleapiclient.discovery", "googleapiclient.http", "googleapiclient.model")
 
 
 class Answer(NamedTuple):
@@ -49,7 +55,7 @@ class Answer(NamedTuple):
 class Outcome(NamedTuple):
     value: float | None
     error: str | None
-    retry: bool = False  # a transient failure: the row is left for a later `score`
+    status: str = "error"  # of the row when there is no value: error | retry | missing
 
 
 @dataclass
@@ -58,18 +64,6 @@ class Pending:
     text: str
     attempts: int = 0
     not_before: float = 0.0
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Per-item retries of transient answers: delay = min(cap, initial * 2**(attempt - 1))."""
-
-    max_retries: int = 6
-    initial_s: float = 20.0
-    cap_s: float = 300.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.initial_s * 2 ** max(0, attempt - 1)))
 
 
 def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
@@ -83,29 +77,16 @@ def summary_value(response: dict[str, Any] | None, attribute: str) -> Outcome:
 def transient_kind(answer: Answer) -> str:
     """What a transient failure was, in the words of the "N rows failed: ..." line: rate
     limited, server error, timed out, unparsable answer or transport error."""
-    last = answer.reason.rsplit("last: ", 1)[-1]  # a given-up item: its last answer
+    reason = answer.reason
     if answer.status == 429:
         return "rate limited"
-    if answer.status == 408 or "Timeout" in last or "timed out" in last:
+    if answer.status == 408 or "Timeout" in reason or "timed out" in reason:
         return "timed out"
     if answer.status is not None and answer.status >= 500:
         return "server error"
-    if last.startswith(("BatchError", "ValueError", "KeyError", "JSONDecodeError", NO_ANSWER)):
+    if reason.startswith(("BatchError", "ValueError", "KeyError", "JSONDecodeError", NO_ANSWER)):
         return "unparsable answer"
     return "transport error"
-
-
-def classify(status: int | None, reason: str) -> Answer:
-    """Sort an HTTP failure: retry it, record it, or stop everything.
-
-    A bad key comes back as 400 `API_KEY_INVALID`, not 401: it must stop the run, not be
-    cached as a final answer for every text.
-    """
-    if status is None or status in (408, 429) or status >= 500:
-        return Answer("transient", reason=reason, status=status)
-    if status in (401, 403) or "API_KEY" in reason or "API key" in reason:
-        return Answer("fatal", reason=reason, status=status)
-    return Answer("final", reason=reason, status=status)
 
 
 def http_reason(status: int, content: bytes | str) -> str:
@@ -121,8 +102,71 @@ def http_reason(status: int, content: bytes | str) -> str:
         return f"HTTP {status}: {text[:200]}"
 
 
+class SlidingWindowLimiter:
+    """At most `limit` = floor(`rate` * `window_s`) calls in any `window_s`-second window (60
+    for a per-minute quota), counting batched calls one by one; `clock` / `sleep` for tests.
+
+    Each call is recorded when its request *finished* (the server saw it at some moment
+    before), so the next call, which waits until the oldest recorded call has left the window,
+    reaches the server at least one full window after it: the server can never count more
+    than the limit, however long the requests take. Failed calls (429, 5xx) count too.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0 or window_s <= 0:
+            raise ValueError(f"rate ({rate}) and window_s ({window_s}) must be > 0")
+        self.limit = math.floor(rate * window_s + 1e-9)
+        if self.limit < 1:
+            raise ValueError(f"rate {rate}/s over {window_s}s allows no call at all")
+        self.window_s = window_s
+        self._clock, self._sleep = clock, sleep
+        self._done: deque[float] = deque()  # finish times of recorded calls, oldest first
+        self._lock = threading.Lock()  # one batch in flight at a time
+        self.waited_s = 0.0
+
+    def wait_for(self, n: int) -> None:
+        """Block until `n` more calls fit in the window that starts now."""
+        if n > self.limit:
+            raise ValueError(
+                f"{n} calls at once exceed the quota of {self.limit} per {self.window_s}s"
+            )
+        while True:
+            now = self._clock()
+            while self._done and self._done[0] <= now - self.window_s:
+                self._done.popleft()
+            if len(self._done) + n <= self.limit:
+                return
+            # The oldest calls that must leave before n more fit.
+            leave = self._done[len(self._done) + n - self.limit - 1] + self.window_s
+            delay = max(leave - now, 1e-3)
+            self.waited_s += delay
+            self._sleep(delay)
+
+    @contextmanager
+    def calls(self, n: int) -> Iterator[None]:
+        """Wait for room for `n` calls, run the body (the request), record them when it ends."""
+        with self._lock:
+            self.wait_for(n)
+            try:
+                yield
+            finally:
+                self._done.extend([self._clock()] * n)
+
+
 class PerspectiveClient:
-    """Sends analyze calls in batches under the quota, retrying transient answers per item."""
+    """Sends analyze calls in batches under the quota, retrying transient answers per item
+    (the i-th retry after min(`backoff_max_s`, `backoff_initial_s` * 2**(i - 1)) seconds).
+
+    `params` are the scorer's (`batch_size`, `timeout_s`, `max_retries`, `backoff_*`). While
+    it is open (until `close`) the key is redacted from googleapiclient's log records: it logs
+    request URLs, key included, at DEBUG.
+    """
 
     def __init__(
         self,
@@ -131,15 +175,13 @@ class PerspectiveClient:
         attribute: str,
         languages: list[str],
         limiter: SlidingWindowLimiter,
-        retry: RetryPolicy,
-        batch_size: int,
-        timeout_s: float,
+        params: dict[str, Any],
     ) -> None:
         import httplib2
         from googleapiclient.discovery import build_from_document
 
         self._secret = api_key
-        self._http = httplib2.Http(timeout=timeout_s)
+        self._http = httplib2.Http(timeout=float(params["timeout_s"]))
         self._service = build_from_document(
             DISCOVERY.read_text(encoding="utf-8"),
             developerKey=api_key,
@@ -147,40 +189,58 @@ class PerspectiveClient:
             client_options={"api_endpoint": endpoint},
         )
         self.batch_uri = endpoint.rstrip("/") + "/batch"
-        self.attribute, self.languages = attribute, languages
-        self.limiter, self.retry = limiter, retry
-        self.batch_size = max(1, min(batch_size, MAX_BATCH, limiter.limit))
+        self.attribute = attribute
+        # an analyze request's body but for its "comment"
+        self.request: dict[str, Any] = dict(
+            requestedAttributes={attribute: {}}, languages=languages, doNotStore=True
+        )
+        self.limiter, self.max_retries = limiter, int(params["max_retries"])
+        self.backoff = (float(params["backoff_initial_s"]), float(params["backoff_max_s"]))
+        self.batch_size = max(1, min(int(params["batch_size"]), MAX_BATCH, limiter.limit))
         self.pause_until = 0.0  # after a 429 nobody sends until then: the quota is spent
         self.last_reason: str | None = None
-        self.stats = {"sent": 0, "calls": 0, "retries": 0, "batches": 0, "backoff_s": 0.0}
+        self.stats = dict(NO_CALLS)
+        for name in LOGGERS:
+            logging.getLogger(name).addFilter(self._redact_record)
 
     def redact(self, text: str) -> str:
         return text.replace(self._secret, "<redacted>")
 
-    def body(self, text: str) -> dict[str, Any]:
-        return {
-            "comment": {"text": text},
-            "requestedAttributes": {self.attribute: {}},
-            "languages": self.languages,
-            "doNotStore": True,
-        }
+    def _redact_record(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._secret in message:
+            record.msg, record.args = self.redact(message), ()
+        return True
+
+    def close(self) -> None:
+        for name in LOGGERS:
+            logging.getLogger(name).removeFilter(self._redact_record)
+
+    def _refused(self, exc: Any) -> Answer:
+        """Sort an `HttpError`: retry it, record it, or stop everything.
+
+        A bad key comes back as 400 `API_KEY_INVALID`, not 401: it must stop the run, not be
+        cached as a final answer for every text.
+        """
+        status = int(exc.resp.status)
+        reason = self.redact(http_reason(status, exc.content))
+        if status in (408, 429) or status >= 500:
+            return Answer("transient", reason=reason, status=status)
+        fatal = status in (401, 403) or "API_KEY" in reason or "API key" in reason
+        return Answer("fatal" if fatal else "final", reason=reason, status=status)
 
     def fetch(
-        self,
-        items: list[Pending],
-        settled: Callable[[list[tuple[CacheKey, Answer]]], None] | None = None,
-    ) -> dict[CacheKey, Answer]:
-        """Settled answers for `items`, by cache key: ok, final (e.g. a 400 for this text), or
-        transient when the item's retries ran out (the row is left for a later `score`).
-
-        `settled([(key, answer)...])` is called with the items each batch request settled
-        (cache writes, one transaction a batch; progress).
+        self, items: list[Pending], settled: Callable[[list[tuple[CacheKey, Answer]]], None]
+    ) -> None:
+        """Send `items` until each is settled: ok, final (e.g. a 400 for this text), or
+        transient when its retries ran out (the row is left for a later `score`). Each batch
+        request's settled items go to `settled([(key, answer)...])` (a cache transaction a
+        batch; progress).
 
         Raises:
             ScorerError: an answer says the key or project is refused (401/403).
         """
         pending = {it.key: it for it in items}
-        out: dict[CacheKey, Answer] = {}
         while pending:
             batch = self._ready(pending)
             answers = self._send(batch)
@@ -190,12 +250,9 @@ class PerspectiveClient:
                 answer = answers.get(str(i)) or Answer("transient", reason=NO_ANSWER)
                 final = self._settle(item, answer, now)
                 if final is not None:
-                    del pending[item.key]
-                    out[item.key] = final
-                    done.append((item.key, final))
-            if settled is not None and done:
+                    done.append((pending.pop(item.key).key, final))
+            if done:
                 settled(done)
-        return out
 
     def _ready(self, pending: dict[CacheKey, Pending]) -> list[Pending]:
         """The next batch: items whose backoff has passed, waiting for the first one if none."""
@@ -228,10 +285,11 @@ class PerspectiveClient:
             return answer
         item.attempts += 1
         self.last_reason = self.redact(answer.reason)
-        if item.attempts > self.retry.max_retries:  # given up for now, not a final answer
+        if item.attempts > self.max_retries:  # given up for now, not a final answer
             reason = f"no answer after {item.attempts} attempts; last: {answer.reason}"
+            reason = f"{transient_kind(answer)}: {reason}"
             return answer._replace(reason=self.redact(reason))
-        delay = self.retry.delay(item.attempts)
+        delay = min(self.backoff[1], self.backoff[0] * 2 ** (item.attempts - 1))
         item.not_before = now + delay
         if answer.status == 429:
             self.pause_until = max(self.pause_until, now + delay)
@@ -248,18 +306,14 @@ class PerspectiveClient:
             if exc is None:
                 answers[request_id] = Answer("ok", response=response, status=200)
             elif isinstance(exc, HttpError):
-                status = int(exc.resp.status)
-                answers[request_id] = classify(
-                    status, self.redact(http_reason(status, exc.content))
-                )
+                answers[request_id] = self._refused(exc)
             else:
                 answers[request_id] = Answer("transient", reason=self.redact(type(exc).__name__))
 
         request = BatchHttpRequest(callback=on_answer, batch_uri=self.batch_uri)
         for i, item in enumerate(batch):
-            request.add(
-                self._service.comments().analyze(body=self.body(item.text)), request_id=str(i)
-            )
+            body = {"comment": {"text": item.text}, **self.request}
+            request.add(self._service.comments().analyze(body=body), request_id=str(i))
         self.stats["sent"] += sum(1 for it in batch if it.attempts == 0)  # distinct texts
         self.stats["calls"] += len(batch)
         self.stats["retries"] += sum(1 for it in batch if it.attempts > 0)
@@ -275,22 +329,23 @@ class PerspectiveClient:
         import httplib2
         from googleapiclient.errors import BatchError, HttpError
 
+        # refused, reset, timed out (OSError...); a part that is not JSON (ValueError) or missing
+        transport = (
+            OSError,
+            httplib2.HttpLib2Error,
+            http.client.HTTPException,
+            ValueError,
+            KeyError,
+        )
         try:
             request.execute(http=self._http)
         except BatchError as exc:  # an HttpError too: a body that is not multipart (garbage)
             return Answer("transient", reason=self.redact(f"BatchError: {exc}"[:300]))
         except HttpError as exc:  # the batch request itself was refused (429, 5xx...)
-            status = int(exc.resp.status)
-            answer = classify(status, self.redact(http_reason(status, exc.content)))
+            answer = self._refused(exc)
             if answer.kind == "final":  # a 4xx of the whole batch says nothing about any text
-                return Answer("fatal", reason=f"batch request: {answer.reason}", status=status)
+                return answer._replace(kind="fatal", reason=f"batch request: {answer.reason}")
             return answer
-        except (
-            OSError,  # refused, reset, timed out
-            httplib2.HttpLib2Error,
-            http.client.HTTPException,
-            ValueError,  # a part that is not JSON
-            KeyError,  # a part missing from the response
-        ) as exc:
+        except transport as exc:
             return Answer("transient", reason=self.redact(f"{type(exc).__name__}: {exc}"[:300]))
         return None

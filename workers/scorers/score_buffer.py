@@ -14,9 +14,8 @@ from typing import Any
 
 from jobs.catalog import SCORER_METRICS
 from results.run.store import RunStore
-from workers.scorers.base import RETRY
+from workers.scorers.base import RETRY, Row
 
-Row = dict[str, Any]
 FLUSH_ROWS = 8192  # score rows a writer holds before it writes them as one shard
 FLUSH_S = 60.0  # ... or once its oldest held row is this old (a slow, rate-limited scorer)
 # Rows that are not scores and are never written: `missing` (not in a cache-only Perspective's
@@ -50,33 +49,19 @@ def check_rows(name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
 def write_chunk(store: RunStore, name: str, chunk: Sequence[Row], out: Sequence[Row]) -> None:
     """Check the scorer's rows (`check_rows`) and write them as one atomic shard, but for the
     `UNWRITTEN` ones."""
-    check_rows(name, chunk, out)
-    kept = [r for r in out if r["status"] not in UNWRITTEN]
-    if kept:
-        store.write_scores(name, SCORER_METRICS[name], kept)
+    ScoreBuffer(store, name, flush_rows=1).add(chunk, out)
 
 
 class ScoreBuffer:
-    """Score rows held by their writer (an actor, or the driver without Ray) and written as
-    one atomic shard once `flush_rows` rows are held or the oldest is `flush_s` old, so that
-    a stage writes a shard per ~8k rows instead of one per chunk. What is held and not yet
-    written is not a score: a writer that dies loses it, and its chunks are scored again
-    (`harness.stages.scoring.loop.ScoreLoop` requeues every chunk of an actor that it has not
-    seen flushed).
-    """
+    """Score rows held by their writer and written as one atomic shard once `flush_rows` rows
+    are held or the oldest is `FLUSH_S` old. What is held is not yet a score: a writer that
+    dies loses it, and `harness.stages.scoring.loop.ScoreLoop` requeues every chunk of an
+    actor that it has not seen flushed."""
 
-    def __init__(
-        self,
-        store: RunStore,
-        name: str,
-        flush_rows: int = FLUSH_ROWS,
-        flush_s: float = FLUSH_S,
-    ) -> None:
-        self.store, self.name = store, name
-        self.flush_rows, self.flush_s = max(1, flush_rows), flush_s
+    def __init__(self, store: RunStore, name: str, flush_rows: int = FLUSH_ROWS) -> None:
+        self.store, self.name, self.flush_rows = store, name, max(1, flush_rows)
         self.rows: list[Row] = []
         self.since = 0.0
-        self.shards = 0
 
     def add(self, chunk: Sequence[Row], out: Sequence[Row]) -> bool:
         """Check the scorer's rows (`check_rows`), hold them; True when this wrote a shard."""
@@ -87,7 +72,7 @@ class ScoreBuffer:
         held = len(self.rows)
         self.rows.extend(kept)
         if len(self.rows) >= self.flush_rows or (
-            self.rows and time.monotonic() - self.since >= self.flush_s
+            self.rows and time.monotonic() - self.since >= FLUSH_S
         ):
             try:
                 self.flush()
@@ -101,6 +86,5 @@ class ScoreBuffer:
         """Write what is held as one shard; returns how many rows. A failed write keeps them."""
         if self.rows:
             self.store.write_scores(self.name, SCORER_METRICS[self.name], self.rows)
-            self.shards += 1
         count, self.rows = len(self.rows), []
         return count

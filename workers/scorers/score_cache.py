@@ -1,14 +1,11 @@
 """A persistent cache of API scores (sqlite), written batch by batch as answers arrive.
 
-Keyed by (sha256 of the text, attributes, languages, API version); each entry keeps the date
-and the raw response, so scores can be re-derived after the service is gone. Every `put_many`
-(the answers of one batch request) is one committed transaction: a crash loses at most the
-answers in flight, and a re-run asks nothing twice. sqlite's file locking makes the file safe
-to share between processes on one machine (not on a network file system).
-
-Entries are only ever added (`INSERT OR IGNORE`: an answer is final), so sqlite's rowid grows
-with each new one and `rows_after` gives what was added since a mark: the rows an object-store
-run puts back as shards (`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
+Keyed by (sha256 of the text, attributes, languages, API version), with each answer's date and
+raw response. Every `put_many` (the answers of one batch request) is one transaction: a crash
+loses at most the answers in flight. sqlite's locking makes the file safe to share between
+processes on one machine (not on a network file system). Entries are only ever added, so the
+rowid orders them by arrival: `rows_after` gives what an object-store run puts back as shards
+(`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
 """
 
 from __future__ import annotations
@@ -36,15 +33,8 @@ CREATE TABLE IF NOT EXISTS scores (
 """
 
 
-COLUMNS = (  # of the table, and of `results.schema.CACHE_ANSWER_SCHEMA`, in this order
-    "text_sha256",
-    "attributes",
-    "languages",
-    "api_version",
-    "status",
-    "response",
-    "error",
-    "created_utc",
+COLUMNS = tuple(  # of the table, and of `results.schema.CACHE_ANSWER_SCHEMA`, in this order
+    "text_sha256 attributes languages api_version status response error created_utc".split()
 )
 
 
@@ -89,10 +79,7 @@ class ScoreCache:
                 tuple(key),
             ).fetchone()
             if row is not None:
-                status, response, error, created = row
-                out[key] = CachedScore(
-                    status, json.loads(response) if response else None, error, created
-                )
+                out[key] = CachedScore(row[0], json.loads(row[1]) if row[1] else None, *row[2:])
         return out
 
     def put(
@@ -118,17 +105,13 @@ class ScoreCache:
         """Add stored rows (`COLUMNS` order) in one transaction; a key already held keeps its
         answer. Returns how many were new."""
         before = self._db.total_changes
-        self._db.execute("BEGIN")
-        try:
+        with self._db:  # commits, or rolls back on any exception
+            self._db.execute("BEGIN")
             self._db.executemany(
                 f"INSERT OR IGNORE INTO scores ({', '.join(COLUMNS)}) VALUES "
                 f"({', '.join('?' * len(COLUMNS))})",
                 rows,
             )
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return int(self._db.total_changes - before)
 
     def rows_after(self, mark: int, limit: int) -> tuple[list[tuple[Any, ...]], int]:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from workers.scorers.base import Scorer, text_of
+from jobs.catalog import SCORER_PARAMS
+from workers.scorers.base import Scorer, null_row, text_of
 
 
 class VaderSentiment(Scorer):
     name = "sentiment-vader"
     metric = "sentiment"
     num_cpus = 0.25
-    default_params: ClassVar[dict[str, Any]] = {"text_field": "continuation"}
+    default_params: ClassVar[dict[str, Any]] = SCORER_PARAMS["sentiment-vader"]
 
     def __init__(self, params: dict[str, Any], context: Any) -> None:
         super().__init__(params, context)
@@ -28,11 +29,9 @@ class VaderSentiment(Scorer):
         out = []
         for row in rows:
             text = text_of(row, self.params["text_field"])
-            if not text.strip():
-                rec = self.key(row, status="empty")
-                rec["sentiment"] = None
+            if text.strip():
+                compound = self._analyzer.polarity_scores(text)["compound"]
+                out.append({**self.key(row), "sentiment": (compound + 1.0) / 2.0})
             else:
-                rec = self.key(row)
-                rec["sentiment"] = (self._analyzer.polarity_scores(text)["compound"] + 1.0) / 2.0
-            out.append(rec)
+                out.append(null_row(self, row, "empty"))
         return out
