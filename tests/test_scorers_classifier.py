@@ -194,23 +194,31 @@ def test_bad_parameters_fail_with_the_parameter_named(models: dict[str, str]) ->
         SentimentClassifier({"model": str(Path(models["sst"]).parent / "missing")}, CTX)
 
 
-def test_a_failing_row_becomes_an_error_row_and_its_batch_still_scores(
-    models: dict[str, str],
+@pytest.mark.parametrize(
+    ("raised", "status", "error"),
+    [
+        (ValueError("bad row (simulated)"), "error", "ValueError: bad row (simulated)"),
+        (
+            RuntimeError("CUDA out of memory (simulated)"),
+            "retry",  # transient: a plain `score` asks again
+            "out of memory: RuntimeError: CUDA out of memory (simulated)",
+        ),
+    ],
+)
+def test_a_failing_row_becomes_a_null_row_and_its_batch_still_scores(
+    models: dict[str, str], raised: Exception, status: str, error: str
 ) -> None:
     scorer = SentimentClassifier({"model": models["sst"]}, CTX)
 
     def fragile(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if any(r["job_id"] == "b" for r in rows):
-            raise RuntimeError("CUDA out of memory (simulated)")
+            raise raised
         return [dict(scorer.key(r), sentiment=0.5) for r in rows]
 
     out = score_batched(scorer, ROWS[:4], 4, fragile)
     assert [r["job_id"] for r in out] == ["a", "b", "c", "d"]
-    assert [r["status"] for r in out] == ["ok", "error", "ok", "ok"]
-    assert (
-        out[1]["error"] == "RuntimeError: CUDA out of memory (simulated)"
-        and out[1]["sentiment"] is None
-    )
+    assert [r["status"] for r in out] == ["ok", status, "ok", "ok"]
+    assert out[1]["error"] == error and out[1]["sentiment"] is None
 
 
 def test_text_is_prompt_and_continuation_as_generated() -> None:
