@@ -76,13 +76,6 @@ def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
     return cfg.model_copy(update={"runtime": runtime})
 
 
-def follow_work(
-    store: RunStore, name: str, version: str, batch_size: int, retries: int, poll_s: float
-) -> Work:
-    """A scorer's `Work` over a generation still going (no total, no progress bar)."""
-    return new_work(store, name, version, batch_size, False, retries, poll_s=poll_s)
-
-
 @dataclass
 class Followed:
     """What the follower leaves to the final pass: its scorers, still up, and what they did.
@@ -222,14 +215,8 @@ class Follower:
                 log.info("scorer %s: %d rows scored during generation", name, work.feed.rows)
 
     def _work(self, name: str, version: str) -> Work:
-        work = follow_work(
-            self.store,
-            name,
-            version,
-            self.batch_size,
-            self.settings.chunk_retries,
-            self.poll_s,
-        )
+        retries = self.settings.chunk_retries
+        work = new_work(self.store, name, version, self.batch_size, False, retries, self.poll_s)
         self._works[name] = work
         return work
 

@@ -113,7 +113,7 @@ class ScoreLoop:
         idle_s: float = 1.0,
     ) -> None:
         """Until no chunk is left and every actor has written the rows it holds (an actor that
-        fails to has its chunks scored again). `follow`: the feeds are `FollowRows` of a
+        fails to has its chunks scored again). `follow`: the feeds are `OkRows` of a
         generation still going: feed what they find (looking again after `idle_s` when nothing
         is in flight) until `follow` is set, then only wait for the calls in flight (the final
         pass does the rest); `abort` set: return at once, writing nothing more."""
