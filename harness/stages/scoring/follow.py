@@ -15,12 +15,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.stages.scoring.loop import ScoreLoop
 from harness.stages.scoring.pool import (
+    Pool,
     PoolSettings,
     Share,
     budget_gpus,
+    close_pool,
+    pool_plans,
     pool_settings,
     pool_wants_gpu,
+    start_pools,
 )
 from harness.stages.scoring.work import Work, new_work
 from results.run.store import RunStore
@@ -103,15 +108,8 @@ class Followed:
         for name in list(self.live):
             _, held = self.live.pop(name)
             try:
-                if self.use_ray and now:
-                    import ray
-
-                    for actor in held.actors:
-                        ray.kill(actor.handle)
-                elif self.use_ray:
-                    from harness.stages.scoring.pool import close_pool
-
-                    close_pool(held)
+                if self.use_ray:
+                    close_pool(held, now=now)
                 else:
                     scorer, mirror = held
                     scorer.close()
@@ -269,8 +267,6 @@ class Follower:
     def _follow_on_ray(self) -> None:
         """A pool of actors per scorer (`pool`), fed as shards appear (`loop.ScoreLoop`)."""
         from harness.stages.generation.ray_runtime import cluster_gpus
-        from harness.stages.scoring.loop import ScoreLoop
-        from harness.stages.scoring.pool import Pool, pool_plans, start_pools
 
         gpus = budget_gpus(self.settings, cluster_gpus())
         plans = pool_plans(self.scorers, self.context, self.settings, gpus)

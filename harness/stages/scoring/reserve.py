@@ -9,6 +9,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
+from harness.stages.generation.backends import Placement
 from harness.stages.generation.reservation import (
     live_group,
     new_group,
@@ -16,14 +17,14 @@ from harness.stages.generation.reservation import (
     remove_groups,
     settle,
 )
-from harness.stages.scoring.pool import Pool, PoolPlan
+from harness.stages.scoring.pool import Pool
 
 log = logging.getLogger("harness")
 REPLACE_PLACE_S = 2.0  # a replacement's group not placed by then: its pool goes on without it
 
 
 def reserve_pools(
-    pools: list[Pool], replan: Callable[[float], Mapping[str, PoolPlan]], wait_s: float
+    pools: list[Pool], replan: Callable[[float], Mapping[str, Placement]], wait_s: float
 ) -> None:
     """A placement group per actor of each GPU pool, waited for (module doc); a pool keeps the
     placed ones (its replicas shrink to them), a pool with none gets its `error`."""
