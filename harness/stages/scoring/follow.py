@@ -281,22 +281,14 @@ class Follower:
             self.result.live[name] = (params, pool)  # `abort` closes what started
             pools.append(pool)
         start_pools(pools, self.store.uri, self.start_timeout_s, stop=self._stop)
-        running = []
         for pool in pools:
             if pool.error is not None:
                 self._drop(pool.name, pool.error)
-                continue
-            pool.work = self._work(pool.name, pool.version)
-            for actor in pool.actors:
-                actor.handle.begin.remote(0)
-            running.append(pool)
-        if not running:
+        loop = ScoreLoop(self.store, pools, self.settings, lambda p: self._work(p.name, p.version))
+        if not loop.pools:
             return
-        loop = ScoreLoop(
-            self.store, running, self.settings.call_timeout_s, self.settings.flush_rows
-        )
         loop.run(follow=self._stop, abort=self._abort, idle_s=min(1.0, self.poll_s))
-        for pool in running:
+        for pool in loop.pools:
             pool.work = None  # the final pass gives each pool its own
             if pool.error is not None:
                 self._drop(pool.name, pool.error)
