@@ -34,7 +34,7 @@ def fake_run(root: Path, n: int, per_shard: int = 8) -> RunStore:
     return store
 
 
-# ---- waiting for the GPU pools' placement groups (harness/stages/scoring/reserve.py) ----------
+# ---- waiting for the GPU pools' placement groups (harness/stages/generation/reservation.py) --
 
 
 class FakeGroups:
@@ -52,10 +52,10 @@ class FakeGroups:
         return {"perplexity": self.fit} if lost else None
 
     def settle(self, wait_s: float) -> list[str]:
-        from harness.stages.scoring.reserve import settle
+        from harness.stages.generation.reservation import settle
 
         done = settle(
-            {"perplexity": ["g0", "g1", "g2"]}, self.placed, self.fits, wait_s,
+            {"perplexity": ["g0", "g1", "g2"]}, wait_s, "pools", self.placed, self.fits,
             clock=lambda: self.now, sleep=lambda s: setattr(self, "now", self.now + s),
         )  # fmt: skip
         return done["perplexity"]

@@ -20,7 +20,7 @@ from harness.stages.scoring import follow as score_follow
 from harness.stages.scoring.follow import Follower, follow_scorers
 from harness.stages.scoring.pool import PoolSettings, Share
 from harness.stages.scoring.stage import score_run
-from harness.stages.scoring.work import FollowRows
+from harness.stages.scoring.work import OkRows as FollowRows
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 
@@ -218,7 +218,7 @@ def test_an_error_in_the_follower_is_raised_when_generation_ends(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("feed broke")
 
-    monkeypatch.setattr(score_follow, "follow_work", broken)
+    monkeypatch.setattr(score_follow, "new_work", broken)
     follower = Follower(store.uri, [("gender", {})], ScorerContext(), use_ray=False, poll_s=0.01)
     follower.start()
     with pytest.raises(RuntimeError, match="feed broke"):

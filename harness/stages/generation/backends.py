@@ -28,12 +28,13 @@ class TaskFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """How one model's replicas are placed: count, Ray resources each, torch device."""
+    """How one model's replicas (or one scorer's pool of actors) are placed: count, Ray
+    resources each, torch device."""
 
     replicas: int
     num_gpus: float
     num_cpus: float
-    device: str  # "cpu", "cuda", or "auto" (one replica spread over its GPUs)
+    device: str = ""  # "cpu", "cuda", "auto" (one replica over its GPUs); "": the default
 
 
 @dataclasses.dataclass(frozen=True)

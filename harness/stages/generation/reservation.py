@@ -10,8 +10,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from harness.config import ModelConfig, RunConfig
 from jobs.spec import ModelRef
@@ -207,51 +207,50 @@ def placed(groups: Sequence[Any], timeout: float = 0.0) -> list[Any]:
     return [refs[r] for r in ready]
 
 
-class NotPlaced(RuntimeError):
-    """No replica of a model could be placed in time."""
+G = TypeVar("G")
+K = TypeVar("K")
 
 
-def wait_placed(
-    groups: dict[ModelRef, list[Any]],
-    timeout_s: float,
+def settle(
+    groups: Mapping[K, Sequence[G]],
+    wait_s: float,
     what: str,
+    placed_now: Callable[[list[G]], list[G]] = placed,
+    fits: Callable[[], Mapping[K, int] | None] = lambda: None,
     poll_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
-) -> dict[ModelRef, int]:
-    """Wait until every group is placed, at most `timeout_s`; returns placed groups per model.
-
-    Raises:
-        NotPlaced: a model has no placed group at the end (the message names the model).
-    """
-    flat = [g for gs in groups.values() for g in gs]
-    start = last_log = clock()
-    done: set[Any] = set()
-    logged = False
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[K, list[G]]:
+    """Each key's placed groups: once all are placed, once every key has as many placed as
+    `fits()` says the GPUs left hold (None: no GPU lost, so keep waiting; scoring's pools), or
+    at `wait_s`. `what` names them in the log."""
+    start = next_log = clock()
+    total = sum(len(gs) for gs in groups.values())
     while True:
-        left = [g for g in flat if g not in done]
-        done.update(placed(left, timeout=min(poll_s, max(0.0, timeout_s - (clock() - start)))))
-        if len(done) == len(flat) or clock() - start >= timeout_s:
-            break
-        if not logged:
-            log.info("%s: waiting up to %gs for %d replica(s)", what, timeout_s, len(flat))
-            logged = True
-        elif clock() - last_log >= 30:
-            log.info("%s: %d of %d replica(s) placed; waiting", what, len(done), len(flat))
-            last_log = clock()
-    counts = {m: sum(1 for g in gs if g in done) for m, gs in groups.items()}
-    missing = [m.id for m, n in counts.items() if n == 0]
-    if missing:
-        raise NotPlaced(", ".join(missing))
-    if len(done) < len(flat):
-        log.warning(
-            "%s: %d of %d replica(s) placed after %gs; going on with those (the others start "
-            "when nodes that can hold them join)",
-            what,
-            len(done),
-            len(flat),
-            timeout_s,
-        )
-    return counts
+        done = {k: placed_now(list(gs)) for k, gs in groups.items()}
+        count = sum(len(d) for d in done.values())
+        if count == total:
+            return done
+        want = fits()
+        if want is not None and all(
+            len(done[k]) >= min(max(1, want.get(k, len(gs))), len(gs)) for k, gs in groups.items()
+        ):
+            log.warning(
+                "%s re-planned for the GPUs left after a node loss: %s",
+                what,
+                ", ".join(f"{k} {len(done[k])} of {len(gs)}" for k, gs in groups.items()),
+            )
+            return done
+        if clock() - start >= wait_s:
+            if count:
+                log.warning(
+                    "%s: %d of %d placed after %gs; going on with those", what, count, total, wait_s
+                )
+            return done
+        if clock() >= next_log:
+            log.info("%s: %d of %d placed; waiting up to %gs", what, count, total, wait_s)
+            next_log = clock() + 30
+        sleep(poll_s)
 
 
 class Growth:

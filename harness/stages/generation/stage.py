@@ -24,11 +24,10 @@ from harness.stages.generation.planning import Plan
 from harness.stages.generation.reservation import (
     Budget,
     Growth,
-    NotPlaced,
     budget_for,
     gpu_share,
     new_group,
-    wait_placed,
+    settle,
 )
 from jobs.grid import CHUNK_SIZE
 from jobs.spec import JobSpec, ModelRef
@@ -121,17 +120,17 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
     setup = Setup(placements, groups, budget)
     wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
     what = "generation of " + ", ".join(m.id for m in gpu_models)
-    try:
-        wait_placed(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
-    except NotPlaced as exc:
+    done = settle(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
+    missing = [m for m in gpu_models if not done[m]]
+    if missing:
         setup.release()
-        need = max(shares[m] for m in gpu_models if m.id in str(exc))
         raise GenerationError(
-            f"{what}: {exc} needs {need:g} GPU(s) but the cluster has {cluster_gpus():g} "
+            f"{what}: {', '.join(m.id for m in missing)} needs "
+            f"{max(shares[m] for m in missing):g} GPU(s) but the cluster has {cluster_gpus():g} "
             f"after waiting {wait_s:g}s (runtime.gpu_wait_s) and no replica could be placed. "
             "Check `ray status` (GPU node types, their max_workers, your cloud's GPU quota), "
             "or set `runtime: {device: cpu}` to run on CPUs."
-        ) from None
+        )
     if not local and rt.gpus is None and any(not configs[m].replicas for m in gpu_models):
         setup.grow = Growth(
             {m: configs[m] for m in gpu_models},

@@ -15,12 +15,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.stages.scoring.loop import ScoreLoop
 from harness.stages.scoring.pool import (
+    Pool,
     PoolSettings,
     Share,
     budget_gpus,
+    close_pool,
+    pool_plans,
     pool_settings,
     pool_wants_gpu,
+    start_pools,
 )
 from harness.stages.scoring.work import Work, new_work
 from results.run.store import RunStore
@@ -76,13 +81,6 @@ def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
     return cfg.model_copy(update={"runtime": runtime})
 
 
-def follow_work(
-    store: RunStore, name: str, version: str, batch_size: int, retries: int, poll_s: float
-) -> Work:
-    """A scorer's `Work` over a generation still going (no total, no progress bar)."""
-    return new_work(store, name, version, batch_size, False, retries, poll_s=poll_s)
-
-
 @dataclass
 class Followed:
     """What the follower leaves to the final pass: its scorers, still up, and what they did.
@@ -110,15 +108,8 @@ class Followed:
         for name in list(self.live):
             _, held = self.live.pop(name)
             try:
-                if self.use_ray and now:
-                    import ray
-
-                    for actor in held.actors:
-                        ray.kill(actor.handle)
-                elif self.use_ray:
-                    from harness.stages.scoring.pool import close_pool
-
-                    close_pool(held)
+                if self.use_ray:
+                    close_pool(held, now=now)
                 else:
                     scorer, mirror = held
                     scorer.close()
@@ -222,14 +213,8 @@ class Follower:
                 log.info("scorer %s: %d rows scored during generation", name, work.feed.rows)
 
     def _work(self, name: str, version: str) -> Work:
-        work = follow_work(
-            self.store,
-            name,
-            version,
-            self.batch_size,
-            self.settings.chunk_retries,
-            self.poll_s,
-        )
+        retries = self.settings.chunk_retries
+        work = new_work(self.store, name, version, self.batch_size, False, retries, self.poll_s)
         self._works[name] = work
         return work
 
@@ -282,8 +267,6 @@ class Follower:
     def _follow_on_ray(self) -> None:
         """A pool of actors per scorer (`pool`), fed as shards appear (`loop.ScoreLoop`)."""
         from harness.stages.generation.ray_runtime import cluster_gpus
-        from harness.stages.scoring.loop import ScoreLoop
-        from harness.stages.scoring.pool import Pool, pool_plans, start_pools
 
         gpus = budget_gpus(self.settings, cluster_gpus())
         plans = pool_plans(self.scorers, self.context, self.settings, gpus)
@@ -298,22 +281,14 @@ class Follower:
             self.result.live[name] = (params, pool)  # `abort` closes what started
             pools.append(pool)
         start_pools(pools, self.store.uri, self.start_timeout_s, stop=self._stop)
-        running = []
         for pool in pools:
             if pool.error is not None:
                 self._drop(pool.name, pool.error)
-                continue
-            pool.work = self._work(pool.name, pool.version)
-            for actor in pool.actors:
-                actor.handle.begin.remote(0)
-            running.append(pool)
-        if not running:
+        loop = ScoreLoop(self.store, pools, self.settings, lambda p: self._work(p.name, p.version))
+        if not loop.pools:
             return
-        loop = ScoreLoop(
-            self.store, running, self.settings.call_timeout_s, self.settings.flush_rows
-        )
         loop.run(follow=self._stop, abort=self._abort, idle_s=min(1.0, self.poll_s))
-        for pool in running:
+        for pool in loop.pools:
             pool.work = None  # the final pass gives each pool its own
             if pool.error is not None:
                 self._drop(pool.name, pool.error)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.stages.generation.backends import actor_error, ray_ready
@@ -26,7 +26,7 @@ from harness.stages.scoring.pool import (
     start_pools,
 )
 from harness.stages.scoring.reserve import free_pools, regroup, reserve_pools
-from harness.stages.scoring.work import new_work
+from harness.stages.scoring.work import Work, new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext, ScorerError
@@ -62,19 +62,12 @@ def score_on_ray(
             replan = lambda gpus: pool_plans(scorers, context, settings, gpus)  # noqa: E731
             reserve_pools(new, replan, settings.gpu_wait_s)
         start_pools([p for p in new if p.error is None], store.uri, start_timeout_s)
-        for pool in pools:
-            if pool.error is None:
-                pool.work = new_work(
-                    store, pool.name, pool.version, batch_size, progress, settings.chunk_retries
-                )
-                for actor in pool.actors:
-                    actor.handle.begin.remote(pool.work.total)
-        ScoreLoop(
-            store,
-            [p for p in pools if p.error is None],
-            settings.call_timeout_s,
-            settings.flush_rows,
-        ).run()
+
+        def work(pool: Pool) -> Work:
+            retries = settings.chunk_retries
+            return new_work(store, pool.name, pool.version, batch_size, progress, retries)
+
+        ScoreLoop(store, pools, settings, work).run()
     finally:
         stats = {}
         for pool in pools:
@@ -96,15 +89,21 @@ class ScoreLoop:
     def __init__(
         self,
         store: RunStore,
-        pools: list[Pool],
-        call_timeout_s: float,
-        flush_rows: int | None = None,
+        pools: Sequence[Pool],
+        settings: PoolSettings,
+        work: Callable[[Pool], Work],
     ) -> None:
-        self.store, self.pools, self.timeout = store, pools, call_timeout_s
-        self.flush_rows = flush_rows  # None: the actors' default (score_buffer.FLUSH_ROWS)
+        """Supervise the `pools` that started (no `error`), each on its `work(pool)`."""
+        self.store, self.pools = store, [p for p in pools if p.error is None]
+        self.timeout = settings.call_timeout_s
+        self.flush_rows = settings.flush_rows
         self.calls: dict[Any, tuple[Pool, PoolActor, list[Row], int]] = {}
         self.run_uri = store.uri
         self.feeding = True  # False: only the calls in flight are waited for
+        for pool in self.pools:
+            pool.work = work(pool)
+            for actor in pool.actors:
+                actor.handle.begin.remote(pool.work.total)
 
     def run(
         self,
@@ -113,7 +112,7 @@ class ScoreLoop:
         idle_s: float = 1.0,
     ) -> None:
         """Until no chunk is left and every actor has written the rows it holds (an actor that
-        fails to has its chunks scored again). `follow`: the feeds are `FollowRows` of a
+        fails to has its chunks scored again). `follow`: the feeds are `OkRows` of a
         generation still going: feed what they find (looking again after `idle_s` when nothing
         is in flight) until `follow` is set, then only wait for the calls in flight (the final
         pass does the rest); `abort` set: return at once, writing nothing more."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.stages.generation.backends import cpu_threads
+from harness.stages.generation.backends import Placement, cpu_threads
 from harness.stages.scoring.work import Work
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import SYNCED_CACHES
@@ -63,15 +63,6 @@ def pool_wants_gpu(name: str, device: str | None, share: Share) -> bool:
     return bool(load_scorer(name).wants_gpu) and device != "cpu"
 
 
-@dataclass(frozen=True)
-class PoolPlan:
-    """How many actors a scorer gets and what each holds."""
-
-    replicas: int
-    num_gpus: float
-    num_cpus: float
-
-
 @dataclass
 class PoolActor:
     handle: Any
@@ -85,7 +76,7 @@ class PoolActor:
     replaced: int = 0
     unflushed: list[tuple[list[Row], int, list[Row]]] = field(default_factory=list)
 
-    def summary(self, plan: PoolPlan) -> dict[str, Any]:
+    def summary(self, plan: Placement) -> dict[str, Any]:
         keep = ("host", "node_id", "pid", "gpu_ids", "threads")
         out = {k: self.info.get(k) for k in keep}
         out.update(num_gpus=plan.num_gpus, chunks=self.chunks, rows=self.rows, end=self.end)
@@ -98,7 +89,7 @@ class Pool:
 
     name: str
     params: dict[str, Any]
-    plan: PoolPlan
+    plan: Placement
     context: ScorerContext
     actors: list[PoolActor] = field(default_factory=list)
     ended: list[PoolActor] = field(default_factory=list)
@@ -114,7 +105,7 @@ def pool_plans(
     context: ScorerContext,
     settings: PoolSettings,
     gpus: float,
-) -> dict[str, PoolPlan]:
+) -> dict[str, Placement]:
     """Actors per scorer for a cluster with (or a budget of) `gpus` GPUs."""
     classes = {name: load_scorer(name) for name, _ in scorers}
     shares = {name: settings.shares.get(name, Share()) for name, _ in scorers}
@@ -130,19 +121,19 @@ def pool_plans(
     for name, cls in classes.items():
         share, cpus = shares[name], float(cls.num_cpus)
         if name in SYNCED_CACHES:  # one rate limiter, one writer of the cache
-            plans[name] = PoolPlan(1, share.num_gpus or 0.0, cpus)
+            plans[name] = Placement(1, share.num_gpus or 0.0, cpus)
         elif on_gpu(name):
             per = share.num_gpus if share.num_gpus is not None else 1.0 / max(1, k)
             count = share.replicas or max(1, int(gpus) if gpus >= 1 else 1)
-            plans[name] = PoolPlan(count, per, cpus)
+            plans[name] = Placement(count, per, cpus)
         else:
-            plans[name] = PoolPlan(share.replicas or 1, 0.0, cpus)
+            plans[name] = Placement(share.replicas or 1, 0.0, cpus)
     return plans
 
 
 def plan_with_gpus(
     scorers: Sequence[tuple[str, dict[str, Any]]], context: ScorerContext, settings: PoolSettings
-) -> dict[str, PoolPlan]:
+) -> dict[str, Placement]:
     """Pool plans for the budget: `runtime.gpus`, else the GPUs the cluster has (a local Ray:
     at most those). In cluster mode the GPU pools then reserve and wait for their GPUs
     (`harness.stages.scoring.reserve`)."""
@@ -231,14 +222,16 @@ def start_pools(
             pool.ended = list(pool.actors)
 
 
-def close_pool(pool: Pool) -> None:
+def close_pool(pool: Pool, now: bool = False) -> None:
+    """Close the pool's actors (their stats go to `pool.closed`) and kill them; `now`: kill
+    them without waiting for their `close` (an interrupted run)."""
     import ray
 
     for actor in pool.actors:
         try:
-            pool.closed.append(dict(ray.get(actor.handle.close.remote(), timeout=120)))
-            if actor.end == "running":
-                actor.end = "released"
+            if not now:
+                pool.closed.append(dict(ray.get(actor.handle.close.remote(), timeout=120)))
+                actor.end = "released" if actor.end == "running" else actor.end
         except Exception as exc:  # noqa: BLE001 - a dead actor has no stats; say so
             pool.closed.append({"close_error": ray_error(exc)})
         finally:

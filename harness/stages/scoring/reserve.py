@@ -7,50 +7,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
 
-from harness.stages.generation.reservation import live_group, new_group, placed, remove_groups
-from harness.stages.scoring.pool import Pool, PoolPlan
+from harness.stages.generation.backends import Placement
+from harness.stages.generation.reservation import (
+    live_group,
+    new_group,
+    placed,
+    remove_groups,
+    settle,
+)
+from harness.stages.scoring.pool import Pool
 
 log = logging.getLogger("harness")
 REPLACE_PLACE_S = 2.0  # a replacement's group not placed by then: its pool goes on without it
-G = TypeVar("G")
-
-
-def settle(
-    groups: Mapping[str, Sequence[G]],
-    placed_now: Callable[[list[G]], list[G]],
-    fits: Callable[[], Mapping[str, int] | None],
-    wait_s: float,
-    poll_s: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, list[G]]:
-    """Each pool's placed groups: once all are placed, once every pool has as many placed as
-    `fits()` says the GPUs left hold (None: no GPU lost, so keep waiting), or at `wait_s`."""
-    start = clock()
-    while True:
-        done = {name: placed_now(list(gs)) for name, gs in groups.items()}
-        if all(len(done[n]) == len(gs) for n, gs in groups.items()):
-            return done
-        want = fits()
-        if want is not None and all(
-            len(done[n]) >= min(max(1, want.get(n, len(gs))), len(gs)) for n, gs in groups.items()
-        ):
-            log.warning(
-                "GPU scorer pools re-planned for the GPUs left after a node loss: %s",
-                ", ".join(f"{n} {len(done[n])} of {len(gs)}" for n, gs in groups.items()),
-            )
-            return done
-        if clock() - start >= wait_s:
-            return done
-        sleep(poll_s)
 
 
 def reserve_pools(
-    pools: list[Pool], replan: Callable[[float], Mapping[str, PoolPlan]], wait_s: float
+    pools: list[Pool], replan: Callable[[float], Mapping[str, Placement]], wait_s: float
 ) -> None:
     """A placement group per actor of each GPU pool, waited for (module doc); a pool keeps the
     placed ones (its replicas shrink to them), a pool with none gets its `error`."""
@@ -71,9 +45,8 @@ def reserve_pools(
             return None
         return {name: plan.replicas for name, plan in replan(cluster_gpus()).items()}
 
-    names = ", ".join(p.name for p in gpu_pools)
-    log.info("scorer(s) %s: waiting up to %gs for their GPUs", names, wait_s)
-    done = settle({p.name: p.groups for p in gpu_pools}, placed, fits, wait_s)
+    what = "GPU scorer pool(s) " + ", ".join(p.name for p in gpu_pools)
+    done = settle({p.name: p.groups for p in gpu_pools}, wait_s, what, fits=fits)
     for pool in gpu_pools:
         keep = done[pool.name]
         remove_groups([g for g in pool.groups if g not in keep])
@@ -83,13 +56,6 @@ def reserve_pools(
                 f"be placed after waiting {wait_s:g}s (runtime.gpu_wait_s); the cluster has "
                 f"{cluster_gpus():g}. Check `ray status` (GPU node types, their max_workers, "
                 "your cloud's GPU quota), or set `runtime: {device: cpu}` to run on CPUs."
-            )
-        elif len(keep) < pool.plan.replicas:
-            log.warning(
-                "scorer %s: %d of %d actor(s) placed; going on with those",
-                pool.name,
-                len(keep),
-                pool.plan.replicas,
             )
         pool.groups = keep
         pool.plan = dataclasses.replace(pool.plan, replicas=max(1, len(keep)))

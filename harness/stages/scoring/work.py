@@ -1,5 +1,5 @@
 """What is scored: the ok generation rows a scorer has not scored at its version, streamed from
-the generation shards (`OkRows`; `FollowRows` while generation still writes them), and one
+the generation shards (`OkRows`, also while generation still writes them), and one
 scorer's share of the stage (`Work`): the chunks to retry, what came back, its stats.
 
 The driver never holds the run's generation rows: one shard is read at a time, only the columns
@@ -83,6 +83,15 @@ class OkRows:
 
     `skip`: job ids already scored; `only`: job ids of the current plan (None: every row).
     Counts: `rows` handed out, `unreadable` shards (their rows stay unscored; reported).
+
+    `poll_s` set: a run whose generation is still going. `next_chunk` then returns the
+    unscored ok rows of shards that appeared since the last look, or None when nothing new is
+    there *yet*. The folder is listed at most every `poll_s` seconds (never more than a tenth
+    of the time, when listing is slow), and again only once every listed shard is read. A
+    shard is read once (by path), a job handed out once (by id). Shards are published
+    atomically, so a poll never sees one half-written; one that disappears before its read
+    (compacted into a `part-c-` shard) is skipped: the next poll lists the shard that holds
+    its rows now (`vanished` counts them).
     """
 
     def __init__(
@@ -92,15 +101,17 @@ class OkRows:
         skip: pa.Array,
         chunk_size: int,
         only: pa.Array | None = None,
+        poll_s: float | None = None,
     ) -> None:
         self.store, self.columns, self.skip, self.only = store, columns, skip, only
-        self.chunk_size = max(1, chunk_size)
+        self.chunk_size, self.poll_s = max(1, chunk_size), poll_s
         self.seen: set[str] = set()
-        self.rows = 0
+        self.rows = self.polls = self.vanished = 0
         self.unreadable: list[str] = []
+        self.read_paths: set[str] = set()
         self._unread: collections.deque[str] = collections.deque()  # listed, not read yet
         self._pending: collections.deque[pa.Table] = collections.deque()  # rows to hand out
-        self._listed = False
+        self._due = 0.0  # time.monotonic() of the next poll
 
     def next_chunk(self) -> list[Row] | None:
         """Up to `chunk_size` rows (None: none left); shards are read one at a time as rows
@@ -108,8 +119,8 @@ class OkRows:
         buf: list[Row] = []
         while len(buf) < self.chunk_size:
             if not self._pending:
-                if not self._unread:
-                    self._list()
+                if not self._unread and time.monotonic() >= self._due:
+                    self.poll()
                 if not self._unread:
                     break
                 table = self._read(self._unread.popleft())
@@ -129,10 +140,20 @@ class OkRows:
         self.rows += len(buf)
         return buf
 
-    def _list(self) -> None:
-        if not self._listed:
-            self._unread.extend(self.store.list_shards("generations"))
-            self._listed = True
+    def poll(self) -> int:
+        """List the shards that appeared since the last poll; returns how many."""
+        started = time.monotonic()
+        listed = set(self._unread)
+        new = [
+            p
+            for p in self.store.list_shards("generations")
+            if p not in self.read_paths and p not in listed
+        ]
+        self._unread.extend(new)
+        self.polls += 1
+        wait = float("inf") if self.poll_s is None else self.poll_s  # None: one listing
+        self._due = time.monotonic() + max(wait, 10 * (time.monotonic() - started))
+        return len(new)
 
     def _fresh(self, table: pa.Table) -> pa.Table:
         """The ok rows of the current plan not scored before (`seen` is checked row by row)."""
@@ -146,76 +167,21 @@ class OkRows:
 
     def _read(self, path: str) -> pa.Table | None:
         try:
-            return read_shard_columns(self.store, path, self.columns)
+            table = read_shard_columns(self.store, path, self.columns)
         except StoreError:
             raise
         except Exception as exc:  # noqa: BLE001 - one bad shard must not stop the scorer
-            if self._vanished(path):
+            if self.poll_s is not None and self._gone(path):
+                self.vanished += 1  # its rows are in a shard the next poll lists
                 return None
             log.error("cannot read %s (%s): its rows stay unscored", path, exc)
             self.unreadable.append(path)
-            return None
-
-    def _vanished(self, path: str) -> bool:
-        return False
-
-
-class FollowRows(OkRows):
-    """`OkRows` of a run whose generation is still going: `next_chunk` returns the unscored ok
-    rows of shards that appeared since the last look, or None when nothing new is there *yet*.
-
-    The folder is listed at most every `poll_s` seconds (never more than a tenth of the time,
-    when listing is slow), and again only once every listed shard is read. A shard is read
-    once (by path), a job handed out once (by id). Shards are published atomically, so a poll
-    never sees one half-written; one that disappears before its read (compacted into a
-    `part-c-` shard) is skipped: the next poll lists the shard that holds its rows now.
-    """
-
-    def __init__(
-        self,
-        store: RunStore,
-        columns: list[str],
-        skip: pa.Array,
-        chunk_size: int,
-        only: pa.Array | None = None,
-        poll_s: float = 5.0,
-    ) -> None:
-        super().__init__(store, columns, skip, chunk_size, only)
-        self.poll_s = poll_s
-        self.read_paths: set[str] = set()
-        self.polls = 0
-        self.vanished = 0  # shards gone between a listing and their read
-        self._due = 0.0  # time.monotonic() of the next poll
-
-    def _list(self) -> None:
-        if time.monotonic() >= self._due:
-            self.poll()
-
-    def poll(self) -> int:
-        """List the shards that appeared since the last poll; returns how many."""
-        started = time.monotonic()
-        listed = set(self._unread)
-        new = [
-            p
-            for p in self.store.list_shards("generations")
-            if p not in self.read_paths and p not in listed
-        ]
-        self._unread.extend(new)
-        self.polls += 1
-        self._due = time.monotonic() + max(self.poll_s, 10 * (time.monotonic() - started))
-        return len(new)
-
-    def _read(self, path: str) -> pa.Table | None:
-        table = super()._read(path)
-        if table is not None or path in self.unreadable:
-            self.read_paths.add(path)
+            table = None
+        self.read_paths.add(path)
         return table
 
-    def _vanished(self, path: str) -> bool:
-        if self.store.fs.get_file_info(path).type != pafs.FileType.NotFound:
-            return False
-        self.vanished += 1  # its rows are in a shard the next poll lists
-        return True
+    def _gone(self, path: str) -> bool:
+        return self.store.fs.get_file_info(path).type == pafs.FileType.NotFound
 
 
 @dataclass
@@ -339,7 +305,7 @@ def new_work(
     poll_s: float | None = None,
 ) -> Work:
     """A scorer's `Work`: counts what is left (reading only job_id and status), opens the feed.
-    `poll_s`: over a generation still going (`FollowRows`; no total, no progress bar)."""
+    `poll_s`: over a generation still going (no total, no progress bar)."""
     skip = scored_ids(store, name, SCORER_METRICS[name], version)
     # Rows of a replaced plan (`run --replan`) stay on disk but are never scored.
     planned = (
@@ -347,7 +313,7 @@ def new_work(
     )
     columns = input_columns(load_scorer(name))
     if poll_s is not None:
-        follow = FollowRows(store, columns, skip, batch_size, only=planned, poll_s=poll_s)
+        follow = OkRows(store, columns, skip, batch_size, only=planned, poll_s=poll_s)
         return Work(name, version, follow, 0, 0, retries)
     total = skipped = 0
     for path in store.list_shards("generations"):
