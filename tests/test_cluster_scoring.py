@@ -1,21 +1,25 @@
 """Ray-free rules of cluster placement and pooled scoring: the GPU pools' wait, pool sizes, chunk
-retries, the streamed feed of rows, and the Perspective cache kept with the run."""
+retries, actors that keep dying, the streamed feed of rows, and the Perspective cache kept with
+the run."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pyarrow as pa
 import pytest
 from fake_run import generation_row
 
+import harness.stages.scoring.loop as loop
 import harness.stages.scoring.stage as scoring
 from harness.config import ModelConfig
+from harness.stages.generation.backends import Placement
 from harness.stages.generation.stage import placement
-from harness.stages.scoring.pool import PoolSettings, Share, pool_plans
+from harness.stages.scoring.pool import Pool, PoolActor, PoolSettings, Share, pool_plans
 from harness.stages.scoring.stage import ScoringError, score_run
-from harness.stages.scoring.work import SCORE_INPUT_COLUMNS, OkRows
+from harness.stages.scoring.work import SCORE_INPUT_COLUMNS, OkRows, new_work
 from results.run.store import RunStore
 from workers.scorers.base import Scorer, ScorerContext, ScorerError
 from workers.scorers.cache_mirror import CacheMirror, scorer_context
@@ -208,3 +212,41 @@ def test_a_local_run_holds_the_cache_itself(tmp_path: Path) -> None:
     shared = ScorerContext(cache_dir="/shared/cache")
     assert scorer_context("perspective", {}, shared, "s3://b/r")[0] is shared
     assert scorer_context("gender", {}, ScorerContext(), "s3://b/r")[1] is None
+
+
+# ---- the loop's supervision, with fake actors (no Ray cluster) ------------------------------
+
+
+class DyingHandle:
+    """A `ScorerActor` handle whose actor is dead: every call's ref raises `RayActorError`."""
+
+    def __getattr__(self, method: str) -> Any:
+        return SimpleNamespace(remote=lambda *args: object())
+
+
+def test_actors_that_die_until_chunks_are_given_up_stop_the_scorer_naming_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots of three lives (two replacements each), no chunk retry: the fifth death gives
+    up a fifth chunk in a row, which stops the pool while its actor was being replaced. The
+    loop ends with the scorer's failure named (exit 1), not a `list.remove` ValueError (exit 2:
+    "bad input", every other scorer's pool closed with its work undone)."""
+    import ray
+    from ray import exceptions as rex
+
+    store = fake_run(tmp_path / "run", 12)
+    monkeypatch.setattr(loop, "ray_ready", lambda refs, timeout: list(refs))
+    monkeypatch.setattr(loop, "new_actor", lambda pool, slot, uri: PoolActor(DyingHandle(), slot))
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart=True: None)
+
+    def dead(ref: Any) -> Any:
+        raise rex.RayActorError()
+
+    monkeypatch.setattr(ray, "get", dead)
+    pool = Pool("gender", {}, Placement(2, 0.0, 1.0), CTX)
+    pool.actors = [PoolActor(DyingHandle(), slot) for slot in range(2)]
+    settings = PoolSettings(chunk_retries=0)
+    work = lambda p: new_work(store, p.name, "v", 1, False, 0)  # noqa: E731
+    loop.ScoreLoop(store, [pool], settings, work).run()
+    assert pool.error is not None and pool.error.startswith("5 chunks in a row failed")
+    assert pool.actors == [] and pool.work is not None and pool.work.failed_chunks == 5

@@ -179,8 +179,9 @@ class ScoreLoop:
                 return
             self._chunk_failed(pool, chunk, attempts, ray_error(exc))
         except rex.RayError as exc:  # the actor died (node lost, OOM, killed)
-            self._chunk_failed(pool, chunk, attempts, actor_error(exc))
+            # replaced first: giving the chunk up may stop the pool, which kills its actors
             self._replace(pool, actor, f"died: {actor_error(exc, 200)}")
+            self._chunk_failed(pool, chunk, attempts, actor_error(exc))
         else:
             rows = list(out["rows"])
             try:
@@ -251,8 +252,8 @@ class ScoreLoop:
                     actor.calls.pop(0)
                     error = f"no answer after {self.timeout:g}s (runtime.score_call_timeout_s)"
                     log.warning("scorer %s: %s; its actor is replaced", pool.name, error)
+                    self._replace(pool, actor, "call timed out")  # first, as in `_handle`
                     self._chunk_failed(pool, chunk, attempts, error)
-                    self._replace(pool, actor, "call timed out")
                     self._feed(pool)
 
     def _replace(self, pool: Pool, actor: PoolActor, why: str) -> None:
