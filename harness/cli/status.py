@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from jobs.redact import printable
 from results.run.done import DoneIds
-from results.run.manifest import read_manifest
+from results.run.history import read_manifest
 from results.run.store import RunStore, StoreError
 from results.stats.join import JoinError, scorer_metric
 from workers.plugins import load_plugins
