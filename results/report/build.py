@@ -34,8 +34,8 @@ from results.report.tables import (
 )
 from results.report.tex import latex_document, latex_tables
 from results.run.store import RunStore
-from results.stats.aggregate import READ_COLUMNS, summarize
-from results.stats.join import join_run
+from results.stats.aggregate import READ_COLUMNS, Aggregate, summarize
+from results.stats.join import JoinedRun, join_run
 
 
 def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
@@ -212,6 +212,30 @@ def empty_reason(summary: pl.DataFrame) -> str:
     return "no scored rows of the tasks' metrics: no paper-style tables"
 
 
+def summarize_joined(
+    joined: JoinedRun,
+    cfg: dict[str, Any],
+    groups: Sequence[str] | None,
+    units: dict[tuple[str, str], Sequence[str]] | None = None,
+    paired: bool | None = None,
+) -> Aggregate:
+    """`summarize` of a joined run with the aggregation settings `cfg` (`RunSettings`'
+    `aggregation`, overridden): permutations at most as many as resamples."""
+    n_boot = int(cfg["n_boot"])
+    return summarize(
+        joined.frame,
+        joined.failed,
+        groups=groups,
+        seed=int(cfg["seed"]),
+        n_boot=n_boot,
+        level=float(cfg["level"]),
+        ppl_max=float(cfg["ppl_max"]),
+        n_perm=min(int(cfg["n_perm"]), n_boot),
+        units=units,
+        paired=paired,
+    )
+
+
 def aggregate_run(
     store: RunStore,
     scorers: dict[str, str] | None = None,
@@ -242,16 +266,7 @@ def aggregate_run(
     cfg = {**settings.aggregation, **{k: v for k, v in given.items() if v is not None}}
     seed, n_boot, level = int(cfg["seed"]), int(cfg["n_boot"]), float(cfg["level"])
     joined = join_run(store, scorers, READ_COLUMNS)
-    agg = summarize(
-        joined.frame,
-        joined.failed,
-        groups=groups if groups is not None else settings.groups,
-        seed=seed,
-        n_boot=n_boot,
-        level=level,
-        ppl_max=float(cfg["ppl_max"]),
-        n_perm=min(int(cfg["n_perm"]), n_boot),
-    )
+    agg = summarize_joined(joined, cfg, groups if groups is not None else settings.groups)
     cells = table_cells(agg.summary)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
     paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
