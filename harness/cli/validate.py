@@ -17,7 +17,6 @@ from harness.cli.estimates import estimate_lines, log_estimates
 from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
 from harness.cli.options import overrides
 from harness.cli.preflight import (
-    HEAD_METHODS,
     Item,
     check_context,
     check_files,
@@ -30,6 +29,7 @@ from harness.cli.preflight import (
     probe_url,
 )
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
+from jobs.catalog import takes_head
 from jobs.datasets import Prompt
 from jobs.files import DatasetError
 from jobs.redact import printable, redact_text
@@ -173,7 +173,7 @@ def _plan_lines(
             params = resolve_params(method.name, dict(method.params), model.id)
             for task in cfg.tasks:
                 need = ""
-                if method.name in HEAD_METHODS:
+                if takes_head(method.name):
                     need = _head_need(model, m_index, j, params, task, by_field)
                     if need.startswith("; head: MISSING"):
                         problems.append(
