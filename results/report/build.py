@@ -30,6 +30,7 @@ from results.report.tables import (
     layout,
     legend,
     level_text,
+    md_lines,
     table_legend,
 )
 from results.report.tex import latex_document, latex_tables
@@ -46,12 +47,6 @@ def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
 MARKDOWN = Style(_md_cell, "(other {:.0%})".format)
 
 
-def _md_lines(rows: list[list[str]]) -> list[str]:
-    """The lines of a Markdown table whose first row is the header."""
-    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
-    return [lines[0], "|" + "---|" * len(rows[0]), *lines[1:]]
-
-
 def markdown_table(lay: Layout) -> str:
     """A view's paper-style table, then its warnings (one bullet per flagged cell)."""
     if not lay.blocks:
@@ -63,7 +58,7 @@ def markdown_table(lay: Layout) -> str:
         for block in lay.blocks
         for row in block.rows
     ]
-    lines = _md_lines([["Model / method", *head], *rows])
+    lines = md_lines([["Model / method", *head], *rows])
     if lay.warnings:
         lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
     return "\n".join(lines) + "\n"
@@ -77,7 +72,7 @@ def frame_markdown(frame: pl.DataFrame) -> str:
         ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
         for row in frame.iter_rows()
     ]
-    return "\n".join(_md_lines([frame.columns, *rows])) + "\n"
+    return "\n".join(md_lines([frame.columns, *rows])) + "\n"
 
 
 def view_layouts(res: AggregateResult) -> dict[str, Layout]:
