@@ -71,6 +71,12 @@ def probe_url(url: str, timeout_s: float = URL_TIMEOUT_S) -> str | None:
         return f"unreachable ({getattr(exc, 'reason', None) or exc})"
 
 
+def probe_all(urls: list[str], probe: Callable[[str], str | None]) -> dict[str, str | None]:
+    """URL → `probe`'s answer, up to 8 at once."""
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
+        return dict(zip(urls, pool.map(probe, urls)))
+
+
 # ---- files and URLs ----------------------------------------------------------------------
 
 
@@ -123,8 +129,7 @@ def check_files(
             and not cached_path(s, None).is_file()
         }
     )
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
-        answers = dict(zip(urls, pool.map(probe, urls)))
+    answers = probe_all(urls, probe)
     items = []
     for field, spec in specs:
         if not is_url(spec):
@@ -282,10 +287,10 @@ def check_keys(cfg: RunConfig) -> list[Item]:
 def check_services(items: list[Item], probe: Callable[[str], str | None]) -> list[Item]:
     """The services of `check_keys` (items whose `where` is "service"), probed at once."""
     targets = [i for i in items if i.where == "service"]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
-        answers = list(pool.map(probe, [i.value for i in targets]))
+    answers = probe_all([i.value for i in targets], probe)
     out = [i for i in items if i.where != "service"]
-    for item, answer in zip(targets, answers):
+    for item in targets:
+        answer = answers[item.value]
         if answer is None or answer.startswith("HTTP 4"):  # it answered: the key is its business
             out.append(Item(item.field, item.value, "reachable"))
         else:

@@ -21,7 +21,8 @@ from typing import Any
 import polars as pl
 
 from harness.cli.options import split_names
-from results.run.store import RunStore
+from results.run.identity import read_config
+from results.run.store import RunStore, StoreError
 from results.schema import METRIC_FIELDS
 from results.stats.join import join_run, latest_version, scorer_metric
 
@@ -150,21 +151,15 @@ def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -
 
 
 def _configured_scorers(store: RunStore) -> list[str]:
-    """Scorer names in the run's config.yaml (read as plain YAML: plugins need not be loaded)."""
-    if not store.exists("config.yaml"):
-        return []
-    import yaml
-
+    """Scorer names in the run's config.yaml (plain YAML: plugins need not be loaded; a
+    config that cannot be read names none here)."""
     try:
-        data = yaml.safe_load(store.read_text("config.yaml")) or {}
-    except yaml.YAMLError:
+        data = read_config(store) or {}
+    except StoreError:
         return []
-    names = []
-    for entry in (data.get("scorers") or []) if isinstance(data, dict) else []:
-        name = entry.get("name") if isinstance(entry, dict) else entry
-        if isinstance(name, str):
-            names.append(name)
-    return names
+    entries = data.get("scorers") or []
+    names = [e.get("name") if isinstance(e, dict) else e for e in entries]
+    return [n for n in names if isinstance(n, str)]
 
 
 # ---- filtering ----------------------------------------------------------------------------
