@@ -1,8 +1,8 @@
 """`python -m harness compare RUN_A RUN_B`: cell-by-cell differences of two runs, with paired tests.
 
-Both runs are joined once and aggregated in memory with the same settings (run A's `aggregation:` unless
-`--seed` / `--n-boot` / `--ppl-max`), so a (model, task) gets the same bootstrap resamples in
-both; cells match on `KEYS`, `diff = B − A`. Bias rows add |bias B| − |bias A| with its paired
+Both runs are joined once and aggregated in memory with the same settings (run A's
+`aggregation:` unless `--seed` / `--n-boot` / `--ppl-max`), so a (model, task) gets the same
+bootstrap resamples in both; cells match on `KEYS`, `diff = B − A`. Bias rows add |bias B| − |bias A| with its paired
 interval and p-value (`results.stats.bootstrap.compare_gaps`). A pair (or prompt) with rows in
 one run only is dropped from both, with a warning. `compare` refuses runs whose plans differ in
 prompts, seeds or generation parameters (exit 2) unless `--allow-plan-mismatch`;
