@@ -30,8 +30,7 @@ from harness.stages.scoring import (
     scorer_preference,
 )
 from jobs.words import GroupWords
-from results.run.history import Invocation
-from results.run.manifest import update_manifest
+from results.run.history import Invocation, update_manifest
 from results.run.store import RunStore
 
 __all__ = [

@@ -121,26 +121,14 @@ def load_prompt_list(
     words = words or builtin_gender_words()
     path = fetch(spec, sha256=sha256, cache_dir=cache_dir, field=field)
     stem = Path(url_basename(spec)).stem
-    texts: list[tuple[int, str]] = []
-    if path.endswith((".jsonl", ".json")):
-        if text_field == "prompt.text":
-            texts = [(ln, t) for ln, t, _ in _read_jsonl_prompts(path, spec)]
-        else:
-            texts = [(ln, _field(rec, text_field, spec, ln)) for ln, rec in iter_jsonl(path, spec)]
-    elif path.endswith(".csv"):
-        reader = csv.DictReader(io.StringIO(decode_utf8(Path(path).read_bytes(), spec), newline=""))
-        if reader.fieldnames is None or text_field not in reader.fieldnames:
-            raise DatasetError(f"{spec}: no column {text_field!r} (columns: {reader.fieldnames})")
-        texts = [(i + 2, rec[text_field] or "") for i, rec in enumerate(reader)]  # 1: the header
-    elif path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        if text_field not in table.column_names:
-            raise DatasetError(f"{spec}: no column {text_field!r} (columns: {table.column_names})")
-        texts = [(i + 1, str(t or "")) for i, t in enumerate(table.column(text_field).to_pylist())]
+    if path.endswith((".jsonl", ".json")) and text_field == "prompt.text":
+        texts = [(ln, t) for ln, t, _ in _read_jsonl_prompts(path, spec)]
     else:
-        raise DatasetError(f"{spec}: unknown prompt file type (use .jsonl, .csv or .parquet)")
+        texts = []
+        for ln, (text,) in read_records(path, spec, [text_field]):
+            if text is not None and not isinstance(text, str):
+                raise DatasetError(f"{spec}: line {ln}: {text_field} is not text ({text!r})")
+            texts.append((ln, text or ""))
     _check_texts(spec, texts)
     if not texts:
         raise DatasetError(f"{spec}: no prompts")
@@ -148,15 +136,41 @@ def load_prompt_list(
     return [Prompt(f"{stem}:{ln:05d}", None, label_text(t, words), t) for ln, t in texts]
 
 
-def _field(rec: Any, dotted: str, spec: str, lineno: int) -> str:
-    cur = rec
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            raise DatasetError(f"{spec}: line {lineno}: missing {dotted}")
-        cur = cur[part]
-    if not isinstance(cur, str):
-        raise DatasetError(f"{spec}: line {lineno}: {dotted} is not a string")
-    return cur
+def read_records(path: str, spec: str, fields: list[str]) -> list[tuple[int, list[Any]]]:
+    """(line, the values of `fields`) of each record of a JSONL (a field may be a dotted path,
+    `prompt.text`), CSV or Parquet file at `path`; errors name `spec` and the line. A CSV's
+    lines count its header; a Parquet file's rows count from 1."""
+    if path.endswith((".jsonl", ".json")):
+        out = []
+        for ln, rec in iter_jsonl(path, spec):
+            values = []
+            for name in fields:
+                value = rec
+                for part in name.split("."):
+                    value = value.get(part, KeyError) if isinstance(value, dict) else KeyError
+                values.append(value)
+            if KeyError in values:
+                raise DatasetError(
+                    f"{spec}: line {ln}: needs fields {' and '.join(map(repr, fields))}"
+                )
+            out.append((ln, values))
+        return out
+    if path.endswith(".csv"):
+        reader = csv.DictReader(io.StringIO(decode_utf8(Path(path).read_bytes(), spec), newline=""))
+        names, rows, first = list(reader.fieldnames or []), list(reader), 2  # 1: the header
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        names, first = table.column_names, 1
+        rows = table.select([f for f in fields if f in names]).to_pylist()
+    else:
+        raise DatasetError(f"{spec}: unknown file type (use .jsonl, .csv or .parquet)")
+    if any(f not in names for f in fields):
+        raise DatasetError(
+            f"{spec}: line 1: needs columns {' and '.join(map(repr, fields))}, has {names}"
+        )
+    return [(i + first, [row[f] for f in fields]) for i, row in enumerate(rows)]
 
 
 @dataclass(frozen=True)

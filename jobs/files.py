@@ -55,6 +55,13 @@ def default_cache_dir() -> str:
     return os.environ.get("LIDAO_CACHE", os.path.join(Path.home(), ".cache", "lidao-harness"))
 
 
+def cached_path(url: str, cache_dir: str | None = None) -> Path:
+    """Where `fetch` keeps the download of `url`: the name hashes the whole URL but shows only
+    its file name (no query token in it)."""
+    name = hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + url_basename(url)
+    return Path(cache_dir or default_cache_dir()) / "downloads" / name
+
+
 def sha256_file(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -71,11 +78,8 @@ def fetch(
     sha256 = sha256 or PINNED_SHA256.get(spec)
     named = f"{field}: {spec}" if field else spec
     if spec.startswith(("http://", "https://")):
-        cache = Path(cache_dir or default_cache_dir()) / "downloads"
-        cache.mkdir(parents=True, exist_ok=True)
-        # The name hashes the whole URL but shows only its file name: no query token in it.
-        name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
-        path = cache / name
+        path = cached_path(spec, cache_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             tmp = path.with_suffix(path.suffix + ".tmp")
             try:

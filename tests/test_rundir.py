@@ -95,6 +95,25 @@ def test_score_by_name_adds_a_scorer_records_it_and_reruns_do_no_work(base_run: 
     assert manifest["generation"]["actors"], "a no-work re-run must keep the actors' record"
 
 
+def test_the_recorded_command_line_hides_every_secret_either_rule_finds() -> None:
+    """One rule for what is secret on a command line: a name holding a word of SECRET_KEYS
+    (history's old rule) or a last part `jobs.redact.is_secret_key` takes; URL credentials too."""
+    from results.run.history import redact_argv
+
+    argv = [
+        "run", "c.yaml", "--api-key", "sekrit-1", "--token=sekrit-2", "--set",
+        "scorers.0.params.api_key_file=/sekrit-3", "--set", "dataset.sha256.sig=sekrit-4",
+        "--set", "x.credentials=sekrit-5", "--set", "dataset.path=https://u:sekrit-6@h/p?token=sekrit-7",
+        "--limit", "3", "--set", "generation.top_p=0.8",
+    ]  # fmt: skip
+    shown = redact_argv(argv)
+    assert not any("sekrit" in a for a in shown), shown
+    assert shown[:5] == ["run", "c.yaml", "--api-key", "<redacted>", "--token=<redacted>"]
+    assert "dataset.sha256.sig=<redacted>" in shown and "x.credentials=<redacted>" in shown
+    assert "dataset.path=https://<redacted>@h/p?token=<redacted>" in shown
+    assert shown[-4:] == ["--limit", "3", "--set", "generation.top_p=0.8"]
+
+
 def test_a_truncated_manifest_is_rebuilt(base_run: Path) -> None:
     text = (base_run / "manifest.json").read_text()
     (base_run / "manifest.json").write_text(text[: len(text) // 2])

@@ -235,7 +235,11 @@ def _pair_run(root: Path, dropped: int | None) -> str:
 def test_compare_drops_a_pair_filtered_in_one_run_from_both_and_stays_paired(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli.compare import aggregate_in_memory, paired_bias_rows, shared_units
+    from harness.cli.compare import paired_bias_rows, shared_units
+    from results.report.build import summarize_joined
+    from results.run.store import RunStore
+    from results.stats.aggregate import READ_COLUMNS
+    from results.stats.join import join_run
 
     a, b = _pair_run(tmp_path / "a", None), _pair_run(tmp_path / "b", dropped=3)
     assert compare(a, b, "--n-boot", "200", "--view", "file", "--metric", "sentiment") == 0
@@ -243,9 +247,10 @@ def test_compare_drops_a_pair_filtered_in_one_run_from_both_and_stays_paired(
     assert "1 pair(s) have rows in one run only (1 only in A, 0 only in B" in err
     assert "dropped from both runs" in err and "29 pairs kept" in err
     settings = {"seed": 0, "n_boot": 200, "level": 0.95, "ppl_max": 200.0, "n_perm": 0}
-    units, paired, _ = shared_units(a, b, 200.0)
-    aligned = [aggregate_in_memory(r, settings, None, units, paired) for r in (a, b)]
-    alone = [aggregate_in_memory(r, settings, None) for r in (a, b)]  # each run its own units
+    joined = [join_run(RunStore(r), columns=READ_COLUMNS) for r in (a, b)]
+    units, paired, _ = shared_units(joined[0].frame, joined[1].frame, 200.0)
+    aligned = [summarize_joined(j, settings, None, units, paired) for j in joined]
+    alone = [summarize_joined(j, settings, None) for j in joined]  # each run its own units
 
     def width(aggs: list[Any]) -> float:
         row = paired_bias_rows(*aggs).filter(

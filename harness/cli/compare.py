@@ -1,8 +1,8 @@
 """`python -m harness compare RUN_A RUN_B`: cell-by-cell differences of two runs, with paired tests.
 
-Both runs are aggregated in memory with the same settings (run A's `aggregation:` unless
-`--seed` / `--n-boot` / `--ppl-max`), so a (model, task) gets the same bootstrap resamples in
-both; cells match on `KEYS`, `diff = B − A`. Bias rows add |bias B| − |bias A| with its paired
+Both runs are joined once and aggregated in memory with the same settings (run A's
+`aggregation:` unless `--seed` / `--n-boot` / `--ppl-max`), so a (model, task) gets the same
+bootstrap resamples in both; cells match on `KEYS`, `diff = B − A`. Bias rows add |bias B| − |bias A| with its paired
 interval and p-value (`results.stats.bootstrap.compare_gaps`). A pair (or prompt) with rows in
 one run only is dropped from both, with a warning. `compare` refuses runs whose plans differ in
 prompts, seeds or generation parameters (exit 2) unless `--allow-plan-mismatch`;
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -81,45 +82,23 @@ def plan_differences(a: RunStore, b: RunStore) -> list[str]:
     return out
 
 
-def aggregate_in_memory(
-    run: str, settings: dict[str, Any], groups: Any, units: Any = None, paired: bool | None = None
-) -> Any:
-    """`results.stats.aggregate.Aggregate` of a run, nothing written (`units`: see `summarize`)."""
-    from results.stats.aggregate import summarize
-    from results.stats.join import join_run
-
-    joined = join_run(RunStore(run))
-    return summarize(
-        joined.frame,
-        joined.failed,
-        groups=groups,
-        seed=int(settings["seed"]),
-        n_boot=int(settings["n_boot"]),
-        level=float(settings["level"]),
-        ppl_max=float(settings["ppl_max"]),
-        n_perm=min(int(settings["n_perm"]), int(settings["n_boot"])),
-        units=units,
-        paired=paired,
-    )
-
-
 def shared_units(
-    run_a: str, run_b: str, ppl_max: float
-) -> tuple[dict[tuple[str, str], list[str]], bool, list[str]]:
-    """The resampling units both runs have rows of, per (model, task), after the filter.
+    frame_a: pl.DataFrame, frame_b: pl.DataFrame, ppl_max: float
+) -> tuple[dict[tuple[str, str], Sequence[str]], bool, list[str]]:
+    """The resampling units both runs (their joined frames) have rows of, per (model, task),
+    after the filter.
 
     Returns (model, task) → sorted shared units (only the blocks both runs have), whether the
     units are pairs, and one warning per (model, task) where some unit has rows in one run only
     (those are dropped from both).
     """
     from results.stats.aggregate import block_units, is_paired
-    from results.stats.join import join_run
 
-    frames = [join_run(RunStore(r)).frame for r in (run_a, run_b)]
-    paired = is_paired(frames[0]) or is_paired(frames[1])
-    ua, ub = (block_units(f, ppl_max, paired) for f in frames)
+    paired = is_paired(frame_a) or is_paired(frame_b)
+    ua, ub = (block_units(f, ppl_max, paired) for f in (frame_a, frame_b))
     kind = "pair" if paired else "prompt"
-    shared, warnings = {}, []
+    shared: dict[tuple[str, str], Sequence[str]] = {}
+    warnings = []
     for block in sorted(set(ua) & set(ub)):  # a (model, task) of one run has nothing to pair
         a, b = ua[block], ub[block]
         shared[block] = sorted(a & b)
@@ -241,13 +220,13 @@ def print_table(rows: pl.DataFrame, level: float = 0.95) -> None:
 def compare_main(args: argparse.Namespace) -> int:
     """Print the differences; 0 ok, 1 --fail-above tripped, 2 a run cannot be read or the
     plans differ (without --allow-plan-mismatch)."""
-    from results.report.build import run_settings
+    from results.report.build import run_settings, summarize_joined
+    from results.stats.aggregate import READ_COLUMNS
+    from results.stats.join import join_run
 
     try:
         store_a, store_b = RunStore(args.run_a), RunStore(args.run_b)
-        for store in (store_a, store_b):
-            if not store.exists("generations") and not store.list_shards("generations"):
-                raise StoreError(f"{store.uri}: no generation rows (nothing to aggregate)")
+        joined = [join_run(store, columns=READ_COLUMNS) for store in (store_a, store_b)]
         mismatch = plan_differences(store_a, store_b)
         if mismatch and not args.allow_plan_mismatch:
             print(
@@ -264,12 +243,13 @@ def compare_main(args: argparse.Namespace) -> int:
         given = {"seed": args.seed, "n_boot": args.n_boot, "ppl_max": args.ppl_max}
         settings.update({k: v for k, v in given.items() if v is not None})
         units, paired, unit_warnings = shared_units(
-            args.run_a, args.run_b, float(settings["ppl_max"])
+            joined[0].frame, joined[1].frame, float(settings["ppl_max"])
         )
         for line in unit_warnings:
             print(f"WARNING: {line}", file=sys.stderr)
-        agg_a = aggregate_in_memory(args.run_a, settings, settings_a.groups, units, paired)
-        agg_b = aggregate_in_memory(args.run_b, settings, settings_a.groups, units, paired)
+        agg_a, agg_b = (
+            summarize_joined(j, settings, settings_a.groups, units, paired) for j in joined
+        )
     except (StoreError, ValueError, OSError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2

@@ -64,8 +64,7 @@ def export_files(store: RunStore) -> dict[str, str]:
             out[rel] = store.path(rel)
     base = store.path("")
     for folder, suffixes in FOLDERS.items():
-        sel = pafs.FileSelector(store.path(folder), allow_not_found=True, recursive=True)
-        for info in store.fs.get_file_info(sel):
+        for info in store.entries(folder, recursive=True):
             if info.type != pafs.FileType.File:
                 continue
             name = info.base_name

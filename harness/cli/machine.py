@@ -3,6 +3,7 @@ importing torch in this process, and whether the run directory can be written.""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -16,15 +17,12 @@ from harness.config import RunConfig
 from harness.stages.generation.devices import visible_ids
 from jobs.redact import has_controls, printable
 
-_gpu_count: list[tuple[int, str]] = []
 
-
+@functools.cache
 def local_gpus() -> tuple[int, str]:
     """(CUDA devices this machine gives torch, why none), without importing torch here: the
     torch build and the driver are looked at first; only when both are there does a short
     subprocess ask torch (it honours CUDA_VISIBLE_DEVICES). Once per process."""
-    if _gpu_count:
-        return _gpu_count[0]
     spec = importlib.util.find_spec("torch")
     lib = Path(next(iter(spec.submodule_search_locations or []), "")) / "lib" if spec else None
     if visible_ids() == []:
@@ -48,7 +46,6 @@ def local_gpus() -> tuple[int, str]:
             found = (n, "" if n else "torch sees no CUDA device")
         except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
             found = (0, f"counting GPUs failed ({exc})")
-    _gpu_count.append(found)
     return found
 
 

@@ -176,19 +176,8 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def version_text() -> str:
-    """The installed distribution's version, else the checkout's pyproject.toml."""
+    """`lidao-harness VERSION (git COMMIT)`: the installed version, else the checkout's."""
     from results.run.history import git_commit, harness_version
 
-    version = harness_version()
-    if version == "unknown":
-        import re
-        from pathlib import Path
-
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        try:
-            found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M)
-        except OSError:
-            found = None
-        version = found.group(1) if found else version
     commit = git_commit()
-    return f"lidao-harness {version}" + (f" (git {commit})" if commit else "")
+    return f"lidao-harness {harness_version()}" + (f" (git {commit})" if commit else "")

@@ -5,7 +5,6 @@ models are looked up in the local cache, then by metadata. This machine: `machin
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import urllib.error
@@ -17,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import RunConfig
-from jobs.files import PINNED_SHA256, default_cache_dir, url_basename
+from jobs.catalog import takes_head
+from jobs.files import PINNED_SHA256, cached_path
 from jobs.redact import redact_text
 from workers import hub
 from workers.tiny import TINY_PREFIX
@@ -37,8 +37,6 @@ METHOD_MODEL_PARAMS: dict[str, tuple[str, ...]] = {
     "dexperts": ("expert", "anti_expert"),
 }
 METHOD_FILE_PARAMS: dict[str, tuple[str, ...]] = {"uddia": ("prior",)}
-# Methods whose steps read an attribute head (param `head`; None = the task's default head).
-HEAD_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod", "pplm")
 
 
 @dataclass(frozen=True)
@@ -58,12 +56,6 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def cached_download(spec: str, cache_dir: str | None) -> Path:
-    """Where `jobs.files.fetch` keeps the download of URL `spec`."""
-    name = hashlib.sha256(spec.encode()).hexdigest()[:16] + "-" + url_basename(spec)
-    return Path(cache_dir or default_cache_dir()) / "downloads" / name
-
-
 def probe_url(url: str, timeout_s: float = URL_TIMEOUT_S) -> str | None:
     """None when `url` answers a HEAD request (405/501: HEAD not served, the GET may be), else
     why not, in a few words."""
@@ -77,6 +69,12 @@ def probe_url(url: str, timeout_s: float = URL_TIMEOUT_S) -> str | None:
         return f"HTTP {exc.code} {exc.reason}"
     except (OSError, ValueError) as exc:
         return f"unreachable ({getattr(exc, 'reason', None) or exc})"
+
+
+def probe_all(urls: list[str], probe: Callable[[str], str | None]) -> dict[str, str | None]:
+    """URL → `probe`'s answer, up to 8 at once."""
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
+        return dict(zip(urls, pool.map(probe, urls)))
 
 
 # ---- files and URLs ----------------------------------------------------------------------
@@ -95,10 +93,10 @@ def file_specs(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.gender_words and cfg.gender_words != "builtin":
         out.append(("gender_words", cfg.gender_words))
     for i, model in enumerate(cfg.models):
-        if any(m.name in HEAD_METHODS and "head" not in m.params for m in cfg.methods):
+        if any(takes_head(m.name) and "head" not in m.params for m in cfg.methods):
             out += [(f"models.{i}.heads.{t}", h) for t, h in model.heads.items() if t in cfg.tasks]
     for j, method in enumerate(cfg.methods):
-        if method.name in HEAD_METHODS and method.params.get("head") is not None:
+        if takes_head(method.name) and method.params.get("head") is not None:
             out.append((f"methods.{j}.params.head", str(method.params["head"])))
         for key in METHOD_FILE_PARAMS.get(method.name, ()):
             value = resolve_params(method.name, dict(method.params), cfg.models[0].id).get(key)
@@ -127,12 +125,11 @@ def check_files(
             s
             for _, s in specs
             if is_url(s)
-            and not cached_download(s, cache_dir).is_file()
-            and not cached_download(s, None).is_file()
+            and not cached_path(s, cache_dir).is_file()
+            and not cached_path(s, None).is_file()
         }
     )
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
-        answers = dict(zip(urls, pool.map(probe, urls)))
+    answers = probe_all(urls, probe)
     items = []
     for field, spec in specs:
         if not is_url(spec):
@@ -148,7 +145,7 @@ def check_files(
         elif answers[spec] is None:
             items.append(Item(field, spec, "URL, reachable (downloads)"))
         else:
-            cache = cached_download(spec, cache_dir)
+            cache = cached_path(spec, cache_dir)
             problem = (
                 f"{spec}: {answers[spec]}; without network, download it elsewhere and set "
                 f"{field} to the local path, or put the file at {cache}"
@@ -246,7 +243,11 @@ def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str
 
 
 def check_keys(cfg: RunConfig) -> list[Item]:
-    """Secrets the configured scorers read (named by variable) and the services they call."""
+    """Secrets the configured scorers read (named by variable), read as the scorer reads them
+    (`workers.scorers.perspective.read_api_key`), and the services they call."""
+    from workers.scorers.base import ScorerError
+    from workers.scorers.perspective import read_api_key
+    from workers.scorers.perspective_client import DEFAULT_ENDPOINT
     from workers.scorers.registry import scorer_defaults
 
     items = []
@@ -257,36 +258,27 @@ def check_keys(cfg: RunConfig) -> list[Item]:
         if p.get("cache_only"):
             items.append(Item(f"scorers.{k}", "perspective", "cache only (no key needed)"))
             continue
-        if p.get("api_key_file"):
-            path = Path(str(p["api_key_file"])).expanduser()
-            try:
-                ok = bool(path.read_text(encoding="utf-8").strip())
-                problem = None if ok else f"{path} is empty"
-            except OSError as exc:
-                problem = f"cannot read {path} ({exc.strerror or exc})"
-            items.append(Item(f"scorers.{k}.params.api_key_file", str(path), "key file", problem))
-            if problem:
-                continue
-        elif os.environ.get("PERSPECTIVE_API_KEY", "").strip():
-            items.append(Item("PERSPECTIVE_API_KEY", "<set>", "set"))
-        else:
-            items.append(
-                Item(
-                    "PERSPECTIVE_API_KEY",
-                    "",
-                    "NOT SET",
+        key_file = str(Path(str(p["api_key_file"])).expanduser()) if p["api_key_file"] else None
+        field = f"scorers.{k}.params.api_key_file" if key_file else "PERSPECTIVE_API_KEY"
+        try:
+            read_api_key(key_file)
+        except ScorerError as exc:
+            problem = str(exc).removeprefix("scorer 'perspective': ")
+            if not key_file:
+                problem = (
                     f"scorers.{k} (perspective) needs an API key: set PERSPECTIVE_API_KEY (or "
                     "the scorer's api_key_file parameter). To run without it now, drop "
                     "perspective from `scorers` (or set cache_only: true) and add it later "
-                    "with `python -m harness score RUN --scorer perspective`",
+                    "with `python -m harness score RUN --scorer perspective`"
                 )
+            items.append(
+                Item(field, key_file or "", "key file" if key_file else "NOT SET", problem)
             )
             continue
+        items.append(Item(field, key_file or "<set>", "key file" if key_file else "set"))
         endpoint = p.get("endpoint") or os.environ.get("PERSPECTIVE_API_ENDPOINT")
         field = f"scorers.{k}.params.endpoint" if p.get("endpoint") else "PERSPECTIVE_API_ENDPOINT"
         if not endpoint:
-            from workers.scorers.perspective_client import DEFAULT_ENDPOINT
-
             endpoint, field = DEFAULT_ENDPOINT, f"scorers.{k} (perspective endpoint)"
         items.append(Item(field, str(endpoint), "service"))
     return items
@@ -295,10 +287,10 @@ def check_keys(cfg: RunConfig) -> list[Item]:
 def check_services(items: list[Item], probe: Callable[[str], str | None]) -> list[Item]:
     """The services of `check_keys` (items whose `where` is "service"), probed at once."""
     targets = [i for i in items if i.where == "service"]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
-        answers = list(pool.map(probe, [i.value for i in targets]))
+    answers = probe_all([i.value for i in targets], probe)
     out = [i for i in items if i.where != "service"]
-    for item, answer in zip(targets, answers):
+    for item in targets:
+        answer = answers[item.value]
         if answer is None or answer.startswith("HTTP 4"):  # it answered: the key is its business
             out.append(Item(item.field, item.value, "reachable"))
         else:

@@ -1,11 +1,11 @@
 """The rows of `samples RUN`: a run's generations joined with their scores, and the filters.
 
 Reads the run directory through `results.run.store.RunStore` (local paths, s3://, gs://) and joins
-the generations with the scores, choosing each scorer's version as aggregation does (the latest:
-`results.stats.join.latest_version`) and only jobs of the current plan: one value column set per
-metric (`toxicity`, `label_x`, ...; where two scorers gave one metric, `--use-scorer` picks the
-plain one and the other's columns are `<scorer>.<column>`). Error rows are listed too, with
-their error and no scores. Never imports torch and never loads a model.
+the generations with the scores as aggregation does (`results.stats.join.join_run`: each
+scorer's latest version, only jobs of the current plan): one value column set per metric
+(`toxicity`, `label_x`, ...; where two scorers gave one metric, `--use-scorer` picks the plain
+one and the other's columns are `<scorer>.<column>`). Error rows are listed too, with their
+error and no scores. Never imports torch and never loads a model.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 import polars as pl
 
 from harness.cli.options import split_names
-from results.run.store import RunStore
+from results.run.identity import read_config
+from results.run.store import RunStore, StoreError
 from results.schema import METRIC_FIELDS
-from results.stats.join import latest_version, scorer_metric
+from results.stats.join import join_run, latest_version, scorer_metric
 
 # The generation columns of a sample (the lists, losses and provenance stay in the Parquet).
 GENERATION_COLUMNS = [
@@ -94,57 +95,38 @@ def load_samples(run: str, use: Sequence[str] | None = None) -> Samples:
         chosen[metric] = name
     for metric, names in by_metric.items():
         chosen.setdefault(metric, names[0])
-    gens = store.read_generations(GENERATION_COLUMNS)  # not the token lists and losses
-    notes: list[str] = []
-    if store.exists("plan.parquet"):  # as aggregation: only jobs of the current plan
-        planned = gens.filter(pl.col("job_id").is_in(store.read_plan(["job_id"])["job_id"]))
-        if planned.height < gens.height:
-            notes.append(
-                f"{gens.height - planned.height} generation row(s) outside the current plan: "
-                "not shown"
-            )
-        gens = planned
-    frame = gens
+    # as aggregation: only jobs of the current plan, each metric's latest scorer version
+    joined = join_run(store, chosen, GENERATION_COLUMNS)  # not the token lists and losses
+    frame = pl.concat([joined.frame, joined.failed], how="diagonal_relaxed")
+    notes = [
+        n.replace("not counted", "not shown")
+        for n in joined.notes
+        if "outside the current plan" in n
+    ]
     score_columns: list[str] = []
     for metric, names in sorted(by_metric.items()):
-        first = chosen[metric]
-        for name in [first, *(n for n in names if n != first)]:
-            columns, frame, said = _join_scorer(store, frame, name, metric, name == first)
-            score_columns += columns
-            notes += said
-            if name != first:
-                notes.append(
-                    f"{metric}: {first} in `{metric}` columns, {name} as `{name}.*` "
-                    "(--use-scorer picks)"
-                )
+        values, first = [v for v, _ in METRIC_FIELDS[metric]], chosen[metric]
+        versions = {
+            first: (joined.sources[metric].version, joined.sources[metric].ignored_versions)
+        }
+        score_columns += values
+        for name in (n for n in names if n != first):
+            versions[name] = version, _ = latest_version(store, name)
+            rows = store.read_scores(name, metric).filter(pl.col("scorer_version") == version)
+            named = [pl.col(v).alias(f"{name}.{v}") for v in values]
+            frame = frame.join(rows.select("job_id", *named), on="job_id", how="left")
+            score_columns += [f"{name}.{v}" for v in values]
+            notes.append(
+                f"{metric}: {first} in `{metric}` columns, {name} as `{name}.*` (--use-scorer picks)"
+            )
+        notes += [
+            f"{name}: version {version!r} shown; older {list(older)} not"
+            for name, (version, older) in versions.items()
+            if older
+        ]
     frame = frame.sort(DEFAULT_ORDER, nulls_last=True)
     notes += _missing_scorers(store, present, frame)
     return Samples(frame, score_columns, notes)
-
-
-def _join_scorer(
-    store: RunStore, frame: pl.DataFrame, scorer: str, metric: str, primary: bool
-) -> tuple[list[str], pl.DataFrame, list[str]]:
-    """Left-join the latest version of a scorer's rows: the metric's value columns and
-    `<metric>_scorer/_version/_status` (`primary`), else `<scorer>.<column>` values only."""
-    version, older = latest_version(store, scorer)
-    notes = [f"{scorer}: version {version!r} shown; older {list(older)} not"] if older else []
-    values = [name for name, _ in METRIC_FIELDS[metric]]
-    rows = (
-        store.read_scores(scorer, metric)
-        .filter(pl.col("scorer_version") == version)
-        .unique("job_id", keep="last", maintain_order=True)
-    )
-    if primary:
-        named = [pl.col(v) for v in values] + [
-            pl.col(key).alias(f"{metric}_{key.removeprefix('scorer_')}")
-            for key in ("scorer", "scorer_version", "status")
-        ]
-        columns = values
-    else:
-        columns = [f"{scorer}.{v}" for v in values]
-        named = [pl.col(v).alias(c) for v, c in zip(values, columns, strict=True)]
-    return columns, frame.join(rows.select("job_id", *named), on="job_id", how="left"), notes
 
 
 def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -> list[str]:
@@ -169,21 +151,15 @@ def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -
 
 
 def _configured_scorers(store: RunStore) -> list[str]:
-    """Scorer names in the run's config.yaml (read as plain YAML: plugins need not be loaded)."""
-    if not store.exists("config.yaml"):
-        return []
-    import yaml
-
+    """Scorer names in the run's config.yaml (plain YAML: plugins need not be loaded; a
+    config that cannot be read names none here)."""
     try:
-        data = yaml.safe_load(store.read_text("config.yaml")) or {}
-    except yaml.YAMLError:
+        data = read_config(store) or {}
+    except StoreError:
         return []
-    names = []
-    for entry in (data.get("scorers") or []) if isinstance(data, dict) else []:
-        name = entry.get("name") if isinstance(entry, dict) else entry
-        if isinstance(name, str):
-            names.append(name)
-    return names
+    entries = data.get("scorers") or []
+    names = [e.get("name") if isinstance(e, dict) else e for e in entries]
+    return [n for n in names if isinstance(n, str)]
 
 
 # ---- filtering ----------------------------------------------------------------------------

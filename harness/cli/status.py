@@ -14,7 +14,8 @@ import pyarrow.fs as pafs
 
 from jobs.redact import printable
 from results.run.done import DoneIds
-from results.run.manifest import read_manifest
+from results.run.history import read_manifest
+from results.run.identity import plan_done_ids
 from results.run.store import RunStore, StoreError
 from results.stats.join import JoinError, scorer_metric
 from workers.plugins import load_plugins
@@ -53,9 +54,7 @@ def run_status(store: RunStore) -> str:
     finished jobs, and one scorer's job ids and statuses at a time; never the plan's rows."""
     finished = store.finished_ids()  # one streamed scan of job_id/status
     table = store.generation_counts(finished)  # streams the plan
-    plan = DoneIds.from_arrays(
-        [c["job_id"].combine_chunks() for c in store.iter_plan(columns=["job_id"])]
-    )
+    plan = plan_done_ids(store)
     ok, failed = finished
     lines = [f"run {store.uri}", "generation:"]
     for row in table.iter_rows(named=True):
@@ -131,12 +130,8 @@ def output_lines(store: RunStore) -> list[str]:
 
 
 def _listed(store: RunStore, folder: str, ext: str) -> list[str]:
-    sel = pafs.FileSelector(store.path(folder), allow_not_found=True, recursive=True)
-    return [
-        i.path
-        for i in store.fs.get_file_info(sel)
-        if i.type == pafs.FileType.File and i.path.endswith("." + ext)
-    ]
+    files = store.entries(folder, recursive=True)
+    return [i.path for i in files if i.type == pafs.FileType.File and i.path.endswith("." + ext)]
 
 
 def _summary_state(store: RunStore, newest_score: float) -> str:

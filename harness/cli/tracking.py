@@ -114,18 +114,14 @@ def log_wandb(store: RunStore, project: str) -> str:
 
         with store.fs.open_input_file(store.path("summary.parquet")) as fh:
             table = pq.read_table(fh)
-        run.log({"summary": wandb.Table(columns=table.column_names, data=_rows(table))})
+        rows = [list(row.values()) for row in table.to_pylist()]
+        run.log({"summary": wandb.Table(columns=table.column_names, data=rows)})
         where = str(getattr(run, "dir", "") or "")
     finally:
         run.finish()
         wandb.teardown()  # stop its service now, not in an atexit hook after the streams close
     log.info("wandb: logged %d values, %d figures (project %s)", len(scalars), len(images), project)
     return where
-
-
-def _rows(table: Any) -> list[list[Any]]:
-    cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    return [list(r) for r in zip(*cols)]
 
 
 def log_tensorboard(store: RunStore, logdir: str) -> str:

@@ -17,7 +17,6 @@ from harness.cli.estimates import estimate_lines, log_estimates
 from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
 from harness.cli.options import overrides
 from harness.cli.preflight import (
-    HEAD_METHODS,
     Item,
     check_context,
     check_files,
@@ -30,6 +29,7 @@ from harness.cli.preflight import (
     probe_url,
 )
 from harness.config import ConfigError, ModelConfig, RunConfig, check_grid_size, load_config
+from jobs.catalog import takes_head
 from jobs.datasets import Prompt
 from jobs.files import DatasetError
 from jobs.redact import printable, redact_text
@@ -39,21 +39,14 @@ from workers.tiny import TINY_PREFIX
 def validate_main(args: argparse.Namespace) -> int:
     """The `validate` subcommand: the report; exit 2 when it lists a problem."""
     cfg = load_config(args.config, overrides(args))
-    lines, problems = validate(cfg, args.config, out=args.out)
-    counts = [] if problems else _dataset_lines(cfg, args.pilot)
-    print(printable("\n".join([*lines[:1], *counts, *lines[1:]])))
+    lines, problems = validate(cfg, args.config, out=args.out, pilot=args.pilot)
+    print(printable("\n".join(lines)))
     return 2 if problems else 0
 
 
-def _dataset_lines(cfg: RunConfig, pilot: str | None) -> list[str]:
+def _dataset_lines(cfg: RunConfig, prompts: list[Prompt], pilot: str | None) -> list[str]:
     """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset), and with
     `--pilot RUN` the MDE of the planned pairs (or prompts) × samples per prompt."""
-    from harness.stages.generation import planning
-
-    try:  # read (or fetched into the cache) by validate already
-        prompts = planning.load_prompts(cfg, planning.load_words(cfg))
-    except (DatasetError, OSError):  # validate has listed the problem
-        return []
     limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
     pairs = len({p.pair_id for p in prompts})
     if cfg.dataset.kind != "paired-jsonl":
@@ -78,9 +71,11 @@ def validate(
     out: str | None = None,
     use_ray: bool = True,
     probe: Any = probe_url,
+    pilot: str | None = None,
 ) -> tuple[list[str], int]:
     """(report lines, number of problems) for `cfg`; `out`: the run directory, checked when
-    given. Problems are counted and listed (each naming its field), never raised, so the report
+    given; without problems, the dataset's sizes after the header (with `pilot`, a run, their
+    MDE). Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
     # imported here, not at the top: harness.stages loads Ray's module (and `main` then stops Ray)
     from harness.stages.generation.reservation import request_budget
@@ -106,6 +101,8 @@ def validate(
         checks.append(check_output(out))
     lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]
     problems += [i.line() for i in keys + checks if i.problem]
+    if not problems and prompts is not None:
+        lines[1:1] = _dataset_lines(cfg, prompts, pilot)
     if problems:
         lines.append(f"problems ({len(problems)}):")
         lines += [f"  {p}" for p in problems]
@@ -173,7 +170,7 @@ def _plan_lines(
             params = resolve_params(method.name, dict(method.params), model.id)
             for task in cfg.tasks:
                 need = ""
-                if method.name in HEAD_METHODS:
+                if takes_head(method.name):
                     need = _head_need(model, m_index, j, params, task, by_field)
                     if need.startswith("; head: MISSING"):
                         problems.append(

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable, Sequence
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -75,46 +76,82 @@ def aws_instance_gpus(instance_type: str) -> int | None:
     return None if re.match(r"(g|gr|p)\d", family) else 0
 
 
-# ---- AWS: botocore's shapes ---------------------------------------------------------------
+# ---- node_config against the SDK's request shape -------------------------------------------
 
 
-def _check_boto_shape(value: Any, shape: Any, where: str, out: list[str]) -> None:
-    kind = shape.type_name
-    if kind == "structure":
-        if not isinstance(value, dict):
-            out.append(f"{where}: expected a mapping ({shape.name}), got {type(value).__name__}")
-            return
+class Shape(NamedTuple):
+    """A request field's type, as botocore (`_boto_shape`) and the discovery document
+    (`_gce_shape`) describe it: one walk (`_check`) checks a node_config against either."""
+
+    kind: str  # object | map | array | string | integer | boolean (anything else: unchecked)
+    name: str = ""
+    fields: dict[str, Any] | None = None  # object: its keys' shapes
+    extra: Any = None  # object: the shape of any other key (None: other keys are refused)
+    item: Any = None  # array: its items' shape
+    enum: Sequence[str] = ()
+    int_text: bool = False  # a string that may be given as a whole number (GCE's int64)
+
+
+def _boto_shape(shape: Any) -> Shape:
+    kind = {"structure": "object", "list": "array", "long": "integer"}.get(shape.type_name)
+    members, item = getattr(shape, "members", None), getattr(shape, "member", None)
+    return Shape(
+        kind or shape.type_name, shape.name, members, None, item, getattr(shape, "enum", ())
+    )
+
+
+def _gce_shape(doc: dict[str, Any]) -> Callable[[dict[str, Any]], Shape]:
+    def describe(schema: dict[str, Any]) -> Shape:
+        name = ""
+        while "$ref" in schema:
+            name, schema = schema["$ref"], doc["schemas"][schema["$ref"]]
+        kind = "object" if "properties" in schema else schema.get("type", "")
+        props, extra = schema.get("properties"), schema.get("additionalProperties")
+        int_text = schema.get("format") in ("int64", "uint64")  # JSON strings; YAML gives ints
+        return Shape(
+            kind, name, props, extra, schema.get("items"), schema.get("enum", ()), int_text
+        )
+
+    return describe
+
+
+def _check(value: Any, shape: Any, describe: Callable[[Any], Shape], where: str) -> list[str]:
+    """Every problem of `value` against `shape` (`describe` reads the SDK's form of it)."""
+    s = describe(shape)
+    if s.kind in ("object", "map") and not isinstance(value, dict):
+        return [
+            f"{where}: expected a mapping ({s.name or 'an object'}), got {type(value).__name__}"
+        ]
+    if s.kind == "object":
+        out = []
         for key, sub in value.items():
-            if key not in shape.members:
-                near = _near(key, list(shape.members))
-                out.append(f"{where}.{key}: not a key of {shape.name}{near}")
-                continue
-            _check_boto_shape(sub, shape.members[key], f"{where}.{key}", out)
-    elif kind == "list":
+            inner = (s.fields or {}).get(key, s.extra)
+            if inner is None:
+                near = _near(key, list(s.fields or ()))
+                out.append(f"{where}.{key}: not a key of {s.name or 'this object'}{near}")
+            else:
+                out += _check(sub, inner, describe, f"{where}.{key}")
+        return out
+    if s.kind == "array":
         if not isinstance(value, list):
-            out.append(f"{where}: expected a list ({shape.name}), got {type(value).__name__}")
-            return
-        for i, item in enumerate(value):
-            _check_boto_shape(item, shape.member, f"{where}[{i}]", out)
-    elif kind == "map":
-        if not isinstance(value, dict):
-            out.append(f"{where}: expected a mapping, got {type(value).__name__}")
-    elif kind == "string":
-        if not isinstance(value, str):
-            out.append(f"{where}: expected a string, got {type(value).__name__}")
-        elif shape.enum and value not in shape.enum:
-            near = _near(value, list(shape.enum))
-            out.append(f"{where}: {value!r} is not a valid {shape.name}{near}")
-    elif kind in ("integer", "long"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            out.append(f"{where}: expected an integer, got {value!r}")
-    elif kind == "boolean":
-        if not isinstance(value, bool):
-            out.append(f"{where}: expected true/false, got {value!r}")
+            return [f"{where}: expected a list, got {type(value).__name__}"]
+        return [
+            p for i, v in enumerate(value) for p in _check(v, s.item, describe, f"{where}[{i}]")
+        ]
+    if s.kind == "string" and not (isinstance(value, str) or s.int_text and isinstance(value, int)):
+        return [f"{where}: expected a string, got {value!r}"]
+    if s.kind == "string" and s.enum and isinstance(value, str) and value not in s.enum:
+        hint = f" (one of {', '.join(s.enum)})" if len(s.enum) <= 8 else _near(value, list(s.enum))
+        return [f"{where}: {value!r} is not a valid {s.name or 'value'}{hint}"]
+    if s.kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+        return [f"{where}: expected an integer, got {value!r}"]
+    if s.kind == "boolean" and not isinstance(value, bool):
+        return [f"{where}: expected true/false, got {value!r}"]
+    return []
 
 
 def check_aws_node_config(node_config: dict[str, Any], where: str) -> list[str]:
-    out: list[str] = []
+    """`node_config` against botocore's EC2 `RunInstances` request, and its AMI and profile."""
     try:
         import botocore.session  # ships with boto3, the AWS launcher's own dependency
     except ImportError:
@@ -123,7 +160,7 @@ def check_aws_node_config(node_config: dict[str, Any], where: str) -> list[str]:
         ]
     model = botocore.session.get_session().get_service_model("ec2")
     shape = model.operation_model("RunInstances").input_shape
-    _check_boto_shape(node_config, shape, where, out)
+    out = _check(node_config, shape, _boto_shape, where)
     image = node_config.get("ImageId")
     if isinstance(image, str) and not (AMI_ID.fullmatch(image) or SSM_AMI.fullmatch(image)):
         out.append(f"{where}.ImageId: {image!r} is neither an AMI id (ami-…) nor resolve:ssm:/PATH")
@@ -133,63 +170,13 @@ def check_aws_node_config(node_config: dict[str, Any], where: str) -> list[str]:
     return out
 
 
-# ---- GCP: the Compute Engine discovery document --------------------------------------------
-
-
-def _check_gce(
-    value: Any, schema: dict[str, Any], doc: dict[str, Any], where: str, out: list[str]
-) -> None:
-    if "$ref" in schema:
-        name = schema["$ref"]
-        _check_gce(value, {**doc["schemas"][name], "_name": name}, doc, where, out)
-        return
-    kind = schema.get("type")
-    if kind == "object" or "properties" in schema:
-        if not isinstance(value, dict):
-            what = schema.get("_name", "an object")
-            out.append(f"{where}: expected a mapping ({what}), got {type(value).__name__}")
-            return
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, sub in value.items():
-            if props is not None and key in props:
-                _check_gce(sub, props[key], doc, f"{where}.{key}", out)
-            elif extra is not None:
-                _check_gce(sub, extra, doc, f"{where}.{key}", out)
-            else:
-                near = _near(key, list(props or ()))
-                out.append(
-                    f"{where}.{key}: not a field of {schema.get('_name', 'this object')}{near}"
-                )
-    elif kind == "array":
-        if not isinstance(value, list):
-            out.append(f"{where}: expected a list, got {type(value).__name__}")
-            return
-        for i, item in enumerate(value):
-            _check_gce(item, schema["items"], doc, f"{where}[{i}]", out)
-    elif kind == "string":
-        # int64 fields travel as strings in JSON; YAML gives ints: both are accepted by the API
-        ok = isinstance(value, str) or (
-            schema.get("format") in ("int64", "uint64") and isinstance(value, int)
-        )
-        if not ok:
-            out.append(f"{where}: expected a string, got {value!r}")
-        elif isinstance(value, str) and "enum" in schema and value not in schema["enum"]:
-            out.append(f"{where}: {value!r} is not one of {', '.join(schema['enum'])}")
-    elif kind == "integer":
-        if isinstance(value, bool) or not isinstance(value, int):
-            out.append(f"{where}: expected an integer, got {value!r}")
-    elif kind == "boolean" and not isinstance(value, bool):
-        out.append(f"{where}: expected true/false, got {value!r}")
-
-
 def check_gcp_node_config(node_config: dict[str, Any], where: str) -> list[str]:
-    out: list[str] = []
+    """`node_config` against Compute Engine's `Instance` (discovery document), and its image."""
     if "acceleratorType" in node_config or "acceleratorConfig" in node_config:
-        return out  # a TPU node: the TPU API's shapes, not Compute Engine's
+        return []  # a TPU node: the TPU API's shapes, not Compute Engine's
     docs = importlib_resources.files("googleapiclient") / "discovery_cache" / "documents"
     doc = json.loads((docs / "compute.v1.json").read_text())
-    _check_gce(node_config, {"$ref": "Instance"}, doc, where, out)
+    out = _check(node_config, {"$ref": "Instance"}, _gce_shape(doc), where)
     for i, disk in enumerate(node_config.get("disks") or []):
         image = ((disk or {}).get("initializeParams") or {}).get("sourceImage")
         if isinstance(image, str) and not GCE_IMAGE.fullmatch(image):

@@ -9,14 +9,14 @@ when the command runs."""
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobs.files import DatasetError, iter_jsonl, sha256_file
+from jobs.datasets import read_records
+from jobs.files import DatasetError, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -98,36 +98,9 @@ def read_labelled(spec: str, text_col: str, label_col: str, split: str = "train"
     if not os.path.isfile(spec):
         return _read_hub(spec, text_col, label_col, split)
     data = Labelled(spec, sha256=sha256_file(spec))
-    if spec.endswith((".jsonl", ".json")):
-        for lineno, rec in iter_jsonl(spec, spec):
-            if not isinstance(rec, dict) or text_col not in rec or label_col not in rec:
-                raise DatasetError(
-                    f"{spec}: line {lineno}: needs fields {text_col!r} and {label_col!r}"
-                )
-            _add(data, rec[text_col], rec[label_col], lineno)
-    elif spec.endswith(".csv"):
-        with open(spec, encoding="utf-8", newline="") as fh:
-            reader = csv.DictReader(fh)
-            cols = reader.fieldnames or []
-            if text_col not in cols or label_col not in cols:
-                raise DatasetError(
-                    f"{spec}: line 1: needs columns {text_col!r} and {label_col!r}, has {cols}"
-                )
-            for i, rec in enumerate(reader):
-                _add(data, rec[text_col], rec[label_col], i + 2)
-    elif spec.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(spec)
-        if text_col not in table.column_names or label_col not in table.column_names:
-            raise DatasetError(
-                f"{spec}: needs columns {text_col!r} and {label_col!r}, has {table.column_names}"
-            )
-        texts, labels = table.column(text_col).to_pylist(), table.column(label_col).to_pylist()
-        for i, (text, label) in enumerate(zip(texts, labels)):
-            _add(data, text, label, i + 1, unit="row")
-    else:
-        raise DatasetError(f"{spec}: unknown file type (use .jsonl, .csv or .parquet)")
+    unit = "row" if spec.endswith(".parquet") else "line"
+    for line, (text, label) in read_records(spec, spec, [text_col, label_col]):
+        _add(data, text, label, line, unit)
     if not data.texts:
         raise DatasetError(f"{spec}: no examples")
     return data
@@ -310,21 +283,10 @@ def fit_head(
     }
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("torch", "transformers", "lidao-harness"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "unknown"
-    return out
-
-
 def train_head_main(args: argparse.Namespace) -> int:
     """Read data, embed it with the frozen LM, fit the head, write it; 0 on success."""
     from jobs.spec import ModelRef
+    from results.run.history import harness_version, package_versions
     from workers.methods.heads import AttributeHead, save_head
     from workers.models import load_lm
 
@@ -364,7 +326,7 @@ def train_head_main(args: argparse.Namespace) -> int:
             **stats,
         },
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": {**package_versions(), "lidao-harness": harness_version()},
     }
     head = AttributeHead(int(x.shape[1]), names, target, meta)
     result = fit_head(

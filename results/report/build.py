@@ -30,12 +30,13 @@ from results.report.tables import (
     layout,
     legend,
     level_text,
+    md_lines,
     table_legend,
 )
 from results.report.tex import latex_document, latex_tables
 from results.run.store import RunStore
-from results.stats.aggregate import READ_COLUMNS, summarize
-from results.stats.join import join_run
+from results.stats.aggregate import READ_COLUMNS, Aggregate, summarize
+from results.stats.join import JoinedRun, join_run
 
 
 def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
@@ -44,12 +45,6 @@ def _md_cell(text: str, mark: str, flags: str, below: list[str]) -> str:
 
 
 MARKDOWN = Style(_md_cell, "(other {:.0%})".format)
-
-
-def _md_lines(rows: list[list[str]]) -> list[str]:
-    """The lines of a Markdown table whose first row is the header."""
-    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
-    return [lines[0], "|" + "---|" * len(rows[0]), *lines[1:]]
 
 
 def markdown_table(lay: Layout) -> str:
@@ -63,7 +58,7 @@ def markdown_table(lay: Layout) -> str:
         for block in lay.blocks
         for row in block.rows
     ]
-    lines = _md_lines([["Model / method", *head], *rows])
+    lines = md_lines([["Model / method", *head], *rows])
     if lay.warnings:
         lines += ["", "Warnings:", "", *(f"- {w}" for w in lay.warnings)]
     return "\n".join(lines) + "\n"
@@ -77,7 +72,7 @@ def frame_markdown(frame: pl.DataFrame) -> str:
         ["–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
         for row in frame.iter_rows()
     ]
-    return "\n".join(_md_lines([frame.columns, *rows])) + "\n"
+    return "\n".join(md_lines([frame.columns, *rows])) + "\n"
 
 
 def view_layouts(res: AggregateResult) -> dict[str, Layout]:
@@ -212,6 +207,30 @@ def empty_reason(summary: pl.DataFrame) -> str:
     return "no scored rows of the tasks' metrics: no paper-style tables"
 
 
+def summarize_joined(
+    joined: JoinedRun,
+    cfg: dict[str, Any],
+    groups: Sequence[str] | None,
+    units: dict[tuple[str, str], Sequence[str]] | None = None,
+    paired: bool | None = None,
+) -> Aggregate:
+    """`summarize` of a joined run with the aggregation settings `cfg` (`RunSettings`'
+    `aggregation`, overridden): permutations at most as many as resamples."""
+    n_boot = int(cfg["n_boot"])
+    return summarize(
+        joined.frame,
+        joined.failed,
+        groups=groups,
+        seed=int(cfg["seed"]),
+        n_boot=n_boot,
+        level=float(cfg["level"]),
+        ppl_max=float(cfg["ppl_max"]),
+        n_perm=min(int(cfg["n_perm"]), n_boot),
+        units=units,
+        paired=paired,
+    )
+
+
 def aggregate_run(
     store: RunStore,
     scorers: dict[str, str] | None = None,
@@ -242,16 +261,7 @@ def aggregate_run(
     cfg = {**settings.aggregation, **{k: v for k, v in given.items() if v is not None}}
     seed, n_boot, level = int(cfg["seed"]), int(cfg["n_boot"]), float(cfg["level"])
     joined = join_run(store, scorers, READ_COLUMNS)
-    agg = summarize(
-        joined.frame,
-        joined.failed,
-        groups=groups if groups is not None else settings.groups,
-        seed=seed,
-        n_boot=n_boot,
-        level=level,
-        ppl_max=float(cfg["ppl_max"]),
-        n_perm=min(int(cfg["n_perm"]), n_boot),
-    )
+    agg = summarize_joined(joined, cfg, groups if groups is not None else settings.groups)
     cells = table_cells(agg.summary)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
     paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))

@@ -10,7 +10,6 @@ import base64
 import datetime
 import html
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -28,6 +27,7 @@ from results.report.tables import (
     p_text,
     table_legend,
 )
+from results.run.history import harness_version
 
 if TYPE_CHECKING:
     from results.report.result import AggregateResult
@@ -125,20 +125,6 @@ def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:
         f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
-
-
-def harness_version() -> str:
-    """The installed package's version, else the one in the checkout's pyproject.toml."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lidao-harness")
-    except PackageNotFoundError:
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        for line in pyproject.read_text().splitlines() if pyproject.exists() else []:
-            if line.startswith("version"):
-                return line.split("=", 1)[1].strip().strip('"') + " (checkout)"
-        return "unknown"
 
 
 def sample_html(row: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import polars as pl
 
 from results.report.cells import METHOD_NAMES, TASKS, method_rank, model_rank
-from results.report.tables import model_label
+from results.report.tables import md_lines, model_label, p_text
 from results.report.tex import tex_escape, tex_prose
 
 Cell = tuple[str, str, bool]  # text, text below it, bold
@@ -51,7 +51,7 @@ def _cells(got: dict[str, dict[str, Any] | None], level: float) -> list[Cell]:
         v, lo, hi = (_value(got.get(kind), c) for c in ("value", "ci_low", "ci_high"))
         below = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
         out.append(("–" if v is None else f"{v:.3f}", below, i == 2 * winner))
-    out.append(("–" if p is None else "p<0.001" if p < 0.001 else f"{p:.3f}", "", False))
+    out.append(("–" if p is None else p_text(p).removeprefix("p="), "", False))
     k, agree = _value(got.get("kappa")), _value(got.get("agreement"))
     out.append(
         ("–" if k is None else f"{k:.2f}", "" if agree is None else f"agr {agree:.2f}", False)
@@ -107,14 +107,11 @@ def human_markdown(summary: pl.DataFrame, level: float) -> list[str]:
         return []
     titles = [f"{_name(m)} vs {_name(r)}" for m, r in groups for _ in range(5)]
     head = ["Model (task), criterion"] + [f"{t}: {h}" for t, h in zip(titles, _heads(groups))]
-    out = ["", "## Human preference", "", legend(level), "", "| " + " | ".join(head) + " |"]
-    out.append("|" + "---|" * len(head))
-    for label, _, cells in rows:
-        texts = [label] + [
-            f"{f'**{t}**' if bold else t} {below}".strip() for t, below, bold in cells
-        ]
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in texts) + " |")
-    return out
+    body = [
+        [label, *(f"{f'**{t}**' if bold else t} {below}".strip() for t, below, bold in cells)]
+        for label, _, cells in rows
+    ]
+    return ["", "## Human preference", "", legend(level), "", *md_lines([head, *body])]
 
 
 def human_html(summary: pl.DataFrame, level: float) -> list[str]:

@@ -33,9 +33,8 @@ def _plain(value: Any) -> Any:
 
 def results_document(store: RunStore) -> dict[str, Any]:
     """The results.json content of `store` (needs summary.parquet)."""
-    from results.run.history import git_commit, harness_version
+    from results.run.history import git_commit, harness_version, read_manifest
     from results.run.identity import read_config
-    from results.run.manifest import read_manifest
 
     config = redact(read_config(store) or {})
     manifest = read_manifest(store)

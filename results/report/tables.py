@@ -98,6 +98,12 @@ P_MARKS = {
 }
 
 
+def md_lines(rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table whose first row is the header."""
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
+    return [lines[0], "|" + "---|" * len(rows[0]), *lines[1:]]
+
+
 def p_text(p: float | None) -> str:
     return "no test" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
 

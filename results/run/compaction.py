@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -84,14 +84,24 @@ class Compaction(RunFiles):
         with ThreadPoolExecutor(8) as pool:  # one request each on object stores
             list(pool.map(self.delete, paths))
 
+    def _groups(
+        self, parts: tuple[str, ...], schema: pa.Schema, only: list[str], target_rows: int
+    ) -> Iterator[pa.Table]:
+        """The rows of the shards `only`, streamed in shard order, in tables of about
+        `target_rows` rows (memory: one table)."""
+        group: list[pa.RecordBatch] = []
+        for batch in self.reader.iter_batches(parts, schema, None, 8192, only=only):
+            group.append(batch)
+            if sum(b.num_rows for b in group) >= target_rows:
+                yield pa.Table.from_batches(group, schema)
+                group = []
+        if group:
+            yield pa.Table.from_batches(group, schema)
+
     def _compact(self, small: list[str], target_rows: int, written: list[str]) -> None:
         """Write the rows of `small` as compacted shards, a group of `target_rows` at a time."""
         both = self._failed_with_ok(small)
-        group: list[pa.RecordBatch] = []
-        rows = 0
-
-        def flush() -> None:
-            table = pa.Table.from_batches(group, GENERATION_SCHEMA)
+        for table in self._groups(("generations",), GENERATION_SCHEMA, small, target_rows):
             if len(both):  # an error row whose job has an ok row (in another group) goes
                 is_ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
                 ids = table["job_id"].combine_chunks()
@@ -104,17 +114,6 @@ class Compaction(RunFiles):
             if table.num_rows:
                 name = shard_name(table["job_id"].to_pylist()).replace("part-", "part-c-", 1)
                 written.append(self.write_table("generations/" + name, table))
-
-        for batch in self.reader.iter_batches(
-            ("generations",), GENERATION_SCHEMA, None, 8192, only=small
-        ):
-            group.append(batch)
-            rows += batch.num_rows
-            if rows >= target_rows:
-                flush()
-                group, rows = [], 0
-        if group:
-            flush()
 
     def _failed_with_ok(self, paths: list[str]) -> DoneIds:
         """Ids with an error row *and* an ok row among `paths`: two streamed scans of
@@ -196,27 +195,11 @@ class Compaction(RunFiles):
         uploaded at most twice: in its shard, then in a compacted one."""
 
         def merge(inputs: list[pafs.FileInfo], written: list[str]) -> None:
-            group: list[pa.RecordBatch] = []
-
-            def flush() -> None:
-                table = pa.Table.from_batches(group, CACHE_ANSWER_SCHEMA)
-                keys = (
-                    "\x00".join(k)
-                    for k in zip(*(table[c].to_pylist() for c in table.column_names[:4]))
-                )
-                name = "part-c-" + shard_name(keys)[len("part-") :]
-                written.append(self.write_table("/".join([*parts, name]), table))
-                group.clear()
-
             only = [i.path for i in inputs]
-            for batch in self.reader.iter_batches(
-                parts, CACHE_ANSWER_SCHEMA, None, 8192, only=only
-            ):
-                group.append(batch)
-                if sum(b.num_rows for b in group) >= target_rows:
-                    flush()
-            if group:
-                flush()
+            for table in self._groups(parts, CACHE_ANSWER_SCHEMA, only, target_rows):
+                columns = (table[c].to_pylist() for c in table.column_names[:4])
+                name = "part-c-" + shard_name("\x00".join(k) for k in zip(*columns))[5:]
+                written.append(self.write_table("/".join([*parts, name]), table))
 
         return self._merge_small(parts, "answer", merge)
 

@@ -1,9 +1,14 @@
 """The run record (docs/design.md, "Record"): one JSON line per invocation in
-`RUN/history.jsonl`, appended, never rewritten; `manifest.json` is a view rebuilt from it.
+`RUN/history.jsonl`, appended, never rewritten, and `manifest.json`, a view of it.
 
 Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync: a
 line is whole or absent. Object stores cannot append: each invocation is one object
 `RUN/history/<start>-<host>-<pid>.json`; `read_history` reads both forms in start order.
+
+The manifest is rebuilt from the history and the shards at the end of every command, so a
+damaged or deleted one costs nothing (`read_manifest` rebuilds it with a warning). `scoring`
+merges every scorer's latest stats over every invocation, so scoring one scorer never drops
+another; `counts` are the rows on disk now, in and out of the current plan.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import platform
+import re
 import socket
 import subprocess
 import sys
@@ -22,13 +29,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from jobs.redact import REDACTED, SECRET_KEYS, is_secret_key, redact_text
+from jobs.spec import JOB_ID_VERSION
+from results.run.identity import plan_counts
 from results.run.store import RunStore
+from results.schema import SCHEMA_VERSION
 
 log = logging.getLogger("harness")
 
 HISTORY_FILE = "history.jsonl"
 HISTORY_DIR = "history"
-_SECRET_FLAGS = ("key", "token", "password", "secret")
 PACKAGES = "torch transformers ray pyarrow polars google-api-python-client vaderSentiment".split()
 
 
@@ -44,7 +54,16 @@ def _installed(name: str) -> str | None:
 
 
 def harness_version() -> str:
-    return _installed("lidao-harness") or "unknown"
+    """The installed package's version, else the checkout's pyproject.toml's `(checkout)`."""
+    found = _installed("lidao-harness")
+    if found is None:
+        try:
+            text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+            match = re.search(r'^version = "([^"]+)"', text, re.M)
+        except OSError:
+            match = None
+        found = f"{match.group(1)} (checkout)" if match else "unknown"
+    return found
 
 
 def package_versions() -> dict[str, str | None]:
@@ -69,13 +88,18 @@ def git_commit() -> str | None:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with values of secret-looking `--set k=v` / `--flag v` replaced."""
+    """The command line with URL credentials (`jobs.redact.redact_text`) and the values of
+    secret-looking `--set k=v` / `--flag v` replaced: a name holding a word of `SECRET_KEYS`
+    anywhere (`--api-key-file`, `...params.apikey_path`), or whose last part is secret by
+    `jobs.redact.is_secret_key` (`--set ...sig=v`)."""
     out: list[str] = []
     hide_next = False  # the value of a secret `--flag` given as the next argument
     for arg in argv:
         name, eq, _ = arg.partition("=")
-        secret = any(s in name.lower() for s in _SECRET_FLAGS)
-        out.append("<redacted>" if hide_next else f"{name}=<redacted>" if secret and eq else arg)
+        low = name.lower()
+        secret = any(s in low for s in SECRET_KEYS) or is_secret_key(low.rsplit(".", 1)[-1])
+        shown = redact_text(arg)
+        out.append(REDACTED if hide_next else f"{name}={REDACTED}" if secret and eq else shown)
         hide_next = not hide_next and secret and not eq and arg.startswith("--")
     return out
 
@@ -157,3 +181,89 @@ def read_history(store: RunStore) -> list[dict[str, Any]]:
         except ValueError:
             log.warning("%s/%s: damaged history record skipped", store.uri, where)
     return sorted(out, key=lambda r: str(r.get("started", "")))
+
+
+# ---- manifest.json: a view of the history and the shards -------------------------------------
+
+
+def read_manifest(store: RunStore) -> dict[str, Any]:
+    """The manifest; a missing one is {}, a damaged one is rebuilt (with a warning)."""
+    if not store.exists("manifest.json"):
+        return {}
+    try:
+        manifest = store.read_json("manifest.json")
+        if isinstance(manifest, dict):
+            return manifest
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    log.warning("%s/manifest.json is damaged: rebuilt from history.jsonl and the shards", store.uri)
+    return rebuild_manifest(store)
+
+
+def merge_scoring(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Per scorer: the new stats, unless the new invocation scored nothing and the old did."""
+    out = dict(old)
+    for name, stats in new.items():
+        prev = out.get(name)
+        if prev and not stats.get("scored") and prev.get("version") == stats.get("version"):
+            out[name] = {**prev, "checked_again": stats.get("skipped")}
+        else:
+            out[name] = stats
+    return out
+
+
+def update_manifest(store: RunStore, updates: dict[str, Any]) -> dict[str, Any]:
+    """Merge `updates` into the manifest (atomic rewrite); `scoring` merges per scorer."""
+    manifest = read_manifest(store)
+    manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat())
+    manifest.update(_versions())
+    if "scoring" in updates:
+        scoring = merge_scoring(manifest.get("scoring") or {}, updates["scoring"])
+        updates = {**updates, "scoring": scoring}
+    manifest.update(updates)
+    store.write_json("manifest.json", manifest)
+    return manifest
+
+
+def _versions() -> dict[str, Any]:
+    return {
+        "updated": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "schema_version": SCHEMA_VERSION,
+        "job_id_version": JOB_ID_VERSION,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+    }
+
+
+def rebuild_manifest(store: RunStore) -> dict[str, Any]:
+    """Write manifest.json as derived from history and shards (nothing read from the old
+    one); returns it."""
+    records = read_history(store)
+    view: dict[str, Any] = {"created": records[0]["started"] if records else None}
+    view.update(_versions())
+    last: dict[str, Any] = {}
+    scoring: dict[str, Any] = {}
+    view["replans"] = []
+    for rec in records:
+        brief = {k: rec.get(k) for k in ("started", "ended", "outcome", "argv", "config_hash")}
+        last[rec.get("command", "?")] = brief
+        for key in ("harness_version", "git_commit", "host"):
+            if rec.get(key) is not None:
+                view[key] = rec[key]
+        stages = rec.get("stages") or {}
+        gen = stages.get("generation")
+        if gen and (gen.get("pending_at_start") or "generation" not in view):
+            view["generation"] = gen
+            view["timings"] = rec.get("timings", {})
+        scoring = merge_scoring(scoring, stages.get("scoring") or {})
+        if rec.get("replan"):
+            view["replans"].append({"at": rec.get("started"), **rec["replan"]})
+    view["invocations"] = {"count": len(records), "last": last}
+    view["scoring"] = scoring
+    try:  # rows on disk now, split by the current plan (foreign rows are never summed)
+        view["counts"] = plan_counts(store)
+    except (OSError, ValueError, RuntimeError) as exc:
+        view["counts"] = {"error": str(exc)}
+    store.write_json("manifest.json", view)
+    return view

@@ -23,8 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from results.run.history import Invocation, append_record
-from results.run.manifest import rebuild_manifest
+from results.run.history import Invocation, append_record, rebuild_manifest
 from results.run.store import RunStore, StoreError
 
 log = logging.getLogger("harness")

@@ -126,20 +126,6 @@ def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any
             fs.delete_file(tmp)
 
 
-def file_mode() -> int:
-    """0666 minus the process umask (0644 by default): the mode of a newly created file."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def _fsync_dir(path: str) -> None:
     dir_fd = os.open(path, os.O_RDONLY)
     try:

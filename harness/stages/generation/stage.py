@@ -32,7 +32,7 @@ from harness.stages.generation.reservation import (
 from jobs.grid import CHUNK_SIZE
 from jobs.spec import JobSpec, ModelRef
 from jobs.words import GroupWords
-from results.run.manifest import update_manifest
+from results.run.history import update_manifest
 from results.run.store import RunStore
 from results.schema import error_row
 

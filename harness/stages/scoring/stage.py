@@ -16,7 +16,7 @@ from harness.stages.scoring.pool import PoolSettings, pool_settings
 from harness.stages.scoring.work import check_has_generations, new_work
 from jobs.catalog import SCORER_METRICS
 from jobs.words import GroupWords
-from results.run.manifest import update_manifest
+from results.run.history import update_manifest
 from results.run.store import RunStore
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import scorer_context
