@@ -30,7 +30,7 @@ import torch
 CANDIDATES = 256  # top-k tried first; rows whose cut they do not decide fall back to a full sort
 CUT_TOL = 1e-3  # nats: tokens this close below the cut's log-probability are kept with it
 _KEEP = math.exp(-CUT_TOL)
-_SLICE = 1 << 14  # elements of noise computed at a time on a CPU
+_SLICE = 1 << 15  # elements of noise computed at a time on a CPU
 _M32 = 0xFFFFFFFF
 
 
@@ -39,13 +39,17 @@ def _mix32(x: Any) -> Any:
 
     xor-shift / multiply rounds with the constants of the `lowbias32` family from Wellons'
     hash-prospector; both multipliers are below 2^31, so products stay below 2^63 (no int64
-    overflow on any device).
+    overflow on any device). A tensor is mixed in place (pass a temporary): a slice's
+    temporaries are reused instead of allocated per operation.
     """
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _M32
-    return x ^ (x >> 15)
+    x ^= x >> 16
+    x *= 0x21F0AAAD
+    x &= _M32
+    x ^= x >> 15
+    x *= 0x735A2D97
+    x &= _M32
+    x ^= x >> 15
+    return x
 
 
 def token_noise(seeds: torch.Tensor, step: int, ids: torch.Tensor) -> torch.Tensor:
@@ -63,9 +67,15 @@ def token_noise(seeds: torch.Tensor, step: int, ids: torch.Tensor) -> torch.Tens
     ]
 
     def words(cols: torch.Tensor) -> torch.Tensor:
-        bits = ((_mix32(cols ^ keys[0]) >> 12) << 32) | _mix32(cols ^ keys[1])  # 20 + 32 bits
-        u = (2 * bits + 1).double() * 2.0**-53  # odd multiples of 2^-53: exact, never 0 or 1
-        return torch.log(-torch.log(u))
+        bits = _mix32(cols ^ keys[0])
+        bits >>= 12
+        bits <<= 32
+        bits |= _mix32(cols ^ keys[1])  # 20 + 32 bits
+        bits *= 2
+        bits += 1  # odd multiples of 2^-53: exact in float64, never 0 or 1
+        u = bits.double()
+        u *= 2.0**-53
+        return u.log_().neg_().log_()
 
     width = ids.shape[-1] if ids.device.type != "cpu" else max(1, _SLICE // len(seeds))
     return torch.cat([words(ids[..., i : i + width]) for i in range(0, ids.shape[-1], width)], -1)
@@ -83,8 +93,8 @@ def _race(
     p: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor, seeds: torch.Tensor, step: int
 ) -> torch.Tensor:
     """(B,) positions in (B, n) `p` of the race's winner among the `keep` tokens `ids`."""
-    keys = torch.log(p) - token_noise(seeds, step, ids)
-    return torch.where(keep, keys, -torch.inf).argmax(-1)
+    keys = token_noise(seeds, step, ids).neg_().add_(torch.log(p))  # log p − log E
+    return keys.masked_fill_(~keep, -torch.inf).argmax(-1)
 
 
 def sample_topk(
@@ -105,13 +115,14 @@ def sample_topk(
 def sorted_descending(probs: torch.Tensor) -> torch.Tensor:
     """(B, V) float64 `probs` ≥ 0 sorted descending. On a CPU row by row, as a 1-D sort of the
     float64 bits read as int64 (which order like the floats; torch sorts them with a radix
-    sort): ~1/6 of the batched float sort's cost. Elsewhere one batched sort."""
+    sort): ~1/4 of the batched float sort's cost. Elsewhere one batched sort."""
     if probs.device.type != "cpu":
         return torch.sort(probs, dim=-1, descending=True).values
-    keys = -probs.contiguous().view(torch.int64)
-    return (
-        torch.stack([torch.sort(row, stable=True).values for row in keys]).neg().view(probs.dtype)
-    )
+    bits = probs.contiguous().view(torch.int64)
+    out = torch.empty_like(bits)
+    for row, src in zip(out, bits, strict=True):
+        row.copy_(torch.sort(src, stable=True).values.flip(0))
+    return out.view(probs.dtype)
 
 
 def sample_full(probs: torch.Tensor, top_p: float, seeds: torch.Tensor, step: int) -> torch.Tensor:

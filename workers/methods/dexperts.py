@@ -9,6 +9,8 @@ from the full ensemble by default: set `top_p: 1.0` to match it). The experts ar
 fine-tuned by the authors; the user supplies both (`expert`: the desirable, e.g. non-toxic or
 positive one; `anti_expert`: the undesirable one). There is no published regard pair: α must be
 given for regard. With `alpha: 0` and `filter_p: 1.0` the method is vanilla decoding exactly.
+The filter keeps the top set whose mass reaches `filter_p` (the reference: exceeds it) and every
+token within `CUT_TOL` of the cut's logit, ties included, as the loop's nucleus does.
 """
 
 from __future__ import annotations

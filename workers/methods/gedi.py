@@ -10,7 +10,7 @@ log-likelihoods (facts of the reference salesforce/GeDi, modeling_utils.py):
 
 and θ's scores become `z(v) + disc_weight · log P(desired | x, v)`. Then the tokens least likely
 desirable whose cumulative probability (from that end) stays below `filter_p` are removed
-unless P(desired | v) ≥ target_p (`target_p` is shifted by `class_bias` on the logit scale, as
+(cut as the sampler cuts: `gedi_filter`) unless P(desired | v) ≥ target_p (`target_p` is shifted by `class_bias` on the logit scale, as
 the reference does for its detoxifier). Defaults are the reference's: disc_weight 30, filter_p
 0.8, target_p 0.8, class_bias 2 for toxicity and 0 otherwise. `logit_scale` and the class
 `bias` are parameters of the GeDi checkpoint (config `logit_scale`, `nbias`) that plain
@@ -19,7 +19,9 @@ transformers does not load: they are read from its weights file.
 Differences from the reference: the repetition penalty and temperature are the loop's `process`
 applied to the final scores (the reference shifts its scores to a maximum of 10 first and
 divides every penalised score, negative ones included); θ's raw logits stand in for their
-log-softmax (same distribution, and exactly vanilla when `disc_weight: 0, filter_p: 0`).
+log-softmax (same distribution, and exactly vanilla when `disc_weight: 0, filter_p: 0`); the
+filter spares the tokens within `CUT_TOL` nats of the cut's desirability, ties included, so
+rounding never decides it (the reference breaks ties by its sort).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ prior is uniform, and `effective_params` says `prior: uniform`.
 **Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
 (the untuned model, conditioned on BOS + prompt, over the generated tokens) is generated again
 with `REDO_STEP` fewer tuned blocks, at most `REDO_TRIES` generations in all and never below one
-block. Each try uses the job's own uniforms, so a row's result depends only on its spec and
+block. Each try uses the job's own noise, so a row's result depends only on its spec and
 seed. The row keeps the reference's choice: the first try with perplexity ≤ `REDO_PPL` (the
 tries stop there), else the try with the lowest perplexity (the earliest at a tie). A try
 without generated tokens has no perplexity and counts as ≤ `REDO_PPL`; a try that failed
