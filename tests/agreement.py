@@ -42,9 +42,10 @@ def traced(
 
 def kept(probs: torch.Tensor, top_p: float) -> list[int]:
     """The kept set of one (V,) float64 distribution, written plainly: tokens taken by
-    probability, descending, until their mass reaches `top_p`; the last one taken is the cut,
-    and every token at least e^−CUT_TOL times as likely as the cut is kept. Ascending ids."""
-    values = probs.tolist()
+    probability (rounded to float32), descending, until their mass reaches `top_p`; the last
+    one taken is the cut, and every token at least e^−CUT_TOL times as likely as the cut is
+    kept. Ascending ids."""
+    values = probs.float().tolist()
     mass, cut = 0.0, 0.0
     for v in sorted(values, reverse=True):
         mass, cut = mass + v, v

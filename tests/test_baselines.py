@@ -49,7 +49,7 @@ from workers.models import LoadedLM, load_lm
 def test_zero_strength_reproduces_vanilla(
     lm: LoadedLM, method: str, params: dict[str, Any]
 ) -> None:
-    # Same uniforms (common random numbers); distributions equal within rounding, since the
+    # Same noise (common random numbers); distributions equal within rounding, since the
     # method's compute path (e.g. PPLM's perturbed cache) may round differently from vanilla's.
     _, zero = traced(lm, build(lm, method, params), make_jobs(lm, method, params, PROMPTS))
     _, plain = traced(lm, build(lm, "vanilla", {}), make_jobs(lm, "vanilla", {}, PROMPTS))

@@ -123,16 +123,16 @@ def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> 
 
 
 def test_the_cpu_sort_is_the_descending_float_sort() -> None:
-    """The CPU's radix path (integer keys, row by row) gives the descending float64 values,
+    """The CPU's radix path (integer keys, row by row) gives the descending float32 values,
     with exact ties and zeros."""
     gen = torch.Generator().manual_seed(5)
-    probs = torch.softmax(3.0 * torch.randn(6, 50257, generator=gen, dtype=torch.float64), -1)
-    probs[0, 100:400] = probs[0, 50]  # a run of exact ties
-    probs[1, ::2] = 0.0  # exact zeros
-    probs[2] = probs[2].round(decimals=6)  # ties everywhere
-    want = torch.sort(probs, dim=-1, descending=True).values
-    assert torch.equal(sampler.sorted_descending(probs), want)
-    assert torch.equal(sampler.sorted_descending(probs[2:3]), want[2:3])  # row by row
+    q = torch.softmax(3.0 * torch.randn(6, 50257, generator=gen), -1)
+    q[0, 100:400] = q[0, 50]  # a run of exact ties
+    q[1, ::2] = 0.0  # exact zeros
+    q[2] = q[2].round(decimals=6)  # ties everywhere
+    want = torch.sort(q, dim=-1, descending=True).values
+    assert torch.equal(sampler.sorted_descending(q), want)
+    assert torch.equal(sampler.sorted_descending(q[2:3]), want[2:3])  # row by row
 
 
 def test_seen_mask_counts_real_tokens_only_when_pad_is_bos() -> None:
