@@ -10,6 +10,8 @@ reference: the batch of 32 at 1 thread.
 
     PYTHONPATH=. python scripts/batch_sweep.py                  # the whole sweep
     PYTHONPATH=. python scripts/batch_sweep.py --layouts llama --methods pplm gedi
+    PYTHONPATH=. python scripts/batch_sweep.py --keep DIR   # and, while or after it runs:
+    PYTHONPATH=. python scripts/batch_sweep.py --summarise DIR
 
 Prints one line per layout, method and setting: the runs compared, the rows whose text parts
 from the reference (`parted`; of those, how many at a near-tie of the race: `ties`), steps
@@ -113,15 +115,44 @@ def across(ref: str, r: dict[str, Any], reference: dict[str, Any]) -> None:
     )
 
 
-def main() -> None:
-    from workers.methods.registry import resolve_params  # noqa: F401  (fail early on a bad tree)
+def summarise(ref: str, settings: list[str]) -> None:
+    """Print the table from the lines in `ref`: every (layout, method) the reference has."""
+    lines = {}
+    for s in settings:
+        path = Path(ref) / f"{s}.jsonl"
+        lines[s] = (
+            [json.loads(raw) for raw in path.read_text().splitlines()] if path.exists() else []
+        )
+    reference = {(r["layout"], r["method"]): r for r in lines[REFERENCE]}
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for setting in settings:
+        for r in lines[setting]:
+            if (r["layout"], r["method"]) not in reference:
+                continue
+            across(ref, r, reference[r["layout"], r["method"]])
+            print(
+                f"{r['layout']:9s} {r['method']:12s} {setting:10s} texts parted {r['texts']:3d} "
+                + " ".join(f"{k} {r[k]:3d}" for k in FIELDS)
+                + f"  max|Δp| {r['max_diff']:.1e}"
+            )
+            t = totals[r["method"]]
+            for k in (*FIELDS, "texts"):
+                t[k] += r[k]
+            t["max_diff"] = max(t["max_diff"], r["max_diff"])
+    print("# totals per method over layouts and settings")
+    for method, t in sorted(totals.items()):
+        counts = " ".join(f"{k} {int(t[k])}" for k in ("texts", *FIELDS))
+        print(f"{method:12s} {counts}  max|Δp| {t['max_diff']:.1e}")
 
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layouts", nargs="+", default=LAYOUTS)
     ap.add_argument("--methods", nargs="+", default=None, help="default: every method")
     ap.add_argument("--pplm-steps", type=int, default=10)
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    # the reference setting always runs: the others are compared with it
+    ap.add_argument("--keep", help="a folder for the runs (kept; default: a temporary one)")
+    ap.add_argument("--summarise", help="only print the table of the runs in this --keep folder")
     ap.add_argument("--child", choices=list(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--ref", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,11 +160,15 @@ def main() -> None:
         from tests.test_batch_independence import PARAMS
 
         args.methods = sorted(PARAMS)
+    args.settings = [REFERENCE, *(s for s in args.settings if s != REFERENCE)]  # compared with it
     if args.child:
         child(args.child, args)
         return
-    args.settings = [REFERENCE, *(s for s in args.settings if s != REFERENCE)]
-    with tempfile.TemporaryDirectory() as ref:
+    if args.summarise:
+        summarise(args.summarise, args.settings)
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        ref = args.keep or scratch
         procs = {}
         for setting in args.settings:
             env = {**os.environ, **SETTINGS[setting][1], "PYTHONPATH": str(ROOT)}
@@ -143,28 +178,7 @@ def main() -> None:
         for setting, proc in procs.items():
             if proc.wait():
                 sys.exit(f"setting {setting!r} failed (exit {proc.returncode})")
-        lines = {
-            s: [json.loads(raw) for raw in (Path(ref) / f"{s}.jsonl").read_text().splitlines()]
-            for s in args.settings
-        }
-        reference = {(r["layout"], r["method"]): r for r in lines[REFERENCE]}
-        totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        for setting in args.settings:
-            for r in lines[setting]:
-                across(ref, r, reference[r["layout"], r["method"]])
-                print(
-                    f"{r['layout']:9s} {r['method']:12s} {setting:10s} texts parted {r['texts']:3d} "
-                    + " ".join(f"{k} {r[k]:3d}" for k in FIELDS)
-                    + f"  max|Δp| {r['max_diff']:.1e}"
-                )
-                t = totals[r["method"]]
-                for k in (*FIELDS, "texts"):
-                    t[k] += r[k]
-                t["max_diff"] = max(t["max_diff"], r["max_diff"])
-    print("# totals per method over layouts and settings")
-    for method, t in sorted(totals.items()):
-        counts = " ".join(f"{k} {int(t[k])}" for k in ("texts", *FIELDS))
-        print(f"{method:12s} {counts}  max|Δp| {t['max_diff']:.1e}")
+        summarise(ref, args.settings)
 
 
 if __name__ == "__main__":

@@ -54,11 +54,14 @@ PARAMS: dict[str, dict[str, Any]] = {
 }
 PROMPTS = [*HELPER_PROMPTS[:7], "The nurse told her friend that"]
 GEN = GenerationParams(max_new_tokens=10, top_p=0.9, temperature=0.75, repetition_penalty=1.2)
-TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeDi), 2.4e-8 (DExperts)
-# vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
-TOL_TUNED = 3e-8
+# max |Δp| per step, 10 tokens at T 0.75 and repetition penalty 1.2 (measured by
+# scripts/batch_sweep.py: alone, batches of 8 and 32, 1 and 2 threads, MKL_CBWR=COMPATIBLE)
+TOL = 1e-6  # GeDi and DExperts: measured ≤ 2.1e-7 (GeDi), 9.4e-8 (DExperts)
+# vanilla and the bias-tuned methods: measured ≤ 1.0e-8 (GPT-2 lidao-min; issue 31 saw 3.2e-8);
+# Adam's fixed eps gave 1.8e-7 on LLaMA at 3 tokens
+TOL_TUNED = 1e-7
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
-TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 (3 steps)
+TOL_PPLM = 1e-5  # measured ≤ 1.5e-6 (OPT, 10 steps)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
