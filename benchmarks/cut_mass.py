@@ -30,11 +30,13 @@ PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"
 
 
 def extra(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B,) plain nucleus size, extra tokens and extra mass of the tolerance's kept set."""
-    desc = torch.sort(probs, dim=-1, descending=True).values
+    """(B,) plain nucleus size, extra tokens and extra mass of the tolerance's kept set (the
+    cut on the float32 probabilities, as the sampler locates it)."""
+    q = probs.float().double()
+    desc = torch.sort(q, dim=-1, descending=True).values
     cut = cut_value(desc, desc, top_p)
     plain = (torch.cumsum(desc, -1) - desc < top_p).sum(-1)
-    kept = probs >= cut * torch.exp(torch.tensor(-CUT_TOL, dtype=torch.float64))
+    kept = q >= cut * torch.exp(torch.tensor(-CUT_TOL, dtype=torch.float64))
     n_kept = kept.sum(-1)
     mass = torch.where(kept, probs, 0.0).sum(-1) - torch.where(
         torch.arange(probs.shape[-1]) < plain.unsqueeze(-1), desc, 0.0
