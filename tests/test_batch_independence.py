@@ -1,20 +1,23 @@
 """A job's text does not depend on its batch or on torch's thread count, for every method.
 
-Every registered method on the five tiny layouts (GPT-2, OPT, OPT with project_in/out, Falcon,
-LLaMA), 10 tokens at temperature 0.75 and repetition penalty 1.2: the first 8 jobs as a batch,
-the first alone, and the batch of 8 again at 2 threads (`scripts/batch_sweep.py` runs the
-full sweep: 32 jobs alone, in batches of 8 and in one batch of 32, also with
-MKL_CBWR=COMPATIBLE; docs/design.md has its result). The design does not promise bit-identical
+Every registered method on three tiny layouts (GPT-2, OPT with project_in/out, LLaMA: where
+issue 31 found texts parting), 10 tokens at temperature 0.75 and repetition penalty 1.2: the
+first 8 jobs as a batch, the first alone, and the batch of 8 again at 2 threads
+(`scripts/batch_sweep.py` runs the full sweep: the five layouts, 32 jobs alone, in batches of 8
+and in one batch of 32, also with MKL_CBWR=COMPATIBLE; docs/design.md has its result). The
+suite's budget sets the size: 10 tokens cost ~3x the former 3, and all five layouts ~330 s of
+CPU against ~90 s before. The design does not promise bit-identical
 distributions across batch shapes or thread counts (the kernels' rounding changes); it promises
 that no method amplifies that rounding (docs/design.md, "What is guaranteed"): the
-distributions agree step by step within `TOL_TUNED` (vanilla and the bias-tuned methods), `TOL`
-(GeDi, DExperts) or `TOL_PPLM`, and the tokens agree unless the race was a near-tie
+distributions agree step by step within `TOL_TUNED` (vanilla and the bias-tuned methods) or
+`TOL` (GeDi, DExperts, PPLM), and the tokens agree unless the race was a near-tie
 (`tests.agreement.near_tie`: the two runs' winners are its top two, swapped). With Adam's fixed
 eps instead of the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail
 here (δ moved by up to a third of lr between a job alone and in a batch of 32).
 
-PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability): its distributions
-get the looser `TOL_PPLM`, and its tokens the same rule as every method's.
+PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability) and GeDi's
+disc_weight (30) its GeDi model's: their distributions get the looser `TOL`, their tokens the
+same rule as every method's.
 
 GeDi's filter drops tokens by desirability; a value within rounding of the cut's edge
 (`gedi.gedi_filter`: `CUT_TOL` below the cut's desirability) still falls either side with the
@@ -40,7 +43,7 @@ from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ["gpt2", "opt", "opt-proj", "falcon", "llama"]
+FAMILIES = ["gpt2", "opt-proj", "llama"]
 PARAMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "uddia": {},
@@ -56,12 +59,14 @@ PROMPTS = [*HELPER_PROMPTS[:7], "The nurse told her friend that"]
 GEN = GenerationParams(max_new_tokens=10, top_p=0.9, temperature=0.75, repetition_penalty=1.2)
 # max |Δp| per step, 10 tokens at T 0.75 and repetition penalty 1.2 (measured by
 # scripts/batch_sweep.py: alone, batches of 8 and 32, 1 and 2 threads, MKL_CBWR=COMPATIBLE)
-TOL = 1e-6  # GeDi and DExperts: measured ≤ 2.1e-7 (GeDi), 9.4e-8 (DExperts)
 # vanilla and the bias-tuned methods: measured ≤ 1.0e-8 (GPT-2 lidao-min; issue 31 saw 3.2e-8);
 # Adam's fixed eps gave 1.8e-7 on LLaMA at 3 tokens
 TOL_TUNED = 1e-7
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
-TOL_PPLM = 1e-5  # measured ≤ 1.5e-6 (OPT, 10 steps)
+# GeDi, DExperts and PPLM, whose own formulas scale rounding: measured ≤ 6.2e-6 (GeDi on
+# opt-proj: disc_weight 30 times the rounding of the GeDi model's class log-probs; ≤ 2.1e-7 on
+# GPT-2 and OPT), 9.4e-8 (DExperts), 1.5e-6 (PPLM, OPT, 10 steps)
+TOL = 2e-5
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -98,7 +103,7 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     _, mid2 = traced(lm, built, jobs)
     pairs = [(mid2, i, mid, i) for i in range(8)] + [(alone, 0, mid, 0)]
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows][:2]
-    tol = TOL_TUNED if method in TUNED else TOL_PPLM if method == "pplm" else TOL
+    tol = TOL_TUNED if method in TUNED else TOL
     cut = method == "gedi"  # its filter's cut may flip within rounding (see the docstring)
     compared = sum(
         assert_same_samples(a, ra, b, rb, GEN.top_p, tol, filter_cut=cut) for a, ra, b, rb in pairs
@@ -160,5 +165,5 @@ def test_a_filter_flip_is_only_a_cut_that_moved_by_a_few_tokens() -> None:
     many[100:110] -= 10000.0
     assert not filter_flip(cut, many, TOL)  # more than a few tokens
     other = moved.clone()
-    other[200] += 1e-3  # and the kept tokens' distribution changed
+    other[200] += 0.1  # and the kept tokens' distribution changed (by ~2e-4)
     assert not filter_flip(cut, other, TOL)
