@@ -9,7 +9,7 @@ was a near-tie: the two runs' winners are the race's top two in both, swapped (t
 within the runs' difference of each other). Nothing else excuses a different token: not a
 token at the top-p cut, not a boundary of an inverse CDF. After a near-tie the two texts
 legitimately diverge and the row is not compared further. Measured rate of such near-ties:
-none in the ~40,000 row-steps of `scripts/batch_sweep.py`'s runs so far (docs/design.md); the
+none in the ~54,000 row-steps of `scripts/batch_sweep.py`'s runs so far (docs/design.md); the
 version-3 exemption (a uniform within 1e-4 of a boundary of the inverse CDF, or any token at the
 top-p cut) is gone. `kept`, `noise`, `race` and `twin_token` restate the sampler
 (`workers.sampler`) in plain loops instead of calling it.

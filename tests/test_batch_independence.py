@@ -59,7 +59,7 @@ PROMPTS = [*HELPER_PROMPTS[:7], "The nurse told her friend that"]
 GEN = GenerationParams(max_new_tokens=10, top_p=0.9, temperature=0.75, repetition_penalty=1.2)
 # max |Δp| per step, 10 tokens at T 0.75 and repetition penalty 1.2 (measured by
 # scripts/batch_sweep.py: alone, batches of 8 and 32, 1 and 2 threads, MKL_CBWR=COMPATIBLE)
-# vanilla and the bias-tuned methods: measured ≤ 1.0e-8 (GPT-2 lidao-min; issue 31 saw 3.2e-8);
+# vanilla and the bias-tuned methods: measured ≤ 2.0e-8 (Falcon -min, MKL_CBWR; issue 31: 3.2e-8);
 # Adam's fixed eps gave 1.8e-7 on LLaMA at 3 tokens
 TOL_TUNED = 1e-7
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
