@@ -12,8 +12,8 @@ from workers.decoding import decode_batch
 # (owner, attribute, label): the calls `--phases` measures; nested ones are indented
 PHASES = (
     ("model", "forward", "loop: θ's forward"),
-    ("decoding", "nucleus_topk", "loop: sampling (top-k)"),
-    ("decoding", "nucleus_full", "loop: sampling (full sort)"),
+    ("decoding", "sample_topk", "loop: sampling (top-k)"),
+    ("decoding", "sample_full", "loop: sampling (full sort)"),
     ("BiasTuner", "probe", "tuner: probe"),
     ("BiasTuner", "_horizon_forward", "  of which the horizon's forward"),
     ("vocab_pass", "vocab_forward", "  of which the vocabulary pass"),

@@ -9,7 +9,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from workers.decoding import nucleus_sample, prompt_token_ids
+from workers.decoding import prompt_token_ids
 from workers.methods.biastune import cropped_cache, find_sites
 from workers.methods.estimators import (
     demographic_loss,
@@ -19,6 +19,7 @@ from workers.methods.estimators import (
 from workers.methods.heads import resolve_head
 from workers.methods.lidao import DiscountedHistory, min_objective
 from workers.models import LoadedLM
+from workers.sampler import sample
 
 
 def direct_demographic_scores(geometry: object, gen_sum: torch.Tensor, n: int) -> torch.Tensor:
@@ -97,8 +98,8 @@ def reference_style(
                 mixed = 0.9 * tuned.float().log_softmax(-1) + 0.1 * theta.logits[
                     :, -1
                 ].float().log_softmax(-1)
-                uniform = torch.rand((1,), generator=gen, dtype=torch.float64).to(mixed.device)
-                token = nucleus_sample(mixed, 0.9, uniform)
+                seed = torch.randint(0, 2**62, (1,), generator=gen).to(mixed.device)
+                token = sample(mixed, 0.9, seed, made_here)
                 gen_sum = gen_sum + embed[token].float()
                 ids = torch.cat([ids, token.view(1, 1)], dim=-1)
                 theta = model(

@@ -21,7 +21,9 @@ from typing import Any
 # 2: device-hashed uniforms and BOS-free repetition penalty change every text.
 # 3: the nucleus is drawn from in token-id order (chosen by probability as before), so that
 #    rounding that swaps two near-equal tokens no longer changes the token: every text changes.
-JOB_ID_VERSION = 3
+# 4: an exponential race on noise hashed from (rng seed, step, token id) over a nucleus cut
+#    with a tolerance (`workers.sampler`); DExperts' and GeDi's cuts too: every text changes.
+JOB_ID_VERSION = 4
 
 
 def canonical_json(obj: Any) -> str:
@@ -107,7 +109,7 @@ class JobSpec:
         """Seed of this job's private sampling RNG.
 
         Derived from the prompt and the seed only (not the method), so every method draws the
-        same uniforms for the same (prompt, seed): a method whose distribution equals vanilla's
+        same noise for the same (prompt, seed): a method whose distribution equals vanilla's
         reproduces vanilla token for token, and method comparisons use common random numbers.
         """
         text = f"{self.seed}\x00{self.prompt}".encode()

@@ -1,29 +1,29 @@
 """A job's text does not depend on its batch or on torch's thread count, for every method.
 
-Every registered method on the four tiny families: the first jobs alone, the first 8 as a
-batch, all 32 as a batch, and the batch of 8 again at 2 threads. The design does not promise
-bit-identical distributions across batch shapes or thread counts (the kernels' rounding
-changes); it promises that no method amplifies that rounding (docs/design.md, "What is
-guaranteed"): the distributions agree step by step within `TOL_TUNED` (vanilla and the
-bias-tuned methods), `TOL` (GeDi, DExperts) or `TOL_PPLM`, and the tokens agree unless the
-uniform fell within rounding of a boundary of the inverse CDF, or a token sits at the top-p cut
-(`tests.agreement.near_tie`). With Adam's fixed eps instead of the tuning step's scaled one
-(`biastune.tuning_step`), LLaMA's -min methods fail here (δ moved by up to a third of lr
-between a job alone and in a batch of 32).
+Every registered method on three tiny layouts (GPT-2, OPT with project_in/out, LLaMA: where
+issue 31 found texts parting), 10 tokens at temperature 0.75 and repetition penalty 1.2: the
+first 8 jobs as a batch, the first alone, and the batch of 8 again at 2 threads
+(`scripts/batch_sweep.py` runs the full sweep: the five layouts, 32 jobs alone, in batches of 8
+and in one batch of 32, also with MKL_CBWR=COMPATIBLE; docs/design.md has its result). The
+suite's budget sets the size: 10 tokens cost ~3x the former 3, and all five layouts ~330 s of
+CPU against ~90 s before. The design does not promise bit-identical
+distributions across batch shapes or thread counts (the kernels' rounding changes); it promises
+that no method amplifies that rounding (docs/design.md, "What is guaranteed"): the
+distributions agree step by step within `TOL_TUNED` (vanilla and the bias-tuned methods) or
+`TOL` (GeDi, DExperts, PPLM), and the tokens agree unless the race was a near-tie
+(`tests.agreement.near_tie`: the two runs' winners are its top two, swapped). With Adam's fixed
+eps instead of the tuning step's scaled one (`biastune.tuning_step`), LLaMA's -min methods fail
+here (δ moved by up to a third of lr between a job alone and in a batch of 32).
 
-PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability): its distributions
-get the looser `TOL_PPLM`, and its tokens the same rule as every method's. Drawn in
-probability order its texts parted (3 of 32 LLaMA rows at 1 vs 2 threads, default 10 steps,
-4 tokens): on the tiny models' nearly flat distributions a 1e-7 change swapped near-equal
-tokens; the sampler now draws in token-id order, where such a change moves the token only for
-a uniform within ~1e-7 of a boundary.
+PPLM's gradient steps amplify rounding ~50x (1e-9 → ~1e-7 in probability) and GeDi's
+disc_weight (30) its GeDi model's: their distributions get the looser `TOL`, their tokens the
+same rule as every method's.
 
-GeDi's filter ranks desirability on a grid of 2^-10 nats; a value within rounding of a grid
-line flips its cell, and the cut can move by a token or two. With MKL_CBWR=COMPATIBLE or
-ATEN_CPU_CAPABILITY=default (desirability ~8e-7 apart alone vs batched) that happened on LLaMA
-(one job alone vs in the batch of 32, step 3: one token 5e-7 nats from a grid line, two tokens
-dropped in one run only). Such a step counts as a near-tie (`tests.agreement.filter_flip`: at
-most a few tokens cut differently, the rest of the distribution within `TOL`).
+GeDi's filter drops tokens by desirability; a value within rounding of the cut's edge
+(`gedi.gedi_filter`: `CUT_TOL` below the cut's desirability) still falls either side with the
+batch. Such a step is accepted when it changes only where the cut fell
+(`tests.agreement.filter_flip`: at most a few tokens cut differently, the rest of the
+distribution within `TOL`) and the tokens agree: the race rarely draws the token that moved.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ["gpt2", "opt", "falcon", "llama"]
+FAMILIES = ["gpt2", "opt-proj", "llama"]
 PARAMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "uddia": {},
@@ -56,13 +56,17 @@ PARAMS: dict[str, dict[str, Any]] = {
     "dexperts": {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/opt"},
 }
 PROMPTS = [*HELPER_PROMPTS[:7], "The nurse told her friend that"]
-GEN = GenerationParams(max_new_tokens=3, top_p=0.9)
-TOL = 1e-6  # max |Δp| per step for GeDi and DExperts; measured ≤ 1.6e-7 (GeDi), 2.4e-8 (DExperts)
-# vanilla and the bias-tuned methods: measured ≤ 5e-9 (Adam's fixed eps gave 1.8e-7, LLaMA)
-TOL_TUNED = 3e-8
+GEN = GenerationParams(max_new_tokens=10, top_p=0.9, temperature=0.75, repetition_penalty=1.2)
+# max |Δp| per step, 10 tokens at T 0.75 and repetition penalty 1.2 (measured by
+# scripts/batch_sweep.py: alone, batches of 8 and 32, 1 and 2 threads, MKL_CBWR=COMPATIBLE)
+# vanilla and the bias-tuned methods: measured ≤ 2.0e-8 (Falcon -min, MKL_CBWR; issue 31: 3.2e-8);
+# Adam's fixed eps gave 1.8e-7 on LLaMA at 3 tokens
+TOL_TUNED = 1e-7
 TUNED = {"vanilla", "uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod"}
-TOL_PPLM = 1e-5  # measured ≤ 1.7e-7 (3 steps)
-ALONE = 2  # jobs also run alone
+# GeDi, DExperts and PPLM, whose own formulas scale rounding: measured ≤ 6.2e-6 (GeDi on
+# opt-proj: disc_weight 30 times the rounding of the GeDi model's class log-probs; ≤ 2.1e-7 on
+# GPT-2 and OPT), 9.4e-8 (DExperts), 1.5e-6 (PPLM, OPT, 10 steps)
+TOL = 2e-5
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -91,22 +95,20 @@ def test_texts_do_not_depend_on_the_batch_or_the_thread_count(
     lm: LoadedLM, method: str, threads: None
 ) -> None:
     built = load_method(method)(lm, resolve_params(method, PARAMS[method], lm.ref.id), "sentiment")
-    jobs = jobs_for(lm, method)
+    jobs = jobs_for(lm, method)[:8]
     torch.set_num_threads(1)
-    rows32, big = traced(lm, built, jobs)
-    _, mid = traced(lm, built, jobs[:8])
-    alone = [traced(lm, built, [job])[1] for job in jobs[:ALONE]]
+    rows, mid = traced(lm, built, jobs)
+    _, alone = traced(lm, built, jobs[:1])
     torch.set_num_threads(2)
-    _, mid2 = traced(lm, built, jobs[:8])
-    pairs = [(mid, i, big, i) for i in range(8)] + [(mid2, i, mid, i) for i in range(8)]
-    pairs += [(alone[i], 0, big, i) for i in range(ALONE)]
-    assert all(r["status"] == "ok" for r in rows32), [r["error"] for r in rows32][:2]
-    tol = TOL_TUNED if method in TUNED else TOL_PPLM if method == "pplm" else TOL
+    _, mid2 = traced(lm, built, jobs)
+    pairs = [(mid2, i, mid, i) for i in range(8)] + [(alone, 0, mid, 0)]
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows][:2]
+    tol = TOL_TUNED if method in TUNED else TOL
     cut = method == "gedi"  # its filter's cut may flip within rounding (see the docstring)
     compared = sum(
         assert_same_samples(a, ra, b, rb, GEN.top_p, tol, filter_cut=cut) for a, ra, b, rb in pairs
     )
-    assert compared >= len(pairs)  # tokens were compared, not only the first step
+    assert compared >= GEN.max_new_tokens * len(pairs) // 2  # most steps were compared
 
 
 def test_the_tuning_step_does_not_amplify_rounding() -> None:
@@ -163,5 +165,5 @@ def test_a_filter_flip_is_only_a_cut_that_moved_by_a_few_tokens() -> None:
     many[100:110] -= 10000.0
     assert not filter_flip(cut, many, TOL)  # more than a few tokens
     other = moved.clone()
-    other[200] += 1e-3  # and the kept tokens' distribution changed
+    other[200] += 0.1  # and the kept tokens' distribution changed (by ~2e-4)
     assert not filter_flip(cut, other, TOL)

@@ -36,8 +36,8 @@ def wrapped_calls() -> dict[str, object]:
         "horizon": tuner.BiasTuner._horizon_forward,
         "vocab_forward": vocab_pass.vocab_forward,
         "vocab_backward": vars(vocab_pass._ThetaVocab)["backward"],
-        "nucleus_topk": decoding.nucleus_topk,
-        "nucleus_full": decoding.nucleus_full,
+        "sample_topk": decoding.sample_topk,
+        "sample_full": decoding.sample_full,
     }
 
 

@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from jobs.spec import GenerationParams, ModelRef
-from tests.agreement import assert_alone_matches_batched, twin_token
+from tests.agreement import assert_alone_matches_batched, kept, twin_token
 from tests.helpers import make_jobs
-from workers import decoding
-from workers.decoding import decode_batch, nucleus_sample, repetition_penalty
+from workers import decoding, sampler
+from workers.decoding import decode_batch, repetition_penalty
 from workers.methods.base import Vanilla
 from workers.models import LoadedLM, load_lm
 
 FAMILIES = ["gpt2", "opt", "falcon", "llama"]
-PINNED_UNIFORMS = [0.5074927365001425, 0.1767669660442076]  # job_uniforms(seeds, step 3)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -59,20 +58,13 @@ def test_rows_record_tokens_and_lengths() -> None:
 
 
 def test_nucleus_keeps_the_smallest_set_reaching_top_p() -> None:
-    logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    picks = {
-        int(nucleus_sample(logp, 0.7, torch.tensor([u]))[0])
-        for u in torch.linspace(0, 0.999, 50).tolist()
-    }
-    assert picks == {0, 1}
-    picks = {
-        int(nucleus_sample(logp, 1.0, torch.tensor([u]))[0])
-        for u in torch.linspace(0, 0.999, 200).tolist()
-    }
-    assert picks == {0, 1, 2, 3}
-    # inverse CDF: u below 0.5/0.8 picks token 0, above picks token 1
-    assert int(nucleus_sample(logp, 0.7, torch.tensor([0.6]))[0]) == 0
-    assert int(nucleus_sample(logp, 0.7, torch.tensor([0.7]))[0]) == 1
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(400, -1)
+    seeds = torch.arange(400) * 0x9E3779B97F4A7C15 % (1 << 62)
+    tokens = sampler.sample(logp, 0.7, seeds, 0)
+    assert set(tokens.tolist()) == {0, 1}
+    share = float((tokens == 0).double().mean())
+    assert abs(share - 0.5 / 0.8) < 0.08  # about 5 in 8 (400 draws: 3 standard deviations)
+    assert set(sampler.sample(logp, 1.0, seeds, 0).tolist()) == {0, 1, 2, 3}
 
 
 def test_ctrl_repetition_penalty_divides_positive_and_multiplies_negative() -> None:
@@ -104,7 +96,7 @@ def test_an_over_long_prompt_fails_only_its_own_job() -> None:
     assert rows[1]["status"] == "ok" and rows[1]["num_tokens"] > 0
 
 
-# --- stable sampling, device uniforms, the seen mask -------------------------------------------
+# --- ties on both sampler paths, the CPU sort, the seen mask -------------------------------------------
 
 
 def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> None:
@@ -114,64 +106,33 @@ def test_ties_sample_the_same_token_on_the_topk_path_and_beside_a_flat_row() -> 
     tied[[5, 6]] = -1.0
     flat = torch.zeros(vocab)  # its nucleus is far wider than 256 candidates: full sort
     probs = torch.softmax(torch.stack([tied, flat]).double(), -1)
-    uniforms = torch.linspace(0, 0.999, 999, dtype=torch.float64)
-    _, exact = decoding.nucleus_topk(probs, 0.9, torch.zeros(2, dtype=torch.float64))
+    _, exact = sampler.sample_topk(probs, 0.9, torch.zeros(2, dtype=torch.long), 0)
     assert exact.tolist() == [True, False]  # the tied row is decided by its 256 candidates
-    for u in uniforms.tolist()[::37]:
-        uu = torch.tensor([u, u], dtype=torch.float64)
-        alone = int(nucleus_sample(tied.unsqueeze(0), 0.9, uu[:1])[0])
-        beside = nucleus_sample(torch.stack([tied, flat]), 0.9, uu)
-        full = int(decoding.nucleus_full(probs[:1], 0.9, uu[:1])[0])
-        assert alone == int(beside[0]) == full == twin_token(probs[0], 0.9, u)
-        assert int(beside[1]) == twin_token(probs[1], 0.9, u)
+    drawn = set()
+    for seed in range(0, 2**40, 2**40 // 25):
+        seeds = torch.tensor([seed, seed])
+        alone = int(sampler.sample(tied.unsqueeze(0), 0.9, seeds[:1], 3)[0])
+        beside = sampler.sample(torch.stack([tied, flat]), 0.9, seeds, 3)
+        full = int(sampler.sample_full(probs[:1], 0.9, seeds[:1], 3)[0])
+        assert alone == int(beside[0]) == full == twin_token(probs[0], 0.9, seed, 3)
+        assert int(beside[1]) == twin_token(probs[1], 0.9, seed, 3)
+        drawn.add(alone)
+    # the cut falls on 5 and 6 (tied): both are kept, none of a tie is chosen by its id
+    assert kept(probs[0], 0.9) == [5, 6, 7, 123, 9999, 40000]
+    assert drawn <= {5, 6, 7, 123, 9999, 40000} and len(drawn) >= 4
 
 
-def test_topk_path_equals_a_full_sort_on_random_peaked_rows() -> None:
-    gen = torch.Generator().manual_seed(3)
-    logits = 4.0 * torch.randn(16, 50257, generator=gen)
-    logits[:, :300] = logits[:, :300].round()  # many exact ties among likely tokens
-    probs = torch.softmax(logits.double(), -1)
-    u = torch.rand(16, generator=gen, dtype=torch.float64)
-    tokens, exact = decoding.nucleus_topk(probs, 0.9, u)
-    assert bool(exact.any())  # some rows decided on the top-k path
-    full = decoding.nucleus_full(probs, 0.9, u)
-    assert torch.equal(tokens[exact], full[exact])
-    assert torch.equal(nucleus_sample(logits, 0.9, u), full)
-
-
-def test_the_full_order_is_the_stable_descending_float_sort() -> None:
-    """The CPU's radix path (integer keys, row by row) gives the permutation of a stable
-    descending sort of the float64 probabilities: exact ties (also at 0) by token id."""
+def test_the_cpu_sort_is_the_descending_float_sort() -> None:
+    """The CPU's radix path (integer keys, row by row) gives the descending float32 values,
+    with exact ties and zeros."""
     gen = torch.Generator().manual_seed(5)
-    probs = torch.softmax(3.0 * torch.randn(6, 50257, generator=gen, dtype=torch.float64), -1)
-    probs[0, 100:400] = probs[0, 50]  # a run of exact ties
-    probs[1, ::2] = 0.0  # exact zeros
-    probs[2] = probs[2].round(decimals=6)  # ties everywhere
-    probs[3, 9], probs[3, 7] = probs[3, 7], probs[3, 9]
-    want = torch.sort(probs, dim=-1, descending=True, stable=True).indices
-    assert torch.equal(decoding.full_order(probs), want)
-    assert torch.equal(decoding.full_order(probs[2:3]), want[2:3])  # row by row
-
-
-def test_job_uniforms_are_uniform_and_independent_of_the_batch() -> None:
-    seeds = torch.tensor([j.rng_seed for j in make_jobs(n=8)] + list(range(2000)))
-    draws = torch.stack([decoding.job_uniforms(seeds, s) for s in range(50)])  # (steps, B)
-    assert float(draws.min()) >= 0.0 and float(draws.max()) < 1.0
-    counts = torch.histc(draws.float(), bins=20, min=0, max=1)
-    expected = draws.numel() / 20
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 43.8  # 19 degrees of freedom, p = 0.001
-    # neighbouring steps and neighbouring seeds are uncorrelated
-    for x, y in ((draws[:-1], draws[1:]), (draws[:, 8:-1], draws[:, 9:])):
-        assert abs(float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1])) < 0.02
-    for i in (0, 5, 100):  # a row's uniforms alone equal its uniforms in the batch
-        assert torch.equal(decoding.job_uniforms(seeds[i : i + 1], 7), draws[7, i : i + 1])
-
-
-def test_job_uniforms_are_pinned() -> None:
-    # Changing these changes every generated text: bump JOB_ID_VERSION with them.
-    got = decoding.job_uniforms(torch.tensor([0, 3975714862755628463]), 3).tolist()
-    assert got == PINNED_UNIFORMS
+    q = torch.softmax(3.0 * torch.randn(6, 50257, generator=gen), -1)
+    q[0, 100:400] = q[0, 50]  # a run of exact ties
+    q[1, ::2] = 0.0  # exact zeros
+    q[2] = q[2].round(decimals=6)  # ties everywhere
+    want = torch.sort(q, dim=-1, descending=True).values
+    assert torch.equal(sampler.sorted_descending(q), want)
+    assert torch.equal(sampler.sorted_descending(q[2:3]), want[2:3])  # row by row
 
 
 def test_seen_mask_counts_real_tokens_only_when_pad_is_bos() -> None:

@@ -26,8 +26,8 @@ JOB = JobSpec(
 
 def test_golden_job_id_is_pinned() -> None:
     # Changing this id means old run directories resume differently: bump JOB_ID_VERSION.
-    assert JOB_ID_VERSION == 3
-    assert JOB.job_id == "j3-ae7cbbe2df2e8a7db458"
+    assert JOB_ID_VERSION == 4
+    assert JOB.job_id == "j4-bd5b8a46b22f256994d2"
     assert JOB.rng_seed == 3975714862755628463
 
 

@@ -67,7 +67,7 @@ def generate(
     ],
 )
 def test_no_step_reproduces_vanilla(lm: LoadedLM, method: str, params: dict[str, Any]) -> None:
-    # Same uniforms; the tuned path with zero offsets rounds differently from θ's cached forward,
+    # Same noise; the tuned path with zero offsets rounds differently from θ's cached forward,
     # so distributions are compared within tolerance and tokens up to a near-tie.
     jobs = make_jobs(lm, "vanilla", PROMPTS, {})
     _, vanilla = traced(lm, build(lm, jobs), jobs)

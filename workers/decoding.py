@@ -1,10 +1,9 @@
 """The shared batched decoding loop: one place for padding, cache, sampling and stopping.
 
-Each job's randomness is one uniform per step, a hash of (`JobSpec.rng_seed`, step) computed on
-the device (`job_uniforms`), turned into a token by inverse-CDF sampling over the nucleus, its
-tokens taken in id order (`nucleus_sample`). So a job draws the same uniforms alone or in any
-batch, and a method whose distribution equals vanilla's samples vanilla's tokens (see
-docs/design.md for what is exact and what holds within rounding).
+Each step's token comes from `workers.sampler`: a nucleus cut that rounding cannot move and a
+race on noise hashed from (`JobSpec.rng_seed`, step, token id) on the device. So a job draws the
+same noise alone or in any batch, and a method whose distribution equals vanilla's samples
+vanilla's tokens (see docs/design.md for what is exact and what holds within rounding).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from jobs.spec import JobSpec
 from results.schema import generation_row
 from workers.methods.base import DecodingMethod, StepContext
 from workers.models import LoadedLM
+from workers.sampler import sample_full, sample_topk
 
 
 def check_batch(jobs: Sequence[JobSpec]) -> None:
@@ -52,118 +52,6 @@ def seen_mask(ids: torch.Tensor, real: torch.Tensor, vocab: int) -> torch.Tensor
     mask = torch.zeros((ids.shape[0], vocab + 1), dtype=torch.bool, device=ids.device)
     mask.scatter_(1, torch.where(real, ids, vocab), True)
     return mask
-
-
-# --- per-job random numbers ------------------------------------------------------------------
-
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer on int64 tensors holding values in [0, 2^32).
-
-    xor-shift / multiply rounds with the constants of the `lowbias32` family from Wellons'
-    hash-prospector; both multipliers are below 2^31, so products stay below 2^63 (no int64
-    overflow on any device).
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _M32
-    return x ^ (x >> 15)
-
-
-def job_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """(B,) float64 uniforms in [0, 1) for token `step` of the jobs with (B,) int64 `seeds`.
-
-    Counter-based: each uniform is a hash of (rng_seed, step) computed elementwise on the seeds'
-    device, so a job's uniforms depend only on its own seed and the step, never on its batch, its
-    device or the steps other rows took, and no host round trip is needed. 53 random bits each.
-    """
-    lo, hi = seeds & _M32, (seeds >> 32) & _M32
-
-    def word(lane: int) -> torch.Tensor:
-        counter = torch.full_like(seeds, (2 * step + lane) & _M32)
-        return _mix32(lo ^ _mix32(hi ^ _mix32(counter ^ 0x9E3779B9)))
-
-    bits = ((word(0) >> 11) << 32) | word(1)  # 21 + 32 bits
-    return bits.double() * 2.0**-53
-
-
-# --- nucleus sampling ------------------------------------------------------------------------
-
-NUCLEUS_CANDIDATES = 256  # top-k tried first; rows whose nucleus is wider fall back to a full sort
-
-
-def _draw_by_id(p: torch.Tensor, keep: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) positions: the inverse CDF at `uniforms` over the `keep` entries of (B, n) `p`, laid
-    out in ascending token id (u·total rounded up to the total: the last token with mass). In
-    id order a rounding change moves each CDF boundary by about that rounding, so it changes the
-    token only for a uniform that close to a boundary (in probability order, a swap of two
-    near-equal tokens changed it for a share of uniforms equal to their mass)."""
-    cdf = torch.cumsum(torch.where(keep, p, torch.zeros_like(p)), dim=-1)
-    total = cdf[:, -1:].contiguous()
-    idx = torch.searchsorted(cdf, uniforms.double().unsqueeze(-1) * total, right=True)
-    return torch.minimum(idx, torch.searchsorted(cdf, total)).squeeze(-1)
-
-
-def nucleus_topk(
-    probs: torch.Tensor, top_p: float, uniforms: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nucleus sampling over the top-k candidates of (B, V) float64 `probs`, without a host sync:
-    the nucleus by (probability descending, id ascending), drawn from in id order (`_draw_by_id`).
-
-    Returns (tokens, exact): `exact[i]` says row i's nucleus ended on a candidate strictly more
-    likely than the k-th one, so all of it (and its ties) is among the candidates and the token
-    is `nucleus_full`'s, bit for bit on a CPU. Rows that are not exact must be redone with it.
-    """
-    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
-    p, ids = torch.topk(probs, k, dim=-1)
-    ids, by_id = torch.sort(ids, dim=-1)
-    p = p.gather(-1, by_id)  # candidates in id order
-    sorted_p, perm = torch.sort(p, dim=-1, descending=True, stable=True)  # ties: lower id first
-    cum = torch.cumsum(sorted_p, dim=-1)
-    keep = torch.zeros_like(perm, dtype=torch.bool).scatter_(1, perm, (cum - sorted_p) < top_p)
-    tokens = ids.gather(-1, _draw_by_id(p, keep, uniforms).unsqueeze(-1)).squeeze(-1)
-    if k == probs.shape[-1]:
-        return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    exact = ((cum >= top_p) & (sorted_p > sorted_p[:, -1:])).any(-1)
-    return tokens, exact
-
-
-def full_order(probs: torch.Tensor) -> torch.Tensor:
-    """(B, V) token ids of (B, V) float64 `probs` ≥ 0 by (probability descending, id ascending).
-
-    On a CPU row by row, as a stable radix sort of −(the float64 bits read as int64), which order
-    like the floats: the stable descending permutation at ~1/6 of the batched float sort's cost
-    (6 against 36 ms for 8 rows of 50,257, one thread). Elsewhere one batched stable sort.
-    """
-    if probs.device.type != "cpu":
-        return torch.sort(probs, dim=-1, descending=True, stable=True).indices
-    keys = -probs.contiguous().view(torch.int64)
-    return torch.stack([torch.sort(row, stable=True).indices for row in keys])
-
-
-def nucleus_full(probs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    """Nucleus sampling over a full stable sort of (B, V) float64 `probs`: the nucleus cut by
-    (probability descending, id ascending), the draw over it in id order (`_draw_by_id`)."""
-    order = full_order(probs)
-    sorted_p = probs.gather(-1, order)
-    in_nucleus = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < top_p  # keeps the most likely
-    keep = torch.zeros_like(in_nucleus).scatter_(1, order, in_nucleus)  # back in id order
-    return _draw_by_id(probs, keep, uniforms)
-
-
-def nucleus_sample(logprobs: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B,) tokens from (B, V) log-probs, in float64: `nucleus_topk`, and `nucleus_full` for the
-    rows whose nucleus does not end strictly inside the candidates. A row's token depends only
-    on its own distribution and uniform, whichever path ran and whatever the batch."""
-    probs = torch.softmax(logprobs.double(), dim=-1)
-    tokens, exact = nucleus_topk(probs, top_p, uniforms)
-    redo = torch.nonzero(~exact).flatten()
-    if redo.numel():
-        tokens[redo] = nucleus_full(probs[redo], top_p, uniforms[redo])
-    return tokens
 
 
 def prompt_token_ids(lm: LoadedLM, prompt: str) -> list[int]:
@@ -222,7 +110,7 @@ class StepTrace(NamedTuple):
 
     step: int
     logprobs: torch.Tensor  # (B, V) the method's distribution (before top-p)
-    uniforms: torch.Tensor  # (B,) float64
+    seeds: torch.Tensor  # (B,) int64: the jobs' rng seeds, which key the step's noise
     tokens: torch.Tensor  # (B,) sampled (pad for rows that were not generating)
     active: torch.Tensor  # (B,) bool: rows that sampled a token at this step
 
@@ -346,13 +234,12 @@ def _loop(
         ok = active & ~bad
         safe = torch.where(ok.unsqueeze(-1), logprobs.double(), dead)
         probs = torch.softmax(safe, dim=-1)
-        uniforms = job_uniforms(seeds, step)
-        tokens, exact = nucleus_topk(probs, gen.top_p, uniforms)
+        tokens, exact = sample_topk(probs, gen.top_p, seeds, step)
         tokens = torch.where(ok, tokens, pad)
         host = _Step.fetch(tokens, exact, bad)  # the step's one device → host transfer
         if host.redo:
             redo = torch.tensor(host.redo, device=dev)
-            tokens[redo] = nucleus_full(probs[redo], gen.top_p, uniforms[redo])
+            tokens[redo] = sample_full(probs[redo], gen.top_p, seeds[redo], step)
             host.tokens = tokens.tolist()
         for i in range(B):
             if not live[i]:
@@ -366,7 +253,7 @@ def _loop(
             else:
                 generated[i].append(host.tokens[i])
         if on_step is not None:
-            on_step(StepTrace(step, logprobs.clone(), uniforms, tokens.clone(), ok.clone()))
+            on_step(StepTrace(step, logprobs.clone(), seeds, tokens.clone(), ok.clone()))
         if eos is not None:
             ok &= tokens != eos
         active &= ok  # in place: methods hold this tensor through ctx.active

@@ -9,6 +9,8 @@ from the full ensemble by default: set `top_p: 1.0` to match it). The experts ar
 fine-tuned by the authors; the user supplies both (`expert`: the desirable, e.g. non-toxic or
 positive one; `anti_expert`: the undesirable one). There is no published regard pair: α must be
 given for regard. With `alpha: 0` and `filter_p: 1.0` the method is vanilla decoding exactly.
+The filter keeps the top set whose mass reaches `filter_p` (the reference: exceeds it) and every
+token within `CUT_TOL` of the cut's logit, ties included, as the loop's nucleus does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.experts import Follower, load_extra_lm
+from workers.sampler import CUT_TOL, cut_value
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
@@ -29,15 +32,14 @@ TASK_ALPHA = {"toxicity": 2.0, "sentiment": 3.2}
 
 
 def nucleus_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """(B, V) logits with −inf outside the smallest top set of mass > `top_p` (the reference's rule)."""
+    """(B, V) logits with −inf outside the top set whose mass reaches `top_p` (the reference's
+    rule), cut as the sampler cuts (`workers.sampler.cut_value`): every token within `CUT_TOL`
+    below the logit of the token that reaches it is kept too, so rounding never decides it."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # ties by id
-    cum = torch.cumsum(torch.softmax(sorted_logits, -1), -1)
-    drop = cum > top_p
-    drop[..., 1:] = drop[..., :-1].clone()  # keep the first token past the threshold too
-    drop[..., 0] = False
-    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    desc = torch.sort(logits, dim=-1, descending=True).values
+    floor = cut_value(desc, torch.softmax(desc, -1), top_p) - CUT_TOL
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def ensemble(

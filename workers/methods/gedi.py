@@ -10,7 +10,7 @@ log-likelihoods (facts of the reference salesforce/GeDi, modeling_utils.py):
 
 and θ's scores become `z(v) + disc_weight · log P(desired | x, v)`. Then the tokens least likely
 desirable whose cumulative probability (from that end) stays below `filter_p` are removed
-unless P(desired | v) ≥ target_p (`target_p` is shifted by `class_bias` on the logit scale, as
+(cut as the sampler cuts: `gedi_filter`) unless P(desired | v) ≥ target_p (`target_p` is shifted by `class_bias` on the logit scale, as
 the reference does for its detoxifier). Defaults are the reference's: disc_weight 30, filter_p
 0.8, target_p 0.8, class_bias 2 for toxicity and 0 otherwise. `logit_scale` and the class
 `bias` are parameters of the GeDi checkpoint (config `logit_scale`, `nbias`) that plain
@@ -19,7 +19,9 @@ transformers does not load: they are read from its weights file.
 Differences from the reference: the repetition penalty and temperature are the loop's `process`
 applied to the final scores (the reference shifts its scores to a maximum of 10 first and
 divides every penalised score, negative ones included); θ's raw logits stand in for their
-log-softmax (same distribution, and exactly vanilla when `disc_weight: 0, filter_p: 0`).
+log-softmax (same distribution, and exactly vanilla when `disc_weight: 0, filter_p: 0`); the
+filter spares the tokens within `CUT_TOL` nats of the cut's desirability, ties included, so
+rounding never decides it (the reference breaks ties by its sort).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.experts import Follower, load_extra_lm
+from workers.sampler import CUT_TOL, cut_value
 from workers.tiny import TINY_PREFIX
 
 if TYPE_CHECKING:
@@ -120,42 +123,22 @@ def desired_logprob(
     return torch.log_softmax(cls, 0)[0]
 
 
-# desirability is ranked on a grid of 2^-10 nats (`gedi_filter`)
-RANK_GRID = 2.0**-10
-
-
-def ranked_desirability(logp_desired: torch.Tensor) -> torch.Tensor:
-    """log P(desired | x, v) rounded down to the ranking grid (`RANK_GRID` nats).
-
-    The filter's order and its target test compare these, not the raw values: tokens whose
-    desirability differs by less than 0.1 % are ties, and ties go by token id. A change of the
-    batch or the thread count moves each raw value by rounding (~1e-7), which reordered tokens
-    of near-equal desirability (a GeDi model that barely separates its codes ranks most of the
-    vocabulary within 1e-3 nats) and so moved the cut; on the grid such tokens keep their order
-    (by id) unless a value lies within rounding of a grid line.
-    """
-    return torch.floor(logp_desired / RANK_GRID) * RANK_GRID
-
-
 def gedi_filter(
     scores: torch.Tensor, logp_desired: torch.Tensor, filter_p: float, target_p: float
 ) -> torch.Tensor:
     """Remove (−10000, as the reference) the least desirable tokens holding < filter_p of the mass.
 
-    Tokens are ranked as the sampler ranks them, by (desirability on the ranking grid
-    descending, token id ascending: `ranked_desirability`), and dropped from the bottom of that
-    ranking: among ties the higher token id goes first, so the cut depends only on the row,
-    never on the batch or the sort kernel. The target test (P(desired | v) ≥ target_p keeps a
-    token) compares the same gridded value.
+    The cut is the sampler's (`workers.sampler.cut_value`): with the tokens ordered by
+    desirability ascending, d_c is the desirability of the token at which their mass reaches
+    `filter_p`, and a token is dropped when its desirability lies more than `CUT_TOL` nats below
+    d_c and below log `target_p` (P(desired | v) ≥ target_p keeps a token). Tokens whose
+    desirability differs by rounding only (a GeDi model that barely separates its codes ranks
+    most of the vocabulary within 1e-3 nats) fall on the same side of the cut in any batch; the
+    cut depends only on the row, never on the order of ties or the sort kernel.
     """
-    ranked_value = ranked_desirability(logp_desired)
-    ranked = torch.sort(ranked_value, dim=-1, descending=True, stable=True).indices
-    order = ranked.flip(-1)  # least desirable first
-    probs = torch.softmax(scores, -1).gather(-1, order)
-    cum = torch.cumsum(probs, -1)
-    target = math.floor(math.log(target_p) / RANK_GRID) * RANK_GRID
-    drop_sorted = (cum < filter_p) & (ranked_value.gather(-1, order) < target)
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    d, order = torch.sort(logp_desired, dim=-1)
+    floor = cut_value(d, torch.softmax(scores, -1).gather(-1, order), filter_p) - CUT_TOL
+    drop = (logp_desired < floor) & (logp_desired < math.log(target_p))
     return scores - 10000.0 * drop.to(scores.dtype)
 
 

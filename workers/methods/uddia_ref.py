@@ -9,7 +9,7 @@ gendered token the corpus never saw keeps a small weight; without one the prior 
 **Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
 (given BOS + prompt) is generated again with `REDO_STEP` fewer tuned blocks, at most
 `REDO_TRIES` generations in all and never below one block, each try with the job's own
-uniforms; the row keeps the reference's choice (`kept_try`) and records its tries.
+noise; the row keeps the reference's choice (`kept_try`) and records its tries.
 """
 
 from __future__ import annotations
