@@ -96,8 +96,13 @@ def add_variant(
             records.append({**row, "variant": ",".join(f"{c}={row[c]}" for c in differing)})
     table = pl.DataFrame(records, schema={**combos.schema, "variant": pl.String})
 
-    def attach(f: pl.DataFrame) -> pl.DataFrame:
-        return f.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    def attach(f: pl.DataFrame) -> pl.DataFrame:  # (a join would copy every column of f)
+        if (table["variant"] == "").all():
+            return f.with_columns(pl.lit("").alias("variant"))
+        on = f.select(keys).join(
+            table, on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )
+        return f.with_columns(on["variant"])
 
     return attach(frame), (attach(failed) if failed is not None else None)
 
@@ -260,7 +265,13 @@ def summarize(
                 f"{r['model']}/{r['method']}/{r['task']}: the perplexity > {ppl_max:g} filter "
                 f"dropped all {r['generations']} generations (aggregation.ppl_max / --ppl-max)"
             )
-    kept, had_ppl = ppl_filter(frame, ppl_max)
+    metrics = [m for m in METRIC_STATS if f"{m}_status" in frame.columns]
+    value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in frame.columns]
+    value_cols += ["regard_label"] if "regard" in metrics else []
+    label_cols = [VIEWS[v] for v in VIEWS if VIEWS[v] in frame.columns]
+    needed = ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols]
+    needed = [c for c in dict.fromkeys(needed + value_cols) if c in frame.columns]
+    kept, had_ppl = ppl_filter(frame.select(needed), ppl_max)  # (only these rows are copied)
     if not had_ppl:
         notes.append(
             f"no perplexity scorer ran: the perplexity > {ppl_max:g} filter was not applied"
@@ -273,26 +284,17 @@ def summarize(
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
     if "gender_status" not in kept.columns:
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
-    metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
     setup = Setup(views, groups, metrics, level, seed, n_perm, paired)
     samples: Samples = {}
     samples_cm: Samples = {}
     unit_names: dict[tuple[str, str], str] = {}
-    label_cols = [VIEWS[v] for v in views]
-    value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
-    value_cols += ["regard_label"] if "regard" in metrics else []
     if "pair_id" not in kept.columns:
         kept = kept.with_columns(pl.lit(None, dtype=pl.String).alias("pair_id"))
-    needed = list(
-        dict.fromkeys(
-            ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols, *value_cols]
-        )
-    )
     unit = "pair" if paired else "prompt"
-    for (model, task), rows in sorted(
-        kept.select(needed).group_by(["model", "task"], maintain_order=True)
-    ):
+    blocks = sorted(kept.select("model", "task").unique().iter_rows())
+    for model, task in blocks:  # (one block: its rows as they are, not a copy)
+        rows = kept if len(blocks) == 1 else kept.filter(model=model, task=task)
         names = None
         if units is not None and (str(model), str(task)) in units:
             names = sorted(units[(str(model), str(task))])

@@ -97,7 +97,10 @@ BY = ["method", "variant", "view", "group"]
 
 
 def _lookup(frame: pl.DataFrame, by: list[str]) -> Lookup:
-    return {tuple(r[k] for k in by): r for r in frame.iter_rows(named=True)}
+    """`by` values → row; rows under a null group (`stacked`: not labelled) left out."""
+    return {
+        tuple(r[k] for k in by): r for r in frame.iter_rows(named=True) if r["group"] is not None
+    }
 
 
 def _cell_records(
@@ -308,13 +311,13 @@ def block_records(
     counts: Lookup = {}
     stats: dict[str, Lookup] = {m: {} for m in metrics}
     gaps_in: dict[str, dict[tuple[Any, ...], Any]] = {m: {} for m in BIAS_METRICS if m in metrics}
-    for view in views:  # one view's rows at a time: its label only, stacked 3× (`stacked`)
+    for view in views:  # one view's rows at a time, with its label only
         others = [VIEWS[v] for v in views if VIEWS[v] != VIEWS[view]]
         long = with_group(block.rows.drop(others, strict=False), view, groups)
-        both = stacked(long)
-        counts |= _lookup(both.group_by(BY, maintain_order=True).len(), BY)
-        for metric in metrics:
-            stats[metric] |= _lookup(group_stats(both, metric, BY), BY)
+        for part in stacked(long):  # by group, then `labelled` and `all`
+            counts |= _lookup(part.group_by(BY, maintain_order=True).len(), BY)
+            for metric in metrics:
+                stats[metric] |= _lookup(group_stats(part, metric, BY), BY)
         for metric in gaps_in:
             gaps_in[metric] |= gap_inputs(long, metric, groups, block.prompt_index)
     view_m = _view_m(gaps_in, groups, block.unit_of.size)
