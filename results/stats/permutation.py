@@ -22,7 +22,7 @@ from results.stats.emt import expected_max_cells, labelled_emts
 from results.stats.metrics import REGARD_CLASSES
 
 CHUNK = 256  # labellings per pass, at most ELEMENTS // N of them (N: the entries shuffled)
-ELEMENTS = 1 << 21  # labels per pass: a pass holds a few (labellings, N) arrays of this size
+ELEMENTS = 1 << 20  # labels per pass: a pass holds a few (labellings, N) arrays of this size
 
 
 def label_chunks(
