@@ -165,10 +165,10 @@ def _print_outputs(store: RunStore) -> None:
 
 
 def _check_plan(store: RunStore) -> None:
-    """A deleted plan is an error, never silently rebuilt."""
-    from results.run.identity import plan_ids
+    """A deleted plan is an error, never silently rebuilt (not read: 1M ids are ~100 MB)."""
+    from results.run.identity import require_plan
 
-    plan_ids(store)
+    require_plan(store)
 
 
 def _config_for(run_dir: str, path: str | None) -> RunConfig:
