@@ -154,12 +154,8 @@ Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
 GapInputs = dict[str, dict[tuple[Any, ...], GapInput]]  # metric → (method, variant, view) → input
 
 
-class Numbers(NamedTuple):
-    """What one cell, view and metric's gap row is made of (`_gap_numbers`)."""
-
-    gaps: np.ndarray  # (1 + B,): the full sample, then the resamples
-    test: GapTest
-    counts: tuple[float, list[float]] | None  # toxicity: `count_test`
+# A gap row's numbers (`_gap_numbers`): (1 + B) gaps, the test, toxicity's `count_test`.
+Numbers = tuple[np.ndarray, GapTest, tuple[float, list[float]] | None]
 
 
 def _gap_numbers(
@@ -182,7 +178,7 @@ def _gap_numbers(
         )  # fmt: skip
         if metric == "toxicity":
             counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
-    return Numbers(gaps, test, counts)
+    return gaps, test, counts
 
 
 def _gap_record(
@@ -303,7 +299,7 @@ def _matched_records(
 
 
 def _view_m(
-    gaps_in: dict[str, dict[tuple[Any, ...], Any]], groups: tuple[str, ...], n_p: int
+    gaps_in: GapInputs, groups: tuple[str, ...], n_p: int
 ) -> dict[str, tuple[int, str | None]]:
     """view → (m of its count-matched EMT, `matched_rows` over its groups' row counts of every
     method; the group that alone makes m = 1 while the others allow more, or None). Per view,
