@@ -1,7 +1,7 @@
 """The summary rows of one (model, task) block: counts and per-group statistics of every cell
-and view, each gap with its interval and permutation test, the count-matched EMT and
-bias-corrected TV rows, and the paired comparisons against the reference methods. The column
-names are those of `results.stats.aggregate`; `summarize` drives these per block.
+and view, each gap with its interval and permutation test (the cells' numbers on a thread pool),
+the count-matched EMT and bias-corrected TV rows. The column names are those of
+`results.stats.aggregate`; `summarize` drives these per block and adds the paired comparisons.
 """
 
 from __future__ import annotations
