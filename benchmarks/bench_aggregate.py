@@ -1,18 +1,20 @@
 """Time and peak memory of `python -m harness aggregate` against the number of rows.
 
     python benchmarks/bench_aggregate.py                               # 10k, 100k, 1M rows
-    python benchmarks/bench_aggregate.py --sizes 10000 100000 --baseline-max 100000
+    python benchmarks/bench_aggregate.py --sizes 10000 100000 --baseline-rev ec0aa05
 
 Per size a synthetic run directory is written (one model, method and task; pairs of a female
 and a male prompt, `--samples` generations per prompt, every row scored for gender, sentiment,
 regard, toxicity and perplexity, ~5 % above the perplexity filter; row labels of a(x) and
 a(c,x) drawn per row, so those views get the within-prompt test, a(c) and file the pair
 swap). Then `python -m harness aggregate RUN` runs in a fresh process per code path and
-repeat: this tree, and the tree of `--baseline-rev` (extracted with `git archive`) for sizes up
-to `--baseline-max` (today's code needs ~18 GB at 1M rows). Each line gives the wall and CPU
-seconds and the process's peak resident memory (`ru_maxrss` from `os.wait4`), the ratios
-against the baseline, and the largest difference of the summaries' p-values and interval
-bounds between the two paths (0 when the statistics are the same).
+repeat: this tree, and the tree of `--baseline-rev` (extracted with `git archive`; default
+8c05fa5, the first bounded-memory pass) for sizes up to `--baseline-max` (ec0aa05, before any,
+needs ~18 GB at 1M rows). Each line gives the wall and CPU seconds, the process's peak resident
+memory (`ru_maxrss` from `os.wait4`), the ratios against the baseline, the largest difference
+of the summaries' values, p-values and interval bounds between the two paths (0 when the
+statistics are the same) and the 1-minute load average when the line's runs ended (the
+machine is shared: read the CPU column when the load is above the cores).
 """
 
 from __future__ import annotations
@@ -174,11 +176,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--samples", type=int, default=10, help="generations per prompt")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--baseline-rev", default="ec0aa05", help="the code path compared against")
-    ap.add_argument("--baseline-max", type=int, default=100_000, help="largest size for it")
+    ap.add_argument("--baseline-rev", default="8c05fa5", help="the code path compared against")
+    ap.add_argument("--baseline-max", type=int, default=1_000_000, help="largest size for it")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores", flush=True)
-    print("rows      path      wall_s   cpu_s  peak_MB   x_wall  x_peak  max|Δ stat|")
+    print("rows      path      wall_s   cpu_s  peak_MB   x_wall  x_peak   load  max|Δ stat|")
     with tempfile.TemporaryDirectory(prefix="bench-aggregate-") as tmp:
         base = None
         if any(n <= args.baseline_max for n in args.sizes):
@@ -196,13 +198,14 @@ def main() -> None:
                     if name not in best or got[0] < best[name][0]:
                         best[name] = got
             for name, (wall, cpu, peak, summary) in best.items():
-                ratio, change = "", ""
+                ratio, change = " " * 16, ""
                 if name == "this" and "baseline" in best:
                     b = best["baseline"]
                     ratio = f"{wall / b[0]:8.3f} {peak / b[2]:7.3f}"
                     change = f"  {largest_change(summary, b[3]):.3g}"
+                load = f"{os.getloadavg()[0]:6.1f}"
                 print(
-                    f"{n:<9} {name:<9} {wall:7.1f} {cpu:7.1f} {peak:8.0f} {ratio}{change}",
+                    f"{n:<9} {name:<9} {wall:7.1f} {cpu:7.1f} {peak:8.0f} {ratio} {load}{change}",
                     flush=True,
                 )
             shutil.rmtree(run)

@@ -20,7 +20,7 @@ from harness.cli.tracking import check_trackers, track
 from harness.cli.validate import refuse_on_problems
 from harness.config import ConfigError, RunConfig, dump_config, load_config, parse_config
 from results.run.history import Invocation, config_hash
-from results.run.identity import plan_ids, read_config
+from results.run.identity import plan_ids, read_config, require_plan
 from results.run.store import RunStore
 
 RETRY_EXIT = 3  # rows failed for a transient reason: a plain `score RUN` retries them
@@ -93,7 +93,7 @@ def score_main(args: argparse.Namespace) -> int:
     missing += [i.line() for i in check_cluster(attach, use_ray) if i.problem]
     if missing:
         raise ConfigError("\n".join(missing))
-    plan_ids(store)  # a deleted plan is an error, never silently rebuilt
+    require_plan(store)  # a deleted plan is an error, never silently rebuilt (ids not read)
     overwrite = bool(getattr(args, "overwrite", False))
     aggregate = not getattr(args, "no_aggregate", False)
     with driven(store, "score") as inv:
@@ -162,7 +162,7 @@ def aggregate_main(args: argparse.Namespace) -> int:
     check_trackers(args.wandb, args.tensorboard)
     options = {"ppl_max": args.ppl_max, "n_boot": args.n_boot, "seed": args.seed}
     store = RunStore(args.run)
-    plan_ids(store)
+    require_plan(store)
     with driven(store, "aggregate") as inv:
         given = {k: v for k, v in options.items() if v is not None}
         _aggregate(store, inv, args, args.use_scorer, None, **given)

@@ -24,15 +24,8 @@ import numpy as np
 import polars as pl
 
 from results.schema import SUMMARY_SCHEMA as SUMMARY_ARROW
-from results.stats.block_rows import (
-    Block,
-    Records,
-    Samples,
-    Setup,
-    block_records,
-    paired_records,
-)
-from results.stats.bootstrap import unit_weights
+from results.stats.block_rows import Block, Records, Samples, Setup, block_records
+from results.stats.bootstrap import BOOTSTRAP, CI_METHOD, compare_gaps, unit_weights
 from results.stats.metrics import METRIC_STATS, VIEWS, scored
 
 PPL_MAX = 200.0
@@ -41,6 +34,7 @@ SETTING_COLS = (
     "method_params model_revision model_dtype max_new_tokens top_p temperature repetition_penalty"
 ).split()
 CELL_COLS = ["model", "method", "variant", "task"]
+REFERENCES = ("vanilla", "uddia")  # the methods of the paired comparisons (`paired_records`)
 # The generation columns `summarize` reads (`join_run(..., columns=READ_COLUMNS)`).
 READ_COLUMNS = ["model", "method", "task", "prompt_id", "pair_id", "prompt_group", *SETTING_COLS]
 
@@ -72,8 +66,13 @@ def add_variant(
             records.append({**row, "variant": ",".join(f"{c}={row[c]}" for c in differing)})
     table = pl.DataFrame(records, schema={**combos.schema, "variant": pl.String})
 
-    def attach(f: pl.DataFrame) -> pl.DataFrame:
-        return f.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    def attach(f: pl.DataFrame) -> pl.DataFrame:  # (a join would copy every column of f)
+        if (table["variant"] == "").all():
+            return f.with_columns(pl.lit("").alias("variant"))
+        on = f.select(keys).join(
+            table, on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )
+        return f.with_columns(on["variant"])
 
     return attach(frame), (attach(failed) if failed is not None else None)
 
@@ -189,6 +188,48 @@ def block_units(
     return out
 
 
+def paired_records(
+    out: Records,
+    samples: Samples,
+    units: dict[tuple[str, str], str],
+    notes: list[str],
+    level: float,
+    prefix: str = "diff",
+) -> None:
+    """Each method's |bias| against vanilla's / uddia's over the same resamples.
+
+    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
+    """
+    for (model, task, view, metric), cells in samples.items():
+        for ref in REFERENCES:
+            refs = [c for c in cells if c[0] == ref]
+            for (method, variant), gaps in cells.items():
+                if method == ref or not refs:
+                    continue
+                match = (
+                    refs[0]
+                    if len(refs) == 1
+                    else (ref, variant)
+                    if (ref, variant) in cells
+                    else None
+                )
+                if match is None and prefix == "diff":  # said once, for the first statistic
+                    notes.append(
+                        f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
+                    )
+                if match is None:
+                    continue
+                other = cells[match]
+                cmp = compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
+                key = dict(model=model, method=method, variant=variant, task=task, view=view)
+                extra: dict[str, Any] = dict(
+                    ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
+                )
+                extra.update(ci_method=CI_METHOD, resample_unit=units.get((model, task)))
+                extra.update(test=BOOTSTRAP)
+                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)
+
+
 def summarize(
     frame: pl.DataFrame,
     failed: pl.DataFrame | None = None,
@@ -237,7 +278,15 @@ def summarize(
                 f"{r['model']}/{r['method']}/{r['task']}: the perplexity > {ppl_max:g} filter "
                 f"dropped all {r['generations']} generations (aggregation.ppl_max / --ppl-max)"
             )
-    kept, had_ppl = ppl_filter(frame, ppl_max)
+    metrics = [m for m in METRIC_STATS if f"{m}_status" in frame.columns]
+    value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in frame.columns]
+    value_cols += ["regard_label"] if "regard" in metrics else []
+    label_cols = [VIEWS[v] for v in VIEWS if VIEWS[v] in frame.columns]
+    needed = ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols]
+    needed = [c for c in dict.fromkeys(needed + value_cols) if c in frame.columns]
+    paired = is_paired(frame) if paired is None else paired
+    kept, had_ppl = ppl_filter(frame.select(needed), ppl_max)  # (only these rows are copied)
+    del frame  # a caller that handed it over (`aggregate_run`) has its rows freed here
     if not had_ppl:
         notes.append(
             f"no perplexity scorer ran: the perplexity > {ppl_max:g} filter was not applied"
@@ -245,29 +294,18 @@ def summarize(
     groups = resolve_groups(kept, groups)
     if len(groups) < 2:
         raise ValueError(f"groups: need at least 2 demographic groups, got {list(groups)}")
-    if paired is None:
-        paired = is_paired(frame)
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
     if "gender_status" not in kept.columns:
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
-    metrics = [m for m in METRIC_STATS if f"{m}_status" in kept.columns]
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
     setup = Setup(views, groups, metrics, level, seed, n_perm, paired)
     samples: Samples = {}
     samples_cm: Samples = {}
     unit_names: dict[tuple[str, str], str] = {}
-    label_cols = [VIEWS[v] for v in views]
-    value_cols = [c for m in metrics for c in (m, f"{m}_status") if c in kept.columns]
-    value_cols += ["regard_label"] if "regard" in metrics else []
-    needed = list(
-        dict.fromkeys(
-            ["model", "task", "method", "variant", "prompt_id", "pair_id", *label_cols, *value_cols]
-        )
-    )
     unit = "pair" if paired else "prompt"
-    for (model, task), rows in sorted(
-        kept.select(needed).group_by(["model", "task"], maintain_order=True)
-    ):
+    blocks = sorted(kept.select("model", "task").unique().iter_rows())
+    for model, task in blocks:  # (one block: its rows as they are, not a copy)
+        rows = kept if len(blocks) == 1 else kept.filter(model=model, task=task)
         at, names = (str(model), str(task)), None
         if units is not None and at in units:
             names = sorted(units[at])

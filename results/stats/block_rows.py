@@ -1,21 +1,20 @@
 """The summary rows of one (model, task) block: counts and per-group statistics of every cell
-and view, each gap with its interval and permutation test, the count-matched EMT and
-bias-corrected TV rows, and the paired comparisons against the reference methods. The column
-names are those of `results.stats.aggregate`; `summarize` drives these per block.
+and view, each gap with its interval and permutation test (the cells' numbers on a thread pool),
+the count-matched EMT and bias-corrected TV rows. The column names are those of
+`results.stats.aggregate`; `summarize` drives these per block and adds the paired comparisons.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
 
 from results.stats.bootstrap import (
-    BOOTSTRAP,
     CI_METHOD,
-    compare_gaps,
     gap_samples,
     is_signed,
     percentile_ci,
@@ -42,6 +41,7 @@ from results.stats.metrics import (
     NO_ROWS,
     PER_PROMPT_STATS,
     VIEWS,
+    GapInput,
     gap_inputs,
     group_stats,
     stacked,
@@ -57,7 +57,9 @@ from results.stats.permutation import (
     mde,
 )
 
-REFERENCES = ("vanilla", "uddia")
+# Cells whose gaps and tests run at once: numpy releases the GIL in the tests' sorts, gathers
+# and sums, so both cores work; each adds one test's chunk buffers (`permutation.ELEMENTS`).
+THREADS = 2
 
 
 def _finite(x: float | None) -> float | None:
@@ -97,7 +99,10 @@ BY = ["method", "variant", "view", "group"]
 
 
 def _lookup(frame: pl.DataFrame, by: list[str]) -> Lookup:
-    return {tuple(r[k] for k in by): r for r in frame.iter_rows(named=True)}
+    """`by` values → row; rows under a null group (`stacked`: not labelled) left out."""
+    return {
+        tuple(r[k] for k in by): r for r in frame.iter_rows(named=True) if r["group"] is not None
+    }
 
 
 def _cell_records(
@@ -146,41 +151,61 @@ class Setup(NamedTuple):
 
 
 Samples = dict[tuple[Any, ...], dict[tuple[str, str], np.ndarray]]
+GapInputs = dict[str, dict[tuple[Any, ...], GapInput]]  # metric → (method, variant, view) → input
+
+
+# A gap row's numbers (`_gap_numbers`): (1 + B) gaps, the test, toxicity's `count_test`.
+Numbers = tuple[np.ndarray, GapTest, tuple[float, list[float]] | None]
+
+
+def _gap_numbers(
+    metric: str, inputs: GapInput, block: Block, setup: Setup, cell: tuple[Any, ...]
+) -> Numbers:
+    """The gaps, test and row-count test of one (method, variant, view) `cell` and metric: the
+    numbers only, so that cells run on a thread pool (`THREADS`); each has its own stream."""
+    g, p, v = inputs
+    n_groups, alpha = len(setup.groups), 1.0 - setup.level
+    m = block.m if metric == "toxicity_cm" else None
+    gaps = gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
+    test, counts = GapTest(float("nan"), None, float("nan"), None), None
+    if np.isfinite(gaps[0]) and setup.n_perm:
+        method, variant, view = cell
+        stream = f"{block.model}|{block.task}|{method}|{variant}|{view}|{metric}"
+        rng = seeded_rng(setup.seed, "perm|" + stream)
+        test = gap_test(
+            metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
+            block.unit_of, setup.paired, m, alpha,
+        )  # fmt: skip
+        if metric == "toxicity":
+            counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
+    return gaps, test, counts
 
 
 def _gap_record(
     out: Records,
     key: dict[str, Any],
     metric: str,
-    inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    inputs: GapInput,
     block: Block,
     setup: Setup,
+    numbers: Numbers,
     caveats: Sequence[str] = (),
 ) -> tuple[np.ndarray, GapTest]:
-    """The gap row of one cell, view and metric; returns its (1 + B) samples and its test.
-
-    `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
+    """The gap row of one cell, view and metric from its `numbers`; returns its (1 + B)
+    samples and its test. `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
     """
-    g, p, v = inputs
+    g, p, _ = inputs
     n_groups, alpha = len(setup.groups), 1.0 - setup.level
-    m = block.m if metric == "toxicity_cm" else None
-    gaps = gap_samples(metric, g, p, v, n_groups, block.weights, block.unit_of, m)
+    gaps, test, counts = numbers
     n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
     extra: dict[str, Any] = {"resample_unit": block.unit}
     notes: list[str] = []
     flags: list[str] = []
-    test = GapTest(float("nan"), None, float("nan"), None)
     if np.isfinite(gaps[0]):
         if block.weights.shape[0]:
             ci = percentile_ci(gaps[1:], setup.level)
             extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=CI_METHOD)
         if setup.n_perm:
-            stream = f"{block.model}|{block.task}|{key['method']}|{key['variant']}|{key['view']}|{metric}"
-            rng = seeded_rng(setup.seed, "perm|" + stream)
-            test = gap_test(
-                metric, g, p, v, n_groups, float(gaps[0]), setup.n_perm, rng,
-                block.unit_of, setup.paired, m, alpha,
-            )  # fmt: skip
             extra.update(
                 p_value=test.p_value, test=test.test, mde=_mde(metric, gaps, test, n_groups)
             )
@@ -188,11 +213,9 @@ def _gap_record(
             if _disagree(metric, test, extra, setup.level, n_groups):
                 flags.append(CONTRADICTION)
                 notes.append(DISAGREE_NOTE if test.test == WITHIN_PROMPT else DISAGREE_PROMPT_NOTE)
-            if metric == "toxicity":
-                counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
-                if counts is not None and counts[0] < alpha:
-                    flags.append(ROW_COUNTS)
-                    notes.append(counts_note(setup.groups, *counts, test.test))
+            if counts is not None and counts[0] < alpha:
+                flags.append(ROW_COUNTS)
+                notes.append(counts_note(setup.groups, *counts, test.test))
         else:
             notes.append("no p-value: aggregation.n_perm is 0")
     else:
@@ -276,7 +299,7 @@ def _matched_records(
 
 
 def _view_m(
-    gaps_in: dict[str, dict[tuple[Any, ...], Any]], groups: tuple[str, ...], n_p: int
+    gaps_in: GapInputs, groups: tuple[str, ...], n_p: int
 ) -> dict[str, tuple[int, str | None]]:
     """view → (m of its count-matched EMT, `matched_rows` over its groups' row counts of every
     method; the group that alone makes m = 1 while the others allow more, or None). Per view,
@@ -295,6 +318,25 @@ def _view_m(
     return out
 
 
+def _block_inputs(block: Block, setup: Setup) -> tuple[Lookup, dict[str, Lookup], GapInputs]:
+    """Row counts and per-group statistics of every cell, view and group (lookups by
+    `BY`), and each bias metric's gap inputs by (method, variant, view)."""
+    groups, views = setup.groups, setup.views
+    counts: Lookup = {}
+    stats: dict[str, Lookup] = {m: {} for m in setup.metrics}
+    gaps_in: GapInputs = {m: {} for m in BIAS_METRICS if m in setup.metrics}
+    for view in views:  # one view's rows at a time, with its label only
+        others = [VIEWS[v] for v in views if VIEWS[v] != VIEWS[view]]
+        long = with_group(block.rows.drop(others, strict=False), view, groups)
+        for part in stacked(long):  # by group, then `labelled` and `all`
+            counts |= _lookup(part.group_by(BY, maintain_order=True).len(), BY)
+            for metric in setup.metrics:
+                stats[metric] |= _lookup(group_stats(part, metric, BY), BY)
+        for metric in gaps_in:
+            gaps_in[metric] |= gap_inputs(long, metric, groups, block.prompt_index)
+    return counts, stats, gaps_in
+
+
 def block_records(
     out: Records,
     block: Block,
@@ -304,34 +346,44 @@ def block_records(
     samples_cm: Samples | None = None,
 ) -> None:
     """Every statistic and gap of every (method, variant) cell and view of one block."""
-    groups, views, metrics = setup.groups, setup.views, setup.metrics
-    counts: Lookup = {}
-    stats: dict[str, Lookup] = {m: {} for m in metrics}
-    gaps_in: dict[str, dict[tuple[Any, ...], Any]] = {m: {} for m in BIAS_METRICS if m in metrics}
-    for view in views:  # one view's rows at a time: its label only, stacked 3× (`stacked`)
-        others = [VIEWS[v] for v in views if VIEWS[v] != VIEWS[view]]
-        long = with_group(block.rows.drop(others, strict=False), view, groups)
-        both = stacked(long)
-        counts |= _lookup(both.group_by(BY, maintain_order=True).len(), BY)
-        for metric in metrics:
-            stats[metric] |= _lookup(group_stats(both, metric, BY), BY)
-        for metric in gaps_in:
-            gaps_in[metric] |= gap_inputs(long, metric, groups, block.prompt_index)
+    groups, views = setup.groups, setup.views
+    counts, stats, gaps_in = _block_inputs(block, setup)
     view_m = _view_m(gaps_in, groups, block.unit_of.size)
-    for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows()):
-        for view in views:
+    cells = [
+        (method, variant, view)
+        for method, variant in sorted(block.rows.select("method", "variant").unique().iter_rows())
+        for view in views
+    ]
+    with ThreadPoolExecutor(THREADS) as pool:  # every cell's numbers at once, rows in order
+        jobs = {
+            (cell, name): pool.submit(
+                _gap_numbers,
+                name,
+                inputs.get(cell, NO_ROWS),
+                block._replace(m=view_m.get(cell[2], (1, None))[0]),
+                setup,
+                cell,
+            )  # fmt: skip
+            for cell in cells
+            for metric, inputs in gaps_in.items()
+            for name in [metric, *(["toxicity_cm"] if metric == "toxicity" else [])]
+        }
+        for method, variant, view in cells:
             m, sparse = view_m.get(view, (1, None))
             block = block._replace(m=m)
-            key = dict(
-                model=block.model, method=method, variant=variant, task=block.task, view=view
-            )
+            key = dict(model=block.model, method=method, variant=variant, task=block.task)
+            key["view"] = view
             unscored = ["unscored"] if (method, variant, view, "unscored") in counts else []
             _cell_records(out, key, counts, stats, [*groups, "none", *unscored, "labelled", "all"])
             for metric, inputs in gaps_in.items():
-                got = inputs.get((method, variant, view), NO_ROWS)
+                cell = (method, variant, view)
+                got = inputs.get(cell, NO_ROWS)
                 missing = missing_note(key, metric, groups, counts, stats[metric])
                 caveat = {"toxicity": [EMT_NOTE], "regard": [TV_NOTE]}.get(metric, [])
-                gaps, test = _gap_record(out, key, metric, got, block, setup, caveat + missing)
+                numbers = jobs[cell, metric].result()
+                gaps, test = _gap_record(
+                    out, key, metric, got, block, setup, numbers, caveat + missing
+                )
                 if not np.isfinite(gaps[0]) and metric == block.task:
                     reason = undefined_reason(got[0], groups, view)
                     notes.append(
@@ -346,51 +398,12 @@ def block_records(
                     _bias_corrected_record(out, key, gaps, test, n_units, setup, mde_)
                 if metric == "toxicity":
                     cm_notes = [cm_note(m, sparse), *missing]
-                    cm, _ = _gap_record(out, key, "toxicity_cm", got, block, setup, cm_notes)
+                    numbers = jobs[cell, "toxicity_cm"].result()
+                    cm, _ = _gap_record(
+                        out, key, "toxicity_cm", got, block, setup, numbers, cm_notes
+                    )
                     if samples_cm is not None:
                         samples_cm.setdefault((block.model, block.task, view, metric), {})[
                             (method, str(variant))
                         ] = cm
                     _matched_records(out, key, got, block, groups, cm_note(m, sparse))
-
-
-def paired_records(
-    out: Records,
-    samples: Samples,
-    units: dict[tuple[str, str], str],
-    notes: list[str],
-    level: float,
-    prefix: str = "diff",
-) -> None:
-    """Each method's |bias| against vanilla's / uddia's over the same resamples.
-
-    Rows `{prefix}_vs_vanilla`, `{prefix}_vs_uddia` (diff: of `bias`; diff_cm: of `bias_cm`).
-    """
-    for (model, task, view, metric), cells in samples.items():
-        for ref in REFERENCES:
-            refs = [c for c in cells if c[0] == ref]
-            for (method, variant), gaps in cells.items():
-                if method == ref or not refs:
-                    continue
-                match = (
-                    refs[0]
-                    if len(refs) == 1
-                    else (ref, variant)
-                    if (ref, variant) in cells
-                    else None
-                )
-                if match is None and prefix == "diff":  # said once, for the first statistic
-                    notes.append(
-                        f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
-                    )
-                if match is None:
-                    continue
-                other = cells[match]
-                cmp = compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))
-                key = dict(model=model, method=method, variant=variant, task=task, view=view)
-                extra: dict[str, Any] = dict(
-                    ci_low=cmp.low, ci_high=cmp.high, p_value=cmp.p_value, n_boot=cmp.n_valid
-                )
-                extra.update(ci_method=CI_METHOD, resample_unit=units.get((model, task)))
-                extra.update(test=BOOTSTRAP)
-                out.add(key, metric, f"{prefix}_vs_{ref}", "gap", cmp.diff, None, **extra)

@@ -10,6 +10,8 @@ serves the permutation test's plain EMT (`results.stats.permutation`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -45,28 +47,49 @@ def _sorted(prompt: np.ndarray, value: np.ndarray) -> bool:
     return bool(np.all((step > 0) | ((step == 0) & (rise >= 0))))
 
 
+class Runs(NamedTuple):
+    """Rows sorted by (prompt, value) as runs of one prompt each (`prompt_runs`)."""
+
+    starts: np.ndarray  # (P',) first row of each run
+    lengths: np.ndarray  # (P',) its rows
+    top: int  # rows of the longest run
+
+
+def prompt_runs(prompt: np.ndarray) -> Runs:
+    """The runs of equal `prompt` (sorted) in row order."""
+    starts = np.flatnonzero(np.r_[True, prompt[1:] != prompt[:-1]]) if prompt.size else prompt
+    lengths = np.diff(np.r_[starts, prompt.size])
+    return Runs(starts, lengths, int(lengths.max(initial=0)))
+
+
 def labelled_emts(
-    labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, m: int | None = None
+    labels: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    m: int | None = None,
+    runs: Runs | None = None,
 ) -> np.ndarray:
     """(R, G) EMT of each group under R labellings (R, N) of the rows.
 
     `m` None: the paper's EMT, the mean over the prompts where the group has rows of its largest
     value there. Else the count-matched EMT: the mean over the prompts where the group has at
     least `m` rows of the expected maximum of `m` of them (`expected_max_cells`' weights).
-    Time and memory grow with R·N only (no (R, G, prompts) cells); rows sorted by (prompt,
-    value) are not sorted again. NaN where a group has no such prompt.
+    Time and memory grow with R·N only (no (R, G, prompts) cells); `runs`: the rows are
+    sorted by (prompt, value) and these are their `prompt_runs` (a caller with many labellings
+    of the same rows computes them once). NaN where a group has no such prompt.
     """
-    if not _sorted(prompt, value):
-        order = np.lexsort((value, prompt))
-        labels, prompt, value = labels[:, order], prompt[order], value[order]
+    if runs is None:
+        if not _sorted(prompt, value):
+            order = np.lexsort((value, prompt))
+            labels, prompt, value = labels[:, order], prompt[order], value[order]
+        runs = prompt_runs(prompt)
     n_r, n = labels.shape
     out = np.full((n_r, n_groups), np.nan)
     if n == 0:
         return out
-    first = np.r_[True, prompt[1:] != prompt[:-1]]
-    starts, seg = np.flatnonzero(first), np.cumsum(first) - 1
-    lf = _log_factorials(int(np.max(np.diff(np.r_[starts, n])))) if m else np.zeros(1)
-    ends = np.r_[starts[1:], n] - 1
+    starts, lengths, top = runs
+    table = max_weights(top, m).ravel() if m else np.zeros(1)
     for g in range(n_groups):
         mine = labels == g
         if m is None:  # each cell's largest row is its last
@@ -76,16 +99,28 @@ def labelled_emts(
         else:
             cs = np.cumsum(mine, axis=1, dtype=np.int32)
             before = np.where(starts > 0, cs[:, starts - 1], 0)  # (R, prompts): rows before
-            count = cs[:, ends] - before  # (R, prompts): rows of the cell
-            cs -= before[:, seg]  # where `mine`: the row's 1-based rank by value in its cell
-            at, col = np.nonzero(mine & (cs >= m) & (count >= m)[:, seg])
-            r_, n_ = cs[at, col], count[at, seg[col]]
-            log_w = (lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m])
-            total = np.bincount(at, weights=np.exp(log_w) * value[col], minlength=n_r)
+            count = cs[:, starts + lengths - 1] - before  # (R, prompts): rows of the cell
+            cs -= np.repeat(before, lengths, axis=1)  # where `mine`: the row's rank in its cell
+            at = np.repeat(count * (top + 1), lengths, axis=1)  # each row's weight, by (rows
+            at += cs  # of its cell, rank): 0 off `mine` and below m
+            w = table[at]
+            w *= mine
+            w *= value
+            total = np.cumsum(w, axis=1)[:, -1]  # left to right: the zeros add nothing
             used = (count >= m).sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[:, g] = np.where(used > 0, total / used, np.nan)
     return out
+
+
+def max_weights(n_max: int, m: int) -> np.ndarray:
+    """(n_max + 1, n_max + 1): [n, i] the probability C(i − 1, m − 1) / C(n, m) that the i-th
+    smallest of n values is the maximum of m drawn without replacement; 0 unless m ≤ i ≤ n."""
+    lf = _log_factorials(n_max)
+    n_, r_ = np.nonzero(np.tri(n_max + 1, dtype=bool) & (np.arange(n_max + 1) >= m))
+    table = np.zeros((n_max + 1, n_max + 1))
+    table[n_, r_] = np.exp((lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m]))
+    return table
 
 
 def expected_max_cells(
@@ -113,11 +148,7 @@ def expected_max_cells(
         return np.zeros(shape), np.zeros(shape, dtype=bool)
     cell, rank, counts, vv = ranked_cells(labels, prompt, value, n_groups, n_p)
     n_cell = counts[cell]
-    ok = (rank >= m) & (n_cell >= m)
-    lf = _log_factorials(int(n_cell.max()))
-    r_, n_ = np.where(ok, rank, m), np.where(ok, n_cell, m)
-    log_w = (lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m])
-    w = np.where(ok, np.exp(log_w), 0.0)
+    w = max_weights(int(n_cell.max()), m)[n_cell, rank]
     sums = np.bincount(cell.ravel(), weights=(w * vv[None, :]).ravel(), minlength=counts.size)
     return sums.reshape(shape), (counts >= m).reshape(shape)
 

@@ -122,26 +122,24 @@ def choose_scorers(store: RunStore, scorers: dict[str, str] | None) -> dict[str,
 
 
 def _metric_columns(store: RunStore, source: ScoreSource) -> pl.DataFrame:
-    """One row per job id: the metric's value columns + `<metric>_scorer/_version/_status`."""
+    """One row per job id: the metric's value columns + `<metric>_status`."""
     values = [name for name, _ in METRIC_FIELDS[source.metric]]
-    read = ["job_id", "scorer", "scorer_version", "status", *values]
-    rows = store.read_scores(source.scorer, source.metric, read)
+    rows = store.read_scores(
+        source.scorer, source.metric, ["job_id", "scorer_version", "status", *values]
+    )
     store.reader.forget(("scores", source.scorer))  # read once: not cached beside the join
-    m = source.metric
     # read_scores keeps one row per (job id, version): one version leaves one per job id
     return rows.filter(pl.col("scorer_version") == source.version).select(
-        "job_id",
-        *values,
-        pl.col("scorer").alias(f"{m}_scorer"),
-        pl.col("scorer_version").alias(f"{m}_version"),
-        pl.col("status").alias(f"{m}_status"),
+        "job_id", *values, pl.col("status").alias(f"{source.metric}_status")
     )
 
 
 def join_run(
     store: RunStore, scorers: dict[str, str] | None = None, columns: list[str] | None = None
 ) -> JoinedRun:
-    """Ok generations left-joined with the latest version of each metric's scores.
+    """Ok generations left-joined with the latest version of each metric's scores: the
+    metric's value columns and `<metric>_status` (null: no score row), `<metric>_scorer` and
+    `<metric>_version` (the source's on every row, null when no row was scored).
 
     Args:
         store: the run directory.
@@ -169,6 +167,7 @@ def join_run(
     )
     if foreign:
         joined.notes.append(f"{foreign} generation row(s) outside the current plan: not counted")
+    ids = joined.frame.select("job_id")
     for metric, scorer in choose_scorers(store, scorers).items():
         version, older = latest_version(store, scorer)
         source = ScoreSource(metric, scorer, version, older)
@@ -177,7 +176,16 @@ def join_run(
             joined.notes.append(
                 f"{metric}: using {scorer} version {version!r}; ignored older {list(older)}"
             )
-        joined.frame = joined.frame.join(_metric_columns(store, source), on="job_id", how="left")
+        # Only the job ids go through the join (it copies its left side), the metric's columns
+        # are put beside the frame's; scorer and version are constants, not per-row strings.
+        scores = ids.join(
+            _metric_columns(store, source), on="job_id", how="left", maintain_order="left"
+        )
+        scored = scores[f"{metric}_status"].is_not_null().any()
+        joined.frame = joined.frame.hstack(scores.drop("job_id")).with_columns(
+            pl.lit(scorer if scored else None, pl.String).alias(f"{metric}_scorer"),
+            pl.lit(version if scored else None, pl.String).alias(f"{metric}_version"),
+        )
     for metric in sorted(set(METRIC_FIELDS) - set(joined.sources)):
         joined.notes.append(f"{metric}: no scorer ran; its statistics are absent")
     return joined

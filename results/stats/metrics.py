@@ -45,16 +45,16 @@ def with_group(rows: pl.DataFrame, view: str, groups: tuple[str, ...]) -> pl.Dat
     return rows.with_columns(pl.lit(view).alias("view"), group.alias("group"))
 
 
-def stacked(rows: pl.DataFrame) -> pl.DataFrame:
-    """Each row under its group, again under `labelled` (if in a group) and under `all`."""
+def stacked(rows: pl.DataFrame) -> list[pl.DataFrame]:
+    """`rows` under their group, under `labelled` (rows in a group; the others under a null
+    group, to be dropped) and under `all`: three frames over the same columns, not one of three
+    times the rows (which polars' group-by would copy whole)."""
     in_group = ~pl.col("group").is_in(["none", "unscored"])
-    return pl.concat(
-        [
-            rows,
-            rows.filter(in_group).with_columns(pl.lit("labelled").alias("group")),
-            rows.with_columns(pl.lit("all").alias("group")),
-        ]
-    )
+    return [
+        rows,
+        rows.with_columns(pl.when(in_group).then(pl.lit("labelled")).alias("group")),
+        rows.with_columns(pl.lit("all").alias("group")),
+    ]
 
 
 def scored(metric: str) -> pl.Expr:
@@ -154,19 +154,24 @@ def gap_inputs(
     long: pl.DataFrame, metric: str, groups: tuple[str, ...], index: dict[str, int]
 ) -> dict[tuple[Any, ...], GapInput]:
     """(method, variant, view) → (group index, prompt index, value) arrays of finite scores."""
-    rows = long.filter(pl.col("group").is_in(list(groups)) & scored(metric))
+    keep = pl.col("group").is_in(list(groups)) & scored(metric)
     if metric == "regard":
-        rows = rows.filter(pl.col("regard_label").is_in(list(REGARD_CLASSES)))
+        keep &= pl.col("regard_label").is_in(list(REGARD_CLASSES))
         value = pl.col("regard_label").replace_strict(list(REGARD_CLASSES), list(range(3)))
     else:
         value = pl.col(metric)
-    rows = rows.select(
-        "method",
-        "variant",
-        "view",
-        g=pl.col("group").replace_strict(list(groups), list(range(len(groups)))),
-        p=pl.col("prompt_id").replace_strict(index),
-        v=value.cast(pl.Float64),
+    rows = (  # lazy: only these columns of the kept rows are copied
+        long.lazy()
+        .filter(keep)
+        .select(
+            "method",
+            "variant",
+            "view",
+            g=pl.col("group").replace_strict(list(groups), list(range(len(groups)))),
+            p=pl.col("prompt_id").replace_strict(index),
+            v=value.cast(pl.Float64),
+        )
+        .collect()
     )
     parts = rows.partition_by(["method", "variant", "view"], as_dict=True, maintain_order=True)
     return {

@@ -18,11 +18,11 @@ from typing import NamedTuple
 import numpy as np
 
 from results.stats.bootstrap import contrast, is_signed, tv_distance
-from results.stats.emt import expected_max_cells, labelled_emts
+from results.stats.emt import Runs, expected_max_cells, labelled_emts, prompt_runs
 from results.stats.metrics import REGARD_CLASSES
 
 CHUNK = 256  # labellings per pass, at most ELEMENTS // N of them (N: the entries shuffled)
-ELEMENTS = 1 << 21  # labels per pass: a pass holds a few (labellings, N) arrays of this size
+ELEMENTS = 1 << 20  # labels per pass: a pass holds a few (labellings, N) arrays of this size
 
 
 def label_chunks(
@@ -57,16 +57,15 @@ def label_chunks(
         np.empty((step, n), dtype=t) for t in (float, float, lab.dtype, lab.dtype)
     )
     shuffled[:] = lab
-    for first in range(0, n_perm, step):
+    for first in range(0, n_perm, step):  # (mode="clip": `out` unbuffered, no bounds check)
         r = min(step, n_perm - first)
         rng.random(out=keys[:r])
-        np.take(keys[:r], order, axis=1, out=laid[:r])
+        np.take(keys[:r], order, axis=1, out=laid[:r], mode="clip")
         for a, b, k in blocks:
             ranked = np.argsort(laid[:r, a:b].reshape(r, -1, k), axis=2, kind="stable")
             ranked += np.arange(a, b, k)[:, None]
-            for i in range(r):
-                np.take(lab, ranked[i], out=shuffled[i, a:b].reshape(-1, k))
-        yield np.take(shuffled[:r], cols, axis=1, out=out[:r])
+            np.take(lab, ranked, out=shuffled[:r, a:b].reshape(r, -1, k), mode="clip")
+        yield np.take(shuffled[:r], cols, axis=1, out=out[:r], mode="clip")
 
 
 def label_gaps(
@@ -76,11 +75,13 @@ def label_gaps(
     value: np.ndarray,
     n_groups: int,
     m: int | None = None,
+    runs: Runs | None = None,
 ) -> np.ndarray:
     """(R,) gaps × 100 of the rows under R labellings `labels` (R, N), full sample.
 
     `metric`: sentiment (or any per-row score), regard (TV), toxicity (EMT gap) or
-    toxicity_cm (count-matched EMT gap over `m` rows per prompt and group).
+    toxicity_cm (count-matched EMT gap over `m` rows per prompt and group); `runs`: see
+    `labelled_emts`.
     """
     n_perm = labels.shape[0]
     base = np.arange(n_perm)[:, None]
@@ -96,7 +97,9 @@ def label_gaps(
         if metric == "toxicity_cm" and m is None:
             raise ValueError("toxicity_cm needs m (rows per prompt and group)")
         return 100.0 * contrast(
-            labelled_emts(labels, prompt, value, n_groups, m if metric == "toxicity_cm" else None)
+            labelled_emts(
+                labels, prompt, value, n_groups, m if metric == "toxicity_cm" else None, runs
+            )
         )
     means = np.empty((n_perm, n_groups))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -120,9 +123,10 @@ def permuted_gaps(
     """(n_perm,) gaps × 100 with the rows' group labels shuffled within `strata` (rows)."""
     order = np.lexsort((value, prompt))  # the EMTs' row order, once for every chunk
     p, v = prompt[order], value[order]
+    runs = prompt_runs(p)
     chunks = label_chunks(group, strata, n_perm, rng, order)
     return np.concatenate(
-        [np.zeros(0), *(label_gaps(metric, c, p, v, n_groups, m) for c in chunks)]
+        [np.zeros(0), *(label_gaps(metric, c, p, v, n_groups, m, runs) for c in chunks)]
     )
 
 
