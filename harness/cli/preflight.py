@@ -260,7 +260,7 @@ def check_keys(cfg: RunConfig) -> list[Item]:
         field = f"scorers.{k}.params.api_key_file" if key_file else "PERSPECTIVE_API_KEY"
         try:
             read_api_key(key_file)
-        except ScorerError as exc:
+        except (ScorerError, KeyError) as exc:  # KeyError: PERSPECTIVE_API_KEY unset
             problem = str(exc).removeprefix("scorer 'perspective': ")
             if not key_file:
                 problem = (
