@@ -170,8 +170,8 @@ def test_validate_of_the_rtp_cluster_example_prints_both_estimates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Offline: the dataset a local copy, the hub switched off, every URL answered."""
+    from harness.cli.estimates import MEASURED_TOKENS_PER_S
     from harness.cli.validate import validate
-    from jobs.catalog.calibration import MEASURED_TOKENS_PER_S
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -1,7 +1,11 @@
 """Time estimates beside the plan's counts (docs/cli.md, validate): `validate` prints them,
 `run` logs them first. Perspective: texts × window / ⌊qps × window⌋ (an upper bound: repeated
-and cached texts are not asked again); generation: tokens per method over its calibrated speed
-(`jobs.catalog.calibration`), shared by the model's replicas. Over a day: a warning.
+and cached texts are not asked again); generation: tokens per method over its speed, shared by
+the model's replicas. Over a day: a warning.
+
+The only generation speeds measured in this project are `benchmarks/bench_methods.py`'s on its
+development machine; a model's speed is scaled from them by its parameter count (FLOPs per
+token), so a GPU replica is many times faster. Models whose size is not listed get no estimate.
 """
 
 from __future__ import annotations
@@ -12,11 +16,46 @@ from dataclasses import dataclass
 
 from harness.config import RunConfig
 from jobs.catalog import SCORER_PARAMS, resolve_params
-from jobs.catalog.calibration import MODEL_PARAMS_M, estimated_speed
 
 log = logging.getLogger("harness")
 DAY_S = 86_400.0
 PREFIX = "estimate "  # every estimate line starts with it (after the indent)
+# Generated tokens per second of one replica, per tuning scope and method: GPT-2 small shape
+# (124M parameters), batch 8, 20 tokens, `--threads 1` on the 2-core CPU (docs/performance.md,
+# the all-methods sweeps of 23 Nov 2026: `--scope context` 18:00–18:21, `--scope last`
+# 16:23–16:41 UTC).
+MEASURED_TOKENS_PER_S: dict[str, dict[str, float]] = {
+    "context": {
+        "vanilla": 35.3,
+        "uddia": 7.5,
+        "lidao-min": 7.1,
+        "lidao-prod": 6.7,
+        "elidao-min": 6.0,
+        "elidao-prod": 6.1,
+    },
+    "last": {
+        "vanilla": 30.6,
+        "uddia": 7.8,
+        "lidao-min": 8.1,
+        "lidao-prod": 8.8,
+        "elidao-min": 7.0,
+        "elidao-prod": 7.6,
+    },
+}
+MEASURED_PARAMS_M = 124.0  # the benchmark's model
+SOURCE = (
+    "benchmarks/bench_methods.py on a 2-core CPU, GPT-2 small shape, batch 8 "
+    "(docs/performance.md), scaled by parameter count"
+)
+# Parameters (millions) of models whose speed is estimated by scaling the measured one.
+MODEL_PARAMS_M: dict[str, float] = {
+    "gpt2": 124.0,
+    "gpt2-medium": 355.0,
+    "gpt2-large": 774.0,
+    "gpt2-xl": 1558.0,
+    "facebook/opt-6.7b": 6700.0,
+    "tiiuae/falcon-7b-instruct": 6920.0,
+}
 
 
 @dataclass(frozen=True)
@@ -72,16 +111,17 @@ def generation_estimates(cfg: RunConfig, jobs_per_slice: int) -> list[Estimate]:
     for model in cfg.models:
         replicas = budget.replicas.get(model.ref().id) or model.replicas or 1
         tokens = jobs_per_slice * generation_for(cfg, model).max_new_tokens * len(cfg.tasks)
-        seconds, rates, missing, source = 0.0, [], [], ""
+        size = MODEL_PARAMS_M.get(model.id.removeprefix("openai-community/"))
+        seconds, rates, missing = 0.0, [], []
         for method in cfg.methods:
             scope = resolve_params(method.name, dict(method.params), model.id).get("scope")
-            speed = estimated_speed(model.id, method.name, str(scope or "context"))
-            if speed is None:
+            rate = MEASURED_TOKENS_PER_S.get(str(scope or "context"), {}).get(method.name)
+            if size is None or rate is None:
                 missing.append(method.name)
                 continue
-            seconds += tokens / speed.tokens_per_s
-            rates.append(f"{method.name} {speed.tokens_per_s:.2g}")
-            source = speed.source
+            speed = rate * MEASURED_PARAMS_M / size
+            seconds += tokens / speed
+            rates.append(f"{method.name} {speed:.2g}")
         what = f"generation {model.label}"
         if not rates:
             known = ", ".join(MODEL_PARAMS_M)
@@ -90,7 +130,7 @@ def generation_estimates(cfg: RunConfig, jobs_per_slice: int) -> list[Estimate]:
         left = f"; not counted, no calibration: {', '.join(missing)}" if missing else ""
         detail = (
             f"{tokens:,} tokens per method on {replicas} replica(s); tokens/s per replica: "
-            f"{', '.join(rates)}; from {source}{left}"
+            f"{', '.join(rates)}; from {SOURCE}{left}"
         )
         out.append(Estimate(what, seconds / replicas, detail))
     return out

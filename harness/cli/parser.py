@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, help: str, **kw: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, parents=[common], **kw)  # type: ignore[arg-type]
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
 
     _run_args(add("run", "plan, generate, score and aggregate a config"))
     _validate_args(add("validate", "check a config completely and print its plan; starts nothing"))
@@ -46,15 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     _score_args(add("score", "(re)score an existing run: only what is missing"))
     _aggregate_args(add("aggregate", "summary tables from what is scored"))
     _export_args(add("export", "upload a run's Parquet tables and report (extra: hub)"))
-    th = add(
-        "train-head",
-        "train a linear attribute head on a frozen LM",
-        formatter_class=_DefaultsFormatter,
-    )
+    th = add("train-head", "train a linear attribute head on a frozen LM")
     add_train_head_args(th)
-    for action in th._actions:  # options without help text would show no default
-        if action.help is None and action.option_strings and action.default is not None:
-            action.help = "default: %(default)s"
+    for action in th._actions:  # each default shown, unless None / False or the help says it
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            action.help = f"{text} (default: %(default)s)".lstrip()
     th.set_defaults(func=train_head_main)
     tp = add("token-prior", "unigram token counts of a corpus (UDDIA's prior)")
     add_token_prior_args(tp)
@@ -163,16 +160,6 @@ def list_main(args: argparse.Namespace) -> int:
 
     print("\n".join(catalog(args.what)))
     return 0
-
-
-class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, unless it is None / False or the help already says it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
-            return text
-        return super()._get_help_string(action)
 
 
 def version_text() -> str:

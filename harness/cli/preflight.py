@@ -187,13 +187,11 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
                 field = f"methods.{j}.params.{key}"
                 out.append((field, value if isinstance(value, str) else "", None, "model"))
     out += _scorer_models([(s.name, s.params) for s in cfg.scorers])
-    seen: set[tuple[str, str]] = set()
-    unique = []
+    unique: dict[tuple[str, str], tuple[str, str, str | None, str]] = {}
     for spec in out:
-        if (spec[0], spec[1]) not in seen and not spec[1].startswith(TINY_PREFIX):
-            seen.add((spec[0], spec[1]))
-            unique.append(spec)
-    return unique
+        if not spec[1].startswith(TINY_PREFIX):
+            unique.setdefault((spec[0], spec[1]), spec)
+    return list(unique.values())
 
 
 def check_models(
@@ -262,7 +260,7 @@ def check_keys(cfg: RunConfig) -> list[Item]:
         field = f"scorers.{k}.params.api_key_file" if key_file else "PERSPECTIVE_API_KEY"
         try:
             read_api_key(key_file)
-        except ScorerError as exc:
+        except (ScorerError, KeyError) as exc:  # KeyError: PERSPECTIVE_API_KEY unset
             problem = str(exc).removeprefix("scorer 'perspective': ")
             if not key_file:
                 problem = (

@@ -7,6 +7,7 @@ Only jobs of the current plan are counted; rows on disk outside it (an old plan 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -73,10 +74,7 @@ def run_status(store: RunStore) -> str:
             f"  {foreign} generation row(s) on disk are outside the current plan{when}: "
             "kept, not counted"
         )
-    if manifest:  # actors and throughput of the last generation run
-        from harness.stages.generation.stage import actor_lines
-
-        lines.extend(actor_lines(manifest))
+    lines.extend(_actor_lines(manifest))
     ok_in_plan = DoneIds(ok.ids[plan.contains_bytes(ok.ids)]) if len(plan) else DoneIds(ok.ids[:0])
     del finished, ok, failed
     scorers = store.scorers()
@@ -142,3 +140,21 @@ def _summary_state(store: RunStore, newest_score: float) -> str:
     if mtime is not None and mtime.timestamp() < newest:
         return "STALE (older than the newest scores; run `python -m harness aggregate`)"
     return "written (up to date with the scores)"
+
+
+def _actor_lines(manifest: dict[str, Any]) -> list[str]:
+    """`status` lines: per model, the actors of the last generation run and their throughput."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for actor in (manifest.get("generation") or {}).get("actors") or []:
+        by_model.setdefault(actor["model"], []).append(actor)
+    lines = []
+    for model, mine in by_model.items():
+        died = sum(1 for a in mine if str(a.get("end", "")).startswith("died"))
+        busy = [a["utilisation"] for a in mine if a.get("utilisation") is not None]
+        util = f"{sum(busy) / len(busy):.0%}" if busy else "-"
+        jobs = sum(a.get("jobs", 0) for a in mine)
+        lines.append(
+            f"  {model}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
+            f"mean utilisation {util} (manifest.json has each actor)"
+        )
+    return lines

@@ -30,7 +30,7 @@ from jobs.datasets import (
     load_prompt_list,
     load_realtoxicityprompts,
 )
-from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, expand_grid, iter_plan
+from jobs.grid import CHUNK_SIZE, PlanChunk, SliceKey, iter_plan
 from jobs.queue import done_mask, iter_batches, pending_chunks
 from jobs.spec import JobSpec, ModelRef, plan_columns
 from jobs.words import GroupWords, load_group_words
@@ -191,42 +191,22 @@ def generation_for(cfg: RunConfig, model: ModelConfig) -> GenerationConfig:
     return GenerationConfig(**{**cfg.generation.model_dump(), **paper, **given})
 
 
-def grid_axes(cfg: RunConfig) -> tuple[list[Any], list[Any], dict[Any, dict[str, str]]]:
-    """(models with their sampling parameters, methods with theirs, heads per model and task)."""
-    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
-    methods = [(m.name, dict(m.params)) for m in cfg.methods]
-    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
-    return models, methods, heads
-
-
 def plan(cfg: RunConfig, words: GroupWords) -> list[JobSpec]:
     """Every job of the config's grid as one list (tests and small tools; `run` streams)."""
     prompts = load_prompts(cfg, words)
     check_grid_size(cfg, len(prompts))  # refuse before building a grid too large to hold
-    models, methods, heads = grid_axes(cfg)
-    return expand_grid(
-        prompts, models, methods, list(cfg.tasks), cfg.samples_per_prompt, heads=heads
-    )
+    return [job for chunk in chunk_source(cfg, prompts)(None, CHUNK_SIZE) for job in chunk.jobs]
 
 
 def chunk_source(cfg: RunConfig, prompts: list[Prompt]) -> ChunkSource:
     """The grid of `cfg` over `prompts`, expandable again and again, slice by slice."""
-    models, methods, heads = grid_axes(cfg)
-    tasks = list(cfg.tasks)
-
-    def source(only: Callable[[SliceKey], bool] | None, chunk_size: int) -> Iterator[PlanChunk]:
-        return iter_plan(
-            prompts,
-            models,
-            methods,
-            tasks,
-            cfg.samples_per_prompt,
-            chunk_size=chunk_size,
-            heads=heads,
-            only=only,
-        )
-
-    return source
+    models = [(m.ref(), generation_for(cfg, m).params()) for m in cfg.models]
+    methods = [(m.name, dict(m.params)) for m in cfg.methods]
+    heads = {m.ref(): {str(t): h for t, h in m.heads.items()} for m in cfg.models}
+    tasks, samples = list(cfg.tasks), cfg.samples_per_prompt
+    return lambda only, chunk_size: iter_plan(
+        prompts, models, methods, tasks, samples, chunk_size, heads, only
+    )
 
 
 def config_snapshot(store: RunStore, cfg: RunConfig) -> str:

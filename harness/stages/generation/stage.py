@@ -355,22 +355,3 @@ def _slot(worker: str) -> str:
 def failed_row(job: JobSpec, error: str) -> dict[str, Any]:
     """An error row for a job whose batch could not be generated (no torch needed)."""
     return error_row(job.to_row(), f"job {job.job_id}: {error}")
-
-
-def actor_lines(manifest: dict[str, Any]) -> list[str]:
-    """`status` lines: per model, the actors of the last generation run and their throughput."""
-    actors = (manifest.get("generation") or {}).get("actors") or []
-    by_model: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for actor in actors:
-        by_model[actor["model"]].append(actor)
-    lines = []
-    for model, mine in by_model.items():
-        died = sum(1 for a in mine if str(a.get("end", "")).startswith("died"))
-        busy = [a["utilisation"] for a in mine if a.get("utilisation") is not None]
-        util = f"{sum(busy) / len(busy):.0%}" if busy else "-"
-        jobs = sum(a.get("jobs", 0) for a in mine)
-        lines.append(
-            f"  {model}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
-            f"mean utilisation {util} (manifest.json has each actor)"
-        )
-    return lines

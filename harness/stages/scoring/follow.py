@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,7 +207,8 @@ class Follower:
         except BaseException as exc:  # noqa: BLE001 - raised in the driver by `finish`
             self.error = exc
         for name, work in self._works.items():
-            self.result.stats[name] = _during(work, self._dropped.get(name))
+            polls = getattr(work.feed, "polls", 0)
+            self.result.stats[name] = work.stats(polls=polls, stopped=self._dropped.get(name))
             if work.feed.rows:
                 log.info("scorer %s: %d rows scored during generation", name, work.feed.rows)
 
@@ -292,19 +292,6 @@ class Follower:
             pool.work = None  # the final pass gives each pool its own
             if pool.error is not None:
                 self._drop(pool.name, pool.error)
-
-
-def _during(work: Work, dropped: str | None) -> dict[str, Any]:
-    """What a scorer did during generation (`Followed.stats`)."""
-    return {
-        "version": work.version,
-        "scored": sum(work.statuses.values()),
-        "status": dict(work.statuses),
-        "failed_chunks": work.failed_chunks,
-        "polls": getattr(work.feed, "polls", 0),
-        "elapsed_s": round(time.perf_counter() - work.started, 3),
-        "stopped": dropped,
-    }
 
 
 @contextlib.contextmanager

@@ -74,7 +74,7 @@ def score_on_ray(
             close_pool(pool)
             if pool.work is not None:
                 closed = pool.closed[0] if len(pool.closed) == 1 else pool.closed
-                stats[pool.name] = pool.work.stats(closed)
+                stats[pool.name] = pool.work.stats(scorer=closed)
                 stats[pool.name]["actors"] = [a.summary(pool.plan) for a in pool.ended]
             problem = pool.error or (pool.work.failure() if pool.work else None)
             if problem:

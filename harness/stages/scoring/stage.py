@@ -198,7 +198,7 @@ def _score_in_process(
         except Exception as exc:  # noqa: BLE001
             failures[name] = f"{type(exc).__name__}: {exc}"
         finally:
-            stats[name] = work.stats(scorer.close())
+            stats[name] = work.stats(scorer=scorer.close())
             if mirror is not None:
                 mirror.close()
         problem = work.failure()

@@ -280,7 +280,8 @@ class Work:
             )
         return "; ".join(problems) or None
 
-    def stats(self, scorer_stats: Any) -> dict[str, Any]:
+    def stats(self, **extra: Any) -> dict[str, Any]:
+        """What this scorer did (the stage's stats; following: `Followed.stats`), and `extra`."""
         if self.progress is not None:
             self.progress.close()
         return {
@@ -291,7 +292,7 @@ class Work:
             "failed_chunks": self.failed_chunks,
             "retry_kinds": dict(self.retry_kinds),
             "elapsed_s": round(time.perf_counter() - self.started, 3),
-            "scorer": scorer_stats,
+            **extra,
         }
 
 
