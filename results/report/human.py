@@ -33,10 +33,6 @@ LEGEND = (
 )
 
 
-def _name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
-
-
 def _value(row: dict[str, Any] | None, col: str = "value") -> float | None:
     v = None if row is None else row[col]
     return None if v is None or math.isnan(v) else float(v)
@@ -86,7 +82,7 @@ def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[st
         got = [{kind: found.get((*at, *g, kind)) for kind in kinds} for g in groups]
         cells = [cell for one in got for cell in _cells(one, level)]
         out.append((label, group == "all", cells))
-    names = [(_name(m), _name(r)) for m, r in groups]
+    names = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
     heads = [h for m, r in names for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
     return [f"{m} vs {r}" for m, r in names], heads, out
 
