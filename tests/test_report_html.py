@@ -22,7 +22,7 @@ import pytest
 from text_boxes import overlaps
 
 from results.report.pieces import with_pieces
-from results.report.plot import pareto_front, tradeoff_png
+from results.report.plot import figure_files, pareto_front, tradeoff_figure
 from workers.tiny import report_tokenizer, tiny_vocab
 
 # ---- plot and HTML -----------------------------------------------------------------------
@@ -37,7 +37,7 @@ def test_tradeoff_png_is_valid_and_not_blank(report_run: Any) -> None:
     from PIL import Image
 
     data = Path(report_run.paths["tradeoff.png"]).read_bytes()
-    assert data == tradeoff_png(report_run.cells, "a(x)")  # deterministic
+    assert data == figure_files(tradeoff_figure(report_run.cells, "a(x)"))["png"]  # deterministic
     image = Image.open(io.BytesIO(data))
     assert image.format == "PNG" and image.width > 800 and image.height > 500
     colours = image.convert("RGB").getcolors(maxcolors=1 << 20) or []

@@ -13,7 +13,7 @@ import polars as pl
 from results.human import human_rows
 from results.report import html as report_html
 from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
-from results.report.human import human_latex, human_markdown
+from results.report.human import human_legend, human_table, styled
 from results.report.paper import compare_with_paper
 from results.report.pieces import TokenizerFor, with_pieces
 from results.report.plot import figure_files, forest_figure, tradeoff_figure
@@ -33,7 +33,7 @@ from results.report.tables import (
     md_lines,
     table_legend,
 )
-from results.report.tex import latex_document, latex_tables
+from results.report.tex import human_latex, latex_document, latex_tables
 from results.run.store import RunStore
 from results.stats.aggregate import READ_COLUMNS, Aggregate, summarize
 from results.stats.join import JoinedRun, join_run
@@ -73,6 +73,17 @@ def frame_markdown(frame: pl.DataFrame) -> str:
         for row in frame.iter_rows()
     ]
     return "\n".join(md_lines([frame.columns, *rows])) + "\n"
+
+
+def human_markdown(summary: pl.DataFrame, level: float) -> list[str]:
+    """The human preference section of tables.md (no lines without answers)."""
+    titles, heads, rows = human_table(summary, level)
+    if not rows:
+        return []
+    head = [f"{titles[i // 5]}: {h}" for i, h in enumerate(heads)]
+    body = [[label, *styled(cells, MARKDOWN)] for label, _, cells in rows]
+    lines = md_lines([["Model (task), criterion", *head], *body])
+    return ["", "## Human preference", "", human_legend(level), "", *lines]
 
 
 def view_layouts(res: AggregateResult) -> dict[str, Layout]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from results.report.cells import counts_table, filter_table, paired_table
-from results.report.human import human_html
+from results.report.human import human_legend, human_table, styled
 from results.report.tables import (
     MULTIPLICITY,
     TASKS,
@@ -104,6 +104,26 @@ def paper_table_html(lay: Layout) -> str:
         out += [f"<li>{html.escape(w)}</li>" for w in lay.warnings]
         out.append("</ul>")
     return "\n".join(out)
+
+
+def human_html(summary: pl.DataFrame, level: float) -> list[str]:
+    """The human preference section (nothing without answers)."""
+    titles, heads, rows = human_table(summary, level)
+    if not rows:
+        return []
+    top = "".join(f'<th colspan="5">{html.escape(t)}</th>' for t in titles)
+    out = [
+        '<h2 id="human">Human preference</h2>',
+        f'<p class="legend">{html.escape(human_legend(level))}</p>',
+        f'<div class="wide"><table class="human"><thead><tr><th></th>{top}</tr>',
+        "<tr><th>Model (task), criterion</th>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in heads)
+        + "</tr></thead><tbody>",
+    ]
+    for label, pooled, cells in rows:
+        tds = "".join(styled(cells, HTML, html.escape))
+        out.append(f"<tr{' class=ref' if pooled else ''}><td>{html.escape(label)}</td>{tds}</tr>")
+    return [*out, "</tbody></table></div>"]
 
 
 def frame_html(frame: pl.DataFrame, signed: str | None = None) -> str:

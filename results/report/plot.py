@@ -234,7 +234,3 @@ VIEW_STYLES = {
     "a(c)": ("#55a868", "^"),
     "file": ("#8172b3", "D"),
 }
-
-
-def tradeoff_png(cells: pl.DataFrame, view: str, level: float = 0.95) -> bytes:
-    return figure_bytes(tradeoff_figure(cells, view, level), "png")

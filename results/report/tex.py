@@ -12,6 +12,9 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
+import polars as pl
+
+from results.report.human import human_legend, human_table, styled
 from results.report.tables import (
     FEW,
     MISSING,
@@ -208,6 +211,32 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
         notes = tex_prose(table_legend(lay))
         parts.append(latex_table(lay, tex_escape(title), view_label(view), notes))
     return "\n".join(parts)
+
+
+def human_latex(summary: pl.DataFrame, level: float) -> str:
+    """The human preference table, `\\label{tab:harness:human}` ("" without answers)."""
+    titles, heads, rows = human_table(summary, level)
+    if not rows:
+        return ""
+    caption = f"Portions of human preferred generations (level {level:.0%})".replace("%", r"\%")
+    out = [
+        r"\begin{table*}[htbp]\centering",
+        rf"\caption{{{caption}}}\label{{tab:harness:human}}",
+        FIT[1],
+        r"\begin{tabular}{@{}l" + " c ccccc" * len(titles) + "@{}}",
+        r"\toprule",
+        "".join(rf" & & \multicolumn{{5}}{{c}}{{{tex_escape(t)}}}" for t in titles) + r" \\",
+        " ".join(rf"\cmidrule(lr){{{3 + 6 * k}-{7 + 6 * k}}}" for k in range(len(titles))),
+        "Model (task), criterion"
+        + "".join((" & " if i % 5 else " & & ") + tex_escape(h) for i, h in enumerate(heads))
+        + r" \\",
+        r"\midrule",
+    ]
+    for label, _, cells in rows:
+        texts = [("" if i % 5 else "& ") + t for i, t in enumerate(styled(cells, TEX, tex_escape))]
+        out.append(tex_escape(label) + " & " + " & ".join(texts) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}}", r"\end{table*}"]
+    return "\n".join([*out, r"{\footnotesize " + tex_prose(human_legend(level)) + r"\par}"]) + "\n"
 
 
 FIGURES = {

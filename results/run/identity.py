@@ -55,6 +55,12 @@ def plan_fields(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_PLAN)}
 
 
+def _differ(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, in a, in b) of every field that differs, sorted; an absent one is `(unset)`."""
+    keys = sorted(a.keys() | b.keys())
+    return [(k, a.get(k, "(unset)"), b.get(k, "(unset)")) for k in keys if a.get(k) != b.get(k)]
+
+
 def read_config(store: RunStore) -> dict[str, Any] | None:
     """RUN/config.yaml as plain data (None: the run has none), checked against the fields its
     plan recorded when it was written (`plan_fields`).
@@ -79,11 +85,8 @@ def read_config(store: RunStore) -> dict[str, Any] | None:
         raise StoreError(f"{where}: not a config (a mapping of sections); {again}")
     recorded = store.plan_fields() if store.exists("plan.parquet") else None
     if recorded is not None:
-        now = plan_fields(raw)
         edits = [
-            f"{k} is {now.get(k, '(unset)')!r}, planned with {recorded.get(k, '(unset)')!r}"
-            for k in sorted(now.keys() | recorded.keys())
-            if now.get(k) != recorded.get(k)
+            f"{k} is {a!r}, planned with {b!r}" for k, a, b in _differ(plan_fields(raw), recorded)
         ]
         if edits:
             raise StoreError(
@@ -105,12 +108,7 @@ def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(old, dict):
         return []
-    a, b = plan_fields(old), plan_fields(config)
-    return [
-        f"{k} {a.get(k, '(unset)')} → {b.get(k, '(unset)')}"
-        for k in sorted(a.keys() | b.keys())
-        if a.get(k) != b.get(k)
-    ]
+    return [f"{k} {a} → {b}" for k, a, b in _differ(plan_fields(old), plan_fields(config))]
 
 
 class PlanCheck:

@@ -19,8 +19,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from results.run.store import RunStore
 
 log = logging.getLogger("harness")
@@ -39,12 +37,8 @@ class StagedScores(RunStore):
         return (STAGING, scorer) if scorer in self.staged else super().score_dir(scorer)
 
 
-def _is_dir(store: RunStore, rel: str) -> bool:
-    return store.fs.get_file_info(store.path(rel)).type == pafs.FileType.Directory
-
-
 def _delete_dir(store: RunStore, rel: str) -> None:
-    if _is_dir(store, rel):
+    if store.exists(rel):  # (a folder: nothing here writes a file at these paths)
         store.fs.delete_dir(store.path(rel))
 
 
@@ -55,7 +49,7 @@ def score_overwriting(
     it in. Old scores a crash left aside are moved back first."""
     for name in names:
         old, aside = f"scores/{name}", f"{STAGING}/{name}.old"
-        if _is_dir(store, aside) and not _is_dir(store, old):
+        if store.exists(aside) and not store.exists(old):
             log.warning("%s: old scores recovered from %s", name, store.path(aside))
             store.makedirs("scores")
             store.fs.move(store.path(aside), store.path(old))
@@ -67,7 +61,7 @@ def score_overwriting(
         new, old, aside = f"{STAGING}/{name}", f"scores/{name}", f"{STAGING}/{name}.old"
         if not staged.exists(new):  # nothing scored (no ok rows): the old scores stay
             continue
-        had_old = _is_dir(store, old)
+        had_old = store.exists(old)
         if had_old:
             store.fs.move(store.path(old), store.path(aside))
         store.makedirs("scores")
