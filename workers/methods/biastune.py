@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from workers.methods.base import MethodError
 
@@ -299,8 +300,6 @@ def module_device(module: nn.Module, default: torch.device) -> torch.device:
 def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A DynamicCache of full-attention layers over (keys, values) per layer, sharing their
     storage: forwards over it append by concatenation into new tensors, never modifying them."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     cache = DynamicCache()
     cache.layers = []
     for keys, values in pairs:
@@ -314,8 +313,6 @@ def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 def cropped_cache(cache: Any, length: int) -> Any:
     """A new DynamicCache over the first `length` positions of `cache` (the shared loop's θ
     cache, never modified), sharing its storage."""
-    from transformers.cache_utils import DynamicLayer
-
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise MethodError(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from workers.methods.base import MethodError
 from workers.methods.biastune import (
@@ -170,8 +171,6 @@ class BiasTuner:
         mask = ctx.attention_mask
         with self.rerun.tuned(deltas) as state:
             if self.scope == "context":
-                from transformers.cache_utils import DynamicCache
-
                 with self.linear_record.replaying(B, T) as self.replayed:
                     out = self.rerun.top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
@@ -216,7 +215,20 @@ class BiasTuner:
         embeds, loss_a = expectations(
             ctx, hidden, logits, demographic, self.embed, self.head_weight, self._fused
         )
-        if embeds is None:  # not computed by the fused pass
+        self._horizon_forward(ctx, logits, cache, embeds)
+        horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
+        missing = [p.name for p in self.tuned_sites.points if p.name not in fired]
+        if missing:
+            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
+        count = ctx.attention_mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0
+        return Probe(deltas, logits, (context_sum.to(horizon.device) + horizon) / count, loss_a)
+
+    def _horizon_forward(
+        self, ctx: StepContext, logits: torch.Tensor, cache: Any, embeds: torch.Tensor | None
+    ) -> None:
+        """The horizon's forward (`embeds` (B, 1, D) when the fused pass computed them; a
+        phase of `benchmarks/method_phases.py`)."""
+        if embeds is None:
             probs = torch.softmax(logits, dim=-1)
             embeds = (probs.to(self.embed.device, self.embed.dtype) @ self.embed).unsqueeze(1)
         ones = torch.ones_like(ctx.attention_mask[:, :1])
@@ -227,12 +239,6 @@ class BiasTuner:
             past_key_values=cache,
             use_cache=True,
         )
-        horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        missing = [p.name for p in self.tuned_sites.points if p.name not in fired]
-        if missing:
-            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
-        count = ctx.attention_mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0
-        return Probe(deltas, logits, (context_sum.to(horizon.device) + horizon) / count, loss_a)
 
     # ---- the step and the tuned distribution -------------------------------------------------
 
