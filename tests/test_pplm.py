@@ -45,7 +45,7 @@ def _pplm_toward(
     with torch.no_grad():
         head.linear.weight.copy_(10 * torch.stack([u, -u]))
         head.linear.bias.zero_()
-    method.head = method.perturber.head = head
+    method.head = head
     return method, emb @ u  # (V,) how much each token's embedding points the preferred way
 
 
@@ -67,14 +67,14 @@ def test_pplm_gradient_steps_lower_the_head_loss(lm: LoadedLM) -> None:
     method, _ = _pplm_toward(lm, "happy", 4, 0.05)
     ctx = prefill(lm, PROMPTS, method)
     traces: list[list[torch.Tensor]] = []
-    run_inner = method.perturber.run
+    run_inner = method.perturb
 
     def keep(s: Any) -> Any:
         out = run_inner(s)
         traces.append(out[2])
         return out
 
-    method.perturber.run = keep  # type: ignore[method-assign]
+    method.perturb = keep  # type: ignore[method-assign]
     method.next_logprobs(ctx)
     (trace,) = traces
     assert len(trace) == 4 and bool((trace[-1] < trace[0]).all())

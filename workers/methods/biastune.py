@@ -10,12 +10,13 @@ The passes of one decoding step that use these pieces live in `workers.methods.t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from workers.methods.base import MethodError
 
@@ -299,8 +300,6 @@ def module_device(module: nn.Module, default: torch.device) -> torch.device:
 def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A DynamicCache of full-attention layers over (keys, values) per layer, sharing their
     storage: forwards over it append by concatenation into new tensors, never modifying them."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     cache = DynamicCache()
     cache.layers = []
     for keys, values in pairs:
@@ -314,8 +313,6 @@ def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 def cropped_cache(cache: Any, length: int) -> Any:
     """A new DynamicCache over the first `length` positions of `cache` (the shared loop's θ
     cache, never modified), sharing its storage."""
-    from transformers.cache_utils import DynamicLayer
-
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise MethodError(
@@ -331,32 +328,31 @@ def cropped_cache(cache: Any, length: int) -> Any:
 
 
 @contextmanager
-def shadowed_forwards(forwards: Sequence[tuple[nn.Module, Any]]) -> Iterator[None]:
-    """Inside the block, each module's `forward` is the given callable (an instance attribute
-    shadowing the class method; the module's hooks still run). An instance `forward` already
-    there (accelerate's device hooks) is put back afterwards, not deleted."""
-    patched: list[tuple[nn.Module, Any]] = []
+def swapped(slots: Sequence[tuple[dict[str, Any], str, Any]]) -> Iterator[None]:
+    """Inside the block, `table[key]` is `value` for each (table, key, value): a module's
+    `forward` shadowed by an instance attribute (`vars(module)`; its hooks still run), a child
+    swapped in `parent._modules`. What was there is put back afterwards (an instance `forward`
+    already there, accelerate's device hooks, is restored, not deleted)."""
+    saved: list[tuple[dict[str, Any], str, Any]] = []
     missing = object()
     try:
-        for module, forward in forwards:
-            patched.append((module, vars(module).get("forward", missing)))
-            vars(module)["forward"] = forward
+        for table, key, value in slots:
+            saved.append((table, key, table.get(key, missing)))
+            table[key] = value
         yield
     finally:
-        for module, previous in patched:
+        for table, key, previous in saved:
             if previous is missing:
-                vars(module).pop("forward", None)
+                table.pop(key, None)
             else:
-                vars(module)["forward"] = previous
+                table[key] = previous
 
 
-@contextmanager
-def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> Iterator[None]:
+def skip_blocks(blocks: Sequence[nn.Module], output: Any) -> AbstractContextManager[None]:
     """Make `blocks` return `output` without computing anything, inside the block.
 
     For θ's blocks below the tuned ones: their last-position output is the same under θ and
     θ + δ, so the tuned forward replays the probe's instead of recomputing it. Their cache
     layers are then not extended, which is harmless for a throw-away cache view.
     """
-    with shadowed_forwards([(block, lambda *args, **kwargs: output) for block in blocks]):
-        yield
+    return swapped([(vars(block), "forward", lambda *a, **k: output) for block in blocks])

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, label_text
@@ -168,8 +169,6 @@ class ReferenceStream:
         """(1, H, n, d) keys and values per layer of θ over `head` alone (kept per head); empty
         when the model's cache is not made of full-attention `DynamicLayer`s (sliding windows
         and other layouts are not copied column by column)."""
-        from transformers.cache_utils import DynamicLayer
-
         key = tuple(head)
         if key not in self._prefix_kv:
             ids = torch.tensor([head], device=self.lm.device)

@@ -249,13 +249,9 @@ class LidaoMin(BiasTunedMethod):
 
     name = "lidao-min"
 
-    def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
-        super().begin(jobs, prompt_ids)
-        self.history = DiscountedHistory(float(self.params["gamma"]), len(jobs), self.lm.device)
-
-    def end(self) -> None:
-        super().end()
-        self.history = DiscountedHistory(float(self.params["gamma"]), 0, self.lm.device)
+    def _reset(self, batch: int) -> None:
+        super()._reset(batch)
+        self.history = DiscountedHistory(float(self.params["gamma"]), batch, self.lm.device)
 
     def objective(
         self, loss_g: torch.Tensor, loss_a: torch.Tensor, probs: torch.Tensor

@@ -39,7 +39,7 @@ from transformers import DynamicCache
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.estimators import property_loss
-from workers.methods.heads import AttributeHead, resolve_head
+from workers.methods.heads import resolve_head
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
@@ -145,18 +145,27 @@ def _kl(probs: torch.Tensor, unpert_probs: torch.Tensor) -> torch.Tensor:
     return (p * (p / q).log()).sum(-1)
 
 
-class Perturber:
-    """The PPLM update of one step, as a plain object over a model and a head."""
+class PPLM(DecodingMethod):
+    """PPLM with a linear attribute head (see the module docstring)."""
 
-    def __init__(self, model: Any, head: AttributeHead, cfg: PPLMConfig) -> None:
-        self.model, self.head, self.cfg = model, head, cfg
-        self.embed = model.get_input_embeddings().weight  # (V, D_in)
-        out_vocab = model.get_output_embeddings().weight.shape[0]
+    name: ClassVar[str] = "pplm"
+    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True, attribute_head=True)
+
+    def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
+        super().__init__(lm, params, task)
+        self.cfg = PPLMConfig.from_params(params, lm.family)
+        self.head = resolve_head(lm, task, self.cfg.head)
+        self.model = lm.model
+        self.embed = lm.model.get_input_embeddings().weight  # (V, D_in)
+        out_vocab = lm.model.get_output_embeddings().weight.shape[0]
         if out_vocab != self.embed.shape[0]:
             raise MethodError(
                 f"method pplm: output vocabulary {out_vocab} != input vocabulary {self.embed.shape[0]}; "
                 "the horizon's expected embedding needs them equal"
             )
+        self._past: KV | None = None
+        self._hidden_sum: torch.Tensor | None = None
+        self._loss_g: list[list[float]] = []
 
     def forward_last(self, s: StepInputs, past: KV) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(B, V) logits and (B, D) final hidden state of the last token under `past`, and the cache."""
@@ -196,7 +205,7 @@ class Perturber:
             return ce, ce
         return ce, ce + self.cfg.kl_scale * _kl(probs, torch.softmax(s.unpert_logits, -1))
 
-    def run(self, s: StepInputs) -> tuple[torch.Tensor, KV, list[torch.Tensor]]:
+    def perturb(self, s: StepInputs) -> tuple[torch.Tensor, KV, list[torch.Tensor]]:
         """Perturbed (B, V) logits, the new history (T positions) and the (B,) CE of each iteration.
 
         Δ, its gradients, norms and steps are float32 whatever the model's dtype (`perturbed`
@@ -231,22 +240,6 @@ class Perturber:
         with torch.no_grad():
             logits, _, cache = self.forward_last(s, perturbed(s.past, deltas))
         return logits, [(k.detach(), v.detach()) for k, v in cache_tensors(cache)], trace
-
-
-class PPLM(DecodingMethod):
-    """PPLM with a linear attribute head (see the module docstring)."""
-
-    name: ClassVar[str] = "pplm"
-    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True, attribute_head=True)
-
-    def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
-        super().__init__(lm, params, task)
-        self.cfg = PPLMConfig.from_params(params, lm.family)
-        self.head = resolve_head(lm, task, self.cfg.head)
-        self.perturber = Perturber(lm.model, self.head, self.cfg)
-        self._past: KV | None = None
-        self._hidden_sum: torch.Tensor | None = None
-        self._loss_g: list[list[float]] = []
 
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         self._past, self._hidden_sum = None, None
@@ -298,7 +291,7 @@ class PPLM(DecodingMethod):
             hidden_sum=self._hidden_sum - last_hidden,
             count=ctx.attention_mask.sum(-1).float() + self.cfg.horizon_length,
         )
-        logits, self._past, trace = self.perturber.run(inputs)
+        logits, self._past, trace = self.perturb(inputs)
         if trace:  # the head's loss before this step's update, per active row
             first = trace[0].tolist()
             for row in torch.nonzero(ctx.active).flatten().tolist():

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from workers.methods.base import MethodError
-from workers.methods.biastune import TuneSites, find_sites
+from workers.methods.biastune import TuneSites, find_sites, swapped
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
@@ -83,16 +82,8 @@ class Float32Top:
         with self.swapped():
             self.sites = find_sites(model, sites.k)
 
-    @contextmanager
-    def swapped(self) -> Iterator[None]:
-        saved = [(parent, name, parent.get_submodule(name)) for parent, name, _ in self.swaps]
-        try:
-            for parent, name, module in self.swaps:
-                parent._modules[name] = module
-            yield
-        finally:
-            for parent, name, module in saved:
-                parent._modules[name] = module
+    def swapped(self) -> AbstractContextManager[None]:
+        return swapped([(parent._modules, name, module) for parent, name, module in self.swaps])
 
 
 def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:

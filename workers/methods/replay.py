@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from workers.methods.base import MethodError
-from workers.methods.biastune import TuneSites, bias_offsets, shadowed_forwards
+from workers.methods.biastune import TuneSites, bias_offsets, swapped
 
 
 class _Replay(torch.autograd.Function):
@@ -174,8 +174,10 @@ class LinearRecord:
         if not outs or outs[0].shape[:2] != (batch, positions):
             yield False
             return
-        replays = [(p.module, self._forward(p, out)) for p, out in zip(self.points, outs)]
-        with shadowed_forwards(replays):
+        replays = [
+            (vars(p.module), "forward", self._forward(p, out)) for p, out in zip(self.points, outs)
+        ]
+        with swapped(replays):
             yield True
 
     @staticmethod

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from workers.methods.base import MethodError
 from workers.methods.biastune import (
@@ -162,8 +163,6 @@ class Rerun:
             return cache
         kv = self.kv32
         if kv is None or kv[0][0].shape[0] != ctx.input_ids.shape[0] or kv[0][0].shape[-2] < length:
-            from transformers.cache_utils import DynamicCache
-
             states = self.inputs(ctx)[:, :length]
             head = replace(ctx, attention_mask=ctx.attention_mask[:, :length])
             with torch.no_grad(), self.tuned(None):
@@ -201,8 +200,6 @@ class Rerun:
             # float32 copies, which the probe has swapped in already when it calls this)
             states = self.inputs(ctx)
             with torch.no_grad(), self.tuned(None) as state:
-                from transformers.cache_utils import DynamicCache
-
                 self.top(ctx, slice(0, T - 1), states[:, :-1], DynamicCache())
             final = state.final_hidden[-1].float()
         return (final * mask.to(final.device)).sum(1)

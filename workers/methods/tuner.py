@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from workers.methods.base import MethodError
 from workers.methods.biastune import (
     SCOPES,
+    HookState,
     cropped_cache,
     find_sites,
     module_device,
@@ -154,14 +156,21 @@ class BiasTuner:
         B, T = ctx.input_ids.shape
         graph = self.theta_graph
         if graph.covers(B) and graph.hidden is not None and graph.positions == T:
-            return self._probe_theta(ctx, demographic)
+            # `last` scope from θ's own forward of this step: only the horizon is computed here
+            assert graph.zeros is not None and graph.final is not None
+            deltas, hidden = graph.zeros, graph.hidden
+            graph.cache = ctx.past_key_values
+            context_sum = self.rerun.sum_through_last(ctx, graph.final)
+            logits = ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
+            with self.rerun.tuned(deltas) as state:
+                cache = cropped_cache(ctx.past_key_values, T)
+                args = (deltas, hidden, logits, cache, context_sum)
+                return self._with_horizon(ctx, demographic, state, graph.fired, *args)
         states = self.rerun.inputs(ctx)
         deltas = self.zero_deltas(B)
         mask = ctx.attention_mask
         with self.rerun.tuned(deltas) as state:
             if self.scope == "context":
-                from transformers.cache_utils import DynamicCache
-
                 with self.linear_record.replaying(B, T) as self.replayed:
                     out = self.rerun.top(ctx, slice(0, T), states, DynamicCache())
                 final = state.final_hidden[-1].float()  # (B, T, D)
@@ -181,61 +190,44 @@ class BiasTuner:
                 logits = ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
             else:  # the loop's half-precision logits would round p_θ: recompute in float32
                 logits = head_logits(hidden, self.head_weight, self.head_bias).to(ctx.logits.device)
-            cache = self._merged_cache(ctx, out.past_key_values)
-            embeds, loss_a = expectations(
-                ctx, hidden, logits, demographic, self.embed, self.head_weight, self._fused
-            )
-            self._horizon_forward(ctx, logits, cache, embeds)
-            horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        return self._pooled(state.fired, Probe(deltas, logits, horizon, loss_a), context_sum, mask)
+            # θ's cache (views) for the lower blocks, the probe's for the tuned ones: T positions
+            cache = cropped_cache(ctx.past_key_values, T)
+            cache.layers[self.first :] = out.past_key_values.layers[self.first :]
+            args = (deltas, hidden, logits, cache, context_sum)
+            return self._with_horizon(ctx, demographic, state, state.fired, *args)
 
-    def _pooled(
-        self, fired: set[str], probe: Probe, context_sum: torch.Tensor, mask: torch.Tensor
-    ) -> Probe:
-        """`probe` (its `pooled` holding the horizon's final hidden state) with the mean over
-        the real positions and the horizon; every hook point must have run (`fired`)."""
-        missing = [p.name for p in self.tuned_sites.points if p.name not in fired]
-        if missing:
-            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
-        horizon = probe.pooled
-        count = mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0  # real + horizon
-        return replace(probe, pooled=(context_sum.to(horizon.device) + horizon) / count)
-
-    def _probe_theta(
+    def _with_horizon(
         self,
         ctx: StepContext,
         demographic: tuple[GenderGeometry, torch.Tensor | None] | None,
+        state: HookState,
+        fired: set[str],
+        deltas: list[torch.Tensor],
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        cache: Any,
+        context_sum: torch.Tensor,
     ) -> Probe:
-        """The `last`-scope probe from θ's own forward of this step (`theta_forward`): only the
-        horizon position is computed here."""
-        graph = self.theta_graph
-        assert graph.zeros is not None and graph.hidden is not None
-        assert graph.final is not None
-        T = ctx.input_ids.shape[1]
-        deltas, hidden, mask = graph.zeros, graph.hidden, ctx.attention_mask
-        graph.cache = ctx.past_key_values
-        context_sum = self.rerun.sum_through_last(ctx, graph.final)
-        logits = ThetaLogits.apply(hidden, ctx.logits.float(), self.head_weight)
-        with self.rerun.tuned(deltas) as state:
-            embeds, loss_a = expectations(
-                ctx, hidden, logits, demographic, self.embed, self.head_weight, self._fused
-            )
-            self._horizon_forward(ctx, logits, cropped_cache(ctx.past_key_values, T), embeds)
-            horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
-        probe = Probe(deltas, logits, horizon, loss_a)
-        return self._pooled(graph.fired, probe, context_sum, mask)
-
-    def _merged_cache(self, ctx: StepContext, top: Any) -> Any:
-        """θ's cache (views) for the lower blocks, the probe's for the tuned ones: T positions."""
-        merged = cropped_cache(ctx.past_key_values, ctx.input_ids.shape[1])
-        merged.layers[self.first :] = top.layers[self.first :]
-        return merged
+        """The probe, after one more position through the offsets' hooks (`state`) whose input
+        embedding is Eᵀ p_θ(·) (kept differentiable in p) over `cache`; `pooled` is the mean
+        final hidden state over the real positions (`context_sum`) and that horizon. Every
+        hook point must have run (`fired`)."""
+        embeds, loss_a = expectations(
+            ctx, hidden, logits, demographic, self.embed, self.head_weight, self._fused
+        )
+        self._horizon_forward(ctx, logits, cache, embeds)
+        horizon = state.final_hidden[-1][:, -1].float()  # (B, D)
+        missing = [p.name for p in self.tuned_sites.points if p.name not in fired]
+        if missing:
+            raise MethodError(f"bias tuning: hook points never ran in a forward: {missing[:5]}")
+        count = ctx.attention_mask.sum(-1, keepdim=True).float().to(horizon.device) + 1.0
+        return Probe(deltas, logits, (context_sum.to(horizon.device) + horizon) / count, loss_a)
 
     def _horizon_forward(
         self, ctx: StepContext, logits: torch.Tensor, cache: Any, embeds: torch.Tensor | None
     ) -> None:
-        """One more position whose input embedding is Eᵀ p_θ(·) (kept differentiable in p);
-        `embeds` (B, 1, D) when the fused pass computed it already."""
+        """The horizon's forward (`embeds` (B, 1, D) when the fused pass computed them; a
+        phase of `benchmarks/method_phases.py`)."""
         if embeds is None:
             probs = torch.softmax(logits, dim=-1)
             embeds = (probs.to(self.embed.device, self.embed.dtype) @ self.embed).unsqueeze(1)
