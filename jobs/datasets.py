@@ -142,12 +142,17 @@ def load_prompt_list(
             for i, rec in enumerate(reader):
                 texts.append((i + 2, rec[text_field] or ""))  # line 1 is the header
     elif path.endswith(".parquet"):
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)
         if text_field not in table.column_names:
             raise DatasetError(f"{spec}: no column {text_field!r} (columns: {table.column_names})")
-        texts = [(i + 1, str(t or "")) for i, t in enumerate(table.column(text_field).to_pylist())]
+        column = table.column(text_field)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            # as a number in a JSONL prompt: never turned into text silently
+            raise DatasetError(f"{spec}: column {text_field!r} holds {column.type}, not text")
+        texts = [(i + 1, t or "") for i, t in enumerate(column.to_pylist())]
     else:
         raise DatasetError(f"{spec}: unknown prompt file type (use .jsonl, .csv or .parquet)")
     _check_texts(spec, texts)

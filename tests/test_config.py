@@ -142,6 +142,24 @@ def test_score_settings_read_exponents_as_numbers(tmp_path: Path) -> None:
         scorers_to_run(cfg, ["perspective"], ["qps=["])
 
 
+def test_aliases_that_expand_without_bound_are_refused_at_once(tmp_path: Path) -> None:
+    """Nine nested aliases of nine (387M values) grew `validate` past 2.7 GB within 30 s
+    (campaign, issue 29); a value holding itself is refused too. Plain aliases still load."""
+    import time
+
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"c.yaml: its aliases .* more than 100,000 values"):
+        load_config(write_cfg(tmp_path, "\n".join(bomb) + "\n" + QUICK))
+    assert time.monotonic() - started < 10  # generous: the check walks each container once
+    with pytest.raises(ConfigError, match=r"c.yaml: its aliases .* hold itself"):
+        load_config(write_cfg(tmp_path, QUICK + "aggregation: &a {seed: *a}\n"))
+    aliased = "methods: [{name: lidao-min, params: &p {tau: 0.4}}, {name: lidao-prod, params: *p}]"
+    cfg = load_config(write_cfg(tmp_path, QUICK.replace("methods: [vanilla]", aliased)))
+    assert [m.params["tau"] for m in cfg.methods] == [0.4, 0.4]
+
+
 def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"c.yaml: line 6:.*duplicate key 'tasks'.*line 5"):
         load_config(write_cfg(tmp_path, QUICK + "tasks: [regard]\n"))
@@ -167,6 +185,9 @@ def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None
         ("runtime: {batch_size: big}", r"runtime.batch_size: .*or 'auto', got 'big'"),
         ("runtime: {batch_size: 0}", r"runtime.batch_size: .*or 'auto', got 0"),
         ("runtime: {batch_size: true}", r"runtime.batch_size: .*or 'auto', got True"),
+        # torch would refuse it only when a model loads, after planning (campaign, issue 29)
+        ("runtime: {device: tpu}", r"runtime.device: .*cpu, cuda or cuda:N, got 'tpu'"),
+        ("runtime: {device: 'cuda:'}", r"runtime.device: .*got 'cuda:'"),
         ("generation: {temperature: true}", r"generation.temperature: .*valid number"),
         (  # an unquoted all-digit value (a short commit hash, say) is a number in YAML
             "runtime: {cache_dir: 1234567}",

@@ -195,3 +195,15 @@ def test_a_failed_download_names_its_config_field_and_the_local_alternatives(
         load_paired_jsonl({"female": f, "male": str(tmp_path / "absent.jsonl")})
     with pytest.raises(DatasetError, match=r"^dataset\.path: .*absent\.csv: no such file"):
         load_prompt_list(str(tmp_path / "absent.csv"))
+
+
+def test_a_parquet_prompt_column_of_numbers_is_refused(tmp_path: Path) -> None:
+    """A number is not a prompt (as in JSONL): it was turned into the text "1" silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": ["The man said", "She said"], "n": [1, 2]}), path)
+    assert [p.text for p in load_prompt_list(str(path), text_field="text")][0] == "The man said"
+    with pytest.raises(DatasetError, match=r"p.parquet: column 'n' holds int64, not text"):
+        load_prompt_list(str(path), text_field="n")

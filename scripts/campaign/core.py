@@ -122,8 +122,10 @@ class Ctx:
     results: list[Result] = field(default_factory=list)
 
     # ---- running the CLI -------------------------------------------------------------------
-    def popen(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "harness", *args]
+    def popen(
+        self, *args: str, cwd: Path | None = None, prefix: tuple[str, ...] = (), **env: str
+    ) -> subprocess.Popen[str]:
+        cmd = [*prefix, sys.executable, "-m", "harness", *args]
         return subprocess.Popen(
             cmd,
             cwd=cwd or self.dir,
@@ -136,11 +138,17 @@ class Ctx:
         )
 
     def cli(
-        self, *args: str | Path, cwd: Path | None = None, timeout: float = 420, **env: str
+        self,
+        *args: str | Path,
+        cwd: Path | None = None,
+        timeout: float = 420,
+        prefix: tuple[str, ...] = (),
+        **env: str,
     ) -> Result:
-        """`python -m harness ARGS` in a child process (cwd: the trial's folder)."""
+        """`python -m harness ARGS` in a child process (cwd: the trial's folder), after
+        `prefix` (a command that runs the rest)."""
         strs = [str(a) for a in args]
-        proc = self.popen(*strs, cwd=cwd, **env)
+        proc = self.popen(*strs, cwd=cwd, prefix=prefix, **env)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -147,7 +147,7 @@ def set_options(ctx: Ctx) -> None:
 @trial("configs", "YAML alias bomb is refused or bounded")
 def alias_bomb(ctx: Ctx) -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
-    lines += [f"a{i}: &a{i} [{', '.join(['*a%d' % (i - 1)] * 9)}]" for i in range(1, 9)]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
     import yaml
 
     body = yaml.safe_dump(base_config(), sort_keys=False)
