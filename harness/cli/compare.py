@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from harness.cli.options import bounded
 from results.run.store import RunStore, StoreError
 
 KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
@@ -44,8 +45,14 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
         help="exit 1 if some |diff| exceeds this or B lacks a cell of A",
     )
     parser.add_argument("--seed", type=int, help="bootstrap seed (default: run A's config)")
-    parser.add_argument("--n-boot", type=int, help="resamples (default: run A's config)")
-    parser.add_argument("--ppl-max", type=float, help="perplexity filter (default: run A's config)")
+    parser.add_argument(
+        "--n-boot", type=bounded(int, 0), help="resamples (default: run A's config)"
+    )
+    parser.add_argument(
+        "--ppl-max",
+        type=bounded(float, 0, open_low=True),
+        help="perplexity filter (default: run A's config)",
+    )
     parser.add_argument(
         "--allow-plan-mismatch",
         action="store_true",
