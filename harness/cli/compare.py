@@ -297,7 +297,11 @@ def compare_main(args: argparse.Namespace) -> int:
     only_b = rows.filter(pl.col("a").is_null() & pl.col("b").is_not_null()).height
     print(f"\n{rows.height} cells shown; only in A: {only_a}, only in B: {only_b}")
     if rows.is_empty():
-        print(f"no cells: {why_empty(diffs, args)}")
+        why = why_empty(diffs, args)
+        print(f"no cells: {why}")
+        if "matches none of" in why:  # a misspelt --metric must not pass a --fail-above gate
+            print(f"compare: {why}", file=sys.stderr)
+            return 2
     print(
         f"bias rows: abs_diff = |bias B| − |bias A| over the same resamples, "
         f"{100 * level:g}% interval; real: p < {1 - level:.2g} (no: not distinguishable at "
