@@ -266,6 +266,15 @@ def test_binary_and_non_utf8_configs_name_file_and_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_named_pipe_as_the_config_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`validate PIPE` blocked forever on a pipe nobody writes (campaign, issue 29)."""
+    import os
+
+    os.mkfifo(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match=r"c.yaml: not a regular file \(a named pipe"):
+        load_config(tmp_path / "c.yaml")
+
+
 def test_model_paths_resolve_against_the_configs_folder(tmp_path: Path) -> None:
     (tmp_path / "models" / "mine").mkdir(parents=True)
     text = QUICK.replace(

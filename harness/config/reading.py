@@ -96,6 +96,9 @@ def expanded_size(value: Any, sizes: dict[int, int | None]) -> int:
 
 def read_text(path: str | Path, what: str = "config") -> str:
     """A UTF-8 text file; unreadable or binary input names the file (and line of a bad byte)."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
+        # a named pipe without a writer blocks the read forever (prompt files are refused alike)
+        raise ConfigError(f"{path}: not a regular file (a named pipe, a socket or a device)")
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:

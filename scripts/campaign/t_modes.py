@@ -155,7 +155,8 @@ def tools(ctx: Ctx) -> None:
     tp = ["token-prior", "--model", "tiny-random/gpt2"]
     ctx.expect(ctx.cli(*tp, "--out", "prior.json", "corpus.txt"), 0)
     ctx.expect(ctx.cli(*tp, "--out", "p2.json", "nowhere.txt"), 2, "nowhere.txt")
-    ctx.expect(ctx.cli(*tp, "--out", "p3.json", "--batch-lines", "0", "corpus.txt"), 2, "--batch-lines")
+    (ctx.dir / "adir").mkdir()
+    ctx.expect(ctx.cli(*tp, "--out", "p3.json", "adir"), 2, "adir")
     cfg = ctx.config(base_config(methods=[{"name": "uddia", "params": {"prior": str(ctx.dir / "prior.json")}}]))
     ctx.expect(ctx.cli("validate", cfg), 0, "0 problem(s)")
     rows = "".join(f'{{"text": "text number {i} is {w}", "label": {i % 2}}}\n' for i, w in enumerate(["good", "bad"] * 8))

@@ -95,7 +95,7 @@ def _config_path(name: str, make: object, *needles: str) -> None:
 
 _config_path("missing", None)
 _config_path("a directory", "dir", "directory")
-_config_path("a named pipe", "fifo")
+_config_path("a named pipe", "fifo", "not a regular file")
 
 
 def _bad_out(name: str, out: str, *needles: str, make: str = "") -> None:
@@ -104,7 +104,7 @@ def _bad_out(name: str, out: str, *needles: str, make: str = "") -> None:
         cfg = ctx.config(small())
         if make:
             (ctx.dir / make).write_text("a file\n")
-        ctx.expect(ctx.cli("validate", cfg, "--out", out), 2, *needles)
+        ctx.expect(ctx.cli("validate", cfg, "--out", out), (1, 2), *needles)
         res = ctx.cli("run", cfg, "--out", out, "--no-ray", "--no-progress")
         ctx.expect(res, (1, 2), *needles)
         if "\n" in res.err.strip() and "problem" not in res.err:
@@ -115,7 +115,7 @@ _bad_out("with a newline", "runs/a\nb", "--out")
 _bad_out("with a tab", "runs/a\tb", "--out")
 _bad_out("an existing file", "afile", "afile", make="afile")
 _bad_out("under a file", "afile/run", "afile", make="afile")
-_bad_out("a name over 255 bytes", "r" * 300, "--out")
+_bad_out("a name over 255 bytes", "r" * 300, "File name too long")
 
 
 @trial("paths", "--out a folder of other files is refused, its files kept")
