@@ -238,7 +238,8 @@ def rows_of(folder: Path, columns: tuple[str, ...]) -> tuple[list[dict[str, Any]
     import pyarrow.parquet as pq
 
     rows: list[dict[str, Any]] = []
-    for shard in sorted(folder.rglob("*.parquet")) if folder.is_dir() else []:
+    shards = [p for p in folder.rglob("*.parquet") if not p.name.startswith(".")]  # not temps
+    for shard in sorted(shards) if folder.is_dir() else []:
         rows += pq.read_table(shard, columns=list(columns)).to_pylist()
     return rows, [r for r in rows if r["status"] == "ok"]
 
