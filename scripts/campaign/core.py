@@ -198,14 +198,17 @@ class Ctx:
             self.shared[which] = where / "run"
         return Path(self.shared[which])
 
-    def check_run(self, run: Path, jobs: int | None = None, scorers: Iterable[str] = ()) -> dict[str, str]:
+    def check_run(
+        self, run: Path, jobs: int | None = None, scorers: Iterable[str] = (), outside: bool = False
+    ) -> dict[str, str]:
         """Every planned job has exactly one ok generation row on disk (none twice, none
-        outside the plan), and one ok score row per scorer; job id → continuation."""
+        outside the plan unless `outside`: a --replan keeps the old rows), and one ok score
+        row per scorer; job id → continuation."""
         planned = set(read_column(run / "plan.parquet", "job_id"))
         if jobs is not None and len(planned) != jobs:
             raise TrialFailed(f"{run}: {len(planned)} jobs planned, wanted {jobs}")
         texts, ok = rows_of(run / "generations", ("job_id", "status", "continuation"))
-        counts = Counter(r["job_id"] for r in ok)
+        counts = Counter(r["job_id"] for r in ok if not outside or r["job_id"] in planned)
         twice = [j for j, n in counts.items() if n > 1]
         lacking = planned - set(counts)
         if twice or lacking or set(counts) - planned:
