@@ -127,7 +127,7 @@ def score_main(args: argparse.Namespace) -> int:
                 f"(version {st['version']}){extra}"
             )
         if aggregate:
-            use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
+            use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store)
             _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
     if aggregate:
         _print_outputs(store)

@@ -65,10 +65,6 @@ def _burst(fake: FakePerspective) -> None:
     fake.burst_429 = 10**6
 
 
-def _half(fake: FakePerspective) -> None:
-    fake.burst_429 = 6  # some texts get through: the rest are retried later
-
-
 def _slow(fake: FakePerspective) -> None:
     fake.delay_s = 1.5
 
@@ -82,12 +78,22 @@ def _garbage(fake: FakePerspective) -> None:
 
 
 fault("429 on every call", _burst, "rate limited")
-fault("429 on the first calls", _half, "rate limited")
 fault("503 on every batch", _every_text(503), "server error")
 fault("500 on every batch", _every_text(500), "server error")
 fault("answers slower than timeout_s", _slow, "timed out")
 fault("connections dropped", _drop, "perspective")
 fault("garbage answers", _garbage, "unparsable")
+
+
+@trial("scorers", "a few 429s: recovered within the scorer's own retries, exit 0")
+def few_429(ctx: Ctx) -> None:
+    run = ctx.copy_run()
+    with FakePerspective(api_key=SECRET) as fake:
+        fake.burst_429 = 6
+        res = ctx.cli("score", run, "--scorer", "perspective", "--no-ray", *sets(fake), **KEY)
+        ctx.expect(res, 0, "6 retries")
+    if toxicity(run) != (16, 0):
+        raise TrialFailed(f"(ok, error) = {toxicity(run)}")
 
 
 @trial("scorers", "a 400 for one text stays final and counted")
