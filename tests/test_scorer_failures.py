@@ -117,7 +117,9 @@ def test_a_run_whose_scorer_got_only_transient_failures_exits_3(
     assert (run / "summary.parquet").is_file()  # what was scored is aggregated
     fake.burst_429 = 0
     assert score(run)[0] == 0
-    assert RunStore(str(run)).read_scores("perspective", "toxicity")["status"].to_list() == ["ok"] * 4
+    assert (
+        RunStore(str(run)).read_scores("perspective", "toxicity")["status"].to_list() == ["ok"] * 4
+    )
 
 
 def test_running_out_of_memory_is_transient_and_other_errors_are_final() -> None:
