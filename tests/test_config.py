@@ -140,6 +140,13 @@ def test_score_settings_read_exponents_as_numbers(tmp_path: Path) -> None:
     assert name == "perspective" and params["qps"] == 0.5 and params["max_retries"] == 2
     with pytest.raises(ConfigError, match=r"--set 'qps=\[': the value: line 1: not valid YAML"):
         scorers_to_run(cfg, ["perspective"], ["qps=["])
+    # KEY=VALUE with two scorers: the message said "expected KEY=VALUE" (campaign, issue 29)
+    two = ["perspective", "sentiment-vader"]
+    with pytest.raises(ConfigError, match=r"2 scorers run \(perspective, sentiment-vader\): name "):
+        scorers_to_run(cfg, two, ["text_field=prompt"])
+    assert scorers_to_run(cfg, two, ["sentiment-vader.text_field=continuation"])[1][1] == {
+        "text_field": "continuation"
+    }
 
 
 def test_aliases_that_expand_without_bound_are_refused_at_once(tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ def score_set(ctx: Ctx) -> None:
         (["--scorer", "vadr"], "vadr"),
         (["--scorer", "perplexity", "--set", "batch_size=0"], "batch_size"),
         (["--scorer", "perplexity", "--set", "model=./nowhere"], "model"),
-        (["--set", "text_field=x"], "--scorer"),
+        (["--set", "text_field=x"], "sentiment-vader.text_field=x"),
         (["--scorer", "gender", "--scorer", "sentiment-vader", "--set", "text_field=prompt"], "sentiment-vader.text_field"),
     ]
     for args, needle in bad:

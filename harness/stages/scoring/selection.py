@@ -42,9 +42,12 @@ def scorers_to_run(
     for item in settings or []:
         key, eq, raw = item.partition("=")
         target, dot, field = key.rpartition(".")
-        if not eq or not field or (not dot and len(chosen) != 1):
+        if not eq or not field:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        if not dot and len(chosen) != 1:  # KEY=VALUE was right, but for which scorer?
             raise ConfigError(
-                f"--set {item!r}: expected KEY=VALUE (NAME.KEY=VALUE when several scorers run)"
+                f"--set {item!r}: {len(chosen)} scorers run ({', '.join(chosen)}): name one, "
+                f"as in --set {chosen[-1]}.{item}, or pick one with --scorer NAME"
             )
         target = target or chosen[0]
         if target not in params:
