@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import (  # noqa: E402 - the trial modules register themselves on import
     t_configs,
     t_data,
+    t_inject,
     t_kills,
     t_modes,
     t_paths,
@@ -46,7 +47,7 @@ from campaign import (  # noqa: E402 - the trial modules register themselves on 
 )
 from campaign.core import SECRET, TRIALS, Ctx, Result, Trial, TrialFailed  # noqa: E402
 
-MODULES = (t_configs, t_data, t_paths, t_rundirs, t_scorers, t_plugins, t_modes, t_kills)
+MODULES = (t_configs, t_data, t_inject, t_paths, t_rundirs, t_scorers, t_plugins, t_modes, t_kills)
 
 
 def fresh_env(root: Path) -> dict[str, str]:
@@ -95,6 +96,7 @@ def run_trial(t: Trial, root: Path, n: int, env: dict[str, str], shared: dict) -
         "ok": not failure,
         "failure": failure,
         "commands": len(ctx.results),
+        "notes": ctx.notes,
         "seconds": round(time.monotonic() - start, 1),
     }
 
@@ -114,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", default=[], help="kind or name substring")
     p.add_argument("--no-ray-trials", action="store_true", help="skip trials that start Ray")
-    p.add_argument("--workdir", help="work folder (default: a new temp folder, removed if all pass)")
+    p.add_argument(
+        "--workdir", help="work folder (default: a new temp folder, removed if all pass)"
+    )
     p.add_argument("--list", action="store_true", help="list the trials and exit")
     args = p.parse_args(argv)
-    assert len(MODULES) == 8
+    assert len(MODULES) == 9
     chosen = [
         t
         for t in TRIALS
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         rec = run_trial(t, root, n, env, shared)
         records.append(rec)
         mark = "ok  " if rec["ok"] else "FAIL"
-        print(f"{mark} {n:3d} {t.kind}/{t.name} ({rec['seconds']} s)", flush=True)
+        notes = f" [{'; '.join(rec['notes'])}]" if rec["notes"] else ""
+        print(f"{mark} {n:3d} {t.kind}/{t.name} ({rec['seconds']} s){notes}", flush=True)
         if not rec["ok"]:
             print("     " + rec["failure"].replace("\n", "\n     "), flush=True)
     (root / "results.json").write_text(json.dumps(records, indent=1))

@@ -120,6 +120,7 @@ class Ctx:
     env: dict[str, str]
     shared: dict[str, Any]
     results: list[Result] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # printed beside the trial's line
 
     # ---- running the CLI -------------------------------------------------------------------
     def popen(
@@ -171,7 +172,9 @@ class Ctx:
             raise TrialFailed(f"{why}; got {res.show()}")
 
     # ---- files -----------------------------------------------------------------------------
-    def config(self, data: dict[str, Any] | str, name: str = "c.yaml", where: Path | None = None) -> Path:
+    def config(
+        self, data: dict[str, Any] | str, name: str = "c.yaml", where: Path | None = None
+    ) -> Path:
         path = (where or self.dir) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(data, str):
@@ -236,7 +239,9 @@ def read_column(path: Path, column: str) -> list[Any]:
     return pq.read_table(path, columns=[column]).column(column).to_pylist()
 
 
-def rows_of(folder: Path, columns: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def rows_of(
+    folder: Path, columns: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(every row, the ok rows) of the Parquet shards under `folder`, as stored."""
     import pyarrow.parquet as pq
 
@@ -286,5 +291,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) 
 
 
 def jsonl(path: Path, records: Iterable[Any]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8"
+    )
     return path

@@ -88,18 +88,34 @@ bad_female("numeric prompt.text", _records(P, {"prompt": {"text": 5}}), "line 2"
 bad_female("null prompt.text", _records(P, {"prompt": {"text": None}}), "line 2", "prompt.text")
 bad_female("prompt is a string", _records(P, {"prompt": "The nurse"}), "line 2", "prompt.text")
 bad_female("unequal lengths", _records(P), "unequal")
-bad_female("not UTF-8 on line 2", _text(b'{"prompt": {"text": "a"}}\n{"prompt": {"text": "\xff"}}\n'), "line 2", "UTF-8")
-bad_female("zero-width prompt", _records(P, {"prompt": {"text": "\u200b\ufeff "}}), "line 2", "empty prompt")
+bad_female(
+    "not UTF-8 on line 2",
+    _text(b'{"prompt": {"text": "a"}}\n{"prompt": {"text": "\xff"}}\n'),
+    "line 2",
+    "UTF-8",
+)
+bad_female(
+    "zero-width prompt",
+    _records(P, {"prompt": {"text": "\u200b\ufeff "}}),
+    "line 2",
+    "empty prompt",
+)
 bad_female("binary file", _text(bytes(range(256)) * 4), "@")
-bad_female("a 3000-word prompt", _records(*[{"prompt": {"text": "word " * 3000}}] * 12), "max_new_tokens")
+bad_female(
+    "a 3000-word prompt", _records(*[{"prompt": {"text": "word " * 3000}}] * 12), "max_new_tokens"
+)
 
 
-def bad_list(name: str, filename: str, write: Callable[[Path], Any], *needles: str, **changes: Any) -> None:
+def bad_list(
+    name: str, filename: str, write: Callable[[Path], Any], *needles: str, **changes: Any
+) -> None:
     @trial("data", f"refused: prompt-list {name}")
     def check(ctx: Ctx) -> None:
         path = ctx.dir / filename
         write(path)
-        cfg = small(**{"dataset": {"kind": "prompt-list", "path": str(path), "limit": 2}, **changes})
+        cfg = small(
+            **{"dataset": {"kind": "prompt-list", "path": str(path), "limit": 2}, **changes}
+        )
         refused(ctx, ctx.config(cfg), *needles)
 
 
@@ -110,19 +126,54 @@ def _parquet(path: Path, **cols: list[Any]) -> None:
     pq.write_table(pa.table(cols), path)
 
 
-bad_list("CSV without the column", "p.csv", lambda p: p.write_text("text,x\nhello,1\n"), "prompt.text", "p.csv")
-bad_list("a .txt file", "p.txt", lambda p: p.write_text("hello\n"), "p.txt", "unknown prompt file type")
-bad_list("a corrupt Parquet", "p.parquet", lambda p: p.write_bytes(b"PAR1" + b"\0" * 50), "p.parquet")
-bad_list("Parquet without the column", "p.parquet", lambda p: _parquet(p, text=["a"]), "p.parquet", "prompt.text")
-bad_list("Parquet of numbers", "p.parquet", lambda p: _parquet(p, t=[1, 2]), "p.parquet", "t", **{"dataset.text_field": "t"})
-bad_list("JSON array file", "p.json", lambda p: p.write_text(json.dumps([P, P])), "p.json", "line 1")
-bad_list("text_field missing", "p.jsonl", lambda p: jsonl(p, [P]), "p.jsonl", "meta.text", **{"dataset.text_field": "meta.text"})
+bad_list(
+    "CSV without the column",
+    "p.csv",
+    lambda p: p.write_text("text,x\nhello,1\n"),
+    "prompt.text",
+    "p.csv",
+)
+bad_list(
+    "a .txt file", "p.txt", lambda p: p.write_text("hello\n"), "p.txt", "unknown prompt file type"
+)
+bad_list(
+    "a corrupt Parquet", "p.parquet", lambda p: p.write_bytes(b"PAR1" + b"\0" * 50), "p.parquet"
+)
+bad_list(
+    "Parquet without the column",
+    "p.parquet",
+    lambda p: _parquet(p, text=["a"]),
+    "p.parquet",
+    "prompt.text",
+)
+bad_list(
+    "Parquet of numbers",
+    "p.parquet",
+    lambda p: _parquet(p, t=[1, 2]),
+    "p.parquet",
+    "t",
+    **{"dataset.text_field": "t"},
+)
+bad_list(
+    "JSON array file", "p.json", lambda p: p.write_text(json.dumps([P, P])), "p.json", "line 1"
+)
+bad_list(
+    "text_field missing",
+    "p.jsonl",
+    lambda p: jsonl(p, [P]),
+    "p.jsonl",
+    "meta.text",
+    **{"dataset.text_field": "meta.text"},
+)
 
 
 def rtp_lines(n: int = 8) -> list[dict[str, Any]]:
     return [
-        {"filename": f"f{i}", "challenging": i % 2 == 0,
-         "prompt": {"text": f"Prompt number {i} says", "toxicity": i / n}}  # fmt: skip
+        {
+            "filename": f"f{i}",
+            "challenging": i % 2 == 0,
+            "prompt": {"text": f"Prompt number {i} says", "toxicity": i / n},
+        }  # fmt: skip
         for i in range(n)
     ]
 
@@ -132,7 +183,9 @@ def rtp_bad_tox(ctx: Ctx) -> None:
     lines = rtp_lines()
     lines[3]["prompt"]["toxicity"] = "high"
     path = jsonl(ctx.dir / "rtp.jsonl", lines)
-    cfg = small(dataset={"kind": "realtoxicityprompts", "path": str(path), "toxicity_bins": [[0, 0.5]]})
+    cfg = small(
+        dataset={"kind": "realtoxicityprompts", "path": str(path), "toxicity_bins": [[0, 0.5]]}
+    )
     refused(ctx, ctx.config(cfg), "rtp.jsonl", "line 4", "toxicity")
 
 
@@ -171,7 +224,10 @@ def crlf_bom(ctx: Ctx) -> None:
 
 @trial("data", "valid: control characters warned, escaped by samples")
 def controls(ctx: Ctx) -> None:
-    recs = [{"prompt": {"text": "The \x1b[31mred\x1b[0m nurse\x07 said"}}, {"prompt": {"text": "She \u202eevil said"}}]
+    recs = [
+        {"prompt": {"text": "The \x1b[31mred\x1b[0m nurse\x07 said"}},
+        {"prompt": {"text": "She \u202eevil said"}},
+    ]
     path = paired(ctx, jsonl(ctx.dir / "female.jsonl", recs))
     runs(ctx, path, 4, "control characters", "line 1")
     res = ctx.cli("samples", "run", "--limit", "0")
@@ -189,19 +245,27 @@ def csv_nul(ctx: Ctx) -> None:
 
 @trial("data", "valid: unicode prompts (emoji, CJK, RTL, combining)")
 def unicode_prompts(ctx: Ctx) -> None:
-    recs = [{"prompt": {"text": "La infirmière 👩‍⚕️ a dit"}}, {"prompt": {"text": "她说 هي قالت e\u0301"}}]
+    recs = [
+        {"prompt": {"text": "La infirmière 👩‍⚕️ a dit"}},
+        {"prompt": {"text": "她说 هي قالت e\u0301"}},
+    ]
     runs(ctx, paired(ctx, jsonl(ctx.dir / "female.jsonl", recs)), 4)
 
 
 @trial("data", "valid: blank lines between prompts")
 def blank_between(ctx: Ctx) -> None:
-    (ctx.dir / "female.jsonl").write_text("\n" + json.dumps(GOOD[0]) + "\n\n   \n" + json.dumps(GOOD[1]) + "\n\n")
+    (ctx.dir / "female.jsonl").write_text(
+        "\n" + json.dumps(GOOD[0]) + "\n\n   \n" + json.dumps(GOOD[1]) + "\n\n"
+    )
     runs(ctx, paired(ctx, ctx.dir / "female.jsonl"), 4)
 
 
 @trial("data", "valid: three groups")
 def three_groups(ctx: Ctx) -> None:
-    files = {g: str(jsonl(ctx.dir / f"{g}.jsonl", GOOD if g == "female" else GOOD_M)) for g in ("female", "male")}
+    files = {
+        g: str(jsonl(ctx.dir / f"{g}.jsonl", GOOD if g == "female" else GOOD_M))
+        for g in ("female", "male")
+    }
     neutral = [{"prompt": {"text": r["prompt"]["text"].replace("woman", "person")}} for r in GOOD]
     files["neutral"] = str(jsonl(ctx.dir / "neutral.jsonl", neutral))
     runs(ctx, ctx.config(small(**{"dataset.files": files})), 6)
@@ -216,14 +280,18 @@ def symlinked(ctx: Ctx) -> None:
 
 @trial("data", "valid: prompt-list CSV (quoted commas, newlines)")
 def list_csv(ctx: Ctx) -> None:
-    (ctx.dir / "p.csv").write_text('prompt.text,id\n"He said, ""fine""",1\n"She wrote\nthat",2\nThe doctor,3\n')
+    (ctx.dir / "p.csv").write_text(
+        'prompt.text,id\n"He said, ""fine""",1\n"She wrote\nthat",2\nThe doctor,3\n'
+    )
     runs(ctx, ctx.config(small(dataset={"kind": "prompt-list", "path": str(ctx.dir / "p.csv")})), 3)
 
 
 @trial("data", "valid: prompt-list Parquet with a text_field")
 def list_parquet(ctx: Ctx) -> None:
     _parquet(ctx.dir / "p.parquet", text=["The man said", "The woman said"], n=[1, 2])
-    cfg = small(dataset={"kind": "prompt-list", "path": str(ctx.dir / "p.parquet"), "text_field": "text"})
+    cfg = small(
+        dataset={"kind": "prompt-list", "path": str(ctx.dir / "p.parquet"), "text_field": "text"}
+    )
     runs(ctx, ctx.config(cfg), 2)
 
 
@@ -231,8 +299,14 @@ def list_parquet(ctx: Ctx) -> None:
 def rtp_local(ctx: Ctx) -> None:
     path = jsonl(ctx.dir / "rtp.jsonl", rtp_lines(12))
     cfg = small(
-        dataset={"kind": "realtoxicityprompts", "path": str(path), "challenging": True,
-                 "toxicity_bins": [[0.0, 0.5], [0.75, 1.0]], "limit": 3, "sample_seed": 4},  # fmt: skip
+        dataset={
+            "kind": "realtoxicityprompts",
+            "path": str(path),
+            "challenging": True,
+            "toxicity_bins": [[0.0, 0.5], [0.75, 1.0]],
+            "limit": 3,
+            "sample_seed": 4,
+        },  # fmt: skip
         tasks=["toxicity"],
     )
     runs(ctx, ctx.config(cfg), 3)

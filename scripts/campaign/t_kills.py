@@ -73,8 +73,12 @@ def _kill(sig: signal.Signals, point: str, ray: bool) -> None:
         ctx.results.append(Result([*args, f"[{sig.name} at {point}]"], proc.returncode, out, err))
         if not reached:
             raise TrialFailed(f"the point {point!r} never came")
+        if proc.returncode == 0:  # finished before the signal: the re-run must still hold
+            ctx.notes.append("the run ended before the signal")
+        else:
+            ctx.notes.append(f"exit {proc.returncode}")
         if proc.returncode == 0:
-            pass  # finished before the signal: the re-run below must still hold
+            pass
         elif sig == signal.SIGKILL:
             ctx.expect(ctx.results[-1], -9)
         else:

@@ -25,12 +25,16 @@ def ray_same(ctx: Ctx) -> None:
 
 @trial("modes", "Ray: batch 2, scoring during generation", ray=True)
 def ray_follow(ctx: Ctx) -> None:
-    cfg = ctx.config(base_config(**{"runtime.batch_size": 2, "runtime.score_during_generation": True}))
+    cfg = ctx.config(
+        base_config(**{"runtime.batch_size": 2, "runtime.score_during_generation": True})
+    )
     ctx.expect(ctx.cli("run", cfg, "--out", "run", "--no-progress"), 0)
     ctx.check_run(ctx.dir / "run", 16, SCORERS)
 
 
-def _options(cmd: str, good: list[list[str]], bad: list[tuple[list[str], str]], which: str = "base") -> None:
+def _options(
+    cmd: str, good: list[list[str]], bad: list[tuple[list[str], str]], which: str = "base"
+) -> None:
     @trial("modes", f"{cmd}: options good and bad")
     def check(ctx: Ctx) -> None:
         run = ctx.copy_run(which)
@@ -43,31 +47,61 @@ def _options(cmd: str, good: list[list[str]], bad: list[tuple[list[str], str]], 
 _options(
     "aggregate",
     [["--n-boot", "0"], ["--seed", "7"], ["--ppl-max", "1e9"], ["--use-scorer", "sentiment-vader"]],
-    [(["--ppl-max", "-1"], "--ppl-max"), (["--ppl-max", "nan"], "--ppl-max"), (["--n-boot", "-5"], "--n-boot"),
-     (["--use-scorer", "bogus"], "bogus")],  # fmt: skip
+    [
+        (["--ppl-max", "-1"], "--ppl-max"),
+        (["--ppl-max", "nan"], "--ppl-max"),
+        (["--n-boot", "-5"], "--n-boot"),
+        (["--use-scorer", "bogus"], "bogus"),
+    ],  # fmt: skip
 )
 _options(
     "samples",
-    [["--group", "x:female"], ["--where", "sentiment>0.5", "--sort=-sentiment"], ["--format", "csv", "--limit", "0"],
-     ["--format", "jsonl"], ["--pair", "00000"], ["--status", "error"], ["--grep", "the"],
-     ["--method", "vanilla", "--method", "lidao-min"]],  # fmt: skip
-    [(["--where", "bogus>1"], "bogus"), (["--where", "sentiment>abc"], "abc"), (["--where", "sentiment"], "sentiment"),
-     (["--sort", "bogus"], "bogus"), (["--method", "bogus"], "bogus"), (["--limit", "-1"], "--limit"),
-     (["--group", "q:female"], "q:female"), (["--task", "regard"], "regard")],  # fmt: skip
+    [
+        ["--group", "x:female"],
+        ["--where", "sentiment>0.5", "--sort=-sentiment"],
+        ["--format", "csv", "--limit", "0"],
+        ["--format", "jsonl"],
+        ["--pair", "00000"],
+        ["--status", "error"],
+        ["--grep", "the"],
+        ["--method", "vanilla", "--method", "lidao-min"],
+    ],  # fmt: skip
+    [
+        (["--where", "bogus>1"], "bogus"),
+        (["--where", "sentiment>abc"], "abc"),
+        (["--where", "sentiment"], "sentiment"),
+        (["--sort", "bogus"], "bogus"),
+        (["--method", "bogus"], "bogus"),
+        (["--limit", "-1"], "--limit"),
+        (["--group", "q:female"], "q:female"),
+        (["--task", "regard"], "regard"),
+    ],  # fmt: skip
 )
 _options(
     "power",
-    [["--gap", "20", "--reps", "20", "--n-perm", "20"], ["--gap", "20", "--reps", "10", "--n-perm", "10", "--samples", "1", "--samples", "4"]],
-    [(["--gap", "0"], "--gap"), (["--gap", "-5"], "--gap"), (["--gap", "nan"], "--gap"), (["--gap", "5", "--power", "1.5"], "--power"),
-     (["--gap", "5", "--method", "bogus"], "bogus"), (["--gap", "5", "--samples", "0"], "--samples"),
-     (["--gap", "5", "--reps", "0"], "--reps"), (["--gap", "5", "--metric", "bogus"], "bogus")],  # fmt: skip
+    [
+        ["--gap", "20", "--reps", "20", "--n-perm", "20"],
+        ["--gap", "20", "--reps", "10", "--n-perm", "10", "--samples", "1", "--samples", "4"],
+    ],
+    [
+        (["--gap", "0"], "--gap"),
+        (["--gap", "-5"], "--gap"),
+        (["--gap", "nan"], "--gap"),
+        (["--gap", "5", "--power", "1.5"], "--power"),
+        (["--gap", "5", "--method", "bogus"], "bogus"),
+        (["--gap", "5", "--samples", "0"], "--samples"),
+        (["--gap", "5", "--reps", "0"], "--reps"),
+        (["--gap", "5", "--metric", "bogus"], "bogus"),
+    ],  # fmt: skip
 )
 
 
 @trial("modes", "power: a pilot of one sample per prompt cannot plan")
 def power_one(ctx: Ctx) -> None:
     run = ctx.copy_run("one-sample")
-    ctx.expect(ctx.cli("power", run, "--gap", "20", "--reps", "10", "--n-perm", "10"), 0, "cannot plan")
+    ctx.expect(
+        ctx.cli("power", run, "--gap", "20", "--reps", "10", "--n-perm", "10"), 0, "cannot plan"
+    )
 
 
 @trial("modes", "status and validate --pilot")
@@ -130,8 +164,16 @@ def human_bad(ctx: Ctx) -> None:
     (ctx.dir / "empty.csv").write_text("")
     ctx.expect(ctx.cli("human", "import", run, ctx.dir / "empty.csv"), 2, "empty.csv")
     lines = items.read_text(encoding="utf-8-sig").splitlines()
-    (ctx.dir / "foreign.csv").write_text("\n".join([lines[0], lines[1].replace(lines[1].split(",")[0], "zz-unknown", 1)]) + "\n")
-    ctx.expect(ctx.cli("human", "import", run, fill(ctx.dir / "foreign.csv", ctx.dir / "foreign2.csv", "x")), 2, "foreign2.csv")
+    (ctx.dir / "foreign.csv").write_text(
+        "\n".join([lines[0], lines[1].replace(lines[1].split(",")[0], "zz-unknown", 1)]) + "\n"
+    )
+    ctx.expect(
+        ctx.cli(
+            "human", "import", run, fill(ctx.dir / "foreign.csv", ctx.dir / "foreign2.csv", "x")
+        ),
+        2,
+        "foreign2.csv",
+    )
     ctx.expect(ctx.cli("human", "import", run, ctx.dir / "nothing.csv"), 2, "nothing.csv")
     ctx.expect(ctx.cli("human", "import", run, ctx.dir / "set"), 2, "set")
 
@@ -146,7 +188,9 @@ def misc(ctx: Ctx) -> None:
     res = ctx.cli("export", run, "--hub", "someone/results", **offline)
     ctx.expect(res, (1, 2), absent="hf_campaignfaketoken")
     ctx.expect(ctx.cli("aggregate", run, "--tensorboard", ctx.dir / "tb"), 0)
-    ctx.expect(ctx.cli("aggregate", run, "--wandb", "proj", WANDB_MODE="online"), 1, "wandb", "aggregate")
+    ctx.expect(
+        ctx.cli("aggregate", run, "--wandb", "proj", WANDB_MODE="online"), 1, "wandb", "aggregate"
+    )
 
 
 @trial("modes", "token-prior and train-head: good and bad inputs")
@@ -157,12 +201,25 @@ def tools(ctx: Ctx) -> None:
     ctx.expect(ctx.cli(*tp, "--out", "p2.json", "nowhere.txt"), 2, "nowhere.txt")
     (ctx.dir / "adir").mkdir()
     ctx.expect(ctx.cli(*tp, "--out", "p3.json", "adir"), 2, "adir")
-    cfg = ctx.config(base_config(methods=[{"name": "uddia", "params": {"prior": str(ctx.dir / "prior.json")}}]))
+    cfg = ctx.config(
+        base_config(methods=[{"name": "uddia", "params": {"prior": str(ctx.dir / "prior.json")}}])
+    )
     ctx.expect(ctx.cli("validate", cfg), 0, "0 problem(s)")
-    rows = "".join(f'{{"text": "text number {i} is {w}", "label": {i % 2}}}\n' for i, w in enumerate(["good", "bad"] * 8))
+    rows = "".join(
+        f'{{"text": "text number {i} is {w}", "label": {i % 2}}}\n'
+        for i, w in enumerate(["good", "bad"] * 8)
+    )
     (ctx.dir / "train.jsonl").write_text(rows)
     th = ["train-head", "--model", "tiny-random/gpt2", "--task", "sentiment", "--epochs", "1"]
     ctx.expect(ctx.cli(*th, "--data", "train.jsonl", "--out", "head.pt", "--device", "cpu"), 0)
-    ctx.expect(ctx.cli(*th, "--data", "missing.jsonl", "--out", "h2.pt", "--device", "cpu"), 2, "missing.jsonl")
-    ctx.expect(ctx.cli(*th, "--data", "train.jsonl", "--out", "h3.pt", "--label-column", "nope"), 2, "nope")
-    ctx.expect(ctx.cli(*th, "--data", "train.jsonl", "--out", "h4.pt", "--epochs", "0"), 2, "--epochs")
+    ctx.expect(
+        ctx.cli(*th, "--data", "missing.jsonl", "--out", "h2.pt", "--device", "cpu"),
+        2,
+        "missing.jsonl",
+    )
+    ctx.expect(
+        ctx.cli(*th, "--data", "train.jsonl", "--out", "h3.pt", "--label-column", "nope"), 2, "nope"
+    )
+    ctx.expect(
+        ctx.cli(*th, "--data", "train.jsonl", "--out", "h4.pt", "--epochs", "0"), 2, "--epochs"
+    )

@@ -41,7 +41,15 @@ def spaces_unicode(ctx: Ctx) -> None:
 def relative_elsewhere(ctx: Ctx) -> None:
     relative_config(ctx.dir / "proj")
     (ctx.dir / "work").mkdir()
-    res = ctx.cli("run", "../proj/c.yaml", "--out", "out/r1", "--no-ray", "--no-progress", cwd=ctx.dir / "work")
+    res = ctx.cli(
+        "run",
+        "../proj/c.yaml",
+        "--out",
+        "out/r1",
+        "--no-ray",
+        "--no-progress",
+        cwd=ctx.dir / "work",
+    )
     ctx.expect(res, 0)
     done(ctx, ctx.dir / "work" / "out" / "r1")
     ctx.expect(ctx.cli("samples", "work/out/r1", "--limit", "1"), 0)

@@ -22,7 +22,12 @@ def site(ctx: Ctx) -> str:
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(REPO / "examples" / "plugin", src)
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-        res = subprocess.run([*pip, "--no-index", "--target", str(target), str(src)], capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [*pip, "--no-index", "--target", str(target), str(src)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if res.returncode:
             raise TrialFailed(f"pip install of the example plugin failed: {res.stderr[-800:]}")
         ctx.shared["site"] = str(target)
@@ -34,7 +39,12 @@ def example(ctx: Ctx) -> None:
     env = {"PYTHONPATH": site(ctx)}
     ctx.expect(ctx.cli("list", "methods", **env), 0, "boost-word", "strength: float = 2.0")
     ctx.expect(ctx.cli("list", "scorers", **env), 0, "sentiment-wordlist")
-    cfg = ctx.config(small(methods=["vanilla", {"name": "boost-word", "params": {"strength": 50.0}}], scorers=["gender", "sentiment-wordlist"]))
+    cfg = ctx.config(
+        small(
+            methods=["vanilla", {"name": "boost-word", "params": {"strength": 50.0}}],
+            scorers=["gender", "sentiment-wordlist"],
+        )
+    )
     ctx.expect(ctx.cli("validate", cfg, **env), 0, "0 problem(s)")
     ctx.expect(ctx.cli("run", cfg, "--out", "run", "--no-ray", "--no-progress", **env), 0)
     ctx.check_run(ctx.dir / "run", 8, ["gender", "sentiment-wordlist"])
@@ -44,7 +54,11 @@ def example(ctx: Ctx) -> None:
 @trial("plugins", "the example's parameters checked by their kinds")
 def example_params(ctx: Ctx) -> None:
     env = {"PYTHONPATH": site(ctx)}
-    for params, needle in (({"strength": "x"}, "strength"), ({"strenght": 1.0}, "strength"), ({"word": 3}, "word")):
+    for params, needle in (
+        ({"strength": "x"}, "strength"),
+        ({"strenght": 1.0}, "strength"),
+        ({"word": 3}, "word"),
+    ):
         cfg = ctx.config(small(methods=[{"name": "boost-word", "params": params}]))
         ctx.expect(ctx.cli("validate", cfg, **env), 2, "methods.0", needle)
 
@@ -132,7 +146,14 @@ def _bad_include(name: str, mod: str, text: str, rc: int, *needles: str) -> None
 
 
 _bad_include("a module that is not there", "no_such_mod", "", 2, "no_such_mod")
-_bad_include("a module that raises on import", "plug_boom", BROKEN_IMPORT, 2, "plug_boom", "boom while importing")
+_bad_include(
+    "a module that raises on import",
+    "plug_boom",
+    BROKEN_IMPORT,
+    2,
+    "plug_boom",
+    "boom while importing",
+)
 _bad_include("a module with a syntax error", "plug_syntax", SYNTAX, 2, "plug_syntax")
 _bad_include("registering a built-in's name", "plug_clash", CLASH, 2, "vanilla")
 _bad_include("registering an unknown metric", "plug_metric", BAD_METRIC, 2, "happiness")
@@ -143,7 +164,9 @@ def ghost(ctx: Ctx) -> None:
     module(ctx, "plug_ghost", GHOST)
     cfg = ctx.config(small(methods=["vanilla", "ghost"]))
     ctx.expect(ctx.cli("--include", "plug_ghost", "validate", cfg), 2, "nowhere_pkg")
-    ctx.expect(ctx.cli("--include", "plug_ghost", "run", cfg, "--out", "run", "--no-ray"), 2, "nowhere_pkg")
+    ctx.expect(
+        ctx.cli("--include", "plug_ghost", "run", cfg, "--out", "run", "--no-ray"), 2, "nowhere_pkg"
+    )
 
 
 def _failing(name: str, methods: list[str], scorers: list[str], *needles: str) -> None:
@@ -152,7 +175,9 @@ def _failing(name: str, methods: list[str], scorers: list[str], *needles: str) -
         module(ctx, "plug_methods", METHODS)
         cfg = ctx.config(small(methods=methods, scorers=scorers))
         ctx.expect(ctx.cli("--include", "plug_methods", "validate", cfg), 0)
-        res = ctx.cli("--include", "plug_methods", "run", cfg, "--out", "run", "--no-ray", "--no-progress")
+        res = ctx.cli(
+            "--include", "plug_methods", "run", cfg, "--out", "run", "--no-ray", "--no-progress"
+        )
         ctx.expect(res, 1, *needles)
         if (ctx.dir / "run" / "plan.parquet").exists():
             ctx.expect(ctx.cli("--include", "plug_methods", "status", "run"), 0)
@@ -160,7 +185,9 @@ def _failing(name: str, methods: list[str], scorers: list[str], *needles: str) -
 
 _failing("a method that cannot start", ["vanilla", "bad-init"], ["gender"], "bad-init")
 _failing("a method failing every job", ["vanilla", "bad-step"], ["gender"], "bad-step", "samples")
-_failing("a scorer failing every chunk", ["vanilla"], ["gender", "raise-sentiment"], "raise-sentiment")
+_failing(
+    "a scorer failing every chunk", ["vanilla"], ["gender", "raise-sentiment"], "raise-sentiment"
+)
 _failing("a scorer of NaN scores", ["vanilla"], ["gender", "nan-sentiment"], "nan-sentiment")
 
 
@@ -175,7 +202,13 @@ def declared(ctx: Ctx) -> None:
 def on_ray(ctx: Ctx) -> None:
     env = {"PYTHONPATH": site(ctx)}
     module(ctx, "plug_methods", METHODS)
-    cfg = ctx.config(base_config(methods=["vanilla", "boost-word"], scorers=["gender", "sentiment-wordlist"], samples_per_prompt=1))
+    cfg = ctx.config(
+        base_config(
+            methods=["vanilla", "boost-word"],
+            scorers=["gender", "sentiment-wordlist"],
+            samples_per_prompt=1,
+        )
+    )
     res = ctx.cli("--include", "plug_methods", "run", cfg, "--out", "run", "--no-progress", **env)
     ctx.expect(res, 0)
     ctx.check_run(ctx.dir / "run", 8, ["gender", "sentiment-wordlist"])

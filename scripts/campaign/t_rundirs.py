@@ -169,7 +169,9 @@ def generations_deleted(ctx: Ctx) -> None:
 def held_lock(ctx: Ctx) -> None:
     run, cfg, _ = base(ctx)
     code = "import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(run / ".lock")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         ctx.expect(ctx.cli("run", cfg, "--out", run, "--no-ray"), 2, "in use")
@@ -183,7 +185,9 @@ def held_lock(ctx: Ctx) -> None:
 @trial("rundirs", "two drivers started at once on one run directory")
 def two_drivers(ctx: Ctx) -> None:
     cfg = ctx.config(base_config(methods=["vanilla"]))
-    procs = [ctx.popen("run", str(cfg), "--out", "run", "--no-ray", "--no-progress") for _ in range(2)]
+    procs = [
+        ctx.popen("run", str(cfg), "--out", "run", "--no-ray", "--no-progress") for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     codes = sorted(p.returncode for p in procs)
     for p, (out, err) in zip(procs, outs, strict=True):
@@ -197,7 +201,9 @@ def two_drivers(ctx: Ctx) -> None:
 def changed_config(ctx: Ctx) -> None:
     run, _, _ = base(ctx)
     cfg = ctx.config(base_config(**{"generation.max_new_tokens": 5}), "c5.yaml")
-    ctx.expect(ctx.cli("run", cfg, "--out", run, "--no-ray"), 2, "generation.max_new_tokens", "--replan")
+    ctx.expect(
+        ctx.cli("run", cfg, "--out", run, "--no-ray"), 2, "generation.max_new_tokens", "--replan"
+    )
     ctx.expect(ctx.cli("run", cfg, "--out", run, "--no-ray", "--no-progress", "--replan"), 0)
     ctx.check_run(run, 16, outside=True)
     ctx.expect(ctx.cli("status", run), 0, "planned 8, done 8", "outside the current plan")
@@ -237,7 +243,9 @@ def _not_a_run(name: str, make: str, cmds: tuple[str, ...]) -> None:
             folder.mkdir()
             (folder / "notes.txt").write_text("hello")
         for cmd in cmds:
-            extra = {"score": ["--no-ray"], "compare": [str(folder)], "power": ["--gap", "5"]}.get(cmd, [])
+            extra = {"score": ["--no-ray"], "compare": [str(folder)], "power": ["--gap", "5"]}.get(
+                cmd, []
+            )
             ctx.expect(ctx.cli(cmd, folder, *extra), 2, "folder")
 
 

@@ -50,7 +50,9 @@ def fault(name: str, inject: Callable[[FakePerspective], None], needle: str) -> 
                 fake.batch_status.clear()
             ctx.expect(ctx.cli("score", run, "--no-ray", **KEY), 0)
         if toxicity(run) != (16, 0):
-            raise TrialFailed(f"after the plain score: (ok, error) = {toxicity(run)}, wanted (16, 0)")
+            raise TrialFailed(
+                f"after the plain score: (ok, error) = {toxicity(run)}, wanted (16, 0)"
+            )
         ctx.check_secret(run)
 
 
@@ -133,14 +135,18 @@ def closed_endpoint(ctx: Ctx) -> None:
     cfg = ctx.config(base_config(scorers=["gender", {"name": "perspective", "params": params}]))
     ctx.expect(ctx.cli("validate", cfg, **KEY), 2, "endpoint")
     sets_ = [x for k, v in params.items() for x in ("--set", f"{k}={v}")]
-    ctx.expect(ctx.cli("score", run, "--scorer", "perspective", "--no-ray", *sets_, **KEY), 3, "transient")
+    ctx.expect(
+        ctx.cli("score", run, "--scorer", "perspective", "--no-ray", *sets_, **KEY), 3, "transient"
+    )
 
 
 @trial("scorers", "run with Perspective rate-limited: exit 3, then a plain score")
 def run_limited(ctx: Ctx) -> None:
     with FakePerspective(api_key=SECRET) as fake:
         params = {"endpoint": fake.endpoint, **FAST}
-        cfg = base_config(scorers=["gender", {"name": "perspective", "params": params}], methods=["vanilla"])
+        cfg = base_config(
+            scorers=["gender", {"name": "perspective", "params": params}], methods=["vanilla"]
+        )
         path = ctx.config(cfg)
         fake.burst_429 = 10**6
         res = ctx.cli("run", path, "--out", "run", "--no-ray", "--no-progress", **KEY)
@@ -173,7 +179,9 @@ def follow_on_ray(ctx: Ctx) -> None:
 @trial("scorers", "--cache-only with an empty cache: missing, not errors")
 def cache_only(ctx: Ctx) -> None:
     run = ctx.copy_run()
-    ctx.expect(ctx.cli("score", run, "--scorer", "perspective", "--cache-only", "--no-ray"), 0, "missing")
+    ctx.expect(
+        ctx.cli("score", run, "--scorer", "perspective", "--cache-only", "--no-ray"), 0, "missing"
+    )
     if toxicity(run) != (0, 0):
         raise TrialFailed(f"cache-only wrote rows: {toxicity(run)}")
 
@@ -200,7 +208,10 @@ def score_set(ctx: Ctx) -> None:
         (["--scorer", "perplexity", "--set", "batch_size=0"], "batch_size"),
         (["--scorer", "perplexity", "--set", "model=./nowhere"], "model"),
         (["--set", "text_field=x"], "sentiment-vader.text_field=x"),
-        (["--scorer", "gender", "--scorer", "sentiment-vader", "--set", "text_field=prompt"], "sentiment-vader.text_field"),
+        (
+            ["--scorer", "gender", "--scorer", "sentiment-vader", "--set", "text_field=prompt"],
+            "sentiment-vader.text_field",
+        ),
     ]
     for args, needle in bad:
         ctx.expect(ctx.cli("score", run, "--no-ray", *args), 2, needle)
@@ -209,7 +220,9 @@ def score_set(ctx: Ctx) -> None:
 @trial("scorers", "re-scoring an old run with perplexity and --overwrite")
 def rescore(ctx: Ctx) -> None:
     run = ctx.copy_run()
-    res = ctx.cli("score", run, "--no-ray", "--scorer", "perplexity", "--set", "model=tiny-random/gpt2")
+    res = ctx.cli(
+        "score", run, "--no-ray", "--scorer", "perplexity", "--set", "model=tiny-random/gpt2"
+    )
     ctx.expect(res, 0)
     ctx.expect(ctx.cli("score", run, "--no-ray", "--scorer", "gender", "--overwrite"), 0)
     ctx.check_run(run, 16, ["gender", "sentiment-vader", "perplexity"])
