@@ -289,4 +289,4 @@ def alias_bomb(ctx: Ctx) -> None:
         + body.replace("- lidao-min", "- {name: lidao-min, params: {head: *a8}}")
     )
     path = ctx.config(text)
-    ctx.expect(ctx.cli("validate", path, timeout=120), 2, "a0")
+    ctx.expect(ctx.cli("validate", path, timeout=120), 2, "aliases", "more than 100,000 values")

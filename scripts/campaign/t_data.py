@@ -21,8 +21,11 @@ def small(**changes: Any) -> dict[str, Any]:
     return base_config(**{"methods": ["vanilla"], "samples_per_prompt": 1, **changes})
 
 
-def paired(ctx: Ctx, female: Path, male: Path | None = None, **changes: Any) -> Path:
-    male = male or jsonl(ctx.dir / "male.jsonl", GOOD_M)
+def paired(
+    ctx: Ctx, female: Path, male: Path | None = None, n_male: int = 12, **changes: Any
+) -> Path:
+    """A config of `female` and `male` (default: the example's first `n_male` prompts)."""
+    male = male or jsonl(ctx.dir / "male.jsonl", GOOD_M[:n_male])
     files = {"female": str(female), "male": str(male)}
     return ctx.config(small(**{"dataset.files": files, **changes}))
 
@@ -219,7 +222,7 @@ def words_odd(ctx: Ctx) -> None:
 def crlf_bom(ctx: Ctx) -> None:
     text = "\r\n".join(json.dumps(r) for r in GOOD[:2]) + "\r\n"
     (ctx.dir / "female.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())
-    runs(ctx, paired(ctx, ctx.dir / "female.jsonl"), 4)
+    runs(ctx, paired(ctx, ctx.dir / "female.jsonl", n_male=2), 4)
 
 
 @trial("data", "valid: control characters warned, escaped by samples")
@@ -228,7 +231,7 @@ def controls(ctx: Ctx) -> None:
         {"prompt": {"text": "The \x1b[31mred\x1b[0m nurse\x07 said"}},
         {"prompt": {"text": "She \u202eevil said"}},
     ]
-    path = paired(ctx, jsonl(ctx.dir / "female.jsonl", recs))
+    path = paired(ctx, jsonl(ctx.dir / "female.jsonl", recs), n_male=2)
     runs(ctx, path, 4, "control characters", "line 1")
     res = ctx.cli("samples", "run", "--limit", "0")
     ctx.expect(res, 0, "\\u001b")
@@ -249,7 +252,7 @@ def unicode_prompts(ctx: Ctx) -> None:
         {"prompt": {"text": "La infirmière 👩‍⚕️ a dit"}},
         {"prompt": {"text": "她说 هي قالت e\u0301"}},
     ]
-    runs(ctx, paired(ctx, jsonl(ctx.dir / "female.jsonl", recs)), 4)
+    runs(ctx, paired(ctx, jsonl(ctx.dir / "female.jsonl", recs), n_male=2), 4)
 
 
 @trial("data", "valid: blank lines between prompts")
@@ -257,7 +260,7 @@ def blank_between(ctx: Ctx) -> None:
     (ctx.dir / "female.jsonl").write_text(
         "\n" + json.dumps(GOOD[0]) + "\n\n   \n" + json.dumps(GOOD[1]) + "\n\n"
     )
-    runs(ctx, paired(ctx, ctx.dir / "female.jsonl"), 4)
+    runs(ctx, paired(ctx, ctx.dir / "female.jsonl", n_male=2), 4)
 
 
 @trial("data", "valid: three groups")
