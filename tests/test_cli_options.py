@@ -109,6 +109,7 @@ def test_the_readme_says_how_to_use_the_venv_and_shows_each_new_option() -> None
         (["power", "R", "--gap", "5", "--power", "1"], "--power: must be > 0 and < 1"),
         (["power", "R", "--gap", "5", "--samples", "0"], "--samples: must be >= 1, got '0'"),
         (["power", "R", "--gap", "5", "--reps", "x"], "--reps: a whole number, got 'x'"),
+        (["power", "R", "--gap", "5", "--metric", "bogus"], "--metric: invalid choice: 'bogus'"),
         (["aggregate", "R", "--ppl-max", "-1"], "--ppl-max: must be > 0, got '-1'"),
         (["aggregate", "R", "--n-boot", "-5"], "--n-boot: must be >= 0, got '-5'"),
         (["compare", "A", "B", "--ppl-max", "inf"], "--ppl-max: must be > 0, got 'inf'"),

@@ -34,8 +34,9 @@ def add_power_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metric",
         action="append",
-        help="sentiment | regard | toxicity | toxicity_cm (the count-matched EMT), repeatable "
-        "(default: each task's own metric; toxicity with toxicity_cm)",
+        choices=("sentiment", "regard", "toxicity", "toxicity_cm"),
+        help="repeatable; toxicity_cm: the count-matched EMT (default: each task's own metric; "
+        "toxicity with toxicity_cm)",
     )
     p.add_argument("--view", action="append", help="only this view, e.g. 'a(x)' (repeatable)")
     p.add_argument("--method", default="vanilla", help="the pilot's method to plan for")
