@@ -186,6 +186,6 @@ def scoring_and_aggregation(
     )
     inv.stage("scoring", score_stats, time.perf_counter() - t0)
     t0 = time.perf_counter()
-    aggregate_stage(store, use=scorer_preference(cfg, []))
+    aggregate_stage(store, use=scorer_preference(cfg, [], store))
     inv.stage("aggregate", {"summary": "summary.parquet"}, time.perf_counter() - t0)
     return score_stats

@@ -126,7 +126,11 @@ def iter_jsonl(path: str, spec: str) -> Iterator[tuple[int, Any]]:
 
 
 def decode_utf8(raw: bytes, spec: str, first_line: int = 1) -> str:
-    """UTF-8 text of `raw`; a bad byte names `spec` and its line."""
+    """UTF-8 text of `raw`, without the byte-order mark some editors put first (it made line 1
+    of a JSONL "bad JSON", a CSV header's first column unknown); a bad byte names `spec` and
+    its line."""
+    if first_line == 1:
+        raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -70,7 +70,7 @@ def load_group_words(
     if spec is None or spec == "builtin":
         return builtin_gender_words()
     path = fetch(spec, sha256=sha256, cache_dir=cache_dir, field=field)
-    text = Path(path).read_text(encoding="utf-8")
+    text = Path(path).read_text(encoding="utf-8-sig")  # a BOM is no part of the first word
     if text.lstrip().startswith("{"):
         try:
             obj = json.loads(text)

@@ -190,6 +190,42 @@ def test_run_exits_1_when_a_method_failed_every_one_of_its_jobs(tmp_path: Path) 
     assert (out / "summary.parquet").is_file()
 
 
+NAN_SCORER = """
+from workers.scorers.base import Scorer
+from workers.scorers.registry import register_scorer
+
+
+class NanSentiment(Scorer):
+    name = "nan-sentiment"
+    metric = "sentiment"
+    version = "nan-1"
+
+    def score(self, rows):
+        return [{**self.key(r), "sentiment": float("nan")} for r in rows]
+
+
+register_scorer("nan-sentiment", "nan_scorer:NanSentiment", "sentiment")
+"""
+
+
+def test_score_exits_1_when_a_scorer_failed_every_row(
+    everyday_run: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """A scorer whose every score is NaN (an error row each) exited 0 (campaign, issue 29)."""
+    from tests.cli_run import copy_run
+
+    run = copy_run(everyday_run, tmp_path)
+    (tmp_path / "nan_scorer.py").write_text(NAN_SCORER)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    args = ["--include", "nan_scorer", "score", str(run), "--scorer", "nan-sentiment", "--no-ray"]
+    res = python(f"from harness.cli.commands import main; print('rc', main({args!r}))", env=env)
+    assert "rc 1" in res.stdout, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: scorer nan-sentiment: all 4 rows it scored are errors; their messages: the "
+        f"`error` column of {run}/scores/nan-sentiment/ (`python -m harness status {run}`)"
+    )
+
+
 def test_progress_off_a_terminal_writes_plain_lines(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -99,3 +99,30 @@ def test_the_readme_says_how_to_use_the_venv_and_shows_each_new_option() -> None
         "report/index.html",
     ):
         assert shown in readme, shown
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["power", "R", "--gap", "0"], "argument --gap: must be > 0, got '0'"),
+        (["power", "R", "--gap", "nan"], "argument --gap: must be > 0, got 'nan'"),
+        (["power", "R", "--gap", "5", "--power", "1"], "--power: must be > 0 and < 1"),
+        (["power", "R", "--gap", "5", "--samples", "0"], "--samples: must be >= 1, got '0'"),
+        (["power", "R", "--gap", "5", "--reps", "x"], "--reps: a whole number, got 'x'"),
+        (["power", "R", "--gap", "5", "--metric", "bogus"], "--metric: invalid choice: 'bogus'"),
+        (["aggregate", "R", "--ppl-max", "-1"], "--ppl-max: must be > 0, got '-1'"),
+        (["aggregate", "R", "--n-boot", "-5"], "--n-boot: must be >= 0, got '-5'"),
+        (["compare", "A", "B", "--ppl-max", "inf"], "--ppl-max: must be > 0, got 'inf'"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_naming_the_option(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They used to run: `power --gap 0` to "more than 20000 pairs", `--samples 0` to a
+    traceback, `aggregate --ppl-max -1` to a summary without rows (campaign, issue 29)."""
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(args)
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
+    good = build_parser().parse_args(["power", "R", "--gap", "0.5", "--power", "0.9"])
+    assert (good.gap, good.power, good.reps) == (0.5, 0.9, 200)

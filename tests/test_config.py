@@ -140,6 +140,31 @@ def test_score_settings_read_exponents_as_numbers(tmp_path: Path) -> None:
     assert name == "perspective" and params["qps"] == 0.5 and params["max_retries"] == 2
     with pytest.raises(ConfigError, match=r"--set 'qps=\[': the value: line 1: not valid YAML"):
         scorers_to_run(cfg, ["perspective"], ["qps=["])
+    # KEY=VALUE with two scorers: the message said "expected KEY=VALUE" (campaign, issue 29)
+    two = ["perspective", "sentiment-vader"]
+    with pytest.raises(ConfigError, match=r"2 scorers run \(perspective, sentiment-vader\): name "):
+        scorers_to_run(cfg, two, ["text_field=prompt"])
+    assert scorers_to_run(cfg, two, ["sentiment-vader.text_field=continuation"])[1][1] == {
+        "text_field": "continuation"
+    }
+
+
+def test_aliases_that_expand_without_bound_are_refused_at_once(tmp_path: Path) -> None:
+    """Nine nested aliases of nine (387M values) grew `validate` past 2.7 GB within 30 s
+    (campaign, issue 29); a value holding itself is refused too. Plain aliases still load."""
+    import time
+
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"c.yaml: its aliases .* more than 100,000 values"):
+        load_config(write_cfg(tmp_path, "\n".join(bomb) + "\n" + QUICK))
+    assert time.monotonic() - started < 10  # generous: the check walks each container once
+    with pytest.raises(ConfigError, match=r"c.yaml: its aliases .* hold itself"):
+        load_config(write_cfg(tmp_path, QUICK + "aggregation: &a {seed: *a}\n"))
+    aliased = "methods: [{name: lidao-min, params: &p {tau: 0.4}}, {name: lidao-prod, params: *p}]"
+    cfg = load_config(write_cfg(tmp_path, QUICK.replace("methods: [vanilla]", aliased)))
+    assert [m.params["tau"] for m in cfg.methods] == [0.4, 0.4]
 
 
 def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None:
@@ -167,6 +192,9 @@ def test_a_duplicated_key_is_refused_naming_key_and_line(tmp_path: Path) -> None
         ("runtime: {batch_size: big}", r"runtime.batch_size: .*or 'auto', got 'big'"),
         ("runtime: {batch_size: 0}", r"runtime.batch_size: .*or 'auto', got 0"),
         ("runtime: {batch_size: true}", r"runtime.batch_size: .*or 'auto', got True"),
+        # torch would refuse it only when a model loads, after planning (campaign, issue 29)
+        ("runtime: {device: tpu}", r"runtime.device: .*cpu, cuda or cuda:N, got 'tpu'"),
+        ("runtime: {device: 'cuda:'}", r"runtime.device: .*got 'cuda:'"),
         ("generation: {temperature: true}", r"generation.temperature: .*valid number"),
         (  # an unquoted all-digit value (a short commit hash, say) is a number in YAML
             "runtime: {cache_dir: 1234567}",
@@ -243,6 +271,15 @@ def test_binary_and_non_utf8_configs_name_file_and_line(tmp_path: Path) -> None:
     path.write_bytes(b"name: t\nx: 1\x00\x01\x02")
     with pytest.raises(ConfigError, match=r"c.yaml: line 2: a NUL byte"):
         load_config(path)
+
+
+def test_a_named_pipe_as_the_config_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`validate PIPE` blocked forever on a pipe nobody writes (campaign, issue 29)."""
+    import os
+
+    os.mkfifo(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match=r"c.yaml: not a regular file \(a named pipe"):
+        load_config(tmp_path / "c.yaml")
 
 
 def test_model_paths_resolve_against_the_configs_folder(tmp_path: Path) -> None:

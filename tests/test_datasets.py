@@ -195,3 +195,33 @@ def test_a_failed_download_names_its_config_field_and_the_local_alternatives(
         load_paired_jsonl({"female": f, "male": str(tmp_path / "absent.jsonl")})
     with pytest.raises(DatasetError, match=r"^dataset\.path: .*absent\.csv: no such file"):
         load_prompt_list(str(tmp_path / "absent.csv"))
+
+
+def test_a_parquet_prompt_column_of_numbers_is_refused(tmp_path: Path) -> None:
+    """A number is not a prompt (as in JSONL): it was turned into the text "1" silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": ["The man said", "She said"], "n": [1, 2]}), path)
+    assert [p.text for p in load_prompt_list(str(path), text_field="text")][0] == "The man said"
+    with pytest.raises(DatasetError, match=r"p.parquet: column 'n' holds int64, not text"):
+        load_prompt_list(str(path), text_field="n")
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_prompt(tmp_path: Path) -> None:
+    """Files saved by some editors start with a UTF-8 BOM: line 1 of a JSONL was "bad JSON",
+    a CSV's first column unknown (campaign, issue 29). A bad byte still names its line."""
+    bom = b"\xef\xbb\xbf"
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes(bom + b'{"prompt": {"text": "She said"}}\r\n{"prompt": {"text": "He"}}\r\n')
+    assert [p.text for p in load_prompt_list(str(jsonl))] == ["She said", "He"]
+    csv = tmp_path / "p.csv"
+    csv.write_bytes(bom + b"prompt.text,n\nThe mother said,1\n")
+    assert [p.text for p in load_prompt_list(str(csv))] == ["The mother said"]
+    csv.write_bytes(bom + b"prompt.text\nok\nbad \xff\n")
+    with pytest.raises(DatasetError, match=r"p.csv: line 3: not UTF-8 text \(byte 0xff\)"):
+        load_prompt_list(str(csv))
+    words = tmp_path / "w.txt"
+    words.write_bytes(bom + b"she he\nqueen king\n")
+    assert load_group_words(str(words)).words["female"] == ("she", "queen")

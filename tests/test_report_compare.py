@@ -60,10 +60,12 @@ def test_compare_a_missing_run_is_an_error(
 def test_compare_says_why_no_cell_is_shown(
     report_run: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert compare(report_run.run, report_run.run, "--metric", "sentimnet") == 0
+    # a value no cell has is a typo: exit 2, or `--fail-above` would pass on no cells at all
+    fail = ("--fail-above", "0")
+    assert compare(report_run.run, report_run.run, "--metric", "sentimnet", *fail) == 2
     out = capsys.readouterr().out
     assert "0 cells shown" in out
     assert "--metric sentimnet matches none of: " in out and "sentiment" in out
-    assert compare(report_run.run, report_run.run, "--view", "a(x)", "--stat", "mode") == 0
+    assert compare(report_run.run, report_run.run, "--view", "a(x)", "--stat", "mode") == 2
     out = capsys.readouterr().out
     assert "--stat mode matches none of: " in out and "--view" not in out.split("no cells:")[1]

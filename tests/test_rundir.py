@@ -400,3 +400,19 @@ def test_a_config_yaml_edited_inside_the_run_is_refused_naming_the_field(
     assert main(again) == 0  # the way out the message names: two samples planned now
     assert RunStore(str(run)).read_plan(["job_id"]).height == 8
     assert main(["aggregate", str(run)]) == 0
+
+
+def test_a_damaged_plan_is_an_error_naming_it(
+    everyday_run: tuple[Path, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` / `score` said only "Parquet magic bytes not found in footer" (campaign,
+    issue 29): pyarrow's ArrowInvalid is no OSError, so the plan's reader did not name it."""
+    from harness.cli.commands import main
+
+    run = cli_run.copy_run(everyday_run, tmp_path)
+    (run / "plan.parquet").write_bytes(b"not parquet at all")
+    for command in (["status", str(run)], ["aggregate", str(run)], ["score", str(run), "--no-ray"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {run}/plan.parquet: unreadable")
+    assert not (run / "quarantine").exists()  # a plan is never quarantined

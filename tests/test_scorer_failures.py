@@ -92,6 +92,36 @@ def test_transient_failures_are_retried_by_a_plain_score_and_a_400_stays_final(
     assert fake.answered == {t: 1 for t in texts.values() if t != t2}
 
 
+def test_a_run_whose_scorer_got_only_transient_failures_exits_3(
+    tmp_path: Path, fake: FakePerspective
+) -> None:
+    """Every Perspective row rate-limited during `run`: the aggregation asked for the scorer
+    without scores and the run ended in exit 2, "toxicity → 'perspective' has no scores"
+    (campaign, issue 29), never naming the `score` that retries them."""
+    from tests.cli_run import config
+
+    params = {"endpoint": fake.endpoint, "qps": 50, "quota_window_s": 1, "max_retries": 1}
+    params |= {"backoff_initial_s": 0.02, "backoff_max_s": 0.05, "timeout_s": 0.5}
+    scorers = ["gender", {"name": "perspective", "params": params}]
+    cfg = config(tmp_path, methods=["vanilla"], scorers=scorers)
+    run = tmp_path / "run"
+    fake.burst_429 = 10**6
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = main(["run", str(cfg), "--out", str(run), "--no-ray", "--no-progress"])
+    assert rc == RETRY_EXIT, err.getvalue()
+    assert err.getvalue().strip().splitlines()[-1] == (
+        f"4 rows failed for a transient reason (perspective: 4 rate limited); "
+        f"run `python -m harness score {run}` to retry them"
+    )
+    assert (run / "summary.parquet").is_file()  # what was scored is aggregated
+    fake.burst_429 = 0
+    assert score(run)[0] == 0
+    assert (
+        RunStore(str(run)).read_scores("perspective", "toxicity")["status"].to_list() == ["ok"] * 4
+    )
+
+
 def test_running_out_of_memory_is_transient_and_other_errors_are_final() -> None:
     scorer = VaderSentiment({}, ScorerContext())
     rows = [{"job_id": f"j{i}", "continuation": f" text {i}"} for i in range(3)]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from harness.cli.options import bounded
 from results.run.store import RunStore, StoreError
 
 KEYS = ["model", "method", "variant", "task", "view", "metric", "stat", "group"]
@@ -46,8 +47,14 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
         help="exit 1 if some |diff| exceeds this or B lacks a cell of A",
     )
     parser.add_argument("--seed", type=int, help="bootstrap seed (default: run A's config)")
-    parser.add_argument("--n-boot", type=int, help="resamples (default: run A's config)")
-    parser.add_argument("--ppl-max", type=float, help="perplexity filter (default: run A's config)")
+    parser.add_argument(
+        "--n-boot", type=bounded(int, 0), help="resamples (default: run A's config)"
+    )
+    parser.add_argument(
+        "--ppl-max",
+        type=bounded(float, 0, open_low=True),
+        help="perplexity filter (default: run A's config)",
+    )
     parser.add_argument(
         "--allow-plan-mismatch",
         action="store_true",
@@ -267,7 +274,11 @@ def compare_main(args: argparse.Namespace) -> int:
     only_b = rows.filter(pl.col("a").is_null() & pl.col("b").is_not_null()).height
     print(f"\n{rows.height} cells shown; only in A: {only_a}, only in B: {only_b}")
     if rows.is_empty():
-        print(f"no cells: {why_empty(diffs, args)}")
+        why = why_empty(diffs, args)
+        print(f"no cells: {why}")
+        if "matches none of" in why:  # a misspelt --metric must not pass a --fail-above gate
+            print(f"compare: {why}", file=sys.stderr)
+            return 2
     print(
         f"bias rows: abs_diff = |bias B| − |bias A| over the same resamples, "
         f"{100 * level:g}% interval; real: p < {1 - level:.2g} (no: not distinguishable at "

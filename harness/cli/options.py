@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 ADDRESS_HELP = (
     "runtime.ray_address: attach to this Ray cluster (or `auto`); without it and without "
@@ -85,6 +87,36 @@ def _batch_size(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a whole number or 'auto', got {text!r}") from None
+
+
+def bounded(
+    kind: type[int] | type[float],
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> Callable[[str], int | float]:
+    """An argparse type: a finite `kind` within [low, high] (an end excluded when open), so a
+    bad number is refused naming its option (exit 2) instead of running to a meaningless
+    answer or a traceback (`power --gap 0`, `--samples 0`, `aggregate --ppl-max -1`)."""
+    wanted = (">" if open_low else ">=") + f" {low:g}"
+    wanted += "" if high == math.inf else (" and <" if open_high else " and <=") + f" {high:g}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+        inside = (low < value if open_low else low <= value) and (
+            value < high if open_high else value <= high
+        )
+        if not (math.isfinite(value) and inside):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
 def add_tracking(p: argparse.ArgumentParser) -> None:

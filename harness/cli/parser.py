@@ -12,7 +12,13 @@ import argparse
 from harness.cli.compare import add_compare_args, compare_main
 from harness.cli.export import export_main
 from harness.cli.human import add_human_args
-from harness.cli.options import ADDRESS_HELP, add_overrides, add_tracking, common_options
+from harness.cli.options import (
+    ADDRESS_HELP,
+    add_overrides,
+    add_tracking,
+    bounded,
+    common_options,
+)
 from harness.cli.power import add_power_args
 from harness.cli.run_commands import aggregate_main, run_main, score_main
 from harness.cli.samples import add_samples_args
@@ -135,9 +141,15 @@ def _aggregate_args(a: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="read this scorer where several scored one metric (repeatable)",
     )
-    a.add_argument("--ppl-max", type=float, help="drop generations above this perplexity")
     a.add_argument(
-        "--n-boot", type=int, help="bootstrap resamples (permutations: at most this many)"
+        "--ppl-max",
+        type=bounded(float, 0, open_low=True),
+        help="drop generations above this perplexity",
+    )
+    a.add_argument(
+        "--n-boot",
+        type=bounded(int, 0),
+        help="bootstrap resamples (permutations: at most this many)",
     )
     a.add_argument("--seed", type=int, help="bootstrap / permutation seed")
     add_tracking(a)

@@ -12,30 +12,46 @@ from typing import Any
 
 import numpy as np
 
+from harness.cli.options import bounded
 from results.run.store import RunStore
 
 
 def add_power_args(p: argparse.ArgumentParser) -> None:
     """Arguments of the `power` subcommand."""
     p.add_argument("run", help="the pilot run directory (generated and scored)")
-    p.add_argument("--gap", type=float, required=True, help="true gap to detect, × 100 as printed")
-    p.add_argument("--power", type=float, default=0.8, help="wanted power (default 0.8)")
+    p.add_argument(
+        "--gap",
+        type=bounded(float, 0, open_low=True),
+        required=True,
+        help="true gap to detect, × 100 as printed",
+    )
+    p.add_argument(
+        "--power",
+        type=bounded(float, 0, 1, open_low=True, open_high=True),
+        default=0.8,
+        help="wanted power (default 0.8)",
+    )
     p.add_argument(
         "--metric",
         action="append",
-        help="sentiment | regard | toxicity | toxicity_cm (the count-matched EMT), repeatable "
-        "(default: each task's own metric; toxicity with toxicity_cm)",
+        choices=("sentiment", "regard", "toxicity", "toxicity_cm"),
+        help="repeatable; toxicity_cm: the count-matched EMT (default: each task's own metric; "
+        "toxicity with toxicity_cm)",
     )
     p.add_argument("--view", action="append", help="only this view, e.g. 'a(x)' (repeatable)")
     p.add_argument("--method", default="vanilla", help="the pilot's method to plan for")
     p.add_argument(
         "--samples",
-        type=int,
+        type=bounded(int, 1),
         action="append",
         help="samples per prompt to plan for (repeatable; default: the pilot's)",
     )
-    p.add_argument("--reps", type=int, default=200, help="simulated runs per size (default 200)")
-    p.add_argument("--n-perm", type=int, default=100, help="labellings per test (default 100)")
+    p.add_argument(
+        "--reps", type=bounded(int, 1), default=200, help="simulated runs per size (default 200)"
+    )
+    p.add_argument(
+        "--n-perm", type=bounded(int, 1), default=100, help="labellings per test (default 100)"
+    )
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
     p.set_defaults(func=power_main)
 

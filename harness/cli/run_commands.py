@@ -66,8 +66,8 @@ def run_main(args: argparse.Namespace) -> int:
         )
         _after_aggregation(store, args)
     print_status(store)
-    failed = failed_methods(store)
-    if failed:  # a stage that ran but made nothing of a method is not a success
+    failed = failed_methods(store) + _failed_scorers(result["scoring"], args.out)
+    if failed:  # a stage that ran but made nothing of a method or scorer is not a success
         raise RuntimeError("\n  ".join(failed))
     return _retry_exit(result["scoring"], args.out)
 
@@ -128,11 +128,28 @@ def score_main(args: argparse.Namespace) -> int:
                 f"(version {st['version']}){extra}"
             )
         if aggregate:
-            use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store.scorers())
+            use = scorer_selection.scorer_preference(cfg, [n for n, _ in scorers], store)
             _aggregate(store, inv, args, use, f"summary.parquet: re-aggregated ({', '.join(use)})")
     if aggregate:
         print("\n".join(output_lines(store)))
+    failed = _failed_scorers(stats, args.run)
+    if failed:
+        raise RuntimeError("\n  ".join(failed))
     return _retry_exit(stats, args.run)
+
+
+def _failed_scorers(stats: dict[str, Any], run: str) -> list[str]:
+    """One line per scorer whose every row of this stage is a permanent error (non-finite
+    scores, a text no model can take...): like a method that failed every job, exit 1."""
+    lines = []
+    for name, st in stats.items():
+        errors = int((st.get("status") or {}).get("error", 0))
+        if errors and errors == st.get("scored") and not st.get("skipped"):
+            lines.append(
+                f"scorer {name}: all {errors} rows it scored are errors; their messages: "
+                f"the `error` column of {run}/scores/{name}/ (`python -m harness status {run}`)"
+            )
+    return lines
 
 
 def _retry_exit(stats: dict[str, Any], run: str) -> int:

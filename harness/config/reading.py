@@ -49,20 +49,56 @@ UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+MAX_VALUES = 100_000  # values in a config with its aliases expanded; real configs hold < 1k
+
+
 def load_yaml(text: str, source: str) -> Any:
-    """Parse YAML text strictly (duplicate keys refused); errors name `source` and the line."""
+    """Parse YAML text strictly (duplicate keys refused); errors name `source` and the line.
+    Aliases that expand to more than `MAX_VALUES` values are refused: nine nested aliases of
+    nine make 387M values, which every later walk of the config (validation, messages, job
+    ids) would expand, without bound in time or memory."""
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
         raise ConfigError(
             f"{source}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})"
         ) from None
+    size = expanded_size(data, {})
+    if size < 0 or size > MAX_VALUES:
+        what = (
+            f"expand to more than {MAX_VALUES:,} values" if size > 0 else "make a value hold itself"
+        )
+        raise ConfigError(f"{source}: its aliases (*name) {what}; write the repeated parts out")
+    return data
+
+
+def expanded_size(value: Any, sizes: dict[int, int | None]) -> int:
+    """Values in `value` with every shared (aliased) container counted at each use, or -1 when
+    a container holds itself (`&a [*a]`). Each container is walked once (`sizes` by id), so a
+    bomb costs the size of its text, not its own."""
+    if not isinstance(value, dict | list):
+        return 1
+    if id(value) in sizes:
+        known = sizes[id(value)]
+        return -1 if known is None else known  # None: still being walked: a cycle
+    sizes[id(value)] = None
+    total = 1
+    for item in [*value.keys(), *value.values()] if isinstance(value, dict) else value:
+        inner = expanded_size(item, sizes)
+        if inner < 0:
+            return -1
+        total = min(total + inner, MAX_VALUES + 1)  # past the bound: the sums stay small
+    sizes[id(value)] = total
+    return total
 
 
 def read_text(path: str | Path, what: str = "config") -> str:
     """A UTF-8 text file; unreadable or binary input names the file (and line of a bad byte)."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
+        # a named pipe without a writer blocks the read forever (prompt files are refused alike)
+        raise ConfigError(f"{path}: not a regular file (a named pipe, a socket or a device)")
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:

@@ -7,6 +7,7 @@ labels and the attribute heads a job will read (against each head's metadata).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -158,6 +159,14 @@ class RuntimeConfig(Strict):
     score_during_generation: bool | Literal["auto"] = "auto"
     # Largest grid (prompts × models × methods × tasks × samples) a run may plan.
     max_jobs: int = Field(10_000_000, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        # torch takes many device types; the harness places models on CPUs and CUDA GPUs only
+        if value is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+            raise ValueError(f"cpu, cuda or cuda:N, got {value!r}")
+        return value
 
     @field_validator("gpus", mode="before")
     @classmethod

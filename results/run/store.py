@@ -101,8 +101,12 @@ class RunStore(Compaction):
     def plan_fields(self) -> dict[str, Any] | None:
         """The config fields plan.parquet records (`write_plan_tables`); None: none recorded
         (a plan written before they were)."""
-        with self.fs.open_input_file(self.path("plan.parquet")) as fh:
-            raw = (pq.read_schema(fh).metadata or {}).get(PLAN_FIELDS_KEY)
+        path = self.path("plan.parquet")
+        try:
+            with self.fs.open_input_file(path) as fh:
+                raw = (pq.read_schema(fh).metadata or {}).get(PLAN_FIELDS_KEY)
+        except pa.ArrowInvalid as exc:  # not a transport fault: the file itself
+            raise StoreError(f"{path}: unreadable Parquet file: {exc}") from exc
         return json.loads(raw) if raw else None
 
     def read_plan(self, columns: list[str] | None = None) -> pl.DataFrame:
@@ -126,6 +130,8 @@ class RunStore(Compaction):
                         done += 1
                         yield table
                 return
+            except pa.ArrowInvalid as exc:  # damaged as stored (never quarantined): name it
+                raise StoreError(f"{path}: unreadable Parquet file: {exc}") from exc
             except OSError as exc:
                 failures += 1
                 if failures >= shard_io.READ_TRIES:

@@ -35,9 +35,12 @@ def scorers_to_run(
     for item in settings or []:
         key, eq, raw = item.partition("=")
         target, dot, field = key.rpartition(".")
-        if not eq or not field or (not dot and len(chosen) != 1):
+        if not eq or not field:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        if not dot and len(chosen) != 1:  # KEY=VALUE was right, but for which scorer?
             raise ConfigError(
-                f"--set {item!r}: expected KEY=VALUE (NAME.KEY=VALUE when several scorers run)"
+                f"--set {item!r}: {len(chosen)} scorers run ({', '.join(chosen)}): name one, "
+                f"as in --set {chosen[-1]}.{item}, or pick one with --scorer NAME"
             )
         target = target or chosen[0]
         if target not in params:
@@ -72,13 +75,16 @@ def record_scorers(store: RunStore, scorers: list[tuple[str, dict[str, Any]]]) -
         store.write_bytes("config.yaml", text.encode())
 
 
-def scorer_preference(
-    cfg: RunConfig, named: list[str], present: list[str] | None = None
-) -> list[str]:
+def scorer_preference(cfg: RunConfig, named: list[str], store: RunStore | None = None) -> list[str]:
     """One scorer per metric for aggregation: the ones `named` first, then the config's in
-    order (only those with scores in `present`, when given)."""
+    order; with `store`, only those with a score shard there (a scorer whose every row failed
+    for a transient reason has none: `run` aggregated it and ended in "no scores" instead of
+    exit 3 and the `score` that retries them)."""
     from jobs.catalog import SCORER_METRICS
 
+    present = None
+    if store is not None:
+        present = [n for n in store.scorers() if store.list_shards("scores", n)]
     chosen: dict[str, str] = {}
     for name in [*named, *(s.name for s in cfg.scorers)]:
         if present is None or name in present:

@@ -1,0 +1,1 @@
+"""The trials of the hostile campaign (scripts/hostile_campaign.py), one module per kind."""
