@@ -65,7 +65,10 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> Any:
                     "perplexity": float(rng.lognormal(3.3, 0.4)),
                 }
             )  # fmt: skip
-    store = write_rows(str(tmp_path_factory.mktemp("awkward") / "run"), rows)
+    # a run directory as deep as a CI checkout's (its path is the report's title): one
+    # long path segment and many short ones, neither may overflow the page
+    deep = tmp_path_factory.mktemp("awkward") / ("d" * 70) / "/".join(["pytest-of-root"] * 8)
+    store = write_rows(str(deep / "run"), rows)
     return aggregate_run(store, n_boot=100, level=0.9)
 
 

@@ -86,6 +86,14 @@ def tex_escape(text: str) -> str:
     )
 
 
+def tex_path(text: str) -> str:
+    """`tex_escape` of a path, a line break allowed after each `/`, `-`, `_` or `.` and every
+    24 characters between them (a run directory's path is longer than a line in CI)."""
+    parts = re.split(r"(?<=[/\-_.])", text)
+    chunks = [p[i : i + 24] for p in parts for i in range(0, len(p), 24)]
+    return r"\allowbreak{}".join(tex_escape(c) for c in chunks)
+
+
 def tex_prose(text: str) -> str:
     """`tex_escape` for the report's prose, whose `name` spans (markdown code, as in
     tables.md) become `\\texttt{name}` instead of printing their backticks."""
@@ -255,7 +263,7 @@ def latex_document(res: AggregateResult, figures: list[str], multiplicity: str) 
         r"\usepackage[margin=2cm]{geometry}",
         r"\usepackage{booktabs,graphicx,pdflscape}",
         r"\begin{document}",
-        rf"\section*{{Aggregate report: {tex_escape(res.run)}}}",
+        rf"\section*{{\raggedright Aggregate report: {tex_path(res.run)}}}",
         tex_escape(
             f"Level {level_text(res.level)} for every interval, mark and test decision; "
             f"{res.n_boot} {res.unit} resamples, seed {res.seed}. {multiplicity}"
