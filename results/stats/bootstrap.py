@@ -86,16 +86,10 @@ def contrast(values: np.ndarray) -> np.ndarray:
 
 
 def mean_gap(weights: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Gap (`contrast`) between group means.
-
-    Args:
-        weights: (B, U) resample counts.
-        sums: (G, U) sum of the score over each group's rows of each unit.
-        counts: (G, U) number of such rows.
-
-    Returns:
-        (B,) gaps, in the score's units.
-    """
+    """(B,) gaps (`contrast`) between the groups' weighted means, `weights` (B, U) the
+    resample counts. Mean score: `sums` (G, U) of the score over each group's rows of a unit,
+    `counts` (G, U) such rows. EMT: `sums` of the largest score per prompt over group g's rows
+    (prompts without any add 0), `counts` the unit's prompts where g has rows."""
     with np.errstate(invalid="ignore", divide="ignore"):
         means = _wsum(weights, sums) / _wsum(weights, counts)  # (B, G)
     return contrast(means)
@@ -128,23 +122,6 @@ def tv_gap(weights: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         shares = totals / totals.sum(axis=2, keepdims=True)
     return tv_distance(shares)
-
-
-def max_mean_gap(weights: np.ndarray, maxima: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Gap (`contrast`) of expected maximum (e.g. toxicity) between groups.
-
-    Args:
-        weights: (B, U) resample counts.
-        maxima: (G, U) sum over the unit's prompts of the largest score among group g's rows of
-            that prompt (prompts where g has no row add 0).
-        present: (G, U) number of the unit's prompts where group g has rows.
-
-    Returns:
-        (B,) gaps of the per-group means over prompts of the per-prompt maxima.
-    """
-    with np.errstate(invalid="ignore", divide="ignore"):
-        emt = _wsum(weights, maxima) / _wsum(weights, present)  # (B, G)
-    return contrast(emt)
 
 
 class Interval(NamedTuple):
@@ -205,7 +182,7 @@ def compare_gaps(
     return Comparison(float(diff), ci.low, ci.high, p, n)
 
 
-def _unit_arrays(
+def unit_arrays(
     metric: str,
     group: np.ndarray,
     prompt: np.ndarray,
@@ -214,7 +191,8 @@ def _unit_arrays(
     unit_of: np.ndarray,
     m: int | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """Per-(group, unit) sums of the cell's rows, the input of the weighted statistics."""
+    """Per-(group, unit) sums of the cell's rows, the input of the weighted statistics: regard
+    ((G, C, U) class counts,), else the numerators and denominators of `mean_gap`."""
     n_p, n_u = unit_of.size, int(unit_of.max()) + 1 if unit_of.size else 0
     cell = group * n_p + prompt
     if metric == "regard":
@@ -276,14 +254,8 @@ def gap_samples(
     n_u = weights.shape[1]
     if unit_of is None:
         unit_of = np.arange(n_u)
-    arrays = _unit_arrays(metric, group, prompt, value, n_groups, unit_of, m)
-    gap = (
-        tv_gap
-        if metric == "regard"
-        else max_mean_gap
-        if metric.startswith("toxicity")
-        else mean_gap
-    )
+    arrays = unit_arrays(metric, group, prompt, value, n_groups, unit_of, m)
+    gap = tv_gap if metric == "regard" else mean_gap
     parts = [gap(np.ones((1, n_u)), *arrays)]  # the full sample, then the resamples by chunk
     for first in range(0, weights.shape[0], CHUNK):
         parts.append(gap(weights[first : first + CHUNK].astype(np.float64), *arrays))

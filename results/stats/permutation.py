@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from results.stats.bootstrap import contrast, is_signed, tv_distance
-from results.stats.emt import Runs, expected_max_cells, labelled_emts, prompt_runs
+from results.stats.bootstrap import contrast, is_signed, tv_distance, unit_arrays
+from results.stats.emt import Runs, labelled_emts, prompt_runs
 from results.stats.metrics import REGARD_CLASSES
 
 CHUNK = 256  # labellings per pass, at most ELEMENTS // N of them (N: the entries shuffled)
@@ -187,39 +187,20 @@ def null_labels(
 
 
 def _prompt_parts(
-    metric: str,
-    group: np.ndarray,
-    prompt: np.ndarray,
-    value: np.ndarray,
-    n_groups: int,
-    used: np.ndarray,
-    m: int | None,
-) -> tuple[np.ndarray, np.ndarray]:
+    metric: str, prompt: np.ndarray, value: np.ndarray, used: np.ndarray, m: int | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Per used prompt (all its rows in one group): what it adds to its group's numerator
-    ((P', C) class counts for regard, else (P',)) and denominator (P',)."""
+    ((P', C) class counts for regard, else (P',)) and denominator (P'; None for regard)."""
     n_p = int(prompt.max()) + 1
-    counts = np.bincount(prompt, minlength=n_p).astype(np.float64)[used]
+    one = np.zeros_like(prompt)  # every prompt its own unit, of one group
+    arrays = unit_arrays(metric, one, prompt, value, 1, np.arange(n_p), m)
     if metric == "regard":
-        n_c = len(REGARD_CLASSES)
-        flat = prompt * n_c + value.astype(np.int64)
-        classes = np.bincount(flat, minlength=n_p * n_c).reshape(n_p, n_c)[used]
-        return classes.astype(np.float64), counts
-    if metric in ("toxicity", "toxicity_cm"):
-        rows = np.zeros((1, prompt.size), dtype=np.int64)  # one group: the prompt's own rows
-        if metric == "toxicity_cm":
-            if m is None:
-                raise ValueError("toxicity_cm needs m (rows per prompt and group)")
-            em, eligible = expected_max_cells(rows, prompt, value, 1, n_p, m)
-            return em[0, 0, used], eligible[0, 0, used].astype(np.float64)
-        top = np.full(n_p, -np.inf)
-        np.maximum.at(top, prompt, value)
-        return top[used], np.ones(used.size)
-    sums = np.bincount(prompt, weights=value, minlength=n_p)[used]
-    return sums, counts
+        return arrays[0][0][:, used].T, None
+    return arrays[0][0, used], arrays[1][0, used]
 
 
 def _prompt_label_gaps(
-    metric: str, labels: np.ndarray, num: np.ndarray, den: np.ndarray, n_groups: int
+    metric: str, labels: np.ndarray, num: np.ndarray, den: np.ndarray | None, n_groups: int
 ) -> np.ndarray:
     """(R,) gaps × 100 with the used prompts' labels `labels` (R, P') and their parts."""
     n_r, n_u = labels.shape
@@ -234,6 +215,7 @@ def _prompt_label_gaps(
         with np.errstate(invalid="ignore", divide="ignore"):
             shares = totals / totals.sum(axis=2, keepdims=True)
         return 100.0 * tv_distance(shares)
+    assert den is not None
     top = np.bincount(flat, weights=np.broadcast_to(num, labels.shape).ravel(), minlength=size)
     bottom = np.bincount(flat, weights=np.broadcast_to(den, labels.shape).ravel(), minlength=size)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -292,7 +274,7 @@ def gap_test(
         label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
         label[prompt] = group
         strata = unit_of[used] if paired else None
-        num, den = _prompt_parts(metric, group, prompt, value, n_groups, used, m)
+        num, den = _prompt_parts(metric, prompt, value, used, m)
         parts, moved = [], False
         for labels in label_chunks(label[used], strata, n_perm, rng):
             parts.append(_prompt_label_gaps(metric, labels, num, den, n_groups))
