@@ -1,13 +1,7 @@
 """The files of human evaluation (docs/human-eval.md, "Files" and "Import"): what annotators
-get in `SET/` (nothing there names a method or a job id), the answers they send back, and
-what the run keeps in RUN/human/<set>/: the key, the set's record and one file of answers per
-annotator, so importing an annotator again replaces their answers and nothing else. Every
-write is atomic (`results.run.files.RunFiles`).
-
-Answers come as CSV in two forms, told apart by their header: long (`choices.csv`, the page's
-export: `item_id, annotator, criterion, choice`) and wide (a filled copy of `items.csv`: one
-column per criterion; a row left wholly blank is skipped). `read_answers` checks every line
-of every file before anything is written, each problem named with its file and line.
+get in `SET/` (nothing there names a method or a job id), their answers (long or wide CSV,
+told apart by the header) and what the run keeps in RUN/human/<set>/, one file of answers per
+annotator, so importing an annotator again replaces their answers and nothing else.
 """
 
 from __future__ import annotations

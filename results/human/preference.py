@@ -1,11 +1,6 @@
-"""Statistics of pairwise human preference: pure functions over the un-blinded answers.
-
-Per (model, task, criterion, method vs reference), summary rows (`SUMMARY_SCHEMA`, metric
-`human:<criterion>`, view `-`; their stats: docs/human-eval.md, "Statistics"): the shares with
-a cluster-bootstrap interval (units, pairs else prompts, move with all their answers), the
-exact sign test, and κ with the raw agreement. The sign test's unit is the item (decided by
-the net of its answers): counting two annotators' answers to one item as two trials would
-treat dependent answers as independent.
+"""Statistics of pairwise human preference (docs/human-eval.md, "Statistics"): pure functions
+over the un-blinded answers. The sign test's unit is the item (decided by the net of its
+answers): two annotators' answers to one item are not independent trials.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Drawing a blinded annotation set from a run's generations: pure functions over frames.
-
-The protocol is docs/human-eval.md's "Sampling": per (model, task) and stratum of units, a
-share of the units whose every prompt has ok texts of both methods under a common seed; one
-seed and one side per prompt; the items shuffled. Every draw comes from `seeded_rng(seed, ...)`
-keyed by (model, task): adding a model to a run does not change the items of the others.
+"""Drawing a blinded annotation set from a run's generations (docs/human-eval.md,
+"Sampling"): pure functions over frames. Draws are keyed by (model, task), so adding a model to
+a run does not change the items of the others.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The report's figures: the fairness–fluency trade-off and the forest plot of every bias.
-
-Figures use matplotlib's constrained layout (titles, panel titles, tick labels and the legend
-below the panels get their own space: nothing overlaps, which `tests/test_report_render.py`
-measures) and are written as PNG (150 dpi), PDF and SVG (`figure_bytes`: no dates in the
-files, so the same cells give the same bytes). Methods are named by `results.report.tables.
-method_label`, as in the tables; titles give the run's level.
+"""The report's figures: the fairness–fluency trade-off and the forest plot of every bias, in
+constrained layout (nothing overlaps: `tests/test_report_render.py`) and without dates in the
+files, so the same cells give the same bytes (docs/design.md, "Reports").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The paper-style table model shared by the Markdown, LaTeX, HTML and plot renderers
-(docs/design.md, "Reports"): per view a `Layout` of the paper's Tables 1–2 (method rows under
-each model; per task its score, gaps, PPL), the marks among the debiasing methods at the run's
-`level` (a smallest |bias| in bold only where the paired comparison over the same resamples
-tells it from every other; `n.d.` where it cannot; PPL by the printed value), the flags and
-warnings of few units (†) and missing scores (‡), `Style` (how a format writes a cell), and
-the legends (`legend` once for every table, `table_legend` what one table adds).
+(docs/design.md, "Reports"): per view a `Layout`, its marks, flags and warnings, `Style` (how a
+format writes a cell) and the legends.
 """
 
 from __future__ import annotations

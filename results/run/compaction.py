@@ -1,10 +1,6 @@
-"""Compaction: many small shards of a folder merged into `part-c-` shards of about
-`COMPACT_TARGET_ROWS` rows (`Compaction`, a part of `results.run.store.RunStore`).
-
-New shards are written first, then the inputs deleted: a kill in between leaves rows twice on
-disk, which every read deduplicates, and the next compaction merges them again. A transient
-fault retries the folder's merge from a clean slate; damaged inputs are quarantined on the way.
-Shards written after the listing are left for the next compaction.
+"""Compaction of a folder's small shards into `part-c-` shards (`Compaction`, a part of
+`RunStore`; docs/design.md, "Run directory"). New shards are written before the inputs are
+deleted: a kill in between leaves rows twice on disk, which every read deduplicates.
 """
 
 from __future__ import annotations

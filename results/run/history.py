@@ -1,14 +1,7 @@
 """The run record (docs/design.md, "Record"): one JSON line per invocation in
-`RUN/history.jsonl`, appended, never rewritten, and `manifest.json`, a view of it.
-
-Local run directories append with `O_APPEND` and one `write` of the whole line, then fsync: a
-line is whole or absent. Object stores cannot append: each invocation is one object
-`RUN/history/<start>-<host>-<pid>.json`; `read_history` reads both forms in start order.
-
-The manifest is rebuilt from the history and the shards at the end of every command, so a
-damaged or deleted one costs nothing (`read_manifest` rebuilds it with a warning). `scoring`
-merges every scorer's latest stats over every invocation, so scoring one scorer never drops
-another; `counts` are the rows on disk now, in and out of the current plan.
+`RUN/history.jsonl` (on object stores, which cannot append, one object per invocation under
+`RUN/history/`), and `manifest.json`, a view of it rebuilt after every command, so a damaged or
+deleted one costs nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""What every command that writes a run directory shares, `driven(store, command)` around
-its body: one driver (`RunLock`, refusing a second); SIGINT / SIGTERM raised as `Interrupted`
-(exit 130 / 143), so `finally` blocks run and nothing written is lost (every shard is atomic);
-the invocation's record (history line with its outcome, manifest rebuilt); and a local Ray
-this process started stopped, then what is left of its process tree killed.
+"""What every command that writes a run directory shares, `driven(store, command)`: one driver
+(`RunLock`), SIGINT / SIGTERM raised as `Interrupted`, the invocation's record, and a local Ray
+stopped with what is left of its process tree (docs/design.md, "Record", "One driver").
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""`score --overwrite`: score every ok row again and replace a scorer's scores, losing nothing
-on failure.
-
-The new scores are written to RUN/overwrite/<scorer>/ (`StagedScores`: a `RunStore` whose
-score reads and writes for those scorers go there; it starts empty, so every row is scored
-again, at any version). Only when the scoring stage finished without a failure is each
-scores/<scorer>/ replaced: the old folder is moved to RUN/overwrite/<scorer>.old, the new one
-moved in, the old one deleted. A failure or an interrupt before that leaves scores/ as it was.
-
-The moves are renames on a local or shared filesystem; on an object store (s3://, gs://) a
-folder move copies each shard, so a crash between the two moves is possible there: the old
-scores are then in RUN/overwrite/<scorer>.old, and the next `--overwrite` moves them back
-before anything else.
+"""`score --overwrite` (docs/cli.md, "Re-scoring"): the new scores go to
+RUN/overwrite/<scorer>/ (`StagedScores`) and replace scores/<scorer>/ only once the stage
+finished without a failure. On an object store a folder move copies each shard, so a crash
+between the two moves leaves the old scores in RUN/overwrite/<scorer>.old, which the next
+`--overwrite` moves back first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Reads of a run directory's shards: `ShardReader`, and the quarantine of damaged ones.
-
-A folder is read as one `pyarrow.dataset` scan (parallel, only the columns asked for), cached
-until its listing changes, or streamed `SCAN_GROUP` shards at a time. A failed read is retried
-(`ShardReader.retrying`); only a shard *damaged as stored* (`damaged`) is moved to
-RUN/quarantine/<its path in the run> (`move_aside`), and its jobs are pending again: a
-transport fault never moves one.
+"""Reads of a run directory's shards (`ShardReader`: cached scans, streamed batches, retries)
+and the quarantine of shards damaged as stored (docs/design.md, "Run directory"): a transport
+fault never moves a shard.
 """
 
 from __future__ import annotations

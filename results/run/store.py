@@ -1,11 +1,7 @@
-"""`RunStore`: the run directory's plan, generation shards and score shards (layout:
-docs/design.md, "Run directory").
-
-A shard is complete or absent (`results.run.shards`); shard names hash the job ids they hold,
-so a retried batch rewrites the same file, and the driver's error shards carry `-failed`, so a
-zombie actor's late write of the same batch never collides with them. Reads keep one row per
-job id (generations: an ok row wins over an error row; scores: per scorer version, the newest
-shard's), so a row in two shards (a compaction killed half-way) counts once.
+"""`RunStore`: the run directory's plan, generation shards and score shards (layout and
+guarantees: docs/design.md, "Run directory"). Reads keep one row per job id (generations: an ok
+row wins over an error row; scores: per scorer version, the newest shard's), so a row in two
+shards (a compaction killed half-way) counts once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Aggregation of joined generation + score rows: pure functions, no I/O.
-
-Input: the frame of `results.stats.join.join_run` (ok generations, metric columns and
-`<metric>_status`). Output: one long *summary* frame (`SUMMARY_SCHEMA`), one row per
-
-    (model, method, variant, task, view, metric, stat, group)
-
-with `value`, gaps' interval (`ci_low`, `ci_high`), `p_value` and `test`, `n` (rows, or units
-for per-prompt statistics and gaps), `n_boot`, `note`, `level` and the scorer that produced it.
-Stats per metric: `results.stats.metrics.METRIC_STATS`, `n` (metric count), the filter's
-(`generations`, `generation_errors`, `dropped_ppl>200`, `ppl_missing`) and the gaps' (`bias`,
-`bias_cm`, `bias_bc`, `diff_vs_<reference>`: `results.stats.block_rows`, which makes the rows
-of one (model, task) block). Views, groups and the gap's sign: docs/statistics.md.
-`variant` is empty unless one (model, method, task) ran with several settings (method
-parameters, sampling parameters, revision); then the fields that differ, `k=v,...`.
+"""Aggregation of joined generation + score rows into the long summary (`SUMMARY_SCHEMA`):
+pure functions, no I/O. Rows, stats, views and groups: docs/design.md, "Aggregation"; the rows
+of one (model, task) block: `results.stats.block_rows`. `variant` is empty unless one (model,
+method, task) ran with several settings; then the fields that differ, `k=v,...`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""Seeded bootstrap of the bias gaps and paired comparisons (docs/statistics.md).
+"""Seeded bootstrap of the bias gaps and paired comparisons (docs/statistics.md, "The gap").
 
-Resampling unit: the *pair* (`pair_id`) when the prompts come as counterfactual pairs, else the
-prompt; a unit's generations move together. One resample is a row of counts `W[b, u]` (how
-often unit u was drawn); every gap is a ratio of weighted per-unit sums, so its point estimate is
-the same function at `W = 1`, and all methods of one (model, task) share the same `W`: paired
-comparisons (`compare_gaps`) use the same resamples.
-
-The gap statistic of a cell:
-- K = 2 groups (g0, g1 in the configured order), mean score and EMT: the *signed* difference
-  g0 − g1, so its percentile interval contains 0 when the groups do not differ;
-- K ≥ 3 groups, mean score and EMT: the range max − min over groups (non-negative);
-- regard: total-variation distance between the groups' class distributions (the largest
-  pairwise one for K ≥ 3; non-negative).
-Non-negative statistics are biased upwards near 0 (the plug-in of a distance), so their interval
-never reaches 0. A group without data makes the gap NaN (undefined), never 0. The permutation
-tests of "no difference between groups" are in `results.stats.permutation`, the count-matched
-EMT in `results.stats.emt`.
+A resample is a row of unit counts `W[b, u]` (units: pairs, else prompts); every gap is a
+ratio of weighted per-unit sums, so its point estimate is the same function at `W = 1`, and the
+methods of one (model, task) share `W`, which makes their comparisons (`compare_gaps`) paired.
 """
 
 from __future__ import annotations

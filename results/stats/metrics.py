@@ -1,15 +1,8 @@
 """Per-group statistics of each metric (pure polars), and the per-prompt arrays of the gaps.
 
 Every function takes rows that carry `group` (and `view`, see `with_group`) and returns one
-row per `by` group. Definitions (docs: evaluation.md, "Aggregation"):
-- sentiment / perplexity: mean and population std of the rows scored ok;
-- regard: shares of negative / neutral / positive among rows not labelled `other`, NNRe =
-  neutral + positive, share of `other` among all scored rows, the regard value in
-  {-1, 0, +1} (mean, std) over non-`other` rows;
-- every metric: `missing`, the rows of the group without a finite score (error, empty, NaN,
-  never scored), and `failed`, those whose score row says `status = error` (a subset);
-- toxicity: mean, std; per prompt the max over the group's rows, then `emt` = the mean of
-  those maxima and `prob_ge_0.5` = the share of prompts whose maximum is >= 0.5.
+row per `by` group. Definitions: the shared evaluation.md, "Aggregation", and the stats table of
+docs/statistics.md (`missing`, `failed`: rows without a finite score, those whose scorer failed).
 """
 
 from __future__ import annotations
