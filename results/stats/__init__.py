@@ -6,7 +6,7 @@ writing stay in `results.run` and `results.report`."""
 
 from results.stats.aggregate import Aggregate, block_units, is_paired, summarize
 from results.stats.bootstrap import Comparison, compare_gaps
-from results.stats.join import JoinError, join_run, joined_frame
+from results.stats.join import JoinError, join_run
 
 __all__ = [
     "Aggregate",
@@ -16,6 +16,5 @@ __all__ = [
     "compare_gaps",
     "is_paired",
     "join_run",
-    "joined_frame",
     "summarize",
 ]

@@ -189,8 +189,3 @@ def join_run(
     for metric in sorted(set(METRIC_FIELDS) - set(joined.sources)):
         joined.notes.append(f"{metric}: no scorer ran; its statistics are absent")
     return joined
-
-
-def joined_frame(store: RunStore, scorers: dict[str, str] | None = None) -> pl.DataFrame:
-    """The frame of `join_run`: generation columns + metric columns + `<metric>_scorer`/`_status`."""
-    return join_run(store, scorers).frame
