@@ -29,14 +29,8 @@ class Compaction(RunFiles):
     """Merges the small shards of RUN/generations/ and of RUN/scores/<scorer>/."""
 
     def compact_generations(self, target_rows: int = COMPACT_TARGET_ROWS) -> int:
-        """Merge the generation shards not yet compacted into `part-c-` shards; returns how
-        many were merged.
-
-        Inputs are streamed in shard order and cut into groups of `target_rows` rows (memory:
-        one group). Each output holds one row per job of its group, sorted by (model, method,
-        task, job id) so that a slice lives in few row groups; an error row is dropped where
-        the job has an ok row anywhere.
-        """
+        """Merge the generation shards not yet compacted into `part-c-` shards of one row per
+        job, sorted by slice (docs/design.md, "Run directory"); returns how many were merged."""
         return self._merge_small(
             ("generations",),
             "generation",
@@ -131,14 +125,9 @@ class Compaction(RunFiles):
     def compact_scores(
         self, scorer: str, metric: str, target_rows: int = COMPACT_TARGET_ROWS
     ) -> int:
-        """Merge a scorer's chunk shards into `part-c-` shards, as `compact_generations` does;
-        returns how many were merged.
-
-        A compacted shard holds one scorer version, one row per job id (the last in shard
-        order), sorted by job id; its footer records the newest modification time of the
-        chunk shards its version came from (`lidao_versions`), so that "the newest version"
-        (`score_versions`) means the same before and after.
-        """
+        """Merge a scorer's chunk shards into `part-c-` shards of one version each; returns how
+        many were merged. The footer's `lidao_versions` keeps the inputs' newest modification
+        time, so that "the newest version" (`score_versions`) means the same after."""
         return self._merge_small(
             ("scores", scorer),
             f"{scorer} score",

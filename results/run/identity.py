@@ -113,12 +113,8 @@ def changed_fields(store: RunStore, config: dict[str, Any]) -> list[str]:
 
 class PlanCheck:
     """How a new plan relates to the run's: feed each planned chunk's job ids to `add`, then
-    call `result`.
-
-    Holds the old plan's ids as a `DoneIds` (~23 bytes a job) and two counters, never the new
-    plan. Job ids of a grid are unique (the planner refuses duplicates), so the old jobs kept
-    are counted, not collected: old − new is empty exactly when every old id was seen.
-    """
+    call `result`. The new plan is counted, never held: its ids are unique (the planner refuses
+    duplicates), so old − new is empty exactly when every old id was seen."""
 
     def __init__(self, store: RunStore) -> None:
         self.store = store

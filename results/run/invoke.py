@@ -44,12 +44,9 @@ def _describe(info: dict[str, Any]) -> str:
 class RunLock:
     """Context manager holding the run directory for one driver; raises `LockedError`.
 
-    Local run directories: `fcntl.flock` on `RUN/.lock`, which the kernel releases when the
-    holder dies (even by SIGKILL): a crashed driver never leaves a stale lock. The file keeps
-    the last holder's pid, host and start for the refusal message. Object stores have no
-    locks: a lease object `RUN/.lease.json` (holder and expiry), written at start and deleted
-    at the end, is best effort: two drivers starting within the same second can both win, and
-    a driver killed hard blocks others until the lease expires (`LEASE_S`) or is deleted.
+    `fcntl.flock` on `RUN/.lock` (the kernel releases it when the holder dies, so no lock is
+    ever stale); object stores have no locks: a best-effort lease object (docs/design.md,
+    "One driver"). Either keeps the holder's pid, host and start for the refusal message.
     """
 
     def __init__(self, store: RunStore, command: str) -> None:

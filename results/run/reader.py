@@ -124,13 +124,9 @@ class ShardReader:
         paths: Sequence[str] | None = None,
         parts: Sequence[str] | None = None,
     ) -> T:
-        """`read()`, tried again when it raises `StoreError`.
-
-        The shards among `paths` (or listed in RUN/<parts> at the time) that are damaged as
-        stored are quarantined and the read runs again at once (each such pass moves a shard:
-        it ends). When none is, the fault is taken for a transient one: the read waits
-        (`RETRY_BACKOFF_S`, doubling) and runs again, up to `READ_TRIES` attempts.
-        """
+        """`read()`, tried again when it raises `StoreError`: at once when shards among `paths`
+        (or listed in RUN/<parts>) were damaged as stored and quarantined, else after a wait
+        (`RETRY_BACKOFF_S`, doubling), up to `READ_TRIES` attempts."""
         delay, attempt = shards.RETRY_BACKOFF_S, 1
         while True:
             try:

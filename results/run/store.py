@@ -47,12 +47,8 @@ class RunStore(Compaction):
         return self.write_table("plan.parquet", pa.Table.from_pylist(list(rows), PLAN_SCHEMA))
 
     def clean_temp(self) -> list[str]:
-        """Delete the temp files a killed writer left in RUN/ (`.tmp-…-plan.parquet`: a kill
-        between closing the temp object and copying it into place); returns their paths.
-
-        Only RUN/ itself: the driver writes there, under the run's lock, so no live writer
-        owns them (actors write shards in the stage folders, never here).
-        """
+        """Delete the temp files a killed writer left in RUN/ itself, where only the driver
+        writes, under the run's lock (so no live writer owns them); returns their paths."""
         stale = [
             i.path
             for i in self.entries()
@@ -66,13 +62,9 @@ class RunStore(Compaction):
     def write_plan_tables(
         self, tables: Iterable[pa.Table], fields: dict[str, Any] | None = None
     ) -> int:
-        """Stream tables of PLAN_SCHEMA into plan.parquet (one row group each); returns rows.
-
-        Memory stays at one table; the file appears only once every table is written. Temp
-        files an earlier, killed writer left in RUN/ are removed first (`clean_temp`).
-        `fields`: the config fields the plan was made from (`results.run.identity.plan_fields`),
-        recorded in the file's footer so that config.yaml can be checked against them.
-        """
+        """Stream tables of PLAN_SCHEMA into plan.parquet (one row group each, the file
+        appearing once all are written); returns rows. `fields`: the config fields the plan
+        was made from (`results.run.identity.plan_fields`), kept in the footer."""
         self.clean_temp()
         rows = 0
         schema = with_schema_version(PLAN_SCHEMA.empty_table()).schema

@@ -96,15 +96,8 @@ def tv_distance(shares: np.ndarray) -> np.ndarray:
 
 
 def tv_gap(weights: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
-    """Largest total-variation distance between the groups' class distributions.
-
-    Args:
-        weights: (B, U) resample counts.
-        class_counts: (G, C, U) rows of class c in group g for unit u.
-
-    Returns:
-        (B,) distances in [0, 1].
-    """
+    """(B,) largest total-variation distance between the groups' class distributions, in
+    [0, 1], `class_counts` (G, C, U) the rows of class c in group g of unit u."""
     totals = np.einsum("bu,gcu->bgc", weights, class_counts)  # (B, G, C)
     with np.errstate(invalid="ignore", divide="ignore"):
         shares = totals / totals.sum(axis=2, keepdims=True)

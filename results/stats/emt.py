@@ -126,11 +126,8 @@ def max_weights(n_max: int, m: int) -> np.ndarray:
 def expected_max_cells(
     labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int, m: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """E[max of m rows drawn without replacement] per (labelling, group, prompt), exactly.
-
-    With a cell's n values sorted ascending x_(1) ≤ … ≤ x_(n), the maximum of m of them drawn
-    without replacement is x_(i) with probability C(i − 1, m − 1) / C(n, m) (i ≥ m), so the
-    expectation is that weighted sum: no sampling.
+    """E[max of m rows drawn without replacement] per (labelling, group, prompt), exactly: the
+    cell's sorted values weighted by `max_weights`, no sampling.
 
     Args:
         labels: (R, N) group of each row under R labellings (the observed one: R = 1).
