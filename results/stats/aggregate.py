@@ -195,18 +195,12 @@ def paired_records(
             for (method, variant), gaps in cells.items():
                 if method == ref or not refs:
                     continue
-                match = (
-                    refs[0]
-                    if len(refs) == 1
-                    else (ref, variant)
-                    if (ref, variant) in cells
-                    else None
-                )
-                if match is None and prefix == "diff":  # said once, for the first statistic
-                    notes.append(
-                        f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
-                    )
-                if match is None:
+                match = refs[0] if len(refs) == 1 else (ref, variant)
+                if match not in cells:
+                    if prefix == "diff":  # said once, for the first statistic
+                        notes.append(
+                            f"{model}/{task}/{method}[{variant}]: several {ref} variants, none matches; no paired comparison"
+                        )
                     continue
                 other = cells[match]
                 cmp = compare_gaps(gaps[1:], other[1:], level=level, point=(gaps[0], other[0]))

@@ -290,15 +290,10 @@ def gap_test(
     null_mean = float(valid.mean()) if valid.size else float("nan")
     null_sq = float(np.mean(valid**2)) if valid.size else float("nan")
     crit = critical_value(valid, is_signed(metric, n_groups), alpha)
-    note = None
-    if few:
-        note = few
-    if not moved:
-        note = (
-            "no pair holds prompts of two groups: the label swap cannot move a label (p = 1)"
-            if test == PAIR_SWAP
-            else "the permutation cannot move a label (p = 1)"
-        )
+    note = few
+    if not moved:  # (only where whole prompts move)
+        who = "no pair holds prompts of two groups: the label swap" if paired else "the permutation"
+        note = f"{who} cannot move a label (p = 1)"
     return GapTest(p, test, null_mean, note, null_sq, crit)
 
 
