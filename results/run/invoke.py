@@ -111,13 +111,9 @@ class RunLock:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT / SIGTERM: `code` is the exit status (128 + signal number).
-
-    A `KeyboardInterrupt`, because Ray's blocking calls (`ray.get`, `ray.wait`) check signals
-    in C++ and pass on only a `KeyboardInterrupt`: any other exception raised by the handler
-    there is printed as "ignored" and the signal is lost. Ray then raises a bare
-    `KeyboardInterrupt` of its own; `interrupted` gives it back the signal that caused it.
-    """
+    """SIGINT / SIGTERM: `code` is the exit status (128 + signal number). A `KeyboardInterrupt`:
+    Ray's blocking calls pass on no other exception (the signal would be lost), and raise a bare
+    one of their own, to which `interrupted` gives back its signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

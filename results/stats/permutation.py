@@ -167,15 +167,10 @@ def null_labels(
     n_perm: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, str]:
-    """(n_perm, N) row labels under "no difference between the groups", and the test's name.
-
-    - Every prompt's rows in one group (views a(c) and file, or one sample per prompt): the
-      labels are the prompts'. Paired data: the prompts of each pair exchange their labels
-      (a random permutation within the pair, for two prompts a swap with probability 1/2);
-      unpaired: the prompt labels are permuted over all prompts. A prompt keeps all its rows.
-    - Otherwise (a(x), a(c,x): the label is the row's): the row labels are shuffled within each
-      prompt, so each prompt keeps its rows and its number of rows per group.
-    """
+    """(n_perm, N) row labels under "no difference between the groups", and the test's name:
+    where every prompt's rows carry one group, the prompts' labels permuted within their pair
+    (over all prompts when unpaired), each prompt keeping its rows; else the row labels
+    shuffled within each prompt (the module doc; docs/statistics.md, "Tests")."""
     if prompt_labelled(group, prompt):
         used = np.unique(prompt)
         label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
