@@ -80,20 +80,12 @@ def _missing(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
         .join(_group_stat(summary, "count", "n", "rows"), on=on, how="left", nulls_equal=True)
         .join(_group_stat(summary, metric, "failed", "failed"), on=on, how="left", nulls_equal=True)
     )
-    failed = pl.when(pl.col("failed") > 0).then(
-        pl.concat_str(pl.lit(" ("), pl.col("failed"), pl.lit(" failed)"))
-    )
+    failed = pl.when(pl.col("failed") > 0).then(pl.format(" ({} failed)", "failed"))
+    rows = pl.col("rows").fill_null(pl.col("lost"))
     text = (
         per_group.with_columns(
-            pl.concat_str(
-                pl.col("group"),
-                pl.lit(" "),
-                pl.col("lost"),
-                pl.lit("/"),
-                pl.col("rows").fill_null(pl.col("lost")),
-                failed.otherwise(pl.lit("")),
-            ).alias("part")
-        )  # fmt: skip
+            part=pl.format("{} {}/{}{}", "group", "lost", rows, failed.otherwise(pl.lit("")))
+        )
         .group_by(CELL_KEYS, maintain_order=True)
         .agg(
             pl.when(pl.col("lost").sum() > 0)
