@@ -144,13 +144,12 @@ def permutation_p(observed: float, permuted: np.ndarray, signed: bool) -> float:
     return float((1 + np.sum(s >= t - tol)) / (1 + valid.size))
 
 
-def prompt_labelled(group: np.ndarray, prompt: np.ndarray) -> bool:
-    """Whether every prompt's rows carry one group (the group is the prompt's, not the row's)."""
-    if group.size == 0:
-        return True
-    label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
+def prompt_labels(group: np.ndarray, prompt: np.ndarray) -> np.ndarray | None:
+    """Each prompt's group (by prompt index) where every prompt's rows carry one group (the
+    group is the prompt's, not the row's); None where the group is the row's."""
+    label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
     label[prompt] = group
-    return bool(np.all(label[prompt] == group))
+    return label if np.array_equal(label[prompt], group) else None
 
 
 # Names of the tests (the summary's `test` column).
@@ -171,10 +170,9 @@ def null_labels(
     where every prompt's rows carry one group, the prompts' labels permuted within their pair
     (over all prompts when unpaired), each prompt keeping its rows; else the row labels
     shuffled within each prompt (the module doc; docs/statistics.md, "Tests")."""
-    if prompt_labelled(group, prompt):
+    label = prompt_labels(group, prompt)
+    if label is not None:
         used = np.unique(prompt)
-        label = np.zeros(int(prompt.max()) + 1 if prompt.size else 0, dtype=group.dtype)
-        label[prompt] = group
         strata = unit_of[used] if paired else None
         perm = np.vstack([c.copy() for c in label_chunks(label[used], strata, n_perm, rng)])
         return perm[:, np.searchsorted(used, prompt)], PAIR_SWAP if paired else PROMPT_SHUFFLE
@@ -264,10 +262,9 @@ def gap_test(
     """
     if n_perm == 0 or not np.isfinite(observed) or group.size == 0:
         return GapTest(float("nan"), None, float("nan"), None, float("nan"))
-    if prompt_labelled(group, prompt):  # move whole prompts: per-prompt parts, then labels
+    label = prompt_labels(group, prompt)
+    if label is not None:  # move whole prompts: per-prompt parts, then labels
         used = np.unique(prompt)
-        label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
-        label[prompt] = group
         strata = unit_of[used] if paired else None
         num, den = _prompt_parts(metric, prompt, value, used, m)
         parts, moved = [], False
@@ -354,12 +351,11 @@ def count_test(
     pair swap moves a prompt with its row count; the within-prompt shuffle keeps the counts):
     (p-value of the gap in mean rows per prompt, mean rows per prompt of each group); None
     where the labels are the rows'."""
-    if group.size == 0 or not prompt_labelled(group, prompt):
+    label = prompt_labels(group, prompt) if group.size else None
+    if label is None:
         return None
     used = np.unique(prompt)
     rows = np.bincount(prompt)[used].astype(np.float64)
-    label = np.zeros(int(prompt.max()) + 1, dtype=group.dtype)
-    label[prompt] = group
     g, p = label[used], np.arange(used.size)
     observed = float(label_gaps("sentiment", g[None, :], p, rows, n_groups)[0])
     test = gap_test("sentiment", g, p, rows, n_groups, observed, n_perm, rng, unit_of[used], paired)  # fmt: skip

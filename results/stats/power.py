@@ -26,7 +26,7 @@ from results.stats.aggregate import (
 from results.stats.bootstrap import gap_samples, is_signed, seeded_rng
 from results.stats.emt import matched_rows
 from results.stats.metrics import BIAS_METRICS, VIEWS, gap_inputs, with_group
-from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labelled
+from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labels
 
 
 class Cell(NamedTuple):
@@ -140,11 +140,8 @@ def prepare(cell: Cell) -> Pilot:
     counts = np.bincount(cell.prompt, minlength=n_p)
     n = np.maximum(counts, 1).astype(np.float64)
     own, total = _shrinkage(cell, counts)
-    label, label_own, label_unit = None, own, total - own
-    if prompt_labelled(cell.group, cell.prompt):
-        label = np.zeros(n_p, dtype=np.int64)
-        label[cell.prompt] = cell.group
-    else:  # the rows' labels: their rates per prompt shrunk as the scores are
+    label, label_own, label_unit = prompt_labels(cell.group, cell.prompt), own, total - own
+    if label is None:  # the rows' labels: their rates per prompt shrunk as the scores are
         rate = cell._replace(metric="sentiment", value=(cell.group == 0).astype(np.float64))
         label_own, label_total = _shrinkage(rate, counts)
         label_unit = np.maximum(0.0, label_total - label_own)
