@@ -20,27 +20,6 @@ def _log_factorials(n: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
 
 
-def ranked_cells(
-    labels: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rows sorted by (prompt, value): flat (r, g, p) cell of each, its 1-based rank by value
-    within the cell, the cells' row counts (flat, R·G·P) and the sorted values."""
-    n_r = labels.shape[0]
-    order = np.lexsort((value, prompt))  # by prompt, then ascending value
-    lab, pp, vv = labels[:, order], prompt[order], value[order]
-    cell = (np.arange(n_r)[:, None] * n_groups + lab) * n_p + pp[None, :]
-    counts = np.bincount(cell.ravel(), minlength=n_r * n_groups * n_p)
-    new = np.r_[True, pp[1:] != pp[:-1]]
-    starts, seg = np.flatnonzero(new), np.cumsum(new) - 1
-    rank = np.zeros(lab.shape, dtype=np.int64)
-    for g in range(n_groups):
-        ind = lab == g
-        cs = np.cumsum(ind, axis=1)
-        before = np.where(starts > 0, cs[:, np.maximum(starts - 1, 0)], 0)  # (R, prompts)
-        rank = np.where(ind, cs - before[:, seg], rank)
-    return cell, rank, counts, vv
-
-
 def _sorted(prompt: np.ndarray, value: np.ndarray) -> bool:
     """Whether rows are sorted by prompt, then by ascending value."""
     step, rise = np.diff(prompt), np.diff(value)
@@ -88,8 +67,8 @@ def labelled_emts(
     out = np.full((n_r, n_groups), np.nan)
     if n == 0:
         return out
-    starts, lengths, top = runs
-    table = max_weights(top, m).ravel() if m else np.zeros(1)
+    starts = runs.starts
+    table = max_weights(runs.top, m).ravel() if m else np.zeros(1)
     for g in range(n_groups):
         mine = labels == g
         if m is None:  # each cell's largest row is its last
@@ -97,20 +76,31 @@ def labelled_emts(
             has = last >= starts  # (R, prompts): the group has rows there
             total, used = np.where(has, value[last], 0.0).sum(axis=1), has.sum(axis=1)
         else:
-            cs = np.cumsum(mine, axis=1, dtype=np.int32)
-            before = np.where(starts > 0, cs[:, starts - 1], 0)  # (R, prompts): rows before
-            count = cs[:, starts + lengths - 1] - before  # (R, prompts): rows of the cell
-            cs -= np.repeat(before, lengths, axis=1)  # where `mine`: the row's rank in its cell
-            at = np.repeat(count * (top + 1), lengths, axis=1)  # each row's weight, by (rows
-            at += cs  # of its cell, rank): 0 off `mine` and below m
-            w = table[at]
-            w *= mine
-            w *= value
+            w, count = _matched(mine, value, runs, table)
             total = np.cumsum(w, axis=1)[:, -1]  # left to right: the zeros add nothing
             used = (count >= m).sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[:, g] = np.where(used > 0, total / used, np.nan)
     return out
+
+
+def _matched(
+    mine: np.ndarray, value: np.ndarray, runs: Runs, table: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(R, N) each row's part of its cell's expected maximum (weight × value: 0 off `mine` and
+    in cells of fewer than m rows) and (R, prompts) the cells' rows, for rows sorted by
+    (prompt, value) in `runs`; `table`: `max_weights(runs.top, m)` raveled."""
+    starts, lengths, top = runs
+    cs = np.cumsum(mine, axis=1, dtype=np.int32)
+    before = np.where(starts > 0, cs[:, starts - 1], 0)  # (R, prompts): rows before
+    count = cs[:, starts + lengths - 1] - before  # (R, prompts): rows of the cell
+    cs -= np.repeat(before, lengths, axis=1)  # where `mine`: the row's rank in its cell
+    at = np.repeat(count * (top + 1), lengths, axis=1)  # each row's weight, by (rows of its
+    at += cs  # cell, rank)
+    w = table[at]
+    w *= mine
+    w *= value
+    return w, count
 
 
 def max_weights(n_max: int, m: int) -> np.ndarray:
@@ -140,14 +130,18 @@ def expected_max_cells(
         eligibility (the cell has at least m rows).
     """
     n_r, n = labels.shape
-    shape = (n_r, n_groups, n_p)
+    sums, eligible = np.zeros((n_r, n_groups, n_p)), np.zeros((n_r, n_groups, n_p), dtype=bool)
     if n == 0 or n_p == 0:
-        return np.zeros(shape), np.zeros(shape, dtype=bool)
-    cell, rank, counts, vv = ranked_cells(labels, prompt, value, n_groups, n_p)
-    n_cell = counts[cell]
-    w = max_weights(int(n_cell.max()), m)[n_cell, rank]
-    sums = np.bincount(cell.ravel(), weights=(w * vv[None, :]).ravel(), minlength=counts.size)
-    return sums.reshape(shape), (counts >= m).reshape(shape)
+        return sums, eligible
+    order = np.lexsort((value, prompt))
+    labels, prompt, value = labels[:, order], prompt[order], value[order]
+    runs = prompt_runs(prompt)
+    table, at = max_weights(runs.top, m).ravel(), prompt[runs.starts]
+    for g in range(n_groups):
+        w, count = _matched(labels == g, value, runs, table)
+        sums[:, g, at] = np.add.reduceat(w, runs.starts, axis=1)
+        eligible[:, g, at] = count >= m
+    return sums, eligible
 
 
 def matched_rows(counts: list[np.ndarray]) -> int:
