@@ -104,7 +104,7 @@ CACHE_ANSWER_SCHEMA = pa.schema(
 )
 
 # The long summary of aggregation (results.stats.aggregate): one row per statistic of a cell
-# (model, method, variant, task, view); see the `results.stats.aggregate` docstring for the names.
+# (model, method, variant, task, view); the names: docs/design.md, "Aggregation".
 SUMMARY_SCHEMA = pa.schema(
     [
         ("model", pa.string()),
