@@ -1,11 +1,6 @@
-"""The count-matched expected maximum toxicity (docs/statistics.md).
-
-The paper's EMT of a group is the mean over prompts of the largest toxicity among the group's
-rows of the prompt, so it grows with the group's number of rows there. The count-matched EMT
-takes instead, per (prompt, group), the exact expected maximum of `m` rows drawn without
-replacement (`expected_max_cells`), over the prompts where the group has at least `m` rows;
-`matched_rows` picks `m` for a block. `ranked_cells` (rows ranked within their cell) also
-serves the permutation test's plain EMT (`results.stats.permutation`).
+"""The paper's EMT and the count-matched one (docs/statistics.md, "Count-matched EMT"): the
+exact expected maximum of `m` rows drawn per (prompt, group), which the paper's maximum over
+all of a group's rows is not (it grows with their number); `matched_rows` picks `m`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Permutation tests of "no difference between the groups" for the bias gaps
-(docs/statistics.md).
-
-Every gap carries a permutation p-value (`gap_test`): where every prompt's rows carry one group
-(views a(c), file) whole prompts exchange groups within their pair (`pair-swap`; over all
-prompts when unpaired: `prompt-shuffle`); where the label is the row's (a(x), a(c,x)) row labels
-are shuffled within each prompt (`within-prompt`). The gap statistics are those of
-`results.stats.bootstrap`, computed at once for many labellings. Also here: the bias-corrected
-TV (`bias_corrected_tv`), which takes the null's mean square out of the plug-in distance.
+"""Permutation tests of "no difference between the groups" for the bias gaps (`gap_test`;
+docs/statistics.md, "Tests"): whole prompts move where the group is the prompt's, row labels
+within their prompt where it is the row's. The gaps are `results.stats.bootstrap`'s, computed at
+once for many labellings. Also here: the MDE and the bias-corrected TV, both from the null.
 """
 
 from __future__ import annotations
@@ -306,14 +301,9 @@ def mde(
     test: GapTest, spread: float, signed: bool, centre: float = 0.0, power: float = POWER
 ) -> float:
     """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
-    `power` in either direction (docs/statistics.md, "Power and sample size").
-
-    A signed gap is about normal with sd `spread` (its bootstrap's) around the truth plus
-    `centre`, where the null puts it with no difference (0; the paper's EMT: its row-count
-    shift, `test.null_mean`): the harder direction needs crit + |centre| + z·spread. A distance (TV, K ≥ 3 range) is about normal
-    around sqrt(truth² + E₀[T*²]) with the sd of one share difference, sqrt(E₀[T*²] / 2) (its
-    bootstrap spread near 0 is that of a norm, too narrow away from 0).
-    """
+    `power` in either direction, from the gap's bootstrap sd `spread` and where the null centres
+    it (`centre`; the paper's EMT: `test.null_mean`). Formulas: docs/statistics.md, "Power and
+    sample size"."""
     z = NormalDist().inv_cdf(power)
     if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
@@ -324,9 +314,8 @@ def mde(
 
 
 def bias_corrected_tv(observed: float, test: GapTest) -> float:
-    """The TV distance with its sampling bias taken out (docs/statistics.md):
-    sqrt(max(0, T² − E₀[T*²])), E₀[T*²] the mean square over the test's labellings (the
-    plug-in's square exceeds the true square by about that much)."""
+    """The TV distance with its sampling bias taken out, sqrt(max(0, T² − E₀[T*²])) over the
+    test's labellings (docs/statistics.md, "Bias-corrected TV distance")."""
     if not (np.isfinite(observed) and np.isfinite(test.null_sq)):
         return float("nan")
     return float(np.sqrt(max(0.0, observed**2 - test.null_sq)))

@@ -1,10 +1,6 @@
-"""Power and sample-size planning from a pilot run (docs/statistics.md, "Power and sample size",
-says how `simulate` draws a run like the pilot's and why the prompts' means are shrunk).
-
-A pilot cell is one (model, task, method, variant, view, metric) of a run. `simulate` draws n
-units × s rows per prompt from it with a known gap; `power` is the share of such runs whose
-test (`gap_test`, as in the report) rejects at the level, `units_needed` the fewest units that
-reach a power, `mde_at` the MDE at a planned size.
+"""Power and sample-size planning from a pilot run's cell (docs/statistics.md, "Planning from
+a pilot"): `simulate` draws runs like the pilot's with a known gap, `power` is the share whose
+test rejects, `units_needed` the fewest units that reach a power, `mde_at` a planned size's MDE.
 """
 
 from __future__ import annotations
@@ -130,12 +126,9 @@ def _shrinkage(cell: Cell, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prepare(cell: Cell) -> Pilot:
-    """`cell` with what `simulate` draws from. A prompt's expected simulated score is
-    μ + t_p·(its unit's mean − μ) + a_p·(its mean − its unit's mean), with
-    a_p² = σ_p² / (σ_p² + σ_w²/n_p) (the spread within units) and t_p² = σ_u² / the variance of
-    a unit's mean (the spread between units); t_p = a_p = the between-prompt share where units
-    are prompts. Regard draws rows from the prompt (a_p), its unit (b_p = t_p − a_p) or all;
-    row labels (a(x)) are drawn so, with a_p, t_p of the label's rate."""
+    """`cell` with what `simulate` draws from: each prompt's shrunk mean, μ + t_p·(its unit's
+    mean − μ) + a_p·(its mean − its unit's mean), and the chances a_p, b_p = t_p − a_p that a
+    regard row or a row label comes from its prompt or its unit (docs/statistics.md)."""
     n_p = cell.unit_of.size
     counts = np.bincount(cell.prompt, minlength=n_p)
     n = np.maximum(counts, 1).astype(np.float64)
