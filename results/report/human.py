@@ -1,12 +1,9 @@
 """The "Human preference" table (the paper's Table 6 layout) from the summary's `human:` rows.
 
-Rows: model (task) and criterion, pooled over annotators, then one row per annotator. Column
-groups: one per method vs reference, each `method | Tied | reference` (the portions, with their
-cluster-bootstrap interval), the sign test's p-value and, on pooled rows, κ with the raw
-agreement. The larger of the method's and the reference's portions is bold only where the sign
-test rejects at the run's level (the paper bolded every larger portion). Rendered for
-tables.md (`build`), index.html (`html`) and tables.tex (`tex`), each cell by the format's
-`Style`; absent when the run has no imported answers.
+Rows: model (task) and criterion, pooled, then one per annotator; per method vs reference
+the portions, the sign test's p-value and κ. The larger portion is bold only where the sign test
+rejects at the run's level (the paper bolded every larger portion). Each format writes the cells
+with its `Style` (docs/design.md, "Reports").
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """`RUN/results.json`: what a run found in one file, in the shape lm-evaluation-harness users
-know, written after every aggregation (its JSON Schema: docs/results.schema.json): `config`
-(the run's config.yaml, redacted again here so an old snapshot cannot leak a key), `versions`
-(harness, git commit with `+dirty`, Python, platform, packages, schema and job-id versions),
-`aggregation` (its settings) and `results` (every summary row, NaN as null).
+know, written after every aggregation (its JSON Schema: docs/results.schema.json). The config is
+redacted again here, so an old snapshot cannot leak a key.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """report/tables.tex (a fragment: one table per view, docs/design.md "Reports") and
 report/report.tex (a document around it), LaTeX that compiles with pdflatex and lualatex: every
-text that reaches the page goes through `tex_escape`, which turns TeX's specials, the characters
-OT1 fonts print as others (`<` as ¡, `|` as —, `"` as ”) and the report's Unicode signs into
-commands that mean the same in both engines, any other non-ASCII character into its ASCII
-letter with an accent command, or `[U+XXXX]`.
+text that reaches the page goes through `tex_escape`, which writes TeX's specials, the characters
+OT1 fonts print as others (`<` as ¡) and every non-ASCII character as commands both engines print
+alike.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Low-level file I/O of a run directory (docs/design.md, "Run directory"): its filesystem
-(`open_filesystem`), atomic writes (`put_bytes`, `atomic_output`), retried reads of single
-files (`retry_io`), the schema-version check (`check_version`) and `StoreError`.
-
-On object stores a streamed object goes to a temp key, copied into place only once the block
-ends normally: pyarrow's Python streams have no abort, and closing one publishes what was
-written so far.
+"""Low-level file I/O of a run directory (docs/design.md, "Run directory"): its filesystem,
+atomic writes, retried reads of single files, the schema-version check and `StoreError`. On
+object stores a streamed object goes to a temp key: pyarrow's Python streams have no abort, and
+closing one publishes what was written so far.
 """
 
 from __future__ import annotations
