@@ -1,8 +1,6 @@
-"""Sample generations' tokens as the report shows them: each token's text spaced as the
-generating model's tokenizer decodes it (growing-prefix decodes), else aligned with the stored
-continuation. The tokenizer comes from a `TokenizerFor`, `(model, revision) → Tokenizer or
-None` (default `cached_tokenizer`; the harness passes one that knows its tiny models to
-`aggregate_run`). Nothing here downloads or imports transformers or torch.
+"""Sample generations' tokens as the report shows them: spaced as the generating model's
+tokenizer decodes them (a `TokenizerFor`, `(model, revision) → Tokenizer or None`), else aligned
+with the stored continuation. Nothing here downloads or imports transformers or torch.
 """
 
 from __future__ import annotations

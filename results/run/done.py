@@ -1,9 +1,7 @@
 """`DoneIds`: the ids of finished jobs, held compactly for resume checks.
 
-A Python set of a million job ids costs ~100 MB of driver memory; this holds them as one sorted
-NumPy array of fixed-width bytes (23 bytes an id for `j1-` ids: 23 MB for a million) built from
-the Arrow column without creating a Python string per id, and answers membership for a chunk of
-ids with one `searchsorted`.
+A Python set of a million job ids costs ~100 MB of driver memory; one sorted NumPy array of
+fixed-width bytes, built from the Arrow column without a Python string per id, costs 23 MB.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Generation rows joined with the score rows of each metric: the input of aggregation.
-
-This is the I/O side of aggregation: it reads a run directory, decides which scorer and which
-scorer version stand for each metric, and hands a plain frame to the pure functions of
-`results.stats.aggregate`. Every choice it makes is written into `JoinedRun.sources` / `notes`.
+"""Generation rows joined with the score rows of each metric: the I/O side of aggregation,
+which decides the scorer and version that stand for each metric (`JoinedRun.sources`, `notes`).
 """
 
 from __future__ import annotations
