@@ -43,6 +43,11 @@ TABLE_ORDER = (
     "tab:gen tab:joint tab:app:gen tab:app:joint tab:app:gen:lpp tab:app:joint:lpp".split()
 )
 COLUMNS = ("score", "score_sd", "bias", "ppl")
+COMPARED = {  # the columns of `compare_with_paper`
+    **dict.fromkeys(["model", "method", "variant", "task", "view", "column"], pl.String),
+    **dict.fromkeys(["ours", "paper", "diff"], pl.Float64),
+    **dict.fromkeys(["paper_table", "note"], pl.String),
+}
 
 
 def load_paper_tables() -> pl.DataFrame:
@@ -102,20 +107,6 @@ def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> p
                 ours = abs(ours)  # the paper prints |gap|; ours is signed (female − male)
                 note = "ours: |signed gap|"
             diff = ours - ref[column] if ours is not None and ref[column] is not None else None
-            rows.append(
-                {
-                    **{k: cell[k] for k in ("model", "method", "variant", "task", "view")},
-                    "column": column,
-                    "ours": ours,
-                    "paper": ref[column],
-                    "diff": diff,
-                    "paper_table": ref["table"],
-                    "note": note,
-                }
-            )
-    schema = {
-        "model": pl.String, "method": pl.String, "variant": pl.String, "task": pl.String,
-        "view": pl.String, "column": pl.String, "ours": pl.Float64, "paper": pl.Float64,
-        "diff": pl.Float64, "paper_table": pl.String, "note": pl.String,
-    }  # fmt: skip
-    return pl.DataFrame(rows, schema=schema)
+            key = [cell[k] for k in ("model", "method", "variant", "task", "view")]
+            rows.append((*key, column, ours, ref[column], diff, ref["table"], note))
+    return pl.DataFrame(rows, schema=COMPARED, orient="row")
