@@ -107,6 +107,6 @@ def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> p
                 ours = abs(ours)  # the paper prints |gap|; ours is signed (female − male)
                 note = "ours: |signed gap|"
             diff = ours - ref[column] if ours is not None and ref[column] is not None else None
-            key = [cell[k] for k in ("model", "method", "variant", "task", "view")]
-            rows.append((*key, column, ours, ref[column], diff, ref["table"], note))
+            names = [cell[k] for k in ("model", "method", "variant", "task", "view")]
+            rows.append((*names, column, ours, ref[column], diff, ref["table"], note))
     return pl.DataFrame(rows, schema=COMPARED, orient="row")

@@ -100,13 +100,9 @@ def _legend(fig: Any, handles: dict[str, Any], ncol: int) -> None:
 
 
 def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:
-    """|bias| (× 100, with the image of its interval at `level`) against mean perplexity.
-
-    One panel per (model, task): models are rows, tasks columns. Each method has its own
-    colour and marker, named in one legend below the panels (no labels on the points, so
-    none overlap); vanilla is a grey square; the points on the Pareto front of the plotted
-    |bias| and perplexity (both lower is better) are ringed.
-    """
+    """|bias| (× 100, with the image of its interval at `level`) against mean perplexity, one
+    panel per (model, task); the methods named in one legend below the panels (labels on the
+    points would overlap), the Pareto front of what is plotted ringed."""
     lay = layout(cells, view, level=level)
     tasks, blocks = lay.tasks, lay.blocks
     n_rows, n_cols = max(1, len(blocks)), max(1, len(tasks))
@@ -156,12 +152,8 @@ def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:
 
 
 def forest_figure(cells: pl.DataFrame, level: float = 0.95) -> Any:
-    """Each method's bias (× 100) with its interval at `level`, a forest plot.
-
-    One panel per (model, task): methods top to bottom in the tables' order, one marker per
-    view (offset vertically, named in the legend), a dashed line at 0 (no gap). Made whether
-    or not a perplexity exists.
-    """
+    """Each method's bias (× 100) with its interval at `level`: one panel per (model, task),
+    methods in the tables' order, one marker per view. Made whether or not a perplexity exists."""
     views = [v for v in VIEW_STYLES if v in set(cells["view"].to_list())]
     per_view = {v: layout(cells, v, level=level) for v in views}
     tasks = [t for t in TASKS if t in set(cells["task"].to_list())]

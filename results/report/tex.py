@@ -128,11 +128,6 @@ TEX = Style(
 )
 
 
-def view_label(view: str) -> str:
-    """The `\\label` of a view's table: `tab:harness:ax`, `tab:harness:acx`, …"""
-    return "tab:harness:" + "".join(ch for ch in view if ch.isalnum())
-
-
 # Shrink a box to the line's width, then to `height` of the page, keeping its shape; a box
 # that fits is left as it is (graphicx's \width, \totalheight are the box's natural size).
 FIT = (
@@ -216,7 +211,8 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
         title = VIEW_TITLES[view]  # LaTeX numbers the tables itself
         title = f"{title[0].upper()}{title[1:]} (level {level_text(res.level)})"
         notes = tex_prose(table_legend(lay))
-        parts.append(latex_table(lay, tex_escape(title), view_label(view), notes))
+        label = "tab:harness:" + "".join(ch for ch in view if ch.isalnum())  # tab:harness:acx
+        parts.append(latex_table(lay, tex_escape(title), label, notes))
     return "\n".join(parts)
 
 

@@ -231,9 +231,8 @@ def summarize(
         frame: joined ok generations (`results.stats.join.join_run(...).frame`).
         failed: generation rows with status error (counted, never scored).
         groups: demographic groups, in order (the config's; default: the labels seen,
-            female/male when only those). A configured group with no rows stays a group: its
-            counts are 0 and every gap over it is undefined, with the reason in `note`.
-        seed: bootstrap seed; resamples are drawn per (model, task) from (seed, model, task).
+            female/male when only those); one without rows stays, its gaps undefined.
+        seed: of the resamples (a stream per (model, task)) and the tests (one per cell).
         n_boot: bootstrap resamples (0: no intervals, no paired comparisons).
         level: confidence level of the percentile intervals.
         ppl_max: generations with a (finite) perplexity above this are dropped first.
