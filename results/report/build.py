@@ -134,12 +134,8 @@ def _sample_rows(
     cols = [*keys, "job_id", "prompt", "tokens", "choices", "token_ids", "continuation"]
     picked = None
     for batch in store.iter_generations([*cols, "model_revision", "status"], 50_000):
-        rows = batch.filter(
-            (pl.col("status") == "ok")
-            & pl.col("choices").is_not_null()
-            & (pl.col("choices").list.len() > 0)
-        ).drop("status")
-        rows = rows.filter(pl.col("job_id").is_in(ids.implode()))
+        ok = (pl.col("status") == "ok") & (pl.col("choices").list.len() > 0)  # (null: dropped)
+        rows = batch.filter(ok & pl.col("job_id").is_in(ids.implode())).drop("status")
         if rows.height:
             both = rows if picked is None else pl.concat([picked, rows])
             picked = both.sort("job_id").group_by(keys, maintain_order=True).head(per_cell)

@@ -65,18 +65,10 @@ def ppl_model(version: str | None) -> str | None:
 
 
 def compare_with_paper(cells: pl.DataFrame, ppl_version: str | None = None) -> pl.DataFrame:
-    """Our paper-style cells beside the paper's, where the (model, method, task, view) matches.
-
-    Args:
-        cells: `results.report.build.table_cells` rows (model, method, variant, task, view, score,
-            score_sd, bias, ppl).
-        ppl_version: version string of the perplexity scorer used (picks the paper's table
-            whose perplexity LM matches; GPT-2 XL tables otherwise, with a note).
-
-    Returns:
-        One row per compared number: model, method, variant, task, view, column, ours,
-        paper, diff (ours − paper), paper_table, note.
-    """
+    """One row (`COMPARED`) per number of our paper-style cells (`results.report.cells.
+    table_cells`) beside the paper's, where the (model, method, task, view) matches.
+    `ppl_version`: the perplexity scorer's version (the paper's table whose perplexity LM it
+    names; GPT-2 XL's otherwise, with a note)."""
     paper = load_paper_tables()
     ours_ppl = ppl_model(ppl_version)
     rows = []

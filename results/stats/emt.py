@@ -46,12 +46,10 @@ def labelled_emts(
 ) -> np.ndarray:
     """(R, G) EMT of each group under R labellings (R, N) of the rows.
 
-    `m` None: the paper's EMT, the mean over the prompts where the group has rows of its largest
-    value there. Else the count-matched EMT: the mean over the prompts where the group has at
-    least `m` rows of the expected maximum of `m` of them (`expected_max_cells`' weights).
-    Time and memory grow with R·N only (no (R, G, prompts) cells); `runs`: the rows are
-    sorted by (prompt, value) and these are their `prompt_runs` (a caller with many labellings
-    of the same rows computes them once). NaN where a group has no such prompt.
+    `m` None: the paper's EMT; else the count-matched EMT over `m` rows. Time and memory grow
+    with R·N only (no (R, G, prompts) cells); `runs`: the rows are sorted by (prompt, value)
+    and these are their `prompt_runs` (computed once for many labellings). NaN where a group
+    has no prompt to count.
     """
     if runs is None:
         if not _sorted(prompt, value):
