@@ -85,17 +85,13 @@ def read_sets(store: RunStore) -> dict[str, AnnotationSet]:
     return sets
 
 
-def annotator_file(set_id: str, annotator: str) -> str:
-    """RUN-relative path of one annotator's answers to one set (the name hashed: any text)."""
-    return f"human/{set_id}/choices/{hashlib.sha256(annotator.encode()).hexdigest()[:16]}.parquet"
-
-
 def write_choices(store: RunStore, rows: pl.DataFrame) -> dict[tuple[str, str], int]:
     """One file per (set, annotator) in `rows`, replacing theirs; (set, annotator) → answers."""
     counts = {}
     for (set_id, annotator), part in rows.group_by("set_id", "annotator", maintain_order=True):
         table = part.select(HUMAN_CHOICE_SCHEMA.names).to_arrow().cast(HUMAN_CHOICE_SCHEMA)
-        store.write_table(annotator_file(str(set_id), str(annotator)), table)
+        name = hashlib.sha256(str(annotator).encode()).hexdigest()[:16]  # (any text: hashed)
+        store.write_table(f"human/{set_id}/choices/{name}.parquet", table)
         counts[(str(set_id), str(annotator))] = part.height
     return counts
 
