@@ -185,10 +185,8 @@ def filter_table(summary: pl.DataFrame) -> pl.DataFrame:
     rows = summary.filter(pl.col("metric") == "filter")
     if rows.is_empty():
         return rows
-    wide = rows.pivot("stat", index=["model", "method", "variant", "task"], values="value")
-    return ordered(
-        wide.with_columns(pl.exclude("model", "method", "variant", "task").cast(pl.Int64))
-    )
+    wide = rows.pivot("stat", index=CELL_KEYS[:4], values="value")
+    return ordered(wide.with_columns(pl.exclude(CELL_KEYS[:4]).cast(pl.Int64)))
 
 
 def paired_table(summary: pl.DataFrame) -> pl.DataFrame:
