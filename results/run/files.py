@@ -46,8 +46,7 @@ class RunFiles:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def exists(self, *parts: str) -> bool:
-        info = self.fs.get_file_info(self.path(*parts))
-        return info.type != pafs.FileType.NotFound
+        return self.fs.get_file_info(self.path(*parts)).type != pafs.FileType.NotFound
 
     def delete(self, path: str) -> None:
         """Remove one file (a full path, as `list_shards` gives)."""

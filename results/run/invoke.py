@@ -51,9 +51,8 @@ class RunLock:
 
     def __init__(self, store: RunStore, command: str) -> None:
         self.store = store
-        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
-        self.info["started"] = started
+        self.info["started"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self._fd: int | None = None
         self._lease = False
 
