@@ -10,11 +10,6 @@ from typing import NamedTuple
 import numpy as np
 
 
-def _log_factorials(n: int) -> np.ndarray:
-    """log k! for k = 0..n."""
-    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
-
-
 def _sorted(prompt: np.ndarray, value: np.ndarray) -> bool:
     """Whether rows are sorted by prompt, then by ascending value."""
     step, rise = np.diff(prompt), np.diff(value)
@@ -99,7 +94,8 @@ def _matched(
 def max_weights(n_max: int, m: int) -> np.ndarray:
     """(n_max + 1, n_max + 1): [n, i] the probability C(i − 1, m − 1) / C(n, m) that the i-th
     smallest of n values is the maximum of m drawn without replacement; 0 unless m ≤ i ≤ n."""
-    lf = _log_factorials(n_max)
+    # lf[k] = log k!, k = 0..n_max
+    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n_max + 1, dtype=np.float64)))])
     n_, r_ = np.nonzero(np.tri(n_max + 1, dtype=bool) & (np.arange(n_max + 1) >= m))
     table = np.zeros((n_max + 1, n_max + 1))
     table[n_, r_] = np.exp((lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m]))
