@@ -101,6 +101,19 @@ def test_the_readme_says_how_to_use_the_venv_and_shows_each_new_option() -> None
         assert shown in readme, shown
 
 
+TRAIN_HEAD = [
+    "train-head",
+    "--model",
+    "m",
+    "--data",
+    "d.jsonl",
+    "--task",
+    "sentiment",
+    "--out",
+    "h",
+]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -113,6 +126,9 @@ def test_the_readme_says_how_to_use_the_venv_and_shows_each_new_option() -> None
         (["aggregate", "R", "--ppl-max", "-1"], "--ppl-max: must be > 0, got '-1'"),
         (["aggregate", "R", "--n-boot", "-5"], "--n-boot: must be >= 0, got '-5'"),
         (["compare", "A", "B", "--ppl-max", "inf"], "--ppl-max: must be > 0, got 'inf'"),
+        ([*TRAIN_HEAD, "--epochs", "0"], "argument --epochs: must be >= 1, got '0'"),
+        ([*TRAIN_HEAD, "--lr", "0"], "argument --lr: must be > 0, got '0'"),
+        ([*TRAIN_HEAD, "--val-fraction", "1"], "--val-fraction: must be >= 0 and < 1"),
     ],
 )
 def test_numbers_out_of_range_are_refused_naming_the_option(

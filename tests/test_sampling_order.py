@@ -21,7 +21,7 @@ import torch
 from tests.agreement import kept, noise, twin_token
 from workers.sampler import CUT_TOL, sample, sample_full, sample_topk, token_noise
 
-DRAWS = int(os.environ.get("LIDAO_SAMPLER_DRAWS", "25000"))
+DRAWS = int(os.environ.get("LIDAO_SAMPLER_DRAWS", "10000"))
 CHUNK = 5000
 PINNED = [0.978352377069279, -0.5496421878604763]  # token_noise([0, 3975714862755628463], 3, 7)
 

@@ -54,7 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     _export_args(add("export", "upload a run's Parquet tables and report (extra: hub)"))
     th = add("train-head", "train a linear attribute head on a frozen LM")
     add_train_head_args(th)
+    numbers = {  # refused by their range, naming the option, before any data is read
+        **dict.fromkeys(
+            ("epochs", "batch_size", "embed_batch_size", "max_tokens"), bounded(int, 1)
+        ),
+        "lr": bounded(float, 0, open_low=True),
+        "val_fraction": bounded(float, 0, 1, open_high=True),
+    }
     for action in th._actions:  # each default shown, unless None / False or the help says it
+        action.type = numbers.get(action.dest, action.type)
         text = action.help or ""
         if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
             action.help = f"{text} (default: %(default)s)".lstrip()

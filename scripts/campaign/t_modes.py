@@ -211,7 +211,10 @@ def tools(ctx: Ctx) -> None:
     )
     (ctx.dir / "train.jsonl").write_text(rows)
     th = ["train-head", "--model", "tiny-random/gpt2", "--task", "sentiment", "--epochs", "1"]
-    ctx.expect(ctx.cli(*th, "--data", "train.jsonl", "--out", "head.pt", "--device", "cpu"), 0)
+    good = ["--data", "train.jsonl", "--device", "cpu"]
+    # labels 0/1 name no desirable class: the command asks for it rather than guessing
+    ctx.expect(ctx.cli(*th, *good, "--out", "h0.pt"), 2, "pass --target-class")
+    ctx.expect(ctx.cli(*th, *good, "--out", "head.pt", "--target-class", "1"), 0)
     ctx.expect(
         ctx.cli(*th, "--data", "missing.jsonl", "--out", "h2.pt", "--device", "cpu"),
         2,
