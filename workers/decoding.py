@@ -17,20 +17,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from jobs.queue import batch_key
 from jobs.spec import JobSpec
 from results.schema import generation_row
 from workers.methods.base import DecodingMethod, StepContext
 from workers.models import LoadedLM
 from workers.sampler import sample_full, sample_topk
-
-
-def check_batch(jobs: Sequence[JobSpec]) -> None:
-    """A batch shares model, method, parameters, task and generation parameters."""
-    keys = {(j.model, j.method, j.method_params, j.task, j.generation) for j in jobs}
-    if len(keys) != 1:
-        raise ValueError(
-            f"a batch must share model/method/params/task/generation; got {len(keys)} kinds"
-        )
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -125,7 +117,10 @@ def decode_batch(
 
     `on_step`, when given, is called after every step with copies of what it sampled from.
     """
-    check_batch(jobs)
+    if (kinds := len({batch_key(j) for j in jobs})) != 1:
+        raise ValueError(
+            f"a batch must share model/method/params/task/generation; got {kinds} kinds"
+        )
     start = time.perf_counter()
     gen = jobs[0].generation
     prompt_ids = [prompt_token_ids(lm, j.prompt) for j in jobs]
