@@ -29,11 +29,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from jobs.spec import JobSpec
+from workers.hub import snapshot
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.experts import Follower, load_extra_lm
 from workers.sampler import CUT_TOL, cut_value
@@ -51,24 +53,9 @@ def _weights_file(spec: str) -> str | None:
     """The weights file of a local folder or of a hub model already in the local cache."""
     if spec.startswith(TINY_PREFIX):
         return None
-    for fname in WEIGHT_FILES:
-        path: str | None = os.path.join(spec, fname)
-        if not os.path.isdir(spec):
-            from transformers.utils import cached_file
-
-            try:
-                path = cached_file(
-                    spec,
-                    fname,
-                    local_files_only=True,
-                    _raise_exceptions_for_missing_entries=False,
-                    _raise_exceptions_for_connection_errors=False,
-                )
-            except (OSError, ValueError):
-                path = None
-        if path and os.path.isfile(path):
-            return path
-    return None
+    folder = Path(spec) if os.path.isdir(spec) else snapshot(spec, None)
+    found = [folder / name for name in WEIGHT_FILES if folder and (folder / name).is_file()]
+    return str(found[0]) if found else None
 
 
 def _checkpoint_tensors(spec: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
