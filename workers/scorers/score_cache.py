@@ -82,15 +82,6 @@ class ScoreCache:
                 out[key] = CachedScore(row[0], json.loads(row[1]) if row[1] else None, *row[2:])
         return out
 
-    def put(
-        self,
-        key: CacheKey,
-        status: str,
-        response: dict[str, Any] | None = None,
-        error: str | None = None,
-    ) -> None:
-        self.put_many([(key, status, response, error)])
-
     def put_many(
         self, entries: Iterable[tuple[CacheKey, str, dict[str, Any] | None, str | None]]
     ) -> None:
