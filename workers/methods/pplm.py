@@ -149,7 +149,7 @@ class PPLM(DecodingMethod):
     """PPLM with a linear attribute head (see the module docstring)."""
 
     name: ClassVar[str] = "pplm"
-    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True, attribute_head=True)
+    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True)
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         super().__init__(lm, params, task)
