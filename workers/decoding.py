@@ -58,13 +58,9 @@ def prompt_token_ids(lm: LoadedLM, prompt: str) -> list[int]:
 
 def continuation_text(tokenizer: Any, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
     """The text `ids` add after the prompt: prompt + continuation decoded together, minus the
-    decoded prompt.
-
-    Decoding the continuation alone is wrong for SentencePiece-style tokenizers (LLaMA: a
-    `Metaspace` / `Strip` decoder drops the first piece's leading space, so "a" + "▁nurse"
-    would read "anurse") and for word-level ones that join words with spaces. For byte-level
-    BPE (GPT-2) both give the same text. Should the decoded prompt not be a prefix of the whole
-    (a decoder that rewrites across the boundary), the text after their common prefix is taken.
+    decoded prompt (docs/design.md, "The decoding loop": a lone decode drops SentencePiece's
+    boundary space). Should the decoded prompt not be a prefix of the whole (a decoder that
+    rewrites across the boundary), the text after their common prefix is taken.
     """
     if not ids:
         return ""

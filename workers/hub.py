@@ -1,11 +1,8 @@
 """The Hugging Face hub without downloading (torch-free): is it reachable, is a model in the
 local cache, does a repository exist; for `validate` / `run` / `score` and the actors' loaders.
-
-Offline, transformers retries each file of a missing model five times with back-off (about
-25 s per file, 49 s for one scorer in the measured case). Here the hub is probed once per
-process (`PROBE_TIMEOUT_S`); when it does not answer, `HF_HUB_OFFLINE=1` is set for this process
-and those it starts, so a load that is not in the cache fails at once. The user's
-`HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` are honoured and nothing is probed.
+The hub is probed once per process (`PROBE_TIMEOUT_S`); when it does not answer, offline mode
+is switched on so that a load that is not cached fails at once instead of retrying for
+minutes (docs/footguns.md). The user's `HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` are honoured.
 """
 
 from __future__ import annotations

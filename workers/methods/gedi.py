@@ -115,13 +115,10 @@ def gedi_filter(
 ) -> torch.Tensor:
     """Remove (−10000, as the reference) the least desirable tokens holding < filter_p of the mass.
 
-    The cut is the sampler's (`workers.sampler.cut_value`): with the tokens ordered by
-    desirability ascending, d_c is the desirability of the token at which their mass reaches
-    `filter_p`, and a token is dropped when its desirability lies more than `CUT_TOL` nats below
-    d_c and below log `target_p` (P(desired | v) ≥ target_p keeps a token). Tokens whose
-    desirability differs by rounding only (a GeDi model that barely separates its codes ranks
-    most of the vocabulary within 1e-3 nats) fall on the same side of the cut in any batch; the
-    cut depends only on the row, never on the order of ties or the sort kernel.
+    The cut is the sampler's (`workers.sampler.cut_value`, docs/design.md, "Jobs and identity"):
+    a token is dropped when its desirability lies more than `CUT_TOL` nats below that of the
+    token at which the mass from the least desirable end reaches `filter_p`, and below log
+    `target_p`; tokens apart by rounding only fall on the same side in any batch.
     """
     d, order = torch.sort(logp_desired, dim=-1)
     floor = cut_value(d, torch.softmax(scores, -1).gather(-1, order), filter_p) - CUT_TOL
