@@ -170,7 +170,7 @@ def _loop(
     on_step: Callable[[StepTrace], None] | None = None,
 ) -> tuple[list[list[int]], list[str]]:
     """The steps of one batch. Device work is queued without host round trips except one
-    transfer per step: the sampled tokens with the rows' flags (`_Step`)."""
+    transfer per step: the sampled tokens with the rows' flags (`_fetch`)."""
     gen = jobs[0].generation
     B, dev = len(jobs), lm.device
     eos = lm.eos_id
@@ -211,7 +211,7 @@ def _loop(
             position_ids=position_ids,
             past_key_values=out.past_key_values,
             logits=out.logits[:, -1, :].detach().float(),
-            hidden_states=_detached(out.hidden_states) if want_hidden else None,
+            hidden_states=tuple(h.detach() for h in out.hidden_states) if want_hidden else None,
             active=active,
             jobs=jobs,
             process=process,
@@ -227,22 +227,22 @@ def _loop(
         probs = torch.softmax(safe, dim=-1)
         tokens, exact = sample_topk(probs, gen.top_p, seeds, step)
         tokens = torch.where(ok, tokens, pad)
-        host = _Step.fetch(tokens, exact, bad)  # the step's one device → host transfer
-        if host.redo:
-            redo = torch.tensor(host.redo, device=dev)
-            tokens[redo] = sample_full(probs[redo], gen.top_p, seeds[redo], step)
-            host.tokens = tokens.tolist()
+        host_tokens, redo, host_bad = _fetch(tokens, exact, bad)  # the step's one transfer
+        if redo:
+            rows = torch.tensor(redo, device=dev)
+            tokens[rows] = sample_full(probs[rows], gen.top_p, seeds[rows], step)
+            host_tokens = tokens.tolist()
         for i in range(B):
             if not live[i]:
                 continue
-            if i in failures or host.bad[i]:
+            if i in failures or host_bad[i]:
                 if i not in failures:
                     ctx.fail(i, f"non-finite next-token distribution at step {step}")
                 live[i], finish[i] = False, "error"
-            elif eos is not None and host.tokens[i] == eos:
+            elif eos is not None and host_tokens[i] == eos:
                 live[i], finish[i] = False, "eos"
             else:
-                generated[i].append(host.tokens[i])
+                generated[i].append(host_tokens[i])
         if on_step is not None:
             on_step(StepTrace(step, logprobs.clone(), seeds, tokens.clone(), ok.clone()))
         if eos is not None:
@@ -268,10 +268,6 @@ def _loop(
     return generated, finish
 
 
-def _detached(hidden: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(h.detach() for h in hidden)
-
-
 def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: the prompt's own tokens, without left padding and the leading BOS. Only these
     (and generated tokens) count for the repetition penalty: BOS is not text, and for GPT-2 it
@@ -284,17 +280,14 @@ def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) 
     return real
 
 
-class _Step:
-    """The host's copy of one step: tokens, rows to redo with a full sort, non-finite rows."""
-
-    def __init__(self, tokens: list[int], redo: list[int], bad: list[bool]) -> None:
-        self.tokens, self.redo, self.bad = tokens, redo, bad
-
-    @classmethod
-    def fetch(cls, tokens: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor) -> _Step:
-        packed = torch.stack([tokens, exact.long(), bad.long()]).tolist()  # one sync
-        redo = [i for i, (e, b) in enumerate(zip(packed[1], packed[2])) if not e and not b]
-        return cls(packed[0], redo, [bool(b) for b in packed[2]])
+def _fetch(
+    tokens: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor
+) -> tuple[list[int], list[int], list[bool]]:
+    """The host's copy of one step in one sync: tokens, rows to redo with a full sort (not
+    `exact`, not `bad`), non-finite rows."""
+    packed = torch.stack([tokens, exact.long(), bad.long()]).tolist()
+    redo = [i for i, (e, b) in enumerate(zip(packed[1], packed[2])) if not e and not b]
+    return packed[0], redo, [bool(b) for b in packed[2]]
 
 
 def _row(
