@@ -85,11 +85,11 @@ class Perplexity(Scorer):
         """Mean NLL (nats) of each continuation given its prompt; None for no tokens."""
         import torch
 
+        from workers.decoding import max_context
+
         width = max(len(p) + len(c) for p, c in pairs)
-        limit = getattr(self.lm.model.config, "max_position_embeddings", None) or getattr(
-            self.lm.model.config, "n_positions", None
-        )
-        if limit is not None and width > int(limit):
+        limit = max_context(self.lm)
+        if limit is not None and width > limit:
             raise ScorerError(f"prompt + continuation is {width} tokens; the model takes {limit}")
         ids = torch.full((len(pairs), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(pairs), width), IGNORE, dtype=torch.long)
