@@ -168,9 +168,7 @@ def availability(spec: str, revision: str | None = None, kind: str = "model") ->
     probe) the repository's metadata. An unreachable hub switches offline mode on."""
     if is_local(spec):
         return local_availability(spec, kind)
-    # Even a cached model is looked up on the hub by transformers (its files' freshness), with
-    # the same retries when the hub does not answer (146 s measured for a cached tiny model):
-    # the probe switches offline mode on for this process and the actors it starts.
+    # even a cached model is checked for fresher files, with retries (docs/footguns.md): probe
     reachable, why = offline_unless_reachable()
     folder = snapshot(spec, revision)
     complete = folder is not None and (

@@ -23,11 +23,9 @@ METHOD_GROUP = "lidao_harness.methods"
 SCORER_GROUP = "lidao_harness.scorers"
 
 _state = {"loaded": False, "loading": False}
-# Held while a model, a method or a scorer is built in this process (`--no-ray`: the generator
-# in the driver's thread, scorers that follow generation in another). Building one imports
-# transformers' lazy modules, and two threads importing them at once see half-initialised
-# modules ("cannot import name 'AutoModelForCausalLM'"); once built, decoding and scoring
-# import nothing more (measured), so only construction is serialised.
+# Held while a model, a method or a scorer is built in this process (`--no-ray`: generation
+# and the scorers that follow it in two threads): concurrent imports of transformers' lazy
+# modules fail (docs/footguns.md), and only construction imports them.
 BUILDING = threading.RLock()
 
 
