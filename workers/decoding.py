@@ -134,26 +134,16 @@ def decode_batch(
     filler = [lm.eos_id if lm.eos_id is not None else 0]
     safe_ids = [filler if i in failures else p for i, p in enumerate(prompt_ids)]
     input_ids, mask = left_padded(lm, safe_ids)
-    grads = method.needs.gradients
-    outer = nullcontext() if grads else torch.inference_mode()
+    outer = nullcontext() if method.needs.gradients else torch.inference_mode()
     try:
         with outer:
             generated, finish = _loop(
                 lm, method, jobs, safe_ids, input_ids, mask, failures, on_step
             )
-        elapsed = time.perf_counter() - start
+        per_job = (time.perf_counter() - start) / len(jobs)
         return [
-            _row(
-                lm,
-                method,
-                jobs[i],
-                i,
-                (prompt_ids[i], generated[i]),
-                finish[i],
-                failures.get(i),
-                elapsed / len(jobs),
-            )
-            for i in range(len(jobs))
+            _row(lm, method, job, i, prompt_ids[i], generated[i], finish[i], failures, per_job)
+            for i, job in enumerate(jobs)
         ]
     finally:
         method.end()
@@ -295,13 +285,14 @@ def _row(
     method: DecodingMethod,
     job: JobSpec,
     i: int,
-    prompt_and_ids: tuple[list[int], list[int]],
+    prompt_ids: list[int],
+    ids: list[int],
     finish: str,
-    error: str | None,
+    failures: dict[int, str],
     elapsed: float,
 ) -> dict[str, Any]:
     tok = lm.tokenizer
-    prompt_ids, ids = prompt_and_ids
+    error = failures.get(i)
     ids = [] if error else ids
     row = generation_row(
         job.to_row(),
