@@ -32,8 +32,6 @@ class Perplexity(Scorer):
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
-        if int(self.params["batch_size"]) < 1:
-            raise ScorerError(f"scorer {self.name!r}: batch_size must be >= 1")
         from workers.models import load_lm
 
         ref = ModelRef(

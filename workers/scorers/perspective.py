@@ -74,7 +74,6 @@ class PerspectiveToxicity(Scorer):
         self.attribute = str(p["attribute"]).upper()
         langs = p["languages"]
         self.languages = [langs] if isinstance(langs, str) else [str(x) for x in (langs or [])]
-        text_of({"prompt": "", "continuation": ""}, p["text_field"])  # fails early on a bad field
         endpoint = p["endpoint"] or os.environ.get("PERSPECTIVE_API_ENDPOINT") or DEFAULT_ENDPOINT
         try:
             limiter = SlidingWindowLimiter(float(p["qps"]), float(p["quota_window_s"]))
