@@ -61,12 +61,6 @@ class TuneSites:
         return bool(self.above) and self.above[0] is self.points[-1]
 
     @property
-    def final_norm(self) -> HookPoint:
-        if not self.has_final_norm:
-            raise MethodError(f"bias tuning: the model has no final norm above {self.blocks_path}")
-        return self.points[-1]
-
-    @property
     def block_points(self) -> tuple[HookPoint, ...]:
         """The hook points inside the tuned blocks (every point but the final norm)."""
         return self.points[:-1] if self.has_final_norm else self.points
