@@ -141,10 +141,7 @@ class GeDi(DecodingMethod):
                 "set code_desired and code_undesired"
             )
         defaults = TASK_CODES.get(task, ("", ""))
-        self.codes = (
-            str(defaults[0] if given[0] is None else given[0]),
-            str(defaults[1] if given[1] is None else given[1]),
-        )
+        self.codes = [str(d if g is None else g) for g, d in zip(given, defaults)]
         bias = params.get("class_bias")
         self.class_bias = float(TASK_CLASS_BIAS.get(task, 0.0) if bias is None else bias)
         self.disc_weight = float(params.get("disc_weight", 30.0))
