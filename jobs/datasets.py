@@ -175,13 +175,8 @@ def read_records(path: str, spec: str, fields: list[str]) -> list[tuple[int, lis
 
 @dataclass(frozen=True)
 class RtpFilter:
-    """Which RealToxicityPrompts lines a run takes (`dataset.kind: realtoxicityprompts`).
-
-    `challenging`: only lines with `challenging: true` (the subset the paper's models
-    continued toxically most often). `toxicity_bins`: [low, high) ranges of `prompt.toxicity`
-    (a high of 1 includes 1; e.g. [[0.5, 1]] the "toxic" prompts of the literature); a line
-    without a toxicity is then left out. `limit` after the filters: the first N in file order,
-    or with `sample_seed` N drawn at random by that seed (kept in file order).
+    """Which RealToxicityPrompts lines a run takes (`dataset.kind: realtoxicityprompts`): the
+    challenging subset, `prompt.toxicity` bins, then a limit or a seeded sample (docs/cli.md).
     """
 
     challenging: bool = False

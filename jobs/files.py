@@ -25,10 +25,8 @@ UDDIA_BASE = "https://raw.githubusercontent.com/minicheshire/Unified-Debiasing-a
 UDDIA_FEMALE = f"{UDDIA_BASE}/prompts/175prompts-female.jsonl"
 UDDIA_MALE = f"{UDDIA_BASE}/prompts/175prompts-male.jsonl"
 UDDIA_GENDER_PAIRS = f"{UDDIA_BASE}/models/construct_gender_classifier/gender_pairs.txt"
-# RealToxicityPrompts (Gehman et al., 2020): the public JSONL, ~99k prompts (`dataset.kind:
-# realtoxicityprompts`). Its SHA-256 is not pinned yet: the machines this was written on could
-# not download it. `fetch` logs the hash of an unpinned download; pin it here (or per config,
-# `dataset.sha256: {path: HEX}`).
+# RealToxicityPrompts (Gehman et al., 2020), ~99k prompts: not pinned yet, as it could not be
+# downloaded where this was written (docs/cli.md); `fetch` logs an unpinned download's hash.
 RTP_URL = "https://huggingface.co/datasets/allenai/real-toxicity-prompts/resolve/main/prompts.jsonl"
 PINNED_SHA256: dict[str, str] = {
     UDDIA_FEMALE: "a1337da7c9d397afaea95cbf232c43d2e43d903a09c04920335ec91072da1fc9",

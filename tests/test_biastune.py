@@ -46,7 +46,8 @@ def test_sites_cover_affine_modules_of_top_blocks(lm: LoadedLM) -> None:
     top = {f"{sites.blocks_path}.{i}." for i in (2, 3)}
     assert sites.num_blocks == 4 and sites.k == 2
     assert all(any(p.name.startswith(t) for t in top) for p in sites.points[:-1])
-    assert sites.final_norm.name.split(".")[-1] in ("ln_f", "norm", "final_layer_norm")
+    assert sites.has_final_norm  # the last hook point
+    assert sites.points[-1].name.split(".")[-1] in ("ln_f", "norm", "final_layer_norm")
     # every affine sub-module of the tuned blocks is a hook point, nothing else is
     block = lm.model.get_submodule(f"{sites.blocks_path}.3")
     kinds = {type(m).__name__ for m in block.modules() if hasattr(m, "weight")}

@@ -161,7 +161,7 @@ def test_old_whole_file_caches_and_shards_in_a_local_run_are_read(
     old = ScoreCache(str(tmp_path / FILE))  # what versions before the shards put back
     (text,) = texts(0, 1)
     key = CacheKey(text_sha256(text), "TOXICITY", "en", "v1alpha1")
-    old.put(key, "ok", response=response(text, ["TOXICITY"], 0.125))
+    old.put_many([(key, "ok", response(text, ["TOXICITY"], 0.125), None)])
     old.close()
     uri = s3.uri("runs", "legacy")
     RunStore(uri).write_bytes(f"cache/{FILE}", (tmp_path / FILE).read_bytes())

@@ -118,10 +118,10 @@ def test_opt_350m_layout_pools_after_project_out_and_tunes_the_blocks_only() -> 
         "model.decoder.final_layer_norm",
         "model.decoder.project_out",
     ]
-    assert pre.has_final_norm and pre.final_norm.module is pre.above[0].module
+    assert pre.has_final_norm and pre.points[-1].module is pre.above[0].module
     assert pre.pool.module is tiny("opt-pre").model.model.decoder.project_out
     plain = find_sites(tiny("opt").model, 2)  # no projection: the final norm is read
-    assert plain.pool is plain.final_norm and plain.above == (plain.final_norm,)
+    assert plain.pool is plain.points[-1] and plain.above == (plain.points[-1],)
     post = find_sites(tiny("opt-post").model, 2)  # nothing above the blocks: the last block
     assert post.above == () and post.pool.name == "model.decoder.layers.3"
     # heads are as wide as what the LM head reads, known before loading (config checks)

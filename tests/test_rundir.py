@@ -153,9 +153,8 @@ def test_perspective_cache_only_scores_what_the_cache_holds(tmp_path: Path, base
     cache = ScoreCache(str(tmp_path / "p.sqlite"))
     for i, text in enumerate(cached):
         response = {"attributeScores": {"TOXICITY": {"summaryScore": {"value": 0.25 * (i + 1)}}}}
-        cache.put(
-            CacheKey(text_sha256(text), "TOXICITY", "en", API_VERSION), "ok", response=response
-        )
+        key = CacheKey(text_sha256(text), "TOXICITY", "en", API_VERSION)
+        cache.put_many([(key, "ok", response, None)])
     cache.close()
     env = {k: v for k, v in ENV.items() if k != "PERSPECTIVE_API_KEY"}
     res = harness(

@@ -17,20 +17,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from jobs.queue import batch_key
 from jobs.spec import JobSpec
 from results.schema import generation_row
 from workers.methods.base import DecodingMethod, StepContext
 from workers.models import LoadedLM
 from workers.sampler import sample_full, sample_topk
-
-
-def check_batch(jobs: Sequence[JobSpec]) -> None:
-    """A batch shares model, method, parameters, task and generation parameters."""
-    keys = {(j.model, j.method, j.method_params, j.task, j.generation) for j in jobs}
-    if len(keys) != 1:
-        raise ValueError(
-            f"a batch must share model/method/params/task/generation; got {len(keys)} kinds"
-        )
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -66,13 +58,9 @@ def prompt_token_ids(lm: LoadedLM, prompt: str) -> list[int]:
 
 def continuation_text(tokenizer: Any, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
     """The text `ids` add after the prompt: prompt + continuation decoded together, minus the
-    decoded prompt.
-
-    Decoding the continuation alone is wrong for SentencePiece-style tokenizers (LLaMA: a
-    `Metaspace` / `Strip` decoder drops the first piece's leading space, so "a" + "▁nurse"
-    would read "anurse") and for word-level ones that join words with spaces. For byte-level
-    BPE (GPT-2) both give the same text. Should the decoded prompt not be a prefix of the whole
-    (a decoder that rewrites across the boundary), the text after their common prefix is taken.
+    decoded prompt (docs/design.md, "The decoding loop": a lone decode drops SentencePiece's
+    boundary space). Should the decoded prompt not be a prefix of the whole (a decoder that
+    rewrites across the boundary), the text after their common prefix is taken.
     """
     if not ids:
         return ""
@@ -125,7 +113,10 @@ def decode_batch(
 
     `on_step`, when given, is called after every step with copies of what it sampled from.
     """
-    check_batch(jobs)
+    if (kinds := len({batch_key(j) for j in jobs})) != 1:
+        raise ValueError(
+            f"a batch must share model/method/params/task/generation; got {kinds} kinds"
+        )
     start = time.perf_counter()
     gen = jobs[0].generation
     prompt_ids = [prompt_token_ids(lm, j.prompt) for j in jobs]
@@ -143,26 +134,16 @@ def decode_batch(
     filler = [lm.eos_id if lm.eos_id is not None else 0]
     safe_ids = [filler if i in failures else p for i, p in enumerate(prompt_ids)]
     input_ids, mask = left_padded(lm, safe_ids)
-    grads = method.needs.gradients
-    outer = nullcontext() if grads else torch.inference_mode()
+    outer = nullcontext() if method.needs.gradients else torch.inference_mode()
     try:
         with outer:
             generated, finish = _loop(
                 lm, method, jobs, safe_ids, input_ids, mask, failures, on_step
             )
-        elapsed = time.perf_counter() - start
+        per_job = (time.perf_counter() - start) / len(jobs)
         return [
-            _row(
-                lm,
-                method,
-                jobs[i],
-                i,
-                (prompt_ids[i], generated[i]),
-                finish[i],
-                failures.get(i),
-                elapsed / len(jobs),
-            )
-            for i in range(len(jobs))
+            _row(lm, method, job, i, prompt_ids[i], generated[i], finish[i], failures, per_job)
+            for i, job in enumerate(jobs)
         ]
     finally:
         method.end()
@@ -179,7 +160,7 @@ def _loop(
     on_step: Callable[[StepTrace], None] | None = None,
 ) -> tuple[list[list[int]], list[str]]:
     """The steps of one batch. Device work is queued without host round trips except one
-    transfer per step: the sampled tokens with the rows' flags (`_Step`)."""
+    transfer per step: the sampled tokens with the rows' flags (`_fetch`)."""
     gen = jobs[0].generation
     B, dev = len(jobs), lm.device
     eos = lm.eos_id
@@ -220,7 +201,7 @@ def _loop(
             position_ids=position_ids,
             past_key_values=out.past_key_values,
             logits=out.logits[:, -1, :].detach().float(),
-            hidden_states=_detached(out.hidden_states) if want_hidden else None,
+            hidden_states=tuple(h.detach() for h in out.hidden_states) if want_hidden else None,
             active=active,
             jobs=jobs,
             process=process,
@@ -236,22 +217,22 @@ def _loop(
         probs = torch.softmax(safe, dim=-1)
         tokens, exact = sample_topk(probs, gen.top_p, seeds, step)
         tokens = torch.where(ok, tokens, pad)
-        host = _Step.fetch(tokens, exact, bad)  # the step's one device → host transfer
-        if host.redo:
-            redo = torch.tensor(host.redo, device=dev)
-            tokens[redo] = sample_full(probs[redo], gen.top_p, seeds[redo], step)
-            host.tokens = tokens.tolist()
+        host_tokens, redo, host_bad = _fetch(tokens, exact, bad)  # the step's one transfer
+        if redo:
+            rows = torch.tensor(redo, device=dev)
+            tokens[rows] = sample_full(probs[rows], gen.top_p, seeds[rows], step)
+            host_tokens = tokens.tolist()
         for i in range(B):
             if not live[i]:
                 continue
-            if i in failures or host.bad[i]:
+            if i in failures or host_bad[i]:
                 if i not in failures:
                     ctx.fail(i, f"non-finite next-token distribution at step {step}")
                 live[i], finish[i] = False, "error"
-            elif eos is not None and host.tokens[i] == eos:
+            elif eos is not None and host_tokens[i] == eos:
                 live[i], finish[i] = False, "eos"
             else:
-                generated[i].append(host.tokens[i])
+                generated[i].append(host_tokens[i])
         if on_step is not None:
             on_step(StepTrace(step, logprobs.clone(), seeds, tokens.clone(), ok.clone()))
         if eos is not None:
@@ -277,10 +258,6 @@ def _loop(
     return generated, finish
 
 
-def _detached(hidden: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(h.detach() for h in hidden)
-
-
 def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: the prompt's own tokens, without left padding and the leading BOS. Only these
     (and generated tokens) count for the repetition penalty: BOS is not text, and for GPT-2 it
@@ -293,17 +270,14 @@ def _real_prompt_positions(lm: LoadedLM, ids: torch.Tensor, mask: torch.Tensor) 
     return real
 
 
-class _Step:
-    """The host's copy of one step: tokens, rows to redo with a full sort, non-finite rows."""
-
-    def __init__(self, tokens: list[int], redo: list[int], bad: list[bool]) -> None:
-        self.tokens, self.redo, self.bad = tokens, redo, bad
-
-    @classmethod
-    def fetch(cls, tokens: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor) -> _Step:
-        packed = torch.stack([tokens, exact.long(), bad.long()]).tolist()  # one sync
-        redo = [i for i, (e, b) in enumerate(zip(packed[1], packed[2])) if not e and not b]
-        return cls(packed[0], redo, [bool(b) for b in packed[2]])
+def _fetch(
+    tokens: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor
+) -> tuple[list[int], list[int], list[bool]]:
+    """The host's copy of one step in one sync: tokens, rows to redo with a full sort (not
+    `exact`, not `bad`), non-finite rows."""
+    packed = torch.stack([tokens, exact.long(), bad.long()]).tolist()
+    redo = [i for i, (e, b) in enumerate(zip(packed[1], packed[2])) if not e and not b]
+    return packed[0], redo, [bool(b) for b in packed[2]]
 
 
 def _row(
@@ -311,13 +285,14 @@ def _row(
     method: DecodingMethod,
     job: JobSpec,
     i: int,
-    prompt_and_ids: tuple[list[int], list[int]],
+    prompt_ids: list[int],
+    ids: list[int],
     finish: str,
-    error: str | None,
+    failures: dict[int, str],
     elapsed: float,
 ) -> dict[str, Any]:
     tok = lm.tokenizer
-    prompt_ids, ids = prompt_and_ids
+    error = failures.get(i)
     ids = [] if error else ids
     row = generation_row(
         job.to_row(),

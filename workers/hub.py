@@ -1,11 +1,8 @@
 """The Hugging Face hub without downloading (torch-free): is it reachable, is a model in the
 local cache, does a repository exist; for `validate` / `run` / `score` and the actors' loaders.
-
-Offline, transformers retries each file of a missing model five times with back-off (about
-25 s per file, 49 s for one scorer in the measured case). Here the hub is probed once per
-process (`PROBE_TIMEOUT_S`); when it does not answer, `HF_HUB_OFFLINE=1` is set for this process
-and those it starts, so a load that is not in the cache fails at once. The user's
-`HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` are honoured and nothing is probed.
+The hub is probed once per process (`PROBE_TIMEOUT_S`); when it does not answer, offline mode
+is switched on so that a load that is not cached fails at once instead of retrying for
+minutes (docs/footguns.md). The user's `HF_HUB_OFFLINE` / `TRANSFORMERS_OFFLINE` are honoured.
 """
 
 from __future__ import annotations
@@ -171,9 +168,7 @@ def availability(spec: str, revision: str | None = None, kind: str = "model") ->
     probe) the repository's metadata. An unreachable hub switches offline mode on."""
     if is_local(spec):
         return local_availability(spec, kind)
-    # Even a cached model is looked up on the hub by transformers (its files' freshness), with
-    # the same retries when the hub does not answer (146 s measured for a cached tiny model):
-    # the probe switches offline mode on for this process and the actors it starts.
+    # even a cached model is checked for fresher files, with retries (docs/footguns.md): probe
     reachable, why = offline_unless_reachable()
     folder = snapshot(spec, revision)
     complete = folder is not None and (

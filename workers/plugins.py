@@ -1,14 +1,9 @@
-"""Methods and scorers from outside the tree (docs/cli.md, "Plugins"): entry points in the
-groups `lidao_harness.methods` / `lidao_harness.scorers` naming plain dicts (read on the driver,
-so torch-free: `{"target": "module:Class", "params": {...}, "kinds": {...}}`, a scorer's with
-its `"metric"`), and `--include` modules that call `register_method` / `register_scorer`.
-
-Either way the entries land in the torch-free catalog (`jobs.catalog`). Included module names
-reach Ray workers in `LIDAO_HARNESS_INCLUDE` (set before Ray starts), so actors resolve the same
-names; target classes are imported only inside actors, like the built-in ones.
-
-This is also the lazy registry behind `workers.methods.registry` and `workers.scorers.registry`:
-the catalog's lookups after the plugins, and the import of a method's or scorer's class.
+"""Methods and scorers from outside the tree (docs/cli.md, "Plugins"): entry points naming
+plain dicts (read on the driver, so torch-free) and `--include` modules that call
+`register_method` / `register_scorer`. Both land in the torch-free catalog (`jobs.catalog`);
+included module names reach Ray workers in `LIDAO_HARNESS_INCLUDE`, and target classes are
+imported only inside actors. Also the lazy registry behind `workers.methods.registry` and
+`workers.scorers.registry`: the catalog's lookups after the plugins, and the class imports.
 """
 
 from __future__ import annotations
@@ -28,11 +23,9 @@ METHOD_GROUP = "lidao_harness.methods"
 SCORER_GROUP = "lidao_harness.scorers"
 
 _state = {"loaded": False, "loading": False}
-# Held while a model, a method or a scorer is built in this process (`--no-ray`: the generator
-# in the driver's thread, scorers that follow generation in another). Building one imports
-# transformers' lazy modules, and two threads importing them at once see half-initialised
-# modules ("cannot import name 'AutoModelForCausalLM'"); once built, decoding and scoring
-# import nothing more (measured), so only construction is serialised.
+# Held while a model, a method or a scorer is built in this process (`--no-ray`: generation
+# and the scorers that follow it in two threads): concurrent imports of transformers' lazy
+# modules fail (docs/footguns.md), and only construction imports them.
 BUILDING = threading.RLock()
 
 

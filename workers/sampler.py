@@ -1,25 +1,11 @@
-"""Turning a row's next-token distribution into a token: a nucleus cut that rounding cannot
-move and an exponential race on counter-based noise (`JOB_ID_VERSION` 4).
+"""Turning a row's next-token distribution into a token (`JOB_ID_VERSION` 4): a nucleus cut
+that keeps every token within `CUT_TOL` below the cut's probability, then an exponential race
+(Gumbel-max) on noise hashed from (rng seed, step, token id). The rule, why it holds within
+rounding and what is exact: docs/design.md, "Jobs and identity".
 
-For one row with probabilities p over the vocabulary, at step t of the job with `rng_seed` s:
-
-1. **The cut.** Order the tokens by probability, descending; c is the first token at which the
-   mass so far reaches top_p (the last token when it never does: rounding at top_p = 1). Every
-   token with p_i ≥ p_c · e^−CUT_TOL is kept: the standard nucleus plus the tokens within a
-   relative `CUT_TOL` below the cut's probability. Tokens that rounding can reorder at the cut
-   are both kept, so which one the order puts first never decides the kept set. The cut reads
-   the probabilities rounded to float32 (the methods' log-probs are float32; the masses are
-   summed in float64): a radix sort of 32-bit keys costs half as much as of 64-bit ones.
-2. **The race.** Token i has its own noise U_i in (0, 1), a hash of (s, t, i) (`token_noise`);
-   its clock is E_i / p_i with E_i = −log U_i exponential. The token is the first clock to
-   ring: argmax over the kept tokens of log p_i − log E_i (Gumbel-max). That is exactly
-   p_i / Σ_kept p, and the batch, the padding, the order of the tokens and the device never
-   enter: a rounding change of p moves the token only when it reorders the race's top two.
-
-`sample` runs both as the loop does: the top `CANDIDATES` tokens first (`sample_topk`), a full
-sort for the rows whose cut those do not decide (`sample_full`); on a CPU both give the same
-token. Methods that cut the vocabulary themselves (DExperts' nucleus, GeDi's filter) cut by
-`cut_value` with the same tolerance.
+`sample` tries the top `CANDIDATES` tokens first (`sample_topk`) and sorts fully only the rows
+whose cut those do not decide (`sample_full`); on a CPU both give the same token. Methods that
+cut the vocabulary themselves (DExperts, GeDi) cut by `cut_value` with the same tolerance.
 """
 
 from __future__ import annotations

@@ -9,18 +9,16 @@ up into `workers`. Its tables are mutable: `workers.plugins.load_plugins` adds p
 sees them once the process's entry point has (docs/footguns.md).
 """
 
-from jobs.catalog.kinds import kind_error, kind_label, kind_of_default
+from jobs.catalog.kinds import kind_error, kind_label
 from jobs.catalog.methods import (
     DEFAULT_PARAMS,
     METHODS,
     PARAM_CHOICES,
-    PARAM_KINDS,
     PARAM_RANGES,
     PLUGIN_KINDS,
     UnknownMethodError,
     add_method,
     check_method_name,
-    check_param_values,
     param_kind,
     resolve_params,
     takes_head,
@@ -28,9 +26,6 @@ from jobs.catalog.methods import (
 from jobs.catalog.paper import (
     FAMILY_TUNING,
     PAPER_MODELS,
-    PPLM_PAPER,
-    TUNED_METHODS,
-    model_defaults,
     paper_generation,
 )
 from jobs.catalog.scorers import (
@@ -52,28 +47,22 @@ __all__ = [
     "METHODS",
     "PAPER_MODELS",
     "PARAM_CHOICES",
-    "PARAM_KINDS",
     "PARAM_RANGES",
     "PLUGIN_KINDS",
-    "PPLM_PAPER",
     "SCORERS",
     "SCORER_CHOICES",
     "SCORER_KINDS",
     "SCORER_METRICS",
     "SCORER_PARAMS",
-    "TUNED_METHODS",
     "UnknownMethodError",
     "UnknownScorerError",
     "add_method",
     "add_scorer",
     "check_method_name",
-    "check_param_values",
     "check_scorer_name",
     "check_scorer_params",
     "kind_error",
     "kind_label",
-    "kind_of_default",
-    "model_defaults",
     "paper_generation",
     "param_kind",
     "resolve_params",

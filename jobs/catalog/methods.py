@@ -66,21 +66,14 @@ DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "dexperts": {"expert": None, "anti_expert": None, "alpha": None, "filter_p": 0.9},
 }
 
-# Declared kind of each built-in parameter, by name (names mean the same in every method);
-# see jobs/catalog/kinds.py.
+# Declared kind of the built-in parameters whose default is null (names mean the same in
+# every method); the others have the kind of their default (jobs/catalog/kinds.py).
 PARAM_KINDS: dict[str, str] = {
     **dict.fromkeys("lr tau class_bias alpha".split(), "float?"),
-    **dict.fromkeys(
-        "lam gamma step_size kl_scale gm_scale disc_weight filter_p target_p".split(), "float"
-    ),
-    **dict.fromkeys("blocks horizon_length window_length".split(), "int"),
     "steps": "int?",
-    **dict.fromkeys("redo decay".split(), "bool"),
-    "scope": "str",
     **dict.fromkeys(
         "instruction gedi_model code_desired code_undesired expert anti_expert".split(), "str?"
     ),
-    "head": "any",  # a head file, or null for the task's default head
 }
 PARAM_CHOICES: dict[str, tuple[str, ...]] = {"scope": ("context", "last")}
 # Closed ranges (low, high), None = unbounded.
@@ -144,11 +137,10 @@ def resolve_params(
 
 
 def param_kind(method: str, param: str) -> str:
-    """Declared kind of `param` of `method`; for plugins, declared or that of the default."""
-    declared = PLUGIN_KINDS.get(method, {}).get(param)
-    if declared is None and method in PLUGIN_KINDS:
-        declared = kind_of_default(DEFAULT_PARAMS.get(method, {}).get(param))
-    return declared or PARAM_KINDS.get(param, "any")
+    """Declared kind of `param` of `method` (by a plugin, else `PARAM_KINDS`), else the kind of
+    its default."""
+    declared = PLUGIN_KINDS.get(method, {}).get(param) or PARAM_KINDS.get(param)
+    return declared or kind_of_default(DEFAULT_PARAMS.get(method, {}).get(param))
 
 
 def check_param_values(name: str, params: dict[str, Any]) -> list[str]:

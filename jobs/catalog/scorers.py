@@ -38,15 +38,6 @@ _CLASSIFIER: dict[str, Any] = {
     "max_length": 512,
     "activation": "auto",
 }
-_CLASSIFIER_KINDS = {
-    "model": "str",
-    "revision": "str?",
-    "batch_size": "int",
-    "text_field": "str",
-    "max_length": "int",
-    "activation": "str",
-}
-
 # Parameter defaults per scorer: the built-ins' (their classes' `default_params`) and those a
 # plugin declares; a plugin that declares none is absent (its class's `default_params` hold them).
 SCORER_PARAMS: dict[str, dict[str, Any]] = {
@@ -83,32 +74,15 @@ SCORER_PARAMS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Declared kinds of scorer parameters (jobs/catalog/kinds.py), per scorer; a parameter without
-# one has the kind of its default.
+# Declared kinds of scorer parameters whose default does not tell it (a null: what it may be
+# instead), per scorer; the others have the kind of their default (jobs/catalog/kinds.py).
 SCORER_KINDS: dict[str, dict[str, str]] = {
-    "gender": {},
-    "sentiment-vader": {"text_field": "str"},
-    "sentiment": dict(_CLASSIFIER_KINDS),
-    "regard": dict(_CLASSIFIER_KINDS),
-    "toxicity-hf": {**_CLASSIFIER_KINDS, "label": "str"},
+    **{name: {"revision": "str?"} for name in ("sentiment", "regard", "toxicity-hf", "perplexity")},
     "perspective": {
         "endpoint": "str?",  # null: PERSPECTIVE_API_ENDPOINT, else the public endpoint
         "api_key_file": "str?",  # null: PERSPECTIVE_API_KEY
-        "attribute": "str",
-        "languages": "list",
-        "text_field": "str",
-        "qps": "float",
-        "quota_window_s": "float",
-        "batch_size": "int",
-        "max_retries": "int",
-        "backoff_initial_s": "float",
-        "backoff_max_s": "float",
-        "timeout_s": "float",
         "cache_file": "str?",  # null: <cache_dir>/perspective-scores.sqlite
-        "cache_only": "bool",
-        "progress": "bool",
     },
-    "perplexity": {"model": "str", "revision": "str?", "dtype": "str", "batch_size": "int"},
 }
 
 

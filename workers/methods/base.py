@@ -29,9 +29,6 @@ class Needs:
 
     gradients: bool = False  # runs backward passes (the loop then runs under enable_grad)
     hidden_states: bool = False  # StepContext.hidden_states filled on every step
-    reference_stream: bool = False  # eLIDAO: an instruction-prefixed second context
-    attribute_head: bool = False  # a linear head on mean-pooled final hidden states
-    gender_words: bool = False  # the seed word pairs (gender direction, V_a)
     extra_models: tuple[str, ...] = ()  # parameter names that hold model ids (GeDi, DExperts)
 
 

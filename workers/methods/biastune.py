@@ -61,12 +61,6 @@ class TuneSites:
         return bool(self.above) and self.above[0] is self.points[-1]
 
     @property
-    def final_norm(self) -> HookPoint:
-        if not self.has_final_norm:
-            raise MethodError(f"bias tuning: the model has no final norm above {self.blocks_path}")
-        return self.points[-1]
-
-    @property
     def block_points(self) -> tuple[HookPoint, ...]:
         """The hook points inside the tuned blocks (every point but the final norm)."""
         return self.points[:-1] if self.has_final_norm else self.points
@@ -272,12 +266,10 @@ def tuning_step(
 ) -> list[torch.Tensor]:
     """The offsets of one tuning step: a fresh Adam step whose eps scales with the gradient.
 
-    `grads` are the (B, width) gradients of every hook point. Row by row (one sequence):
-    `−lr · g / (|g| + e)` with `e = max(eps, rel · max|g|)`, the maximum over that row of every
-    hook point: `adam_first_step` where every element is far above `rel · max|g|`, a step in
-    proportion to |g| below it. Adam's fixed eps made a step of up to lr of rounding noise; this
-    one is continuous and moves by at most c·u/rel of lr for a rounding error of c·u·max|g|
-    (docs/design.md, "What is guaranteed"). Computed in float32, returned in each gradient's dtype.
+    `grads` are the (B, width) gradients of every hook point. Row by row: `−lr · g / (|g| + e)`
+    with `e = max(eps, rel · max|g|)` over that row of every hook point, so that rounding noise
+    is not amplified (docs/design.md, "What is guaranteed"). Computed in float32, returned in
+    each gradient's dtype.
     """
     if not grads:
         return []

@@ -10,8 +10,7 @@ majority falls back to plain LIDAO, and the row records it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -19,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from jobs.spec import JobSpec
 from jobs.words import GroupWords, label_text
 from workers.decoding import left_padded, max_context
-from workers.methods.base import MethodError, Needs, StepContext
+from workers.methods.base import MethodError, StepContext
 from workers.methods.biastune import kv_cache
 from workers.methods.lidao import BiasTunedMethod, LidaoMin, LidaoProd
 from workers.models import LoadedLM
@@ -63,13 +62,9 @@ def seed_token_ids(tokenizer: Any, words: GroupWords) -> list[int]:
 
 
 class ReferenceStream:
-    """θ fed the instruction + prompt + generated tokens: one no-grad forward per token.
-
-    The instruction (with the tokenizer's BOS in front, where it adds one) is the same for every
-    row of a gender, so its K/V are computed once per gender, on one unpadded row, and kept for
-    the method's lifetime (`_prefix_kv`). A batch's rows are laid out as [instruction | padding |
-    prompt]: the cached K/V fill the first columns, the padding is masked and the positions count
-    real tokens only, so each prompt token sees what it sees after a full prefill.
+    """θ fed the instruction + prompt + generated tokens: one no-grad forward per token. The
+    instruction's K/V are computed once per gender and kept (`_instruction_kv`); a batch's rows
+    are laid out as [instruction | padding | prompt] (docs/design.md, "eLIDAO").
     """
 
     def __init__(self, lm: LoadedLM, template: str) -> None:
@@ -203,8 +198,6 @@ class ReferenceStream:
 
 class ElidaoMixin(BiasTunedMethod):
     """Adds the reference stream and the V_a replacement to a LIDAO variant."""
-
-    needs: ClassVar[Needs] = replace(BiasTunedMethod.needs, reference_stream=True)
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         super().__init__(lm, params, task)

@@ -29,11 +29,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from jobs.spec import JobSpec
+from workers.hub import snapshot
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
 from workers.methods.experts import Follower, load_extra_lm
 from workers.sampler import CUT_TOL, cut_value
@@ -51,24 +53,9 @@ def _weights_file(spec: str) -> str | None:
     """The weights file of a local folder or of a hub model already in the local cache."""
     if spec.startswith(TINY_PREFIX):
         return None
-    for fname in WEIGHT_FILES:
-        path: str | None = os.path.join(spec, fname)
-        if not os.path.isdir(spec):
-            from transformers.utils import cached_file
-
-            try:
-                path = cached_file(
-                    spec,
-                    fname,
-                    local_files_only=True,
-                    _raise_exceptions_for_missing_entries=False,
-                    _raise_exceptions_for_connection_errors=False,
-                )
-            except (OSError, ValueError):
-                path = None
-        if path and os.path.isfile(path):
-            return path
-    return None
+    folder = Path(spec) if os.path.isdir(spec) else snapshot(spec, None)
+    found = [folder / name for name in WEIGHT_FILES if folder and (folder / name).is_file()]
+    return str(found[0]) if found else None
 
 
 def _checkpoint_tensors(spec: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -128,13 +115,10 @@ def gedi_filter(
 ) -> torch.Tensor:
     """Remove (−10000, as the reference) the least desirable tokens holding < filter_p of the mass.
 
-    The cut is the sampler's (`workers.sampler.cut_value`): with the tokens ordered by
-    desirability ascending, d_c is the desirability of the token at which their mass reaches
-    `filter_p`, and a token is dropped when its desirability lies more than `CUT_TOL` nats below
-    d_c and below log `target_p` (P(desired | v) ≥ target_p keeps a token). Tokens whose
-    desirability differs by rounding only (a GeDi model that barely separates its codes ranks
-    most of the vocabulary within 1e-3 nats) fall on the same side of the cut in any batch; the
-    cut depends only on the row, never on the order of ties or the sort kernel.
+    The cut is the sampler's (`workers.sampler.cut_value`, docs/design.md, "Jobs and identity"):
+    a token is dropped when its desirability lies more than `CUT_TOL` nats below that of the
+    token at which the mass from the least desirable end reaches `filter_p`, and below log
+    `target_p`; tokens apart by rounding only fall on the same side in any batch.
     """
     d, order = torch.sort(logp_desired, dim=-1)
     floor = cut_value(d, torch.softmax(scores, -1).gather(-1, order), filter_p) - CUT_TOL
@@ -157,10 +141,7 @@ class GeDi(DecodingMethod):
                 "set code_desired and code_undesired"
             )
         defaults = TASK_CODES.get(task, ("", ""))
-        self.codes = (
-            str(defaults[0] if given[0] is None else given[0]),
-            str(defaults[1] if given[1] is None else given[1]),
-        )
+        self.codes = [str(d if g is None else g) for g, d in zip(given, defaults)]
         bias = params.get("class_bias")
         self.class_bias = float(TASK_CLASS_BIAS.get(task, 0.0) if bias is None else bias)
         self.disc_weight = float(params.get("disc_weight", 30.0))

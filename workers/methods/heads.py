@@ -1,16 +1,10 @@
 """Attribute heads: linear classifiers `W (C, D), b (C,)` on the mean of a frozen LM's final
-hidden states, what its LM head reads (after `project_out` where a model has one, as opt-350m).
-Heads are per LM and per task; PPLM, UDDIA and the LIDAO family read the property of a text
-through them.
+hidden states (what its LM head reads), per LM and task; PPLM, UDDIA and the LIDAO family read
+a text's property through them. File formats: docs/design.md, "Attribute heads".
 
-Files (docs/design.md, "Attribute heads"): ours (`save_head`) are `<stem>.safetensors`
-(`linear.weight`, `linear.bias`, float32) and `<stem>.json` (`format` "lidao-head/1", `lm_id`,
-`lm_revision`, `hidden_size`, `class_names`, `target_class`, `task`, `data`, `training`,
-`created`, `versions`). `load_head` also reads a PPLM head as published: a torch state dict
-`{mlp.weight, mlp.bias}` with its meta JSON (`class_size, embed_size, pretrained_model,
-class_vocab, default_class`). PPLM's `default_class` is the class its demo steers to, not
-always a desirable one (its SST head's is `very_negative`), so such a head's target class is
-the meta's `target_class`, else the single class whose name reads desirable (`non_toxic`...).
+PPLM's `default_class` is the class its demo steers to, not always a desirable one (its SST
+head's is `very_negative`), so a PPLM head's target class is the meta's `target_class`, else
+the single class whose name reads desirable (`DESIRABLE_NAMES`).
 """
 
 from __future__ import annotations

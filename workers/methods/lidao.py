@@ -61,9 +61,7 @@ class BiasTunedMethod(DecodingMethod):
     """Shared engine of UDDIA / LIDAO / eLIDAO; subclasses define `objective`."""
 
     # hidden_states: the loop's forward gives the inputs of the first tuned block (never recomputed)
-    needs: ClassVar[Needs] = Needs(
-        gradients=True, hidden_states=True, attribute_head=True, gender_words=True
-    )
+    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True)
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         from jobs.catalog import DEFAULT_PARAMS, FAMILY_TUNING

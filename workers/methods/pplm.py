@@ -45,11 +45,9 @@ if TYPE_CHECKING:
     from workers.models import LoadedLM
 
 SMALL_CONST = 1e-15
-# A layer's gradient norm in the step is at least this fraction of the row's largest layer norm.
-# The reference normalises each layer alone, so a layer whose gradient is rounding noise (its
-# exact gradient ~0) took a full step in the noise's direction, and the text then changed with
-# the batch or the thread count. With the floor such a layer steps in proportion to its
-# gradient; layers above it step exactly as the reference's (docs/design.md, "What is guaranteed").
+# A layer's gradient norm in the step is at least this fraction of the row's largest layer norm,
+# so a layer whose gradient is rounding noise takes no full step (docs/design.md, "What is
+# guaranteed"); layers above it step exactly as the reference's.
 NORM_FLOOR_REL = 1e-3
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (B, H, T, d)
 
@@ -149,7 +147,7 @@ class PPLM(DecodingMethod):
     """PPLM with a linear attribute head (see the module docstring)."""
 
     name: ClassVar[str] = "pplm"
-    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True, attribute_head=True)
+    needs: ClassVar[Needs] = Needs(gradients=True, hidden_states=True)
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
         super().__init__(lm, params, task)

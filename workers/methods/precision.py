@@ -37,13 +37,9 @@ def float32_head(model: nn.Module, head: nn.Linear) -> torch.Tensor:
 
 class Float32Top:
     """float32 copies of the tuned blocks and of what lies between them and the LM head (the
-    final norm, OPT-350m's `project_out`), swapped in for the tuned passes.
-
-    Built only for a half-precision model; the originals stay in place for θ's forwards. The
-    copies are made once per model and block (`_FLOAT32_COPIES`): tuners of the same model share
-    them, and one with fewer blocks uses the top ones of a deeper one's (hooks that install the
-    offsets come and go with each pass, so sharing carries no state). Attention must take
-    float32: FlashAttention is refused.
+    final norm, OPT-350m's `project_out`), swapped in for the tuned passes of a half-precision
+    model; made once per model and block (`_FLOAT32_COPIES`) and shared by its tuners
+    (docs/design.md, "Precision policy"). FlashAttention, which refuses float32, is refused.
     """
 
     def __init__(self, lm: LoadedLM, sites: TuneSites) -> None:

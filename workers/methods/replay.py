@@ -58,12 +58,8 @@ def replayable(module: nn.Module) -> bool:
 
 class ThetaGraph:
     """`last` scope of a float32 model: the shared loop's forwards of θ through zero offsets
-    that require grad, so the probe differentiates θ's own forward of the new position.
-
-    Adding 0.0 changes no value. The graph of a forward serves its step only: the cache's tuned
-    layers are detached before the next forward (earlier positions are constants of θ in `last`
-    scope); the prompt's forward runs without hooks, so a batch's first probe re-runs the last
-    position.
+    that require grad, so the probe differentiates θ's own forward of the new position (why a
+    forward's graph serves its step only: docs/design.md, "Bias tuning").
     """
 
     def __init__(self, model: nn.Module, sites: TuneSites, head: nn.Module, first: int) -> None:

@@ -1,10 +1,6 @@
-"""The re-run of the tuned blocks over what θ fixed, for the probe and the tuned forward.
-
-The blocks below the tuned ones give the same states under θ and θ + δ, so the states entering
-the first tuned block come from the loop's hidden states (kept per batch, one more position per
-token) and only the top k blocks run: over every position in `context` scope, on the last one
-over θ's cache in `last` scope. In half precision the re-run takes the float32 copies
-(`workers.methods.precision`) and attends over float32 K/V of θ of the tuned blocks.
+"""The re-run of the tuned blocks over what θ fixed, for the probe and the tuned forward: the
+lower blocks are skipped, their output taken from the loop's hidden states (docs/design.md,
+"Bias tuning"); in half precision over the float32 copies and θ's float32 K/V.
 """
 
 from __future__ import annotations
@@ -152,11 +148,9 @@ class Rerun:
             )
 
     def theta_cache(self, ctx: StepContext, length: int) -> Any:
-        """θ's cache over the first `length` positions, as views.
-
-        In a half-precision model the tuned blocks' layers hold float32 K/V of θ (δ = 0) from the
-        float32 copies instead of θ's rounded ones: kept from the last probe, recomputed from
-        the cached block inputs when missing (once per batch in `last` scope).
+        """θ's cache over the first `length` positions, as views; in a half-precision model the
+        tuned blocks' layers hold θ's float32 K/V from the float32 copies instead of θ's rounded ones
+        (kept from the last probe, else recomputed from the cached block inputs).
         """
         cache = cropped_cache(ctx.past_key_values, length)
         if self.f32 is None or length == 0:

@@ -1,11 +1,7 @@
 """`BiasTuner`: the forwards and the backward of one bias-tuning step, batched over rows.
 
-What θ fixes is never recomputed (docs/design.md, "Bias tuning"). The probe differentiates θ's
-own forward in `last` scope of a float32 model (`ThetaGraph`, `workers.methods.replay`), else
-re-runs the tuned blocks over θ's block inputs (`workers.methods.rerun`), replaying θ's linear
-outputs in `context` scope of a float32 model (`LinearRecord`). Its logits are θ's from the
-loop; the passes over the vocabulary are in `workers.methods.vocab_pass`, the float32 copies of
-a half-precision model's tuned path in `workers.methods.precision`.
+What θ fixes is never recomputed: which piece serves which scope and precision (`replay`,
+`rerun`, `vocab_pass`, `precision`) is in docs/design.md, "Bias tuning".
 """
 
 from __future__ import annotations
@@ -81,10 +77,8 @@ class BiasTuner:
         self.replay = True  # tuned forward: reuse the lower blocks' output instead of recomputing
         # fused passes over the vocabulary (`_ThetaVocab`): float32 model, E and W on one device
         self._fused = not half and self.embed.device == self.head_weight.device
-        # the probe reuses the shared loop's forward of θ (`theta_forward`): `last` scope of a
-        # float32 model (a half-precision θ forward cannot stand for the float32 tuned path;
-        # `context` scope re-runs the context batched, faster than θ's graph position by
-        # position: docs/design.md)
+        # the probe reuses the loop's forward of θ in `last` scope of a float32 model (why not
+        # in half precision or `context` scope: docs/design.md, "Bias tuning")
         self.reuse_theta = not half and scope == "last"
         # `context` scope of a float32 model: the probe's re-run of the context takes the tuned
         # linear layers' outputs from θ's forwards (`LinearRecord`, recorded in `theta_forward`)
@@ -109,11 +103,9 @@ class BiasTuner:
 
     @contextmanager
     def theta_forward(self, batch: int) -> Iterator[None]:
-        """Around the shared loop's forward of θ: in `last` scope of a float32 model, through
-        zero offsets that require grad (`ThetaGraph`); in `context` scope of a float32 model, a
-        `no_grad` forward that records the outputs of the tuned linear layers for the probe's
-        re-run (`LinearRecord`). Without `begin(batch)` or in half precision: a plain `no_grad`
-        forward.
+        """Around the shared loop's forward of θ: through zero offsets that require grad (`last`
+        scope of a float32 model, `ThetaGraph`), recording the tuned linear layers' outputs
+        (`context` scope of a float32 model, `LinearRecord`), else a plain `no_grad` forward.
         """
         if self.linear_record.covers(batch):
             with torch.no_grad(), self.linear_record.recording(batch):

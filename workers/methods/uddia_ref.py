@@ -1,15 +1,6 @@
-"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior, and `redo`
-(docs/design.md, "UDDIA's reference pieces").
-
-**Prior.** The gate's B_a weights the clearly gendered tokens by corpus frequency,
-B_a(x) ∝ prior(x) · q(a|x) · 1[q(a|x) > 0.75], from a counts file written by
-`python -m harness token-prior` (format in `harness.tools.token_prior`), add-one smoothed so a
-gendered token the corpus never saw keeps a small weight; without one the prior is uniform.
-
-**Redo.** With `redo: true`, a row whose continuation has perplexity above `REDO_PPL` under θ
-(given BOS + prompt) is generated again with `REDO_STEP` fewer tuned blocks, at most
-`REDO_TRIES` generations in all and never below one block, each try with the job's own
-noise; the row keeps the reference's choice (`kept_try`) and records its tries.
+"""The pieces of UDDIA's reference beyond its loss: the gate's unigram prior (`load_prior`, a
+`python -m harness token-prior` counts file, add-one smoothed) and `redo` (`redo_rows`, the try
+kept by `kept_try`); what they do and why: docs/design.md, "UDDIA's reference pieces".
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from jobs.catalog import check_scorer_params
 from jobs.words import GroupWords, builtin_gender_words
 from results.schema import METRIC_FIELDS, SCORE_KEY_FIELDS
 
@@ -69,11 +70,18 @@ class Scorer:
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> None:
-        """Fail on parameter names the scorer does not know (cheap: loads no model)."""
+        """Fail on parameter names the scorer does not know, then on values of the wrong kind or
+        outside a built-in's choices and bounds (`jobs.catalog.check_scorer_params`); cheap:
+        loads no model."""
         unknown = sorted(set(params) - set(cls.default_params))
         if unknown:
             raise ScorerError(
                 f"scorer {cls.name!r}: unknown parameter(s) {unknown}; known: {sorted(cls.default_params) or 'none'}"
+            )
+        bad = check_scorer_params(cls.name, params, cls.default_params)
+        if bad:
+            raise ScorerError(
+                f"scorer {cls.name!r}: " + "; ".join(f"{k} {v}" for k, v in bad.items())
             )
 
     @property

@@ -27,14 +27,10 @@ SHARD_ROWS = 8192  # new answers per shard put back (or whatever is new every `e
 
 
 class CacheMirror:
-    """Gives a scorer a cache directory that lives with the run (docs/design.md, "Scoring").
-
-    A local (or shared-filesystem) run directory holds the sqlite file itself (RUN/cache/).
-    On an object store the sqlite file is a working copy in a temp folder of the actor's node,
-    loaded at start from the run's append-only answer shards (RUN/cache/<file stem>/, and a
-    whole sqlite file older versions put back) a record batch at a time; new answers go back
-    as shards (`maybe_put`), so an answer is uploaded once, or twice when it went out in a
-    small shard, and a lost node loses at most `every_s` of answers, never a score.
+    """Gives a scorer a cache directory that lives with the run: the sqlite file itself in a
+    local run directory (RUN/cache/); on an object store a working copy in a temp folder, loaded
+    from the run's answer shards and put back as shards (`maybe_put`), so a lost node loses at
+    most `every_s` of answers (docs/design.md, "Scoring").
     """
 
     def __init__(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from jobs.catalog import SCORER_CHOICES, SCORER_PARAMS
+from jobs.catalog import SCORER_PARAMS
 from workers.scorers.base import (
     TEXT_JOIN,
     Scorer,
@@ -75,14 +75,6 @@ class HFClassifier(Scorer):
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
-        for key in ("text_field", "activation"):
-            if self.params[key] not in SCORER_CHOICES[key]:
-                raise ScorerError(
-                    f"scorer {self.name!r}: {key} {self.params[key]!r}; "
-                    f"use one of {SCORER_CHOICES[key]}"
-                )
-        if int(self.params["batch_size"]) < 1 or int(self.params["max_length"]) < 1:
-            raise ScorerError(f"scorer {self.name!r}: batch_size and max_length must be >= 1")
         from workers.models import pick_device
 
         self.device = pick_device(context.device)

@@ -2,15 +2,10 @@
 
     ppl = exp( mean over continuation tokens t of -log p(x_t | prompt, x_<t) )
 
-The continuation's ids are those the scorer's tokenizer gives it after the prompt: prompt +
-continuation is tokenized whole and the prompt's ids taken off the front. Tokenizing the
-continuation alone adds a piece for SentencePiece-style tokenizers (LLaMA: " was" alone reads
-"▁▁was", one "▁" token more than after a prompt). Where the whole text does not start with the
-prompt's ids (the continuation glues onto the prompt's last word, "The chair" + "man"), the
-continuation is tokenized alone: its own tokens are scored, never a re-segmentation of the
-prompt across the join. Labels are -100 on prompt tokens and padding. Batches are right-padded:
-under a causal mask real tokens never see the padding, so position ids need no correction and
-a batch scores exactly like its rows one by one.
+The continuation's ids are those the scorer's tokenizer gives it after the prompt
+(`continuation_ids`; why not the continuation alone: docs/footguns.md). Labels are -100 on
+prompt tokens and padding. Batches are right-padded: under a causal mask real tokens never see
+the padding, so a batch scores exactly like its rows one by one.
 """
 
 from __future__ import annotations
@@ -37,8 +32,6 @@ class Perplexity(Scorer):
 
     def __init__(self, params: dict[str, Any], context: ScorerContext) -> None:
         super().__init__(params, context)
-        if int(self.params["batch_size"]) < 1:
-            raise ScorerError(f"scorer {self.name!r}: batch_size must be >= 1")
         from workers.models import load_lm
 
         ref = ModelRef(
@@ -90,11 +83,11 @@ class Perplexity(Scorer):
         """Mean NLL (nats) of each continuation given its prompt; None for no tokens."""
         import torch
 
+        from workers.decoding import max_context
+
         width = max(len(p) + len(c) for p, c in pairs)
-        limit = getattr(self.lm.model.config, "max_position_embeddings", None) or getattr(
-            self.lm.model.config, "n_positions", None
-        )
-        if limit is not None and width > int(limit):
+        limit = max_context(self.lm)
+        if limit is not None and width > limit:
             raise ScorerError(f"prompt + continuation is {width} tokens; the model takes {limit}")
         ids = torch.full((len(pairs), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(pairs), width), IGNORE, dtype=torch.long)

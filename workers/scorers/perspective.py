@@ -1,11 +1,10 @@
 """Perspective API toxicity (`perspective`): batched, rate-limited, retried, cached.
 
-Every final answer (one with the score, or a 400: a property of the text, an `error` row) is
-cached as it arrives (`score_cache.ScoreCache`): a crash and a re-run ask nothing twice, and
-old runs can be re-scored after the service is gone (it is being shut down). A transient
-failure that outlived its retries is not cached: its row is a `retry` row (`base.RETRY`).
-Empty continuations are never sent (`status = empty`), nor texts over 20 KB (`error`). The API
-key (`PERSPECTIVE_API_KEY` or `api_key_file`) never reaches a row, error, log record or stat.
+Every final answer (a score, or a 400: an `error` row) is cached as it arrives
+(`score_cache.ScoreCache`; docs/design.md, "Scoring"), so that a crash and a re-run ask
+nothing twice and old runs can be re-scored after the service is gone; a transient failure
+that outlived its retries is a `retry` row, never cached. The API key (`PERSPECTIVE_API_KEY`
+or `api_key_file`) never reaches a row, error, log record or stat.
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ class PerspectiveToxicity(Scorer):
         self.attribute = str(p["attribute"]).upper()
         langs = p["languages"]
         self.languages = [langs] if isinstance(langs, str) else [str(x) for x in (langs or [])]
-        text_of({"prompt": "", "continuation": ""}, p["text_field"])  # fails early on a bad field
         endpoint = p["endpoint"] or os.environ.get("PERSPECTIVE_API_ENDPOINT") or DEFAULT_ENDPOINT
         try:
             limiter = SlidingWindowLimiter(float(p["qps"]), float(p["quota_window_s"]))

@@ -1,15 +1,11 @@
 """The Perspective API transport: batched analyze calls under the quota (a sliding-window
-limiter), per-item retries.
+limiter), per-item retries (docs/design.md, "Scoring"; the service is built from
+`perspective_discovery.json`, batches with their own `batch_uri`).
 
-googleapiclient 2.x ships no discovery document for `commentanalyzer v1alpha1`: the service is
-built from `perspective_discovery.json` (written for this project) with
-`client_options={"api_endpoint": ...}`. Batches from `new_batch_http_request()` ignore that
-endpoint, so `BatchHttpRequest(batch_uri=...)` is built here. googleapiclient never retries
-parts of a batch and its own backoff is far too short for a per-minute quota: each item is
-retried here on 429 / 5xx / connection errors, with a backoff of tens of seconds, capped.
-
-Error texts are built from status and reason, never from `str(HttpError)`, which holds the
-request URL and with it the API key.
+googleapiclient never retries parts of a batch and its own backoff is far too short for a
+per-minute quota: each item is retried here on 429 / 5xx / connection errors, with a backoff
+of tens of seconds, capped. Error texts are built from status and reason, never from
+`str(HttpError)`, which holds the request URL and with it the API key.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""A persistent cache of API scores (sqlite), written batch by batch as answers arrive.
-
-Keyed by (sha256 of the text, attributes, languages, API version), with each answer's date and
-raw response. Every `put_many` (the answers of one batch request) is one transaction: a crash
-loses at most the answers in flight. sqlite's locking makes the file safe to share between
-processes on one machine (not on a network file system). Entries are only ever added, so the
-rowid orders them by arrival: `rows_after` gives what an object-store run puts back as shards
-(`workers.scorers.cache_mirror`), which `add_rows` loads elsewhere.
+"""A persistent cache of API scores (sqlite), written batch by batch as answers arrive: one
+transaction per `put_many`, safe to share between processes on one machine (not on a network
+file system). Keys, columns and why the rowid orders answers by arrival (`rows_after`, which
+`workers.scorers.cache_mirror` puts back as shards): docs/design.md, "Scoring".
 """
 
 from __future__ import annotations
@@ -81,15 +77,6 @@ class ScoreCache:
             if row is not None:
                 out[key] = CachedScore(row[0], json.loads(row[1]) if row[1] else None, *row[2:])
         return out
-
-    def put(
-        self,
-        key: CacheKey,
-        status: str,
-        response: dict[str, Any] | None = None,
-        error: str | None = None,
-    ) -> None:
-        self.put_many([(key, status, response, error)])
 
     def put_many(
         self, entries: Iterable[tuple[CacheKey, str, dict[str, Any] | None, str | None]]
