@@ -68,12 +68,10 @@ def add_train_head_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _label(value: Any, where: str) -> int | str:
-    if isinstance(value, bool) or value is None:
-        raise DatasetError(f"{where}: label {value!r} is neither a class name nor an integer id")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, str) and value.strip():
         text = value.strip()
         return int(text) if text.isdigit() else text

@@ -27,6 +27,7 @@ from harness.stages.generation.reservation import (
     budget_for,
     gpu_share,
     new_group,
+    remove_groups,
     settle,
 )
 from jobs.grid import CHUNK_SIZE
@@ -80,8 +81,6 @@ class Setup:
 
     def release(self) -> None:
         """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
-        from harness.stages.generation.reservation import remove_groups
-
         groups = [g for gs in self.groups.values() for g in gs]
         groups += self.grow.created if self.grow is not None else []
         if groups:
