@@ -8,7 +8,7 @@ complete: every error at once, naming its field (and YAML line), with "did you m
 from __future__ import annotations
 
 from harness.config.loading import apply_overrides, apply_sets, dump_config, load_config
-from harness.config.reading import ConfigError, load_yaml, read_text
+from harness.config.reading import ConfigError, load_yaml
 from harness.config.sections import (
     GenerationConfig,
     ModelConfig,
@@ -33,6 +33,5 @@ __all__ = [
     "load_config",
     "load_yaml",
     "parse_config",
-    "read_text",
     "redacted",
 ]
