@@ -241,12 +241,8 @@ def fit_head(
     if val_xy is None:
         perm = torch.randperm(len(labels), generator=gen)
         n_val = int(round(len(labels) * val_fraction))
-        xv, yv, xt, yt = (
-            x[perm[:n_val]],
-            labels[perm[:n_val]],
-            x[perm[n_val:]],
-            labels[perm[n_val:]],
-        )
+        held, kept = perm[:n_val], perm[n_val:]
+        xv, yv, xt, yt = x[held], labels[held], x[kept], labels[kept]
     else:
         xv, yv, xt, yt = val_xy[0], torch.tensor(val_xy[1], dtype=torch.long), x, labels
     if len(yt) == 0:
