@@ -255,8 +255,7 @@ def fit_head(
     loss_sum = 0.0
     for epoch in range(epochs):
         order, loss_sum = torch.randperm(len(yt), generator=gen), 0.0
-        for start in range(0, len(order), batch_size):
-            b = order[start : start + batch_size]
+        for b in order.split(batch_size):
             loss = F.cross_entropy(head(xt[b]), yt[b])
             opt.zero_grad()
             loss.backward()
