@@ -22,7 +22,6 @@ from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
 from harness.stages.generation.dispatch_state import ModelWork, Policy
 from harness.stages.generation.planning import Plan
 from harness.stages.generation.reservation import (
-    Budget,
     Growth,
     budget_for,
     gpu_share,
@@ -76,7 +75,6 @@ class Setup:
 
     placements: dict[ModelRef, Placement]
     groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
-    budget: Budget | None = None
     grow: Growth | None = None
 
     def release(self) -> None:
@@ -116,7 +114,7 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
         share, cpus = shares[m], configs[m].num_cpus or 1.0
         placements[m] = Placement(n, share, cpus, rt.device or ("auto" if share > 1 else "cuda"))
         groups[m] = [new_group(share, cpus, f"lidao:{m.id}#{i}") for i in range(n)]
-    setup = Setup(placements, groups, budget)
+    setup = Setup(placements, groups)
     wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
     what = "generation of " + ", ".join(m.id for m in gpu_models)
     done = settle(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
