@@ -108,7 +108,6 @@ def export_to_hub(
     *,
     private: bool = False,
     revision: str | None = None,
-    message: str | None = None,
 ) -> dict[str, Any]:
     """Create (if needed) the dataset repository `repo_id` and commit the run's files to it.
 
@@ -139,7 +138,7 @@ def export_to_hub(
     commit = api.create_commit(
         repo_id,
         ops,
-        commit_message=message or f"lidao-harness run {store.uri}",
+        commit_message=f"lidao-harness run {store.uri}",
         repo_type="dataset",
         revision=revision,
     )

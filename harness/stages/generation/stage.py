@@ -146,18 +146,17 @@ def generate_stage(
     words: GroupWords,
     use_ray: bool = True,
     progress: bool = True,
-    retry_failed: bool = False,
     observer: Observer | None = None,
     setup: Setup | None = None,
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
 
-    `jobs`: the plan stage's `Plan`, or a list of jobs (done ids read here; `retry_failed` applies).
+    `jobs`: the plan stage's `Plan`, or a list of jobs (done ids, error rows too, read here).
     `setup`: `reserve_generation`'s reservations (made here when None), released when it ends.
     Raises `GenerationError` (after the other models are done and the manifest is written) when a
     model could not run at all or a method could not start; its `stats` are the stage's stats."""
     if not isinstance(jobs, Plan):
-        jobs = Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
+        jobs = Plan.from_jobs(jobs, store.done_ids())
     plan = jobs
     stats: dict[str, Any] = {
         "planned": plan.planned,
