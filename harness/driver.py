@@ -146,10 +146,8 @@ def generation_stage(
                     stats = generate_stage(
                         store, cfg, the_plan, words, use_ray, progress, setup=setup
                     )
-                except GenerationError as exc:
+                except GenerationError as exc:  # its stats hold the planned and pending counts
                     stats, error = dict(exc.stats), exc
-                    stats.setdefault("planned", the_plan.planned)
-                    stats.setdefault("pending_at_start", the_plan.pending)
         finally:
             if setup is not None:  # released by the stage; not if it never began
                 setup.release()

@@ -6,7 +6,6 @@ huggingface_hub's own settings (`HF_TOKEN`, `HF_ENDPOINT`)."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from typing import Any
 
@@ -81,7 +80,7 @@ def card(store: RunStore, files: dict[str, str]) -> str:
     """The repository's README.md: what the run is and where its tables are."""
     name = "run"
     if store.exists("results.json"):
-        name = json.loads(store.read_text("results.json")).get("name") or name
+        name = store.read_json("results.json").get("name") or name
     lines = [
         "---",
         "tags:",
@@ -109,7 +108,6 @@ def export_to_hub(
     *,
     private: bool = False,
     revision: str | None = None,
-    message: str | None = None,
 ) -> dict[str, Any]:
     """Create (if needed) the dataset repository `repo_id` and commit the run's files to it.
 
@@ -140,7 +138,7 @@ def export_to_hub(
     commit = api.create_commit(
         repo_id,
         ops,
-        commit_message=message or f"lidao-harness run {store.uri}",
+        commit_message=f"lidao-harness run {store.uri}",
         repo_type="dataset",
         revision=revision,
     )

@@ -55,10 +55,7 @@ def check_trackers(wandb_project: str | None, tensorboard_dir: str | None) -> No
 
 def summary_scalars(store: RunStore) -> dict[str, float]:
     """Tag → value of every summary row with a finite value (and its interval, p-value)."""
-    import pyarrow.parquet as pq
-
-    with store.fs.open_input_file(store.path("summary.parquet")) as fh:
-        rows = pq.read_table(fh).to_pylist()
+    rows = store.read_parquet("summary.parquet").to_pylist()
     out: dict[str, float] = {}
     for row in rows:
         method = row["method"] + (f"[{row['variant']}]" if row.get("variant") else "")
@@ -88,7 +85,7 @@ def _config(store: RunStore) -> dict[str, Any]:
 
     if not store.exists(RESULTS_JSON):
         return {}
-    doc = json.loads(store.read_text(RESULTS_JSON))
+    doc = store.read_json(RESULTS_JSON)
     return {"config": doc.get("config", {}), "versions": doc.get("versions", {})}
 
 
@@ -110,10 +107,7 @@ def log_wandb(store: RunStore, project: str) -> str:
         images = {f"report/{k}": wandb.Image(p) for k, p in figures(store).items()}
         run.log({**scalars, **images})
         run.summary.update(scalars)
-        import pyarrow.parquet as pq
-
-        with store.fs.open_input_file(store.path("summary.parquet")) as fh:
-            table = pq.read_table(fh)
+        table = store.read_parquet("summary.parquet")
         rows = [list(row.values()) for row in table.to_pylist()]
         run.log({"summary": wandb.Table(columns=table.column_names, data=rows)})
         where = str(getattr(run, "dir", "") or "")

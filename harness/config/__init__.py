@@ -2,14 +2,13 @@
 
 Strict: unknown or duplicate keys, wrong types, non-finite floats and unknown names are errors;
 complete: every error at once, naming its field (and YAML line), with "did you mean". Rooms:
-`sections` (the models), `validation`, `reading`, `overrides`, `loading`, `errors`."""
+`sections` (the models), `validation`, `reading` (the file, `ConfigError`), `loading`
+(with the command-line settings)."""
 
 from __future__ import annotations
 
-from harness.config.errors import ConfigError
-from harness.config.loading import dump_config, load_config
-from harness.config.overrides import apply_overrides, apply_sets
-from harness.config.reading import load_yaml, read_text
+from harness.config.loading import apply_overrides, apply_sets, dump_config, load_config
+from harness.config.reading import ConfigError, load_yaml
 from harness.config.sections import (
     GenerationConfig,
     ModelConfig,
@@ -34,6 +33,5 @@ __all__ = [
     "load_config",
     "load_yaml",
     "parse_config",
-    "read_text",
     "redacted",
 ]

@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 
-from harness.config.errors import ConfigError
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and the field."""
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from harness.config.errors import ConfigError
+from harness.config.reading import ConfigError
 from harness.config.sections import RunConfig
 
 

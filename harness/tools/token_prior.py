@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,21 +78,12 @@ def count_tokens(
     counts: collections.Counter[int] = collections.Counter()
     docs = 0
     for path in paths:
-        pending: list[str] = []
-        for doc in _documents(path, text_field):
-            pending.append(doc)
-            if len(pending) >= batch:
-                docs += _count(tokenizer, pending, counts)
-                pending = []
-        docs += _count(tokenizer, pending, counts)
+        documents = _documents(path, text_field)
+        while chunk := list(itertools.islice(documents, batch)):
+            for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]:
+                counts.update(int(i) for i in ids)
+            docs += len(chunk)
     return counts, docs
-
-
-def _count(tokenizer: Any, docs: list[str], counts: collections.Counter[int]) -> int:
-    if docs:
-        for ids in tokenizer(docs, add_special_tokens=False)["input_ids"]:
-            counts.update(int(i) for i in ids)
-    return len(docs)
 
 
 def write_prior(path: str, payload: dict[str, Any]) -> None:

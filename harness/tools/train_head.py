@@ -68,12 +68,10 @@ def add_train_head_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _label(value: Any, where: str) -> int | str:
-    if isinstance(value, bool) or value is None:
-        raise DatasetError(f"{where}: label {value!r} is neither a class name nor an integer id")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, str) and value.strip():
         text = value.strip()
         return int(text) if text.isdigit() else text
@@ -243,12 +241,8 @@ def fit_head(
     if val_xy is None:
         perm = torch.randperm(len(labels), generator=gen)
         n_val = int(round(len(labels) * val_fraction))
-        xv, yv, xt, yt = (
-            x[perm[:n_val]],
-            labels[perm[:n_val]],
-            x[perm[n_val:]],
-            labels[perm[n_val:]],
-        )
+        held, kept = perm[:n_val], perm[n_val:]
+        xv, yv, xt, yt = x[held], labels[held], x[kept], labels[kept]
     else:
         xv, yv, xt, yt = val_xy[0], torch.tensor(val_xy[1], dtype=torch.long), x, labels
     if len(yt) == 0:
@@ -261,8 +255,7 @@ def fit_head(
     loss_sum = 0.0
     for epoch in range(epochs):
         order, loss_sum = torch.randperm(len(yt), generator=gen), 0.0
-        for start in range(0, len(order), batch_size):
-            b = order[start : start + batch_size]
+        for b in order.split(batch_size):
             loss = F.cross_entropy(head(xt[b]), yt[b])
             opt.zero_grad()
             loss.backward()

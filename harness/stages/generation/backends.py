@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from harness.stages.generation.reservation import in_group, live_group, remove_groups
 from jobs.spec import JobSpec, ModelRef
 
 MethodKey = tuple[str, str, str]  # (method, canonical params JSON, task)
@@ -69,8 +70,13 @@ class ActorRecord:
     memory_chunks: int = 0
     oom_splits: int = 0
 
-    def note_memory(self, result: dict[str, Any]) -> None:
-        """Fold in a `run_batch` result's memory figures (absent: a CPU replica)."""
+    def add(self, result: dict[str, Any]) -> None:
+        """Fold in a `run_batch` result (its memory figures absent: a CPU replica)."""
+        self.batches += 1
+        self.jobs += int(result["jobs"])
+        self.ok += int(result["ok"])
+        self.tokens += int(result.get("tokens", 0))
+        self.busy_s += float(result.get("busy_s", 0.0))
         peak = int(result.get("peak_bytes_per_seq") or 0)
         self.peak_bytes_per_seq = max(self.peak_bytes_per_seq, peak)
         self.memory_chunks += int(result.get("memory_chunks") or 0)
@@ -236,7 +242,6 @@ class RayBackend:
         self.words = ray.put(words)  # one copy in the object store, not one per actor
 
     def create(self, spec: ActorSpec) -> Any:
-        from harness.stages.generation.reservation import in_group
         from workers.actors import GenerationActor
 
         p = spec.placement
@@ -292,11 +297,7 @@ class RayBackend:
             pass
 
     def free(self, group: Any) -> None:
-        from harness.stages.generation.reservation import remove_groups
-
         remove_groups([group])
 
     def renew(self, group: Any) -> Any:
-        from harness.stages.generation.reservation import live_group
-
         return live_group(group)

@@ -171,17 +171,12 @@ class Dispatcher:
         self._feed(slot)
 
     def _on_batch(self, slot: Slot, call: Call, result: dict[str, Any]) -> None:
-        rec = call.record
-        rec.batches += 1
-        rec.jobs += int(result["jobs"])
-        rec.ok += int(result["ok"])
-        rec.tokens += int(result.get("tokens", 0))
-        rec.busy_s += float(result.get("busy_s", 0.0))
-        rec.note_memory(result)
+        call.record.add(result)
         slot.work.done += int(result["ok"])
         slot.work.failed += int(result["jobs"]) - int(result["ok"])
         self.progress(int(result["jobs"]), int(result["ok"]))
-        self.observer("batch_done", {"name": rec.name, "jobs": result["jobs"], "ok": result["ok"]})
+        details = {"name": call.record.name, "jobs": result["jobs"], "ok": result["ok"]}
+        self.observer("batch_done", details)
 
     def _actor_down(self, slot: Slot, error: Exception) -> None:
         """The slot's actor died: charge its running batch, requeue the rest, maybe restart."""

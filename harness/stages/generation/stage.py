@@ -22,11 +22,11 @@ from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
 from harness.stages.generation.dispatch_state import ModelWork, Policy
 from harness.stages.generation.planning import Plan
 from harness.stages.generation.reservation import (
-    Budget,
     Growth,
     budget_for,
     gpu_share,
     new_group,
+    remove_groups,
     settle,
 )
 from jobs.grid import CHUNK_SIZE
@@ -75,13 +75,10 @@ class Setup:
 
     placements: dict[ModelRef, Placement]
     groups: dict[ModelRef, list[Any]] = dataclasses.field(default_factory=dict)
-    budget: Budget | None = None
     grow: Growth | None = None
 
     def release(self) -> None:
         """Remove every reservation (those the dispatcher freed already are skipped by Ray)."""
-        from harness.stages.generation.reservation import remove_groups
-
         groups = [g for gs in self.groups.values() for g in gs]
         groups += self.grow.created if self.grow is not None else []
         if groups:
@@ -117,7 +114,7 @@ def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
         share, cpus = shares[m], configs[m].num_cpus or 1.0
         placements[m] = Placement(n, share, cpus, rt.device or ("auto" if share > 1 else "cuda"))
         groups[m] = [new_group(share, cpus, f"lidao:{m.id}#{i}") for i in range(n)]
-    setup = Setup(placements, groups, budget)
+    setup = Setup(placements, groups)
     wait_s = min(rt.gpu_wait_s, LOCAL_PLACE_S) if local else rt.gpu_wait_s
     what = "generation of " + ", ".join(m.id for m in gpu_models)
     done = settle(groups, wait_s, f"{what} ({have:g} GPU(s) in the cluster)")
@@ -149,18 +146,17 @@ def generate_stage(
     words: GroupWords,
     use_ray: bool = True,
     progress: bool = True,
-    retry_failed: bool = False,
     observer: Observer | None = None,
     setup: Setup | None = None,
 ) -> dict[str, Any]:
     """Generate every planned job that has no row yet; returns the stats for the manifest.
 
-    `jobs`: the plan stage's `Plan`, or a list of jobs (done ids read here; `retry_failed` applies).
+    `jobs`: the plan stage's `Plan`, or a list of jobs (done ids, error rows too, read here).
     `setup`: `reserve_generation`'s reservations (made here when None), released when it ends.
     Raises `GenerationError` (after the other models are done and the manifest is written) when a
     model could not run at all or a method could not start; its `stats` are the stage's stats."""
     if not isinstance(jobs, Plan):
-        jobs = Plan.from_jobs(jobs, store.done_ids(include_errors=not retry_failed))
+        jobs = Plan.from_jobs(jobs, store.done_ids())
     plan = jobs
     stats: dict[str, Any] = {
         "planned": plan.planned,

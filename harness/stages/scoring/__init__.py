@@ -3,17 +3,7 @@ runs (`pool`), how it is supervised on Ray (`loop`), how it follows generation (
 which scorers run (`selection`)."""
 
 from harness.stages.scoring.follow import Followed, follow_config, following
-from harness.stages.scoring.selection import record_scorers, scorer_preference, scorers_to_run
-from harness.stages.scoring.stage import ScoringError, score_run, score_stage
+from harness.stages.scoring.selection import scorer_preference
+from harness.stages.scoring.stage import score_stage
 
-__all__ = [
-    "Followed",
-    "ScoringError",
-    "follow_config",
-    "following",
-    "record_scorers",
-    "score_run",
-    "score_stage",
-    "scorer_preference",
-    "scorers_to_run",
-]
+__all__ = ["Followed", "follow_config", "following", "score_stage", "scorer_preference"]

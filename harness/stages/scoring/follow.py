@@ -58,25 +58,23 @@ def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
     (`runtime.gpus` unset), scorers on GPUs wait for the final pass, or a waiting scorer's
     actor could take a joining node's GPU before generation's new reservation does. With no
     job `pending` nothing follows: the final pass scores what is missing."""
-    if not pending and cfg.runtime.score_during_generation is not False:
-        runtime = cfg.runtime.model_copy(update={"score_during_generation": False})
-        return cfg.model_copy(update={"runtime": runtime})
-    if not growing or cfg.runtime.score_during_generation is not True:
-        return cfg
+    mode = cfg.runtime.score_during_generation
     on_gpu = [
         s.name
-        for s in cfg.scorers
+        for s in (cfg.scorers if pending and growing and mode is True else [])
         if pool_wants_gpu(s.name, cfg.runtime.device, Share(s.replicas, s.num_gpus))
     ]
-    if not on_gpu:
+    if on_gpu:
+        log.warning(
+            "score_during_generation: scorer(s) %s hold GPUs: they score after generation, "
+            "which keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
+            "runtime.gpus to score during generation",
+            ", ".join(on_gpu),
+        )
+    chosen = ("auto" if on_gpu else mode) if pending else False
+    if chosen == mode:
         return cfg
-    log.warning(
-        "score_during_generation: scorer(s) %s hold GPUs: they score after generation, which "
-        "keeps the GPU nodes that join for its replicas (runtime.gpus: auto); set "
-        "runtime.gpus to score during generation",
-        ", ".join(on_gpu),
-    )
-    runtime = cfg.runtime.model_copy(update={"score_during_generation": "auto"})
+    runtime = cfg.runtime.model_copy(update={"score_during_generation": chosen})
     return cfg.model_copy(update={"runtime": runtime})
 
 

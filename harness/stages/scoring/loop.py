@@ -19,13 +19,15 @@ from harness.stages.scoring.pool import (
     PoolActor,
     PoolSettings,
     close_pool,
+    free_pools,
     new_actor,
     plan_with_gpus,
     pool_plans,
     ray_error,
+    regroup,
+    reserve_pools,
     start_pools,
 )
-from harness.stages.scoring.reserve import free_pools, regroup, reserve_pools
 from harness.stages.scoring.work import Work, new_work
 from results.run.invoke import check_interrupt
 from results.run.store import RunStore

@@ -34,16 +34,15 @@ def score_stage(
     cfg: RunConfig,
     words: GroupWords,
     use_ray: bool,
-    only: list[str] | None = None,
     progress: bool = True,
     scorers: list[tuple[str, dict[str, Any]]] | None = None,
     followed: Followed | None = None,
 ) -> dict[str, Any]:
-    """Score what is missing with the config's scorers (`only` those named), or `scorers`
-    (name, params); `followed`: the scorers that scored during generation, taken over. The
-    stats go to the manifest, also when the stage raises."""
+    """Score what is missing with the config's scorers, or `scorers` (name, params); `followed`:
+    the scorers that scored during generation, taken over. The stats go to the manifest, also
+    when the stage raises."""
     if scorers is None:
-        scorers = [(s.name, dict(s.params)) for s in cfg.scorers if not only or s.name in only]
+        scorers = [(s.name, dict(s.params)) for s in cfg.scorers]
     rt = cfg.runtime
     if use_ray:
         reassert_signal_handlers()
