@@ -136,9 +136,7 @@ bad_list(
     "prompt.text",
     "p.csv",
 )
-bad_list(
-    "a .txt file", "p.txt", lambda p: p.write_text("hello\n"), "p.txt", "unknown file type"
-)
+bad_list("a .txt file", "p.txt", lambda p: p.write_text("hello\n"), "p.txt", "unknown file type")
 bad_list(
     "a corrupt Parquet", "p.parquet", lambda p: p.write_bytes(b"PAR1" + b"\0" * 50), "p.parquet"
 )
