@@ -6,7 +6,6 @@ fault never moves a shard.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -127,7 +126,7 @@ class ShardReader:
         """`read()`, tried again when it raises `StoreError`: at once when shards among `paths`
         (or listed in RUN/<parts>) were damaged as stored and quarantined, else after a wait
         (`RETRY_BACKOFF_S`, doubling), up to `READ_TRIES` attempts."""
-        delay, attempt = shards.RETRY_BACKOFF_S, 1
+        attempt = 1
         while True:
             try:
                 return read()
@@ -152,16 +151,7 @@ class ShardReader:
                         "a storage or network fault? run the command again)"
                     ) from exc
                 self.retries += 1
-                log.warning(
-                    "%s: read failed (%s); trying again in %.1fs (%d of %d)",
-                    self.uri,
-                    str(exc)[:300],
-                    delay,
-                    attempt + 1,
-                    shards.READ_TRIES,
-                )
-                time.sleep(delay)
-                delay *= 2
+                shards.pause(attempt, self.uri, exc)
                 attempt += 1
 
     def iter_batches(

@@ -46,18 +46,23 @@ class StoreError(RuntimeError):
     """A run directory that cannot be read or written as asked."""
 
 
+def pause(attempt: int, what: str, exc: BaseException) -> None:
+    """Logs a failed read and sleeps before attempt `attempt + 1` (`RETRY_BACKOFF_S`, doubling)."""
+    delay = RETRY_BACKOFF_S * 2 ** (attempt - 1)
+    why, tries = str(exc)[:300], f"{attempt + 1} of {READ_TRIES}"
+    log.warning("%s: read failed (%s); trying again in %.1fs (%s)", what, why, delay, tries)
+    time.sleep(delay)
+
+
 def retry_io(read: Callable[[], T], what: str) -> T:
-    """`read()`, tried `READ_TRIES` times (waiting `RETRY_BACKOFF_S`, doubling) while it raises
+    """`read()`, tried `READ_TRIES` times (`pause` between) while it raises
     an `OSError` (pyarrow's S3 and network errors are); a file that is not Parquet
     (`ArrowInvalid`) is not retried. For single files such as the plan (never quarantined)."""
-    delay = RETRY_BACKOFF_S
-    for _ in range(READ_TRIES - 1):
+    for attempt in range(1, READ_TRIES):
         try:
             return read()
         except OSError as exc:
-            log.warning("%s: read failed (%s); trying again in %.1fs", what, exc, delay)
-            time.sleep(delay)
-            delay *= 2
+            pause(attempt, what, exc)
     return read()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -108,7 +107,6 @@ class RunStore(Compaction):
         A transport fault reopens the file and goes on at the row group that failed
         (`retry_io`'s attempts and waits, counted over the whole pass)."""
         path, done, failures = self.path("plan.parquet"), 0, 0
-        delay = shard_io.RETRY_BACKOFF_S
         while True:
             try:
                 with self.fs.open_input_file(path) as fh:
@@ -124,9 +122,7 @@ class RunStore(Compaction):
                 failures += 1
                 if failures >= shard_io.READ_TRIES:
                     raise StoreError(f"{path}: reading failed {failures} times: {exc}") from exc
-                log.warning("%s: read failed (%s); trying again in %.1fs", path, exc, delay)
-                time.sleep(delay)
-                delay *= 2
+                shard_io.pause(failures, path, exc)
 
     # ---- generation shards: one a finished batch, and the finished ids --------------------
 
