@@ -62,7 +62,7 @@ def planned(cfg: RunConfig, out: Path | str) -> tuple[RunStore, list[JobSpec], A
     store = RunStore(str(out))
     words = driver.load_words(cfg)
     jobs = planning.plan(cfg, words)
-    planning.write_plan(store, cfg, jobs)
+    planning.plan_stage(store, cfg, words)
     return store, jobs, words
 
 

@@ -60,7 +60,7 @@ def planned(cfg: RunConfig, out: Path) -> tuple[RunStore, list[Any], Any]:
     store = RunStore(str(out))
     words = driver.load_words(cfg)
     jobs = planning.plan(cfg, words)
-    planning.write_plan(store, cfg, jobs)
+    planning.plan_stage(store, cfg, words)
     return store, jobs, words
 
 

@@ -1,7 +1,7 @@
 """The plan stage: the config's prompts and grid, streamed into plan.parquet and counted in one
 pass (`plan_pass`). The `Plan` holds the counts per slice and the done ids, never the jobs:
 `Plan.batches(model)` expands that model's pending slices again and cuts batches lazily.
-`plan` and `write_plan` do the same for a list of jobs (tests, small tools)."""
+`plan` lists the jobs at once (tests, small tools)."""
 
 from __future__ import annotations
 
@@ -231,14 +231,6 @@ def config_snapshot(store: RunStore, cfg: RunConfig) -> str:
             if extra:
                 cfg = cfg.model_copy(update={"scorers": [*cfg.scorers, *extra]})
     return dump_config(cfg)
-
-
-def write_plan(store: RunStore, cfg: RunConfig, jobs: list[JobSpec]) -> None:
-    """config.yaml and plan.parquet of a plan held as a list (`run` streams it instead)."""
-    store.makedirs()
-    store.write_bytes("config.yaml", config_snapshot(store, cfg).encode())
-    chunks = (jobs[i : i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE))
-    store.write_plan_jobs(chunks, plan_fields(redacted(cfg)))
 
 
 def plan_stage(
