@@ -241,7 +241,7 @@ def test_the_dispatcher_pulls_batches_lazily_and_keeps_its_rules() -> None:
         clock=script.clock,
     )
     d.run()
-    assert not failed and work.done == len(jobs_) and work.pulled == 300 and finished == 300
+    assert not failed and work.done == len(jobs_) and pulled == 300 and finished == 300
     assert all(script.written[j.job_id] == 1 for j in jobs_)
     assert worst <= 3 * PIPELINE + 2, worst
     runs = [e for e in script.events if e[0] == "run"]

@@ -29,7 +29,6 @@ class ModelWork:
     prepared: bool = False
     error: str | None = None  # set: this model cannot run; its queued jobs stay pending
     source: Iterator[Batch] | None = None
-    pulled: int = 0  # batches taken from `source` so far
     batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
     groups: list[Any] = dataclasses.field(default_factory=list)  # reservation per slot index
 
@@ -40,7 +39,6 @@ class ModelWork:
             if batch is None:
                 self.source = None  # exhausted: let the iterator and its chunk go
                 break
-            self.pulled += 1
             self.batches.append((batch, 0))
         return bool(self.batches)
 
