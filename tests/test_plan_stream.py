@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from jobs.datasets import Prompt
@@ -71,7 +72,11 @@ def test_pending_chunks_against_compact_done_ids_equal_the_set_difference() -> N
     grid = expand_grid(PROMPTS, MODELS, METHODS, ["sentiment"], 2)
     done = {j.job_id for j in grid[::3]}
     chunks = iter_plan(PROMPTS, MODELS, METHODS, ["sentiment"], 2, chunk_size=4)
-    left = [j for c in pending_chunks(chunks, DoneIds.from_ids(sorted(done))) for j in c.jobs]
+    left = [
+        j
+        for c in pending_chunks(chunks, DoneIds.from_arrow(pa.array(sorted(done), pa.string())))
+        for j in c.jobs
+    ]
     assert left == pending(grid, done) and len(left) == len(grid) - len(done)
 
 

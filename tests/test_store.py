@@ -302,9 +302,9 @@ def test_done_ids_answer_membership_like_a_set() -> None:
     probe = [f"j1-{i:020x}" for i in range(1000)] + ["j1-", "j1-" + "0" * 30, "x"]
     assert list(done.contains(probe)) == [p in set(ids) for p in probe]
     assert len(done) == len(ids) and sorted(done.to_list()) == sorted(ids)
-    mixed = DoneIds.from_ids(["a", "bbb"])
+    mixed = DoneIds.from_arrow(pa.array(["a", "bbb"]))
     assert list(mixed.contains(["a", "bb", "bbb", "bbbb"])) == [True, False, True, False]
-    assert not DoneIds.from_ids([]).contains(["a"]).any()
+    assert not DoneIds.from_arrow(pa.array([], pa.string())).contains(["a"]).any()
 
 
 def test_status_counts_each_job_once_and_lists_quarantined_shards(tmp_path: Path) -> None:

@@ -30,10 +30,6 @@ class DoneIds:
         return cls.merge([_as_bytes(a) for a in arrays if len(a)])
 
     @classmethod
-    def from_ids(cls, ids: Sequence[str]) -> DoneIds:
-        return cls.from_arrow(pa.array(list(ids), pa.string()))
-
-    @classmethod
     def merge(cls, parts: list[np.ndarray]) -> DoneIds:
         """From NumPy `S<width>` arrays (widths may differ); `parts` is emptied on the way."""
         parts[:] = [p for p in parts if len(p)]
