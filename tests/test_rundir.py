@@ -329,6 +329,8 @@ def test_sigint_during_generation_stops_ray_and_the_rerun_resumes(tmp_path: Path
 def test_status_counts_scores_of_the_plans_ok_jobs_only(tmp_path: Path) -> None:
     """`status` from id arrays: a score of a job outside the plan is reported, not counted; a
     job planned and ok without a score is missing; an error generation needs no score."""
+    import pyarrow as pa
+
     from harness.cli.status import run_status
     from results.schema import PLAN_SCHEMA
     from tests.fake_run import generation_row, score_row
@@ -337,7 +339,8 @@ def test_status_counts_scores_of_the_plans_ok_jobs_only(tmp_path: Path) -> None:
     gens = [generation_row(f"j{i}") for i in range(4)]
     gens += [generation_row("j4", status="error", error="boom"), generation_row("j5")]
     store.write_generations(gens)
-    store.write_plan([{k: g[k] for k in PLAN_SCHEMA.names} for g in gens[:5]])  # j5: foreign
+    plan = [{k: g[k] for k in PLAN_SCHEMA.names} for g in gens[:5]]  # j5: foreign
+    store.write_plan_tables([pa.Table.from_pylist(plan, PLAN_SCHEMA)])
     store.write_scores(
         "sentiment-vader",
         "sentiment",

@@ -338,7 +338,9 @@ def test_only_the_current_plan_and_the_latest_score_version_are_shown(
     newer = [score_row(j, "toxicity", version="v2", toxicity=0.7) for j in "ab"]
     os.utime(store.write_scores("toxicity", "toxicity", newer), (4e9, 4e9))  # written later
     gens = store.read_generations()
-    store.write_plan(gens.filter(gens["job_id"] != "c").select(PLAN_SCHEMA.names).to_dicts())
+    store.write_plan_tables(
+        [gens.filter(gens["job_id"] != "c").select(PLAN_SCHEMA.names).to_arrow()]
+    )
     rc, out, err = cli(capsys, str(tmp_path), "--format", "jsonl")
     recs = [json.loads(line) for line in out.splitlines()]
     assert rc == 0 and ids(recs) == ["a", "b"]

@@ -42,9 +42,6 @@ class RunStore(Compaction):
 
     # ---- the plan: RUN/plan.parquet, one row group a planned chunk ----------------------
 
-    def write_plan(self, rows: Sequence[dict[str, Any]]) -> str:
-        return self.write_table("plan.parquet", pa.Table.from_pylist(list(rows), PLAN_SCHEMA))
-
     def clean_temp(self) -> list[str]:
         """Delete the temp files a killed writer left in RUN/ itself, where only the driver
         writes, under the run's lock (so no live writer owns them); returns their paths."""
