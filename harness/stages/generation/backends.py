@@ -8,6 +8,7 @@ gone: killed, out of memory, its node lost) or `TaskFailed` (the call raised in 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -140,6 +141,19 @@ def actor_error(exc: BaseException, limit: int = 300) -> str:
     reasons = [ln for ln in lines[1:] if ln and ":" not in ln.split(" ", 1)[0]]
     text = " ".join([lines[0] if lines else type(exc).__name__, *reasons])
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def ray_error(exc: BaseException) -> str:
+    """The scorer's own exception when Ray carries one, not Ray's whole traceback."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and cause is not exc:
+        return f"{type(cause).__name__}: {cause}"
+    # An actor whose __init__ raised: Ray's text ends with "module.path.ErrorType: message".
+    last = (str(exc).strip().splitlines() or [""])[-1]
+    found = re.match(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.*)$", last)
+    if found:
+        return f"{found.group(1)}: {found.group(2)}"
+    return f"{type(exc).__name__}: {last}"
 
 
 def ray_ready(refs: Sequence[Any], timeout: float) -> list[Any]:
@@ -283,8 +297,7 @@ class RayBackend:
         except rex.RayActorError as exc:  # died, or unreachable (ActorUnavailableError)
             raise ActorLost(actor_error(exc)) from None
         except rex.RayTaskError as exc:
-            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-            raise TaskFailed(f"{type(cause).__name__}: {first_line(cause)}") from None
+            raise TaskFailed(ray_error(exc)) from None
         except rex.RayError as exc:  # worker crashed, node died, object lost, memory monitor
             raise ActorLost(f"{type(exc).__name__}: {first_line(exc)}") from None
 

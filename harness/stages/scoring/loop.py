@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from harness.stages.generation.backends import actor_error, ray_ready
+from harness.stages.generation.backends import actor_error, ray_error, ray_ready
 from harness.stages.generation.ray_runtime import cluster_mode
 from harness.stages.scoring.pool import (
     Pool,
@@ -23,7 +23,6 @@ from harness.stages.scoring.pool import (
     new_actor,
     plan_with_gpus,
     pool_plans,
-    ray_error,
     regroup,
     reserve_pools,
     start_pools,

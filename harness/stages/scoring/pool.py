@@ -9,14 +9,13 @@ re-planned for the GPUs left after a node loss. docs/design.md, Scoring; docs/cl
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.stages.generation.backends import Placement, cpu_threads
+from harness.stages.generation.backends import Placement, cpu_threads, ray_error
 from harness.stages.generation.reservation import (
     in_group,
     live_group,
@@ -247,19 +246,6 @@ def close_pool(pool: Pool, now: bool = False) -> None:
         finally:
             ray.kill(actor.handle)
     pool.actors = []
-
-
-def ray_error(exc: BaseException) -> str:
-    """The scorer's own exception when Ray carries one, not Ray's whole traceback."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException) and cause is not exc:
-        return f"{type(cause).__name__}: {cause}"
-    # An actor whose __init__ raised: Ray's text ends with "module.path.ErrorType: message".
-    last = (str(exc).strip().splitlines() or [""])[-1]
-    found = re.match(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.*)$", last)
-    if found:
-        return f"{found.group(1)}: {found.group(2)}"
-    return f"{type(exc).__name__}: {last}"
 
 
 # ---- GPU reservations on a cluster --------------------------------------------------------
