@@ -156,11 +156,9 @@ def check_files(
     return items
 
 
-def _not_a_file(path: Path) -> str | None:
-    """Why `path` cannot be read as a file (None: it can). A config's relative paths were made
+def _not_a_file(path: Path) -> str:
+    """Why `path`, not a file, cannot be read as one. A config's relative paths were made
     absolute against its folder (`harness.config.reading.resolve_paths`)."""
-    if path.is_file():
-        return None
     if path.is_dir():
         return f"{path}: a folder, not a file; name the file in it"
     if path.exists():
