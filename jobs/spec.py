@@ -122,21 +122,6 @@ class JobSpec:
         """Flat row for the plan table (see `results.schema.PLAN_SCHEMA`)."""
         return {column: get(self) for column, get in _PLAN_FIELDS.items()}
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> JobSpec:
-        names = "prompt_id prompt prompt_group pair_id method task method_params".split()
-        return cls(
-            **{k: row[k] for k in names},
-            seed=int(row["seed"]),
-            model=ModelRef(row["model"], row["model_revision"], row["model_dtype"]),
-            generation=GenerationParams(
-                int(row["max_new_tokens"]),
-                float(row["top_p"]),
-                float(row["temperature"]),
-                float(row["repetition_penalty"]),
-            ),
-        )
-
 
 # The plan table's columns (`results.schema.PLAN_SCHEMA` order) → how a `JobSpec` gives each.
 _PLAN_FIELDS = {

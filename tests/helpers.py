@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -20,6 +21,22 @@ PROMPTS = [
     "They",
     "A",
 ]
+
+
+def job_from_row(row: dict[str, Any]) -> JobSpec:
+    """The job of a plan row (`JobSpec.to_row`), its model as the row names it."""
+    names = "prompt_id prompt prompt_group pair_id method task method_params".split()
+    return JobSpec(
+        **{k: row[k] for k in names},
+        seed=int(row["seed"]),
+        model=ModelRef(row["model"], row["model_revision"], row["model_dtype"]),
+        generation=GenerationParams(
+            int(row["max_new_tokens"]),
+            float(row["top_p"]),
+            float(row["temperature"]),
+            float(row["repetition_penalty"]),
+        ),
+    )
 
 
 def make_jobs(

@@ -25,9 +25,21 @@ from torch import nn
 from jobs.spec import JobSpec, ModelRef
 from tests.helpers import step0_context
 from workers.methods.base import StepContext
-from workers.methods.biastune import ADAM_EPS, adam_first_step, find_sites
+from workers.methods.biastune import ADAM_EPS, find_sites
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
+
+
+def adam_first_step(
+    grads: list[torch.Tensor], lr: float, eps: float = ADAM_EPS
+) -> list[torch.Tensor]:
+    """One step of a freshly created Adam from zero, in closed form: `−lr · g / (|g| + eps)`.
+
+    With zero moments, m̂ = g and v̂ = g² after bias correction, whatever β1 and β2 are.
+    Computed in float32 (eps underflows in half precision), returned in each gradient's dtype.
+    """
+    return [(-lr * g.float() / (g.float().abs() + eps)).to(g.dtype) for g in grads]
+
 
 PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"]
 BLOCKS = 3  # of the tiny models' 4

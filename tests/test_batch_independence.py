@@ -38,7 +38,8 @@ import torch
 from jobs.spec import GenerationParams, JobSpec, ModelRef
 from tests.agreement import assert_same_samples, filter_flip, traced
 from tests.helpers import PROMPTS as HELPER_PROMPTS
-from workers.methods.biastune import adam_first_step, tuning_step
+from tests.precision import adam_first_step
+from workers.methods.biastune import tuning_step
 from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm

@@ -12,9 +12,9 @@ from torch import nn
 
 from jobs.spec import JobSpec, ModelRef
 from tests.helpers import step0_context
+from tests.precision import adam_first_step
 from workers.methods.base import MethodError, StepContext
 from workers.methods.biastune import (
-    adam_first_step,
     affine_width,
     bias_offsets,
     cropped_cache,

@@ -201,7 +201,7 @@ def test_every_method_runs_through_the_cli_on_the_175_pairs(tmp_path: Path, shar
 
 def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> None:
     from harness.stages.generation.stage import failed_row
-    from jobs.spec import JobSpec
+    from tests.helpers import job_from_row
 
     cfg = write_config(
         tmp_path,
@@ -214,7 +214,7 @@ def test_failed_jobs_stay_failed_on_resume_unless_retried(tmp_path: Path) -> Non
     for shard in (out / "generations").glob("part-*.parquet"):
         shard.unlink()  # as if every batch had failed
     store.write_generations(
-        [failed_row(JobSpec.from_row(r), "boom") for r in store.read_plan().to_dicts()]
+        [failed_row(job_from_row(r), "boom") for r in store.read_plan().to_dicts()]
     )
     res = harness("run", str(cfg), "--out", str(out), "--no-ray", "--no-progress")
     assert res.returncode == 1 and "failed 4, pending 0" in res.stdout  # all of vanilla failed

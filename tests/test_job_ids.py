@@ -8,6 +8,7 @@ from jobs.datasets import Prompt
 from jobs.grid import expand_grid
 from jobs.queue import make_batches, pending
 from jobs.spec import JOB_ID_VERSION, GenerationParams, JobSpec, ModelRef
+from tests.helpers import job_from_row
 
 JOB = JobSpec(
     prompt_id="female:00000",
@@ -57,7 +58,7 @@ def test_rng_seed_ignores_the_method() -> None:
 
 
 def test_row_round_trip() -> None:
-    assert JobSpec.from_row(JOB.to_row()) == JOB
+    assert job_from_row(JOB.to_row()) == JOB
 
 
 def test_grid_expands_every_combination_and_resume_is_planned_minus_done() -> None:

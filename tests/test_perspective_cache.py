@@ -172,5 +172,5 @@ def test_old_whole_file_caches_and_shards_in_a_local_run_are_read(
     local.write_table("cache/perspective-scores/part-c-0.parquet", answer_table(5, 7))
     mirror = CacheMirror(local.uri, FILE)
     assert mirror.dir == local.path("cache") and mirror.stats["loaded"] == 2
-    assert len(ScoreCache(str(tmp_path / "run" / "cache" / FILE))) == 2
+    assert ScoreCache(str(tmp_path / "run" / "cache" / FILE)).count_after(0) == 2
     assert mirror.close() == {"loaded": 2, "put_answers": 0, "put_shards": 0}

@@ -14,6 +14,7 @@ from jobs.grid import expand_grid, iter_plan
 from jobs.queue import pending, pending_chunks
 from jobs.spec import GenerationParams, JobSpec, ModelRef
 from results.run.store import DoneIds, RunStore
+from tests.helpers import job_from_row
 
 PROMPTS = [Prompt(f"{g}:{i}", str(i), g, f"text {g} {i}") for i in range(5) for g in ("f", "m")]
 MODELS = [
@@ -53,7 +54,7 @@ def test_the_job_id_is_hashed_once_per_spec(monkeypatch: pytest.MonkeyPatch) -> 
         return real(self)
 
     monkeypatch.setattr(JobSpec, "identity", counting)
-    fresh = JobSpec.from_row(job.to_row())
+    fresh = job_from_row(job.to_row())
     assert fresh.job_id == fresh.job_id == want and len(calls) == 1
     assert fresh == job and hash(fresh) == hash(job)  # the cache is not part of equality
 
@@ -96,7 +97,7 @@ def test_the_planners_fast_job_id_is_the_specs_own_for_awkward_text() -> None:
     ]
     planned = [j for c in iter_plan(prompts, models, methods, ["regard"], 12) for j in c.jobs]
     for job in planned:
-        fresh = JobSpec.from_row(job.to_row())  # no cached id: hashed from `identity()`
+        fresh = job_from_row(job.to_row())  # no cached id: hashed from `identity()`
         fresh = dataclasses.replace(fresh, model=job.model)
         assert "job_id" in job.__dict__ and job.job_id == fresh.job_id
     assert len({j.job_id for j in planned}) == len(planned) == 6 * 2 * 2 * 12

@@ -250,17 +250,6 @@ def bias_offsets(
             handle.remove()
 
 
-def adam_first_step(
-    grads: Sequence[torch.Tensor], lr: float, eps: float = ADAM_EPS
-) -> list[torch.Tensor]:
-    """One step of a freshly created Adam from zero, in closed form: `−lr · g / (|g| + eps)`.
-
-    With zero moments, m̂ = g and v̂ = g² after bias correction, whatever β1 and β2 are.
-    Computed in float32 (eps underflows in half precision), returned in each gradient's dtype.
-    """
-    return [(-lr * g.float() / (g.float().abs() + eps)).to(g.dtype) for g in grads]
-
-
 def tuning_step(
     grads: Sequence[torch.Tensor], lr: float, eps: float = ADAM_EPS, rel: float = STEP_EPS_REL
 ) -> list[torch.Tensor]:

@@ -118,8 +118,5 @@ class ScoreCache:
     def last_rowid(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM scores").fetchone()[0])
 
-    def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
-
     def close(self) -> None:
         self._db.close()
