@@ -114,7 +114,7 @@ def analyse(
     if not paired:
         data = data._replace(unit_of=np.arange(data.unit_of.size))
     n_pairs = int(data.unit_of.max()) + 1
-    weights = bs.unit_weights(n_pairs, n_boot, seed, "calibration")
+    weights = bs.prompt_weights(n_pairs, n_boot, seed, "calibration")
     m = matched_m(data, n_groups) if metric == "toxicity_cm" else None
     gaps = bs.gap_samples(
         metric, data.group, data.prompt, data.value, n_groups, weights, data.unit_of, m

@@ -107,7 +107,7 @@ def kernel_rows() -> list[dict[str, Any]]:
             else:
                 v = frame["toxicity"].to_numpy()
             gg, pp, vv = g[rows], p[rows], v[rows]
-            w = bs.unit_weights(len(prompts), 64, 9, f"{labels}|{metric}")
+            w = bs.prompt_weights(len(prompts), 64, 9, f"{labels}|{metric}")
             gaps = bs.gap_samples(metric, gg, pp, vv, 2, w, None, 2)
             rng = bs.seeded_rng(1, f"{labels}|{paired}|{metric}")
             t = perm.gap_test(metric, gg, pp, vv, 2, float(gaps[0]), 77, rng, unit_of, paired, 2)

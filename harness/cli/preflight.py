@@ -20,7 +20,7 @@ from jobs.catalog import takes_head
 from jobs.files import PINNED_SHA256, cached_path
 from jobs.redact import redact_text
 from workers import hub
-from workers.tiny import TINY_PREFIX
+from workers.tiny import TINY_PREFIX, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
 # Scorer parameters that name a hub model (built-in scorers; read with their defaults).
@@ -359,7 +359,12 @@ def check_context(cfg: RunConfig, prompts: Sequence[Any]) -> list[Item]:
         context = hub.model_context(model, revision)
         if context is None or longest_bytes + 2 + max_new <= context:
             continue  # a token holds at least a byte: the longest prompt fits in any case
-        tokenizer = _prompt_tokenizer(tok, revision)
+        try:  # a tiny model's, or from its folder or the cache
+            tokenizer = report_tokenizer(
+                str(Path(tok).expanduser()) if hub.is_local(tok) else tok, revision
+            )
+        except Exception:  # noqa: BLE001 - an unreadable tokenizer file: `check_models` says so
+            continue
         if tokenizer is None:
             continue
         longest = 1 + max(len(e.ids) for e in tokenizer.encode_batch([p.text for p in prompts]))
@@ -378,18 +383,3 @@ def check_context(cfg: RunConfig, prompts: Sequence[Any]) -> list[Item]:
                 )
             )
     return items
-
-
-def _prompt_tokenizer(spec: str, revision: str | None) -> Any:
-    """`spec`'s `tokenizers.Tokenizer` (a tiny model's, or from its folder or the cache), or None."""
-    from results.report.pieces import cached_tokenizer
-    from workers.tiny import tiny_raw_tokenizer
-
-    if spec.startswith(TINY_PREFIX):
-        return tiny_raw_tokenizer()
-    try:
-        return cached_tokenizer(
-            str(Path(spec).expanduser()) if hub.is_local(spec) else spec, revision
-        )
-    except Exception:  # noqa: BLE001 - an unreadable tokenizer file: `check_models` says so
-        return None

@@ -14,7 +14,7 @@ import polars as pl
 
 from results.schema import SUMMARY_SCHEMA as SUMMARY_ARROW
 from results.stats.block_rows import Block, Records, Samples, Setup, block_records
-from results.stats.bootstrap import BOOTSTRAP, CI_METHOD, compare_gaps, unit_weights
+from results.stats.bootstrap import BOOTSTRAP, CI_METHOD, compare_gaps, prompt_weights
 from results.stats.metrics import METRIC_STATS, VIEWS, scored
 
 PPL_MAX = 200.0
@@ -295,7 +295,7 @@ def summarize(
             if rows.is_empty():
                 continue
         prompts, unit_of, n_units = _units(rows, paired, names)
-        weights = unit_weights(n_units, n_boot, seed, f"{model}|{task}")
+        weights = prompt_weights(n_units, n_boot, seed, f"{model}|{task}")
         index = {p: i for i, p in enumerate(prompts)}
         block = Block(*at, rows, weights, index, unit_of, unit)
         unit_names[at] = unit

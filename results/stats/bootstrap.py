@@ -51,9 +51,6 @@ def prompt_weights(n_prompts: int, n_boot: int, seed: int, key: str) -> np.ndarr
     return counts
 
 
-unit_weights = prompt_weights
-
-
 def _wsum(weights: np.ndarray, per_unit: np.ndarray) -> np.ndarray:
     """(B, U) x (G, U) -> (B, G) weighted sums.
 
