@@ -83,16 +83,11 @@ def affine_width(module: nn.Module) -> int | None:
     return None
 
 
-def _num_layers(model: nn.Module) -> int | None:
-    config: Any = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text, "num_hidden_layers", None)
-    return int(value) if isinstance(value, int) else None
-
-
 def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The decoder block list: the first ModuleList as long as the config's layer count."""
-    n_layers = _num_layers(model)
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = getattr(text, "num_hidden_layers", None)
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) > 0 and len(module) == n_layers:
             return name, module

@@ -90,11 +90,7 @@ def read_meta(spec: str) -> dict[str, Any] | None:
     weights = local_weights(spec)
     if weights is None:
         return None
-    return read_meta_file(meta_path(weights))
-
-
-def read_meta_file(path: Path) -> dict[str, Any]:
-    """A head's metadata JSON object; `HeadMetaError` naming the file if it is not one."""
+    path = meta_path(weights)
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
