@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from jobs.catalog import SCORER_PARAMS
+from jobs.files import default_cache_dir
 from workers.scorers.base import RETRY, Scorer, ScorerContext, ScorerError, null_row, text_of
 from workers.scorers.perspective_client import (
     API_VERSION,
@@ -106,9 +107,7 @@ class PerspectiveToxicity(Scorer):
     def _cache_path(self) -> str:
         if self.params["cache_file"]:
             return str(Path(str(self.params["cache_file"])).expanduser())
-        root = self.context.cache_dir or os.path.join(
-            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lidao-harness"
-        )
+        root = self.context.cache_dir or default_cache_dir()
         return os.path.join(root, "perspective-scores.sqlite")
 
     @property
