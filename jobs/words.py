@@ -96,11 +96,6 @@ def load_group_words(
     return from_pairs(tuple(pairs), groups, spec)
 
 
-def _word_regex(words: set[str]) -> re.Pattern[str]:
-    alternation = "|".join(sorted((re.escape(w) for w in words), key=len, reverse=True))
-    return re.compile(rf"(?<!\w)({alternation})(?!\w)")
-
-
 def count_groups(text: str, words: GroupWords) -> dict[str, int]:
     """Whole-word, case-sensitive occurrences of each group's seed words in `text`."""
     owner: dict[str, list[str]] = {}
@@ -108,7 +103,8 @@ def count_groups(text: str, words: GroupWords) -> dict[str, int]:
         for w in ws:
             owner.setdefault(w, []).append(group)
     counts = dict.fromkeys(words.groups, 0)
-    for match in _word_regex(set(owner)).finditer(text):
+    alternation = "|".join(sorted((re.escape(w) for w in owner), key=len, reverse=True))
+    for match in re.finditer(rf"(?<!\w)({alternation})(?!\w)", text):
         for group in owner[match.group(1)]:
             counts[group] += 1
     return counts

@@ -10,12 +10,6 @@ from typing import NamedTuple
 import numpy as np
 
 
-def _sorted(prompt: np.ndarray, value: np.ndarray) -> bool:
-    """Whether rows are sorted by prompt, then by ascending value."""
-    step, rise = np.diff(prompt), np.diff(value)
-    return bool(np.all((step > 0) | ((step == 0) & (rise >= 0))))
-
-
 class Runs(NamedTuple):
     """Rows sorted by (prompt, value) as runs of one prompt each (`prompt_runs`)."""
 
@@ -47,7 +41,8 @@ def labelled_emts(
     has no prompt to count.
     """
     if runs is None:
-        if not _sorted(prompt, value):
+        step, rise = np.diff(prompt), np.diff(value)
+        if not np.all((step > 0) | ((step == 0) & (rise >= 0))):  # by prompt, then value
             order = np.lexsort((value, prompt))
             labels, prompt, value = labels[:, order], prompt[order], value[order]
         runs = prompt_runs(prompt)

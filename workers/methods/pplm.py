@@ -136,13 +136,6 @@ def perturbed(past: KV, deltas: KV) -> KV:
     ]
 
 
-def _kl(probs: torch.Tensor, unpert_probs: torch.Tensor) -> torch.Tensor:
-    """(B,) KL(p ‖ q) with the reference's 1e-15 floor on both sides."""
-    q = unpert_probs + SMALL_CONST * (unpert_probs <= SMALL_CONST).float()
-    p = probs + SMALL_CONST * (probs <= SMALL_CONST).float().detach()
-    return (p * (p / q).log()).sum(-1)
-
-
 class PPLM(DecodingMethod):
     """PPLM with a linear attribute head (see the module docstring)."""
 
@@ -201,7 +194,11 @@ class PPLM(DecodingMethod):
         ce = property_loss(self.head, total / s.count.unsqueeze(-1), self.head.target_class)
         if self.cfg.kl_scale == 0:
             return ce, ce
-        return ce, ce + self.cfg.kl_scale * _kl(probs, torch.softmax(s.unpert_logits, -1))
+        # (B,) KL(p ‖ q) with the reference's 1e-15 floor on both sides
+        q = torch.softmax(s.unpert_logits, -1)
+        q = q + SMALL_CONST * (q <= SMALL_CONST).float()
+        p = probs + SMALL_CONST * (probs <= SMALL_CONST).float().detach()
+        return ce, ce + self.cfg.kl_scale * (p * (p / q).log()).sum(-1)
 
     def perturb(self, s: StepInputs) -> tuple[torch.Tensor, KV, list[torch.Tensor]]:
         """Perturbed (B, V) logits, the new history (T positions) and the (B,) CE of each iteration.
