@@ -189,20 +189,3 @@ def score_schema(metric: str) -> pa.Schema:
     if metric not in METRIC_FIELDS:
         raise KeyError(f"unknown metric {metric!r}; known: {sorted(METRIC_FIELDS)}")
     return pa.schema(SCORE_KEY_FIELDS + METRIC_FIELDS[metric])
-
-
-def all_schemas() -> dict[str, pa.Schema]:
-    """Every table by name, for the snapshot test and `docs/design.md`."""
-    tables = {"plan": PLAN_SCHEMA, "generations": GENERATION_SCHEMA}
-    for metric in METRIC_FIELDS:
-        tables[f"scores.{metric}"] = score_schema(metric)
-    tables["summary"] = SUMMARY_SCHEMA
-    tables["human.key"] = HUMAN_KEY_SCHEMA
-    tables["human.choices"] = HUMAN_CHOICE_SCHEMA
-    tables["cache.answers"] = CACHE_ANSWER_SCHEMA
-    return tables
-
-
-def describe(schema: pa.Schema) -> list[list[str]]:
-    """[name, type] pairs: the snapshot's stable text form of a schema."""
-    return [[f.name, str(f.type)] for f in schema]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from results.schema import all_schemas
+from tests.test_schema import all_schemas
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
