@@ -190,16 +190,6 @@ def availability(spec: str, revision: str | None = None, kind: str = "model") ->
     return Availability("hub, downloads when loaded", problem)
 
 
-def _token() -> str | None:
-    """The token transformers would send: HF_TOKEN, else the one `hf auth login` stored."""
-    try:
-        from huggingface_hub import get_token
-
-        return get_token()
-    except ImportError:
-        return os.environ.get("HF_TOKEN") or None
-
-
 def repo_problem(repo_id: str, revision: str | None) -> str | None:
     """None if the hub has `repo_id` (at `revision`) and lets this token read it, else why not.
     One GET of the repository's metadata (no files)."""
@@ -208,7 +198,9 @@ def repo_problem(repo_id: str, revision: str | None) -> str | None:
     if revision:
         url += "/revision/" + urllib.parse.quote(revision, safe="")
     headers = {"User-Agent": "lidao-harness"}
-    token = _token()
+    from huggingface_hub import get_token  # as transformers: HF_TOKEN, else `hf auth login`'s
+
+    token = get_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
     at = f" at revision {revision}" if revision else ""

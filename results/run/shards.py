@@ -105,7 +105,11 @@ def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
-            _fsync_dir(parent)
+            dir_fd = os.open(parent, os.O_RDONLY)  # the rename itself survives a crash
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -126,11 +130,3 @@ def atomic_output(fs: pafs.FileSystem, target: str, local: bool) -> Iterator[Any
     finally:
         with contextlib.suppress(Exception):
             fs.delete_file(tmp)
-
-
-def _fsync_dir(path: str) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
