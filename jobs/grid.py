@@ -52,7 +52,13 @@ def iter_plan(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    _check_prompt_ids(prompts)
+    ids: set[str] = set()
+    for prompt in prompts:
+        if prompt.prompt_id in ids:
+            raise ValueError(
+                f"the grid has duplicate jobs: prompt id {prompt.prompt_id!r} is listed twice"
+            )
+        ids.add(prompt.prompt_id)
     seen: set[SliceKey] = set()
     for model, gen in models:
         model_heads = (heads or {}).get(model)
@@ -87,16 +93,6 @@ def _slice_chunks(
                 jobs = []
     if jobs:
         yield PlanChunk(key, jobs)
-
-
-def _check_prompt_ids(prompts: Sequence[Prompt]) -> None:
-    seen: set[str] = set()
-    for prompt in prompts:
-        if prompt.prompt_id in seen:
-            raise ValueError(
-                f"the grid has duplicate jobs: prompt id {prompt.prompt_id!r} is listed twice"
-            )
-        seen.add(prompt.prompt_id)
 
 
 def expand_grid(

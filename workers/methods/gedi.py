@@ -49,20 +49,16 @@ TASK_CLASS_BIAS = {"toxicity": 2.0}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def _weights_file(spec: str) -> str | None:
-    """The weights file of a local folder or of a hub model already in the local cache."""
+def _checkpoint_tensors(spec: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The named tensors present in a checkpoint's (single) weights file, in a local folder
+    or the hub cache."""
     if spec.startswith(TINY_PREFIX):
-        return None
+        return {}
     folder = Path(spec) if os.path.isdir(spec) else snapshot(spec, None)
     found = [folder / name for name in WEIGHT_FILES if folder and (folder / name).is_file()]
-    return str(found[0]) if found else None
-
-
-def _checkpoint_tensors(spec: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The named tensors present in a checkpoint's (single) weights file."""
-    path = _weights_file(spec)
-    if path is None:
+    if not found:
         return {}
+    path = str(found[0])
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 
