@@ -32,7 +32,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from campaign import (  # noqa: E402 - the trial modules register themselves on import
     t_configs,

@@ -143,3 +143,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tests.baseline_helpers import save_tiny_variants
 
     return save_tiny_variants(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A fake Perspective endpoint that takes the test module's `KEY`, set as the key the
+    scorer reads (each module its own key, so its secret checks look for that one)."""
+    from fake_perspective import FakePerspective
+
+    key = request.module.KEY
+    monkeypatch.setenv("PERSPECTIVE_API_KEY", key)
+    monkeypatch.delenv("PERSPECTIVE_API_ENDPOINT", raising=False)
+    with FakePerspective(api_key=key) as server:
+        yield server

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +47,6 @@ def rows_for(texts: list[str]) -> list[dict[str, Any]]:
 
 
 TEXTS = [f" said thing number {i} to the man" for i in range(40)]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePerspective]:
-    monkeypatch.setenv("PERSPECTIVE_API_KEY", KEY)
-    monkeypatch.delenv("PERSPECTIVE_API_ENDPOINT", raising=False)
-    with FakePerspective(api_key=KEY) as server:
-        yield server
 
 
 def make_scorer(fake: FakePerspective, cache_dir: Path, **params: Any) -> PerspectiveToxicity:

@@ -43,13 +43,6 @@ def s3() -> Iterator[CountingMotoServer]:
             server.stop()
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePerspective]:
-    monkeypatch.setenv("PERSPECTIVE_API_KEY", KEY)
-    with FakePerspective(api_key=KEY) as server:
-        yield server
-
-
 def texts(start: int, stop: int) -> list[str]:
     return [f" said thing number {i} to the man" for i in range(start, stop)]
 

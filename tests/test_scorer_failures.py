@@ -8,7 +8,6 @@ what failed, and the plain `score` after recovers every row; a 400 stays an erro
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,6 @@ from workers.scorers.base import RETRY, ScorerContext, score_batched
 from workers.scorers.vader import VaderSentiment
 
 KEY = "AIzaSy-test-secret-failures"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePerspective]:
-    monkeypatch.setenv("PERSPECTIVE_API_KEY", KEY)
-    monkeypatch.delenv("PERSPECTIVE_API_ENDPOINT", raising=False)
-    with FakePerspective(api_key=KEY) as server:
-        yield server
 
 
 def score(run: Path, *args: str) -> tuple[int, str]:

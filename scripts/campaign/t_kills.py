@@ -22,6 +22,7 @@ from campaign.core import (
     trial,
     wait_for,
 )
+from tests.ray_procs import alive
 
 RUN_CONFIGS["kill"] = lambda: base_config(
     **{"dataset.limit": 3, "generation.max_new_tokens": 5, "runtime.batch_size": 2}
@@ -39,14 +40,6 @@ POINTS: dict[str, Callable[[Path], bool]] = {
     "half the shards": lambda run: len(shards(run)) >= 6,
     "after generation": lambda run: any(p.name.startswith("part-c-") for p in shards(run)),
 }
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _kill(sig: signal.Signals, point: str, ray: bool) -> None:
