@@ -41,6 +41,12 @@ from calib_sim import analyse, simulate, true_tv, uneven  # noqa: E402
 from results.stats import power as pw  # noqa: E402
 
 METRICS = ("sentiment", "toxicity", "toxicity_cm", "regard")
+# Table 7's cells: (metric, view, true gap × 100), gaps that need 40-120 pairs at 4 samples
+PLANS = (
+    ("sentiment", "prompt", 6.0), ("sentiment", "row", 5.0), ("toxicity", "prompt", 6.0),
+    ("toxicity", "row", 8.0), ("toxicity_cm", "prompt", 6.0), ("toxicity_cm", "row", 4.0),
+    ("regard", "prompt", 15.0), ("regard", "row", 15.0),
+)  # fmt: skip
 LABEL = {
     "sentiment": "sentiment mean gap",
     "toxicity": "EMT gap (paper's)",
@@ -117,15 +123,16 @@ def effect_for(tv: float) -> float:
     return (low + high) / 2
 
 
-def issue30(reps: int, tables: str = "4567") -> None:
-    """Tables 4-7 of the module doc (those named in `tables`)."""
+def issue30(reps: int, tables: str = "4567", seed: int = 0, pilots: int = 10) -> None:
+    """Tables 4-7 of the module doc (those named in `tables`); `seed` moves every table's
+    stream, `pilots` is table 7's pilots per cell."""
     if "4" in tables:
         print(f"## 4. Uneven rows per prompt (female 1-2, male 1-8 of 8), 40 pairs, {reps} replications, 100 permutations\n")  # fmt: skip
         print("| statistic | view | test | type-I of every p-value at 0.05 | marked ¶ | type-I of the unmarked p-values |")  # fmt: skip
         print("|---|---|---|---|---|---|")
         for view in ("prompt", "row"):
             for metric in METRICS:
-                rng = np.random.default_rng(4000)
+                rng = np.random.default_rng(4000 + seed)
                 outs = [analyse(uneven(rng, simulate(rng, metric, view, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
                 plain = [o for o in outs if not o.counts_p < 0.05]
                 type1 = (
@@ -143,7 +150,7 @@ def issue30(reps: int, tables: str = "4567") -> None:
         print("|---|---|---|---|---|---|---|")
         for n_pairs, samples in ((40, 4), (175, 10)):
             for tv in (0.0, 5.0, 10.0, 17.0):
-                rng = np.random.default_rng(5000)
+                rng = np.random.default_rng(5000 + seed)
                 outs = []
                 for r in range(n_bc):
                     data = simulate(rng, "regard", "prompt", n_pairs=n_pairs, samples=samples, effect=effect_for(tv) if tv else 0.0)  # fmt: skip
@@ -162,7 +169,7 @@ def issue30(reps: int, tables: str = "4567") -> None:
         print("|---|---|---|---|")
         for metric in METRICS:
             for view in ("prompt", "row"):
-                rng = np.random.default_rng(6000)
+                rng = np.random.default_rng(6000 + seed)
                 hits, mdes = [], []
                 for r in range(reps):
                     reported = analyse(simulate(rng, metric, view), metric, r, 400, 200)
@@ -173,13 +180,13 @@ def issue30(reps: int, tables: str = "4567") -> None:
                 print(f"| {LABEL[metric]} | {view} | {np.mean(mdes):.2f} | {np.mean(hits):.3f} |")
 
     if "7" in tables:
-        print(f"\n## 7. Power at the planned sizes (5 pilots of 175 pairs × 4; {reps} simulated runs per size in the planner and at each plan)\n")  # fmt: skip
-        print("| statistic | view | gap × 100 | planned pairs, 5 pilots | power at each plan | mean (asked 0.8) |")  # fmt: skip
-        print("|---|---|---|---|---|---|")
-        for metric, view, gap in (("sentiment", "prompt", 6.0), ("sentiment", "row", 5.0), ("toxicity_cm", "row", 4.0), ("regard", "prompt", 15.0)):  # fmt: skip
-            rng = np.random.default_rng(7000)
+        print(f"\n## 7. Power at the planned sizes ({pilots} pilots of 175 pairs × 4 per row; {reps} simulated runs per size in the planner and at each plan)\n")  # fmt: skip
+        print("| statistic | view | gap × 100 | planned pairs: median (range) | power at the plans: mean | min–max | plans within 0.8 ± 0.07 |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for metric, view, gap in PLANS:
+            rng = np.random.default_rng(7000 + seed)
             plans, powers = [], []
-            for _ in range(5):  # one pilot's variance is itself uncertain: average over pilots
+            for _ in range(pilots):  # one pilot's variance is itself uncertain: over pilots
                 d = simulate(rng, metric, view, n_pairs=175, samples=4)
                 pilot = pw.prepare(pw.Cell(metric, d.group, d.prompt, d.value, d.unit_of, 2, True))  # fmt: skip
                 got = pw.units_needed(pilot, 4, gap, 0.8, reps=reps, n_perm=100)
@@ -191,8 +198,8 @@ def issue30(reps: int, tables: str = "4567") -> None:
                     hits.append(analyse(data, metric, r, n_boot=0, n_perm=100).p_value < 0.05)
                 plans.append(got[0])
                 powers.append(float(np.mean(hits)))
-            each = ", ".join(f"{x:.2f}" for x in powers)
-            print(f"| {LABEL[metric]} | {view} | {gap:g} | {', '.join(map(str, plans))} | {each} | {np.mean(powers):.3f} |")  # fmt: skip
+            inside = np.mean([abs(x - 0.8) <= 0.07 for x in powers])
+            print(f"| {LABEL[metric]} | {view} | {gap:g} | {int(np.median(plans))} ({min(plans)}–{max(plans)}) | {np.mean(powers):.3f} | {min(powers):.2f}–{max(powers):.2f} | {inside:.0%} |", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -201,12 +208,14 @@ def main() -> None:
     parser.add_argument("--time", action="store_true", help="only time `summarize` at paper scale")
     parser.add_argument("--issue30", action="store_true", help="only tables 4-7 (module doc)")
     parser.add_argument("--tables", default="4567", help="with --issue30: which of them")
+    parser.add_argument("--seed", type=int, default=0, help="with --issue30: moves every stream")
+    parser.add_argument("--pilots", type=int, default=10, help="with --issue30: table 7's pilots")
     args = parser.parse_args()
     if args.time:
         time_summarize()
         return
     if args.issue30:
-        issue30(args.reps, args.tables)
+        issue30(args.reps, args.tables, args.seed, args.pilots)
         return
     reps = args.reps
 

@@ -134,9 +134,13 @@ def analyse(
     counts = None
     if metric == "toxicity":
         counts = perm.count_test(data.group, data.prompt, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
-    signed = bs.is_signed(metric, n_groups)
-    centre = test.null_mean if metric == "toxicity" else 0.0
-    mde = perm.mde(test, float(np.std(gaps[1:])), signed, centre) if n_boot else np.nan
+    mde = np.nan
+    if n_boot:
+        mde = perm.detectable(
+            metric, data.group, data.prompt, data.value, n_groups, data.unit_of, paired, m,
+            weights, float(np.std(gaps[1:])), test, n_perm, np.random.default_rng([seed, 8]),
+            1 - level,
+        )  # fmt: skip
     return Outcome(
         float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc,
         counts[0] if counts else np.nan, mde, bc_ci.low, bc_ci.high,

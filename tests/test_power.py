@@ -6,6 +6,7 @@ with 200+ replications (docs/statistics.md, "Power and sample size")."""
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,9 @@ import pytest
 from calib_sim import analyse, simulate
 
 from harness.cli.commands import main
+from results.stats import bootstrap as bs
+from results.stats import emt
+from results.stats import permutation as perm
 from results.stats import power as pw
 from tests.cli_run import config
 from tests.fake_run import write_rows
@@ -40,24 +44,68 @@ def test_the_pilot_components_and_simulated_runs_are_the_pilots() -> None:
     assert float(np.mean(regard == 2)) == pytest.approx(1 / 3 + 0.2, abs=0.02)
 
 
-def test_data_with_the_reported_mde_as_true_gap_are_detected_with_power_0_8() -> None:
+CELLS = [(metric, view) for metric in ("sentiment", "toxicity", "toxicity_cm", "regard") for view in ("prompt", "row")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("metric", "view"), CELLS)
+def test_data_with_the_reported_mde_as_true_gap_are_detected_with_power_0_8(
+    metric: str, view: str
+) -> None:
     rng = np.random.default_rng(40)
     hits = []
     for r in range(300):  # each a pilot of 40 pairs × 4, then a run with its MDE as true gap
-        pilot = analyse(simulate(rng, "sentiment", "prompt"), "sentiment", r, 400, 200)
-        data = simulate(rng, "sentiment", "prompt", effect=pilot.mde / 20)  # (0.2 × 100)
-        hits.append(analyse(data, "sentiment", r, n_boot=0, n_perm=200).p_value < 0.05)
+        pilot = analyse(simulate(rng, metric, view), metric, r, 400, 200)
+        data = simulate(rng, metric, view)
+        data = data._replace(value=pw.shifted(metric, data.group, data.value, pilot.mde, rng))
+        hits.append(analyse(data, metric, r, n_boot=0, n_perm=200).p_value < 0.05)
     assert float(np.mean(hits)) == pytest.approx(0.8, abs=0.07)
 
 
-def test_the_planned_pairs_give_the_asked_power() -> None:
-    pilot = _pilot("sentiment", "prompt", 175, seed=3)
-    got = pw.units_needed(pilot, 4, 8.0, 0.8, reps=100, n_perm=50)
-    assert got is not None and got[1] >= 0.8
+def test_the_null_centre_of_the_paper_emt_is_exact_and_its_spread_only_where_rows_move() -> None:
+    rng = np.random.default_rng(8)
+    data = simulate(rng, "toxicity", "row")
+    n_p = data.unit_of.size
+    tops = emt.shuffled_max(data.group, data.prompt, data.value, 2, n_p)
+    rows = np.bincount(data.group * n_p + data.prompt, minlength=2 * n_p).reshape(2, n_p) > 0
+    exact = 100 * (tops[0].sum() / rows[0].sum() - tops[1].sum() / rows[1].sum())
+    test = perm.gap_test("toxicity", data.group, data.prompt, data.value, 2, 0.0, 20_000, rng, data.unit_of, True)  # fmt: skip
+    noise = np.sqrt(test.null_sq - test.null_mean**2) / np.sqrt(20_000)
+    assert abs(test.null_mean - exact) < 4 * noise
+    one = emt.shuffled_max(np.array([0, 1, 1]), np.zeros(3, np.int64), np.array([0.9, 0.1, 0.2]), 2, 1)  # fmt: skip
+    assert one[:, 0] == pytest.approx([0.4, 2.0 / 3.0])  # E max of 1 and of 2 of the 3 values
+    weights = bs.prompt_weights(40, 300, 0, "centre")
+    assert perm.centre_spread("toxicity", data.group, data.prompt, data.value, 2, data.unit_of, weights) > 0.3  # fmt: skip
+    whole = simulate(rng, "toxicity", "prompt")  # the pair swap: no row-count centre
+    assert perm.centre_spread("toxicity", whole.group, whole.prompt, whole.value, 2, whole.unit_of, weights) == 0.0  # fmt: skip
+    assert perm.centre_spread("sentiment", data.group, data.prompt, data.value, 2, data.unit_of, weights) == 0.0  # fmt: skip
+
+
+def test_the_probit_fit_recovers_a_known_power_curve() -> None:
+    rng = np.random.default_rng(9)
+    sizes = np.array([20.0, 40, 60, 80, 120])
+    truth = [NormalDist().cdf(-1.5 + 0.3 * np.sqrt(n)) for n in sizes]
+    fit = pw.probit_fit(sizes, rng.binomial(4000, truth).astype(np.float64), 4000)
+    assert fit is not None and fit[0] == pytest.approx(-1.5, abs=0.1) and fit[1] == pytest.approx(0.3, abs=0.015)  # fmt: skip
+    assert pw.probit_fit(sizes, np.array([30.0, 20, 10, 5, 1]), 40) is None  # falls with n
+
+
+@pytest.mark.parametrize(("metric", "gap"), [("sentiment", 6.0), ("toxicity", 6.0)])
+def test_the_planned_pairs_give_the_asked_power(metric: str, gap: float) -> None:
     rng = np.random.default_rng(41)
-    outs = [analyse(simulate(rng, "sentiment", "prompt", n_pairs=got[0], effect=8.0 / 20), "sentiment", r, n_boot=0, n_perm=50) for r in range(150)]  # fmt: skip
-    assert float(np.mean([o.p_value < 0.05 for o in outs])) == pytest.approx(0.8, abs=0.1)
-    assert pw.units_needed(pilot, 4, 16.0, 0.8, reps=100, n_perm=50)[0] < got[0] / 2  # type: ignore[index]
+    powers = []
+    for _ in range(4):  # pilots of 175 pairs × 4; a pilot's own variance moves its plan
+        d = simulate(rng, metric, "prompt", n_pairs=175, samples=4)
+        pilot = pw.prepare(pw.Cell(metric, d.group, d.prompt, d.value, d.unit_of, 2, True))
+        got = pw.units_needed(pilot, 4, gap, 0.8, reps=150, n_perm=60)
+        assert got is not None and got[1] == pytest.approx(0.8, abs=0.02)
+        outs = []
+        for r in range(200):
+            data = simulate(rng, metric, "prompt", n_pairs=got[0])
+            data = data._replace(value=pw.shifted(metric, data.group, data.value, gap, rng))
+            outs.append(analyse(data, metric, r, n_boot=0, n_perm=60).p_value < 0.05)
+        powers.append(float(np.mean(outs)))
+    assert float(np.mean(powers)) == pytest.approx(0.8, abs=0.07)
+    assert pw.units_needed(pilot, 4, 2 * gap, 0.8, reps=150, n_perm=60)[0] < got[0] / 2  # type: ignore[index]
 
 
 def _pilot_rows(n_pairs: int = 24) -> list[dict[str, Any]]:

@@ -53,8 +53,8 @@ from results.stats.permutation import (
     bias_corrected_resamples,
     bias_corrected_tv,
     count_test,
+    detectable,
     gap_test,
-    mde,
 )
 
 # Cells whose gaps and tests run at once: numpy releases the GIL in the tests' sorts, gathers
@@ -178,6 +178,13 @@ def _gap_numbers(
         )  # fmt: skip
         if metric == "toxicity":
             counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
+        resampled = gaps[1:][np.isfinite(gaps[1:])]
+        if resampled.size > 1:
+            test = test._replace(mde=detectable(
+                metric, g, p, v, n_groups, block.unit_of, setup.paired, m, block.weights,
+                float(resampled.std()), test, setup.n_perm, seeded_rng(setup.seed, "mde|" + stream),
+                alpha,
+            ))  # fmt: skip
     return gaps, test, counts
 
 
@@ -206,9 +213,7 @@ def _gap_record(
             ci = percentile_ci(gaps[1:], setup.level)
             extra.update(ci_low=ci.low, ci_high=ci.high, n_boot=ci.n_valid, ci_method=CI_METHOD)
         if setup.n_perm:
-            extra.update(
-                p_value=test.p_value, test=test.test, mde=_mde(metric, gaps, test, n_groups)
-            )
+            extra.update(p_value=test.p_value, test=test.test, mde=_finite(test.mde))
             notes += [test.note] if test.note else []
             if _disagree(metric, test, extra, setup.level, n_groups):
                 flags.append(CONTRADICTION)
@@ -225,15 +230,6 @@ def _gap_record(
     out.add(key, name, stat, "gap", gaps[0], n_units, note="; ".join(notes) or None,
             flags=",".join(flags) or None, **extra)  # fmt: skip
     return gaps, test
-
-
-def _mde(metric: str, gaps: np.ndarray, test: GapTest, n_groups: int) -> float | None:
-    """The cell's minimum detectable effect at the run's level and power `POWER` (`mde`)."""
-    spread = gaps[1:][np.isfinite(gaps[1:])]
-    if spread.size < 2:
-        return None
-    centre = test.null_mean if metric == "toxicity" else 0.0  # (the row counts' shift)
-    return mde(test, float(spread.std()), is_signed(metric, n_groups), centre)
 
 
 def _disagree(

@@ -128,6 +128,31 @@ def expected_max_cells(
     return sums, eligible
 
 
+def shuffled_max(
+    group: np.ndarray, prompt: np.ndarray, value: np.ndarray, n_groups: int, n_p: int
+) -> np.ndarray:
+    """(G, P) each (group, prompt) cell's maximum averaged over every shuffle of the row labels
+    within the prompt (the within-prompt test's null), exactly: the expected maximum of k rows
+    drawn without replacement from the prompt's n, k the cell's rows (0 where it has none)."""
+    out = np.zeros((n_groups, n_p))
+    if prompt.size == 0:
+        return out
+    counts = np.bincount(group * n_p + prompt, minlength=n_groups * n_p).reshape(n_groups, n_p)
+    order = np.lexsort((value, prompt))
+    p, v = prompt[order], value[order]
+    runs = prompt_runs(p)
+    rank = np.arange(p.size) - np.repeat(runs.starts, runs.lengths) + 1  # 1-based, ascending
+    n = np.repeat(runs.lengths, runs.lengths)
+    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, runs.top + 1, dtype=np.float64)))])
+    for g in range(n_groups):
+        k = counts[g][p]
+        ok = (k >= 1) & (rank >= k)  # P(the rank-th smallest is the max) = C(r−1, k−1) / C(n, k)
+        r_, k_ = np.where(ok, rank, 1), np.where(ok, k, 1)
+        log_w = lf[r_ - 1] - lf[k_ - 1] - lf[r_ - k_] - (lf[n] - lf[k_] - lf[n - k_])
+        out[g] = np.bincount(p, np.where(ok, np.exp(log_w) * v, 0.0), n_p)
+    return out
+
+
 def matched_rows(counts: list[np.ndarray]) -> int:
     """m of the count-matched EMT: the smallest lower quartile, over the given arrays, of
     the non-zero per-(prompt, group) row counts (at least 1).

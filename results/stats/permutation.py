@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from results.stats.bootstrap import contrast, is_signed, tv_distance, unit_arrays
-from results.stats.emt import Runs, labelled_emts, prompt_runs
+from results.stats.bootstrap import CHUNK as BOOT_CHUNK
+from results.stats.bootstrap import contrast, is_signed, mean_gap, tv_distance, unit_arrays
+from results.stats.emt import Runs, labelled_emts, prompt_runs, shuffled_max
 from results.stats.metrics import REGARD_CLASSES
 
 CHUNK = 256  # labellings per pass, at most ELEMENTS // N of them (N: the entries shuffled)
@@ -234,6 +235,7 @@ class GapTest(NamedTuple):
     note: str | None
     null_sq: float = float("nan")  # mean squared gap over the null's labellings
     crit: float = float("nan")  # the smallest |gap| (gap if one-sided) the test rejects at alpha
+    mde: float = float("nan")  # the minimum detectable effect (`detectable`)
 
 
 def gap_test(
@@ -297,20 +299,105 @@ def critical_value(null: np.ndarray, signed: bool, alpha: float) -> float:
 POWER = 0.8  # of the minimum detectable effect (`mde`, the summary's `mde` column)
 
 
+def centre_spread(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    unit_of: np.ndarray,
+    weights: np.ndarray,
+) -> float:
+    """The sd over the resamples `weights` (B, U) of where the within-prompt test centres the
+    paper's EMT gap (its null mean, exactly: `shuffled_max`), which follows the rows each group
+    has per prompt; 0 for the other gaps and where whole prompts move (a centre near 0)."""
+    if metric != "toxicity" or n_groups != 2 or weights.shape[0] < 2 or group.size == 0:
+        return 0.0
+    if prompt_labels(group, prompt) is not None:
+        return 0.0
+    n_p, n_u = unit_of.size, int(unit_of.max()) + 1
+    rows = np.bincount(group * n_p + prompt, minlength=n_groups * n_p).reshape(n_groups, n_p)
+    parts = (shuffled_max(group, prompt, value, n_groups, n_p), (rows > 0).astype(np.float64))
+    num, den = (np.stack([np.bincount(unit_of, a[g], n_u) for g in range(n_groups)]) for a in parts)  # fmt: skip
+    centres = [
+        mean_gap(weights[i : i + BOOT_CHUNK].astype(np.float64), num, den)
+        for i in range(0, weights.shape[0], BOOT_CHUNK)
+    ]
+    return float(100.0 * np.nanstd(np.concatenate(centres)))
+
+
 def mde(
-    test: GapTest, spread: float, signed: bool, centre: float = 0.0, power: float = POWER
+    test: GapTest,
+    spread: float,
+    signed: bool,
+    centre: float = 0.0,
+    centre_sd: float = 0.0,
+    power: float = POWER,
 ) -> float:
     """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
     `power` in either direction, from the gap's bootstrap sd `spread` and where the null centres
-    it (`centre`; the paper's EMT: `test.null_mean`). Formulas: docs/statistics.md, "Power and
-    sample size"."""
+    it (`centre`; the paper's EMT: `test.null_mean`, with its spread `centre_sd` from
+    `centre_spread`). Formulas: docs/statistics.md, "Power and sample size"."""
     z = NormalDist().inv_cdf(power)
     if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
     if signed:
-        return float(test.crit + abs(centre) + z * spread)
+        return float(test.crit + abs(centre) + z * np.sqrt(spread**2 + 7 * centre_sd**2))
     reach = test.crit + z * np.sqrt(test.null_sq / 2)
     return float(np.sqrt(max(0.0, reach**2 - test.null_sq)))
+
+
+def shifted(
+    metric: str, group: np.ndarray, value: np.ndarray, gap: float, rng: np.random.Generator
+) -> np.ndarray:
+    """`value` with a true gap of `gap` (× 100) added to group 0: a shift of the score, or for
+    regard a share gap/100 of group 0's rows moved to `positive` from `negative` (then from
+    `neutral`), each row with the same chance."""
+    out = value.astype(np.float64).copy()
+    first = group == 0
+    if metric != "regard":
+        out[first] += gap / 100.0
+        return out
+    left = gap / 100.0
+    for cls in (0, 1):
+        rows = first & (value == cls)
+        share = float(rows.sum()) / max(1, int(first.sum()))
+        take = min(1.0, left / share) if share else 0.0
+        out[rows & (rng.random(value.size) < take)] = 2.0
+        left -= take * share
+    return out
+
+
+def detectable(
+    metric: str,
+    group: np.ndarray,
+    prompt: np.ndarray,
+    value: np.ndarray,
+    n_groups: int,
+    unit_of: np.ndarray,
+    paired: bool,
+    m: int | None,
+    weights: np.ndarray,
+    spread: float,
+    test: GapTest,
+    n_perm: int,
+    rng: np.random.Generator,
+    alpha: float = 0.05,
+) -> float:
+    """The cell's MDE (`mde`), in two passes: the formula with the test's critical value, then
+    again with the critical value of the same test on the cell's rows with that gap added (in
+    the harder direction). A real gap widens the labellings' gaps and, where labels move within
+    prompts, moves their centre: the first pass alone fell 0.02-0.11 short of the asked power
+    (docs/statistics.md, "Power and sample size")."""
+    signed = is_signed(metric, n_groups)
+    centre = test.null_mean if metric == "toxicity" else 0.0
+    centre_sd = centre_spread(metric, group, prompt, value, n_groups, unit_of, weights)
+    first = mde(test, spread, signed, centre, centre_sd)
+    if not np.isfinite(first):
+        return first
+    moved = shifted(metric, group, value, -first if signed and centre > 0 else first, rng)
+    alt = gap_test(metric, group, prompt, moved, n_groups, 0.0, n_perm, rng, unit_of, paired, m, alpha)  # fmt: skip
+    return mde(test._replace(crit=alt.crit), spread, signed, centre, centre_sd)
 
 
 def bias_corrected_tv(observed: float, test: GapTest) -> float:

@@ -1,11 +1,13 @@
 """Power and sample-size planning from a pilot run's cell (docs/statistics.md, "Planning from
-a pilot"): `simulate` draws runs like the pilot's with a known gap, `power` is the share whose
-test rejects, `units_needed` the fewest units that reach a power, `mde_at` a planned size's MDE.
+a pilot"): `simulate` draws runs like the pilot's with a known gap, `rejections` counts those
+whose test rejects, `units_needed` is the fewest units that reach a power, `mde_at` a planned size's
+MDE.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +24,7 @@ from results.stats.aggregate import (
 from results.stats.bootstrap import gap_samples, is_signed, seeded_rng
 from results.stats.emt import matched_rows
 from results.stats.metrics import BIAS_METRICS, VIEWS, gap_inputs, with_group
-from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labels
+from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labels, shifted
 
 
 class Cell(NamedTuple):
@@ -78,6 +80,7 @@ class Pilot(NamedTuple):
     label_unit: np.ndarray  # (P,) or from its unit's
     centre: np.ndarray | None  # (P,) each prompt's shrunk mean (scores; None for regard)
     residuals: np.ndarray | None  # within-prompt residuals of every prompt with two rows
+    logit: bool  # centre and residuals on the logit scale (toxicity: `LOGIT`)
     unit_prompts: np.ndarray  # prompts with rows, sorted by unit
     unit_start: np.ndarray  # (U',) first of each unit's prompts in `unit_prompts`
     unit_count: np.ndarray  # (U',) prompts with rows per unit
@@ -113,6 +116,14 @@ def components(cell: Cell) -> tuple[float, float, float]:
     return max(0.0, between - float(np.mean((sp2 + noise) / k))), sp2, sw2
 
 
+# Toxicity's spread within a prompt grows with the prompt's level (a probability near 0 cannot
+# move down), and its maxima live in that spread: its rows are modelled on the logit scale,
+# clipped to [CLIP, 1 − CLIP], where one spread fits every prompt (table 7 of
+# docs/statistics.md: on the probability scale the plans for the EMT gaps fell to power 0.67).
+LOGIT = ("toxicity", "toxicity_cm")
+CLIP = 1e-4
+
+
 def _shrinkage(cell: Cell, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a_p, t_p) of `prepare` per prompt, from the cell's `components`."""
     su2, sp2, sw2 = components(cell)
@@ -132,7 +143,10 @@ def prepare(cell: Cell) -> Pilot:
     n_p = cell.unit_of.size
     counts = np.bincount(cell.prompt, minlength=n_p)
     n = np.maximum(counts, 1).astype(np.float64)
-    own, total = _shrinkage(cell, counts)
+    logit = cell.metric in LOGIT
+    clipped = np.clip(cell.value, CLIP, 1.0 - CLIP)
+    scores = cell._replace(value=np.log(clipped / (1.0 - clipped))) if logit else cell
+    own, total = _shrinkage(scores, counts)
     label, label_own, label_unit = prompt_labels(cell.group, cell.prompt), own, total - own
     if label is None:  # the rows' labels: their rates per prompt shrunk as the scores are
         rate = cell._replace(metric="sentiment", value=(cell.group == 0).astype(np.float64))
@@ -145,7 +159,7 @@ def prepare(cell: Cell) -> Pilot:
     row_count = np.bincount(row_unit, minlength=int(cell.unit_of.max()) + 1)
     centre = residuals = None
     if cell.metric != "regard":
-        means = np.bincount(cell.prompt, cell.value, n_p) / n
+        means = np.bincount(cell.prompt, scores.value, n_p) / n
         size = row_count.size
         unit_sums = np.bincount(cell.unit_of[used], means[used], size)
         unit_mean = (unit_sums / np.maximum(np.bincount(cell.unit_of[used], minlength=size), 1))[
@@ -155,34 +169,13 @@ def prepare(cell: Cell) -> Pilot:
         centre = mu + total * (unit_mean - mu) + own * (means - unit_mean)
         many = counts[cell.prompt] > 1  # (residuals unbiased: × sqrt(n / (n − 1)))
         scale = np.sqrt(n / np.maximum(n - 1, 1))[cell.prompt]
-        residuals = ((cell.value - means[cell.prompt]) * scale)[many]
+        residuals = ((scores.value - means[cell.prompt]) * scale)[many]
     return Pilot(
         cell, np.argsort(cell.prompt, kind="stable"), np.r_[0, np.cumsum(counts)[:-1]], counts,
         own, np.maximum(0.0, total - own), np.argsort(row_unit, kind="stable"),
         np.r_[0, np.cumsum(row_count)[:-1]], row_count, label, label_own, label_unit, centre,
-        residuals, by_unit, unit_start, unit_count,
+        residuals, logit, by_unit, unit_start, unit_count,
     )  # fmt: skip
-
-
-def shifted(
-    metric: str, group: np.ndarray, value: np.ndarray, gap: float, rng: np.random.Generator
-) -> np.ndarray:
-    """`value` with a true gap of `gap` (× 100) added to group 0: a shift of the score, or for
-    regard a share gap/100 of group 0's rows moved to `positive` from `negative` (then from
-    `neutral`), each row with the same chance."""
-    out = value.astype(np.float64).copy()
-    first = group == 0
-    if metric != "regard":
-        out[first] += gap / 100.0
-        return out
-    left = gap / 100.0
-    for cls in (0, 1):
-        rows = first & (value == cls)
-        share = float(rows.sum()) / max(1, int(first.sum()))
-        take = min(1.0, left / share) if share else 0.0
-        out[rows & (rng.random(value.size) < take)] = 2.0
-        left -= take * share
-    return out
 
 
 class Data(NamedTuple):
@@ -220,6 +213,8 @@ def simulate(
     if pilot.centre is not None and pilot.residuals is not None:  # scores: mean + residual
         drawn = rng.integers(0, pilot.residuals.size, prompt.size)
         value = pilot.centre[source][prompt] + pilot.residuals[drawn]
+        if pilot.logit:
+            value = 1.0 / (1.0 + np.exp(-value))
     if pilot.label is not None:
         group = pilot.label[source][prompt]
     else:
@@ -247,7 +242,7 @@ def tested(
     return gap, test
 
 
-def power(
+def rejections(
     pilot: Pilot,
     n_units: int,
     samples: int,
@@ -256,15 +251,33 @@ def power(
     reps: int = 200,
     n_perm: int = 100,
     seed: int = 0,
-) -> float:
-    """The share of `reps` simulated data sets (n_units × samples, true gap `gap`) whose test
+) -> int:
+    """How many of `reps` simulated data sets (n_units × samples, true gap `gap`) the test
     rejects at `level` (p < 1 − level)."""
     rng = seeded_rng(seed, f"power|{n_units}|{samples}|{gap}")
     hits = 0
     for _ in range(reps):
         _, test = tested(pilot.cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)  # fmt: skip
         hits += bool(test.p_value < 1.0 - level)
-    return hits / reps
+    return hits
+
+
+def probit_fit(sizes: np.ndarray, hits: np.ndarray, reps: int) -> tuple[float, float] | None:
+    """(a, b) of power(n) = Φ(a + b·sqrt(n)), the normal approximation's shape, by maximum
+    likelihood over every simulated run (Newton steps); None where it does not rise with n."""
+    x = np.stack([np.ones(sizes.size), np.sqrt(sizes)], axis=1)
+    beta = np.zeros(2)
+    normal = NormalDist()
+    for _ in range(50):
+        eta = np.clip(x @ beta, -8.0, 8.0)
+        p = np.clip([normal.cdf(e) for e in eta], 1e-9, 1 - 1e-9)
+        d = np.array([normal.pdf(e) for e in eta])
+        w = reps * d**2 / (p * (1 - p))  # Fisher scoring
+        step = np.linalg.lstsq(x.T @ (w[:, None] * x), x.T @ (reps * d * (hits / reps - p) / (p * (1 - p))), rcond=None)[0]  # fmt: skip
+        beta = beta + step
+        if np.max(np.abs(step)) < 1e-8:
+            break
+    return (float(beta[0]), float(beta[1])) if beta[1] > 0 else None
 
 
 def units_needed(
@@ -278,23 +291,41 @@ def units_needed(
     seed: int = 0,
     most: int = 20_000,
 ) -> tuple[int, float] | None:
-    """(the fewest units with simulated power ≥ `goal`, that power), to within 5 % of the
-    units (doubling, then bisection); None when more than `most` units would be needed."""
-    found: dict[int, float] = {}
+    """(the fewest units whose power reaches `goal`, that power); None when more than `most`
+    units would be needed. The sizes are bracketed by doubling and bisection (to 10 %), then
+    the power curve Φ(a + b·sqrt(n)) is fitted to every simulated run of the bracket and one
+    more size at its answer (`probit_fit`), so the answer rests on all of them, not on the
+    last size's 200 runs (docs/statistics.md, "Planning from a pilot")."""
+    found: dict[int, int] = {}
 
     def at(n: int) -> float:
-        found[n] = found.get(n) or power(pilot, n, samples, gap, level, reps, n_perm, seed)
-        return found[n]
+        if n not in found:
+            found[n] = rejections(pilot, n, samples, gap, level, reps, n_perm, seed)
+        return found[n] / reps
 
     low, high = 1, max(2, pilot.unit_start.size)
     while at(high) < goal:
         low, high = high, 2 * high
         if high > most:
             return None
-    while high - low > max(1, high // 20):
+    while high - low > max(1, high // 10):
         mid = (low + high) // 2
         low, high = (low, mid) if at(mid) >= goal else (mid, high)
-    return high, found[high]
+    z = NormalDist().inv_cdf(goal)
+
+    def fitted() -> tuple[int, float, float] | None:  # (answer, a, b) from the sizes near it
+        near = np.array(sorted(n for n in found if high / 2 <= n <= 2 * high))
+        fit = probit_fit(near.astype(np.float64), np.array([found[n] for n in near], np.float64), reps)  # fmt: skip
+        return None if fit is None else (max(1, int(np.ceil(((z - fit[0]) / fit[1]) ** 2))), *fit)
+
+    first = fitted()
+    if first is not None and first[0] <= most:
+        at(first[0])  # one more size, at the answer, then the fit again
+    final = fitted()
+    if final is None:
+        return high, found[high] / reps
+    answer, a, b = final
+    return None if answer > most else (answer, NormalDist().cdf(a + b * np.sqrt(answer)))
 
 
 def mde_at(
@@ -306,16 +337,23 @@ def mde_at(
     n_perm: int = 100,
     seed: int = 0,
 ) -> float:
-    """The MDE at `n_units` × `samples` (`mde`): the spread of the gap and the test's critical
-    value over `reps` simulated data sets with no true gap."""
+    """The MDE at `n_units` × `samples` (`mde`, in `detectable`'s two passes): the spread of
+    the gap, the null's centre and the test's critical value over `reps` simulated data sets
+    with no true gap, then the critical value over `reps` with that gap."""
     rng = seeded_rng(seed, f"mde|{n_units}|{samples}")
-    runs = [tested(pilot.cell, simulate(rng, pilot, n_units, samples), level, n_perm, rng) for _ in range(reps)]  # fmt: skip
-    gaps = np.array([g for g, _ in runs])
+    cell = pilot.cell
+    signed, paper = is_signed(cell.metric, cell.n_groups), cell.metric == "toxicity"
+    runs = [tested(cell, simulate(rng, pilot, n_units, samples), level, n_perm, rng) for _ in range(reps)]  # fmt: skip
+    gaps, centres = np.array([g for g, _ in runs]), np.array([t.null_mean for _, t in runs])
     null = GapTest(
-        float("nan"), None, float(np.mean([t.null_mean for _, t in runs])), None,
+        float("nan"), None, float(np.mean(centres)), None,
         float(np.mean([t.null_sq for _, t in runs])), float(np.median([t.crit for _, t in runs])),
     )  # fmt: skip
-    centre = null.null_mean if pilot.cell.metric == "toxicity" else 0.0
-    return mde(
-        null, float(np.nanstd(gaps)), is_signed(pilot.cell.metric, pilot.cell.n_groups), centre
-    )
+    centre = null.null_mean if paper else 0.0
+    centre_sd = float(np.std(centres)) if paper and pilot.label is None else 0.0
+    first = mde(null, float(np.nanstd(gaps)), signed, centre, centre_sd)
+    if not np.isfinite(first):
+        return first
+    gap = -first if signed and centre > 0 else first
+    crit = np.median([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
+    return mde(null._replace(crit=float(crit)), float(np.nanstd(gaps)), signed, centre, centre_sd)
