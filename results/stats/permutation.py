@@ -386,9 +386,9 @@ def detectable(
 ) -> float:
     """The cell's MDE (`mde`), in two passes: the formula with the test's critical value, then
     again with the critical value of the same test on the cell's rows with that gap added (in
-    the harder direction). A real gap widens the labellings' gaps and, where labels move within
-    prompts, moves their centre: the first pass alone fell 0.02-0.11 short of the asked power
-    (docs/statistics.md, "Power and sample size")."""
+    the harder direction; half the labellings, at least 100). A real gap widens the labellings'
+    gaps and, where labels move within prompts, moves their centre: the first pass alone fell
+    0.02-0.11 short of the asked power (docs/statistics.md, "Power and sample size")."""
     signed = is_signed(metric, n_groups)
     centre = test.null_mean if metric == "toxicity" else 0.0
     centre_sd = centre_spread(metric, group, prompt, value, n_groups, unit_of, weights)
@@ -396,7 +396,7 @@ def detectable(
     if not np.isfinite(first):
         return first
     moved = shifted(metric, group, value, -first if signed and centre > 0 else first, rng)
-    alt = gap_test(metric, group, prompt, moved, n_groups, 0.0, n_perm, rng, unit_of, paired, m, alpha)  # fmt: skip
+    alt = gap_test(metric, group, prompt, moved, n_groups, 0.0, max(100, n_perm // 2), rng, unit_of, paired, m, alpha)  # fmt: skip
     return mde(test._replace(crit=alt.crit), spread, signed, centre, centre_sd)
 
 
