@@ -8,6 +8,7 @@ methods of one (model, task) share `W`, which makes their comparisons (`compare_
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -228,12 +229,16 @@ def gap_samples(
     Returns:
         (1 + B,) gaps; NaN where a group has no rows.
     """
-    n_u = weights.shape[1]
     if unit_of is None:
-        unit_of = np.arange(n_u)
+        unit_of = np.arange(weights.shape[1])
     arrays = unit_arrays(metric, group, prompt, value, n_groups, unit_of, m)
-    gap = tv_gap if metric == "regard" else mean_gap
-    parts = [gap(np.ones((1, n_u)), *arrays)]  # the full sample, then the resamples by chunk
+    return 100.0 * resampled(tv_gap if metric == "regard" else mean_gap, weights, *arrays)
+
+
+def resampled(gap: Callable[..., np.ndarray], weights: np.ndarray, *arrays: np.ndarray) -> np.ndarray:  # fmt: skip
+    """(1 + B,) `gap(W, *arrays)` at the full sample (W = 1), then at each resample of
+    `weights` (B, U), `CHUNK` resamples at a time."""
+    parts = [gap(np.ones((1, weights.shape[1])), *arrays)]
     for first in range(0, weights.shape[0], CHUNK):
         parts.append(gap(weights[first : first + CHUNK].astype(np.float64), *arrays))
-    return 100.0 * np.concatenate(parts)
+    return np.concatenate(parts)

@@ -86,15 +86,21 @@ def _matched(
     return w, count
 
 
-def max_weights(n_max: int, m: int) -> np.ndarray:
-    """(n_max + 1, n_max + 1): [n, i] the probability C(i − 1, m − 1) / C(n, m) that the i-th
-    smallest of n values is the maximum of m drawn without replacement; 0 unless m ≤ i ≤ n."""
-    # lf[k] = log k!, k = 0..n_max
+def max_chance(n: np.ndarray, rank: np.ndarray, k: np.ndarray, n_max: int) -> np.ndarray:
+    """The probability C(rank − 1, k − 1) / C(n, k) that the rank-th smallest of n values is the
+    maximum of k drawn without replacement (0 unless 1 ≤ k ≤ rank ≤ n ≤ n_max), elementwise."""
     lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n_max + 1, dtype=np.float64)))])
-    n_, r_ = np.nonzero(np.tri(n_max + 1, dtype=bool) & (np.arange(n_max + 1) >= m))
-    table = np.zeros((n_max + 1, n_max + 1))
-    table[n_, r_] = np.exp((lf[r_ - 1] - lf[m - 1] - lf[r_ - m]) - (lf[n_] - lf[m] - lf[n_ - m]))
-    return table
+    ok = (k >= 1) & (k <= rank) & (rank <= n)  # lf[j] = log j!
+    r_, k_, n_ = np.where(ok, rank, 1), np.where(ok, k, 1), np.where(ok, n, 1)
+    log_p = lf[r_ - 1] - lf[k_ - 1] - lf[r_ - k_] - (lf[n_] - lf[k_] - lf[n_ - k_])
+    return np.where(ok, np.exp(log_p), 0.0)
+
+
+def max_weights(n_max: int, m: int) -> np.ndarray:
+    """(n_max + 1, n_max + 1): [n, i] the probability `max_chance` that the i-th smallest of n
+    values is the maximum of m drawn without replacement; 0 unless m ≤ i ≤ n."""
+    n, rank = np.indices((n_max + 1, n_max + 1))
+    return max_chance(n, rank, np.full_like(n, m), n_max)
 
 
 def expected_max_cells(
@@ -143,13 +149,9 @@ def shuffled_max(
     runs = prompt_runs(p)
     rank = np.arange(p.size) - np.repeat(runs.starts, runs.lengths) + 1  # 1-based, ascending
     n = np.repeat(runs.lengths, runs.lengths)
-    lf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, runs.top + 1, dtype=np.float64)))])
     for g in range(n_groups):
-        k = counts[g][p]
-        ok = (k >= 1) & (rank >= k)  # P(the rank-th smallest is the max) = C(r−1, k−1) / C(n, k)
-        r_, k_ = np.where(ok, rank, 1), np.where(ok, k, 1)
-        log_w = lf[r_ - 1] - lf[k_ - 1] - lf[r_ - k_] - (lf[n] - lf[k_] - lf[n - k_])
-        out[g] = np.bincount(p, np.where(ok, np.exp(log_w) * v, 0.0), n_p)
+        chance = max_chance(n, rank, counts[g][p], runs.top)
+        out[g] = np.bincount(p, chance * v, n_p)
     return out
 
 

@@ -12,8 +12,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from results.stats.bootstrap import CHUNK as BOOT_CHUNK
-from results.stats.bootstrap import contrast, is_signed, mean_gap, tv_distance, unit_arrays
+from results.stats.bootstrap import (
+    contrast,
+    is_signed,
+    mean_gap,
+    resampled,
+    tv_distance,
+    unit_arrays,
+)
 from results.stats.emt import Runs, labelled_emts, prompt_runs, shuffled_max
 from results.stats.metrics import REGARD_CLASSES
 
@@ -319,11 +325,7 @@ def centre_spread(
     rows = np.bincount(group * n_p + prompt, minlength=n_groups * n_p).reshape(n_groups, n_p)
     parts = (shuffled_max(group, prompt, value, n_groups, n_p), (rows > 0).astype(np.float64))
     num, den = (np.stack([np.bincount(unit_of, a[g], n_u) for g in range(n_groups)]) for a in parts)  # fmt: skip
-    centres = [
-        mean_gap(weights[i : i + BOOT_CHUNK].astype(np.float64), num, den)
-        for i in range(0, weights.shape[0], BOOT_CHUNK)
-    ]
-    return float(100.0 * np.nanstd(np.concatenate(centres)))
+    return float(100.0 * np.nanstd(resampled(mean_gap, weights, num, den)[1:]))
 
 
 def mde(
