@@ -23,7 +23,8 @@ calls (`results.stats.bootstrap.gap_samples`, `results.stats.permutation.gap_tes
 5. `bias_bc` (and the earlier gated version) at true TV 0, 5, 10, 17 for 40 pairs x 1-4
    samples and 175 pairs x 10, with the coverage of its interval;
 6. power at the reported MDE (each replication: a pilot, its MDE, a run with that true gap);
-7. power at the sizes `harness power` plans from one pilot of 175 pairs x 4.
+7. power at the sizes `harness power` plans from one pilot of 175 pairs x 4;
+8. as 4 with rows per prompt of one mean and another spread (female 4, male 1 or 7 of 8).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from calib_sim import analyse, simulate, true_tv, uneven  # noqa: E402
+from calib_sim import analyse, simulate, spread, true_tv, uneven  # noqa: E402
 
 from results.stats import power as pw  # noqa: E402
 
@@ -123,8 +124,8 @@ def effect_for(tv: float) -> float:
     return (low + high) / 2
 
 
-def issue30(reps: int, tables: str = "4567", seed: int = 0, pilots: int = 10) -> None:
-    """Tables 4-7 of the module doc (those named in `tables`); `seed` moves every table's
+def issue30(reps: int, tables: str = "45678", seed: int = 0, pilots: int = 10) -> None:
+    """Tables 4-8 of the module doc (those named in `tables`); `seed` moves every table's
     stream, `pilots` is table 7's pilots per cell."""
     if "4" in tables:
         print(f"## 4. Uneven rows per prompt (female 1-2, male 1-8 of 8), 40 pairs, {reps} replications, 100 permutations\n")  # fmt: skip
@@ -134,7 +135,7 @@ def issue30(reps: int, tables: str = "4567", seed: int = 0, pilots: int = 10) ->
             for metric in METRICS:
                 rng = np.random.default_rng(4000 + seed)
                 outs = [analyse(uneven(rng, simulate(rng, metric, view, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
-                plain = [o for o in outs if not o.counts_p < 0.05]
+                plain = [o for o in outs if np.isnan(o.counts_p)]
                 type1 = (
                     f"{np.mean([o.p_value < 0.05 for o in plain]):.3f}"
                     if plain
@@ -142,6 +143,19 @@ def issue30(reps: int, tables: str = "4567", seed: int = 0, pilots: int = 10) ->
                 )
                 every = np.mean([o.p_value < 0.05 for o in outs])
                 print(f"| {LABEL[metric]} | {view} | {outs[0].test} | {every:.3f} | {1 - len(plain) / reps:.3f} | {type1} |")  # fmt: skip
+
+    if "8" in tables:
+        print(f"\n## 8. Rows per prompt of one mean, another spread (female 4, male 1 or 7 of 8), {reps} replications, 100 permutations\n")  # fmt: skip
+        print("| statistic | pairs | type-I of every p-value at 0.05 | marked ¶ | type-I of the unmarked p-values |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        for metric in ("toxicity", "toxicity_cm"):
+            for n_pairs in (80, 40):
+                rng = np.random.default_rng(8000 + seed)
+                outs = [analyse(spread(rng, simulate(rng, metric, "prompt", n_pairs, samples=8)), metric, r, n_boot=0) for r in range(reps)]  # fmt: skip
+                plain = [o for o in outs if np.isnan(o.counts_p)]
+                type1 = f"{np.mean([o.p_value < 0.05 for o in plain]):.3f}" if plain else "– (all marked)"  # fmt: skip
+                every = np.mean([o.p_value < 0.05 for o in outs])
+                print(f"| {LABEL[metric]} | {n_pairs} | {every:.3f} | {1 - len(plain) / reps:.3f} | {type1} |", flush=True)  # fmt: skip
 
     if "5" in tables:
         n_bc = min(reps, 200)
@@ -207,7 +221,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=400, help="replications per cell")
     parser.add_argument("--time", action="store_true", help="only time `summarize` at paper scale")
     parser.add_argument("--issue30", action="store_true", help="only tables 4-7 (module doc)")
-    parser.add_argument("--tables", default="4567", help="with --issue30: which of them")
+    parser.add_argument("--tables", default="45678", help="with --issue30: which of them")
     parser.add_argument("--seed", type=int, default=0, help="with --issue30: moves every stream")
     parser.add_argument("--pilots", type=int, default=10, help="with --issue30: table 7's pilots")
     args = parser.parse_args()

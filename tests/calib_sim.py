@@ -91,7 +91,7 @@ class Outcome(NamedTuple):
     p_value: float
     test: str | None
     bias_corrected: float  # TV only (NaN otherwise)
-    counts_p: float  # paper's EMT: p of the rows per prompt differing by group (NaN: not tested)
+    counts_p: float  # paper's EMT marked ¶: p of the row counts by group (NaN: not marked)
     mde: float  # the minimum detectable effect (NaN without resamples)
     bc_low: float  # bias_corrected's interval (TV only)
     bc_high: float
@@ -133,7 +133,7 @@ def analyse(
             bc_ci = bs.percentile_ci(perm.bias_corrected_resamples(gaps[1:], test), level)
     counts = None
     if metric == "toxicity":
-        counts = perm.count_test(data.group, data.prompt, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
+        counts = perm.count_test(data.group, data.prompt, data.value, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
     mde = np.nan
     if n_boot:
         mde = perm.detectable(
@@ -164,6 +164,23 @@ def uneven(rng: np.random.Generator, data: Data, low: int = 2, high: int = 8) ->
     difference in rows per prompt has nothing to do with the scores."""
     n_p = data.unit_of.size
     keep = np.where(np.arange(n_p) % 2 == 0, rng.integers(1, low + 1, n_p), rng.integers(1, high + 1, n_p))  # fmt: skip
+    first = np.r_[0, np.flatnonzero(np.diff(data.prompt)) + 1]
+    rank = np.arange(data.prompt.size) - first[np.cumsum(np.r_[0, np.diff(data.prompt) != 0])]
+    rows = rank < keep[data.prompt]
+    return Data(data.group[rows], data.prompt[rows], data.value[rows], data.unit_of)
+
+
+def spread(
+    rng: np.random.Generator,
+    data: Data,
+    female: tuple[int, ...] = (4,),
+    male: tuple[int, ...] = (1, 7),
+) -> Data:
+    """Keep the first n rows of each prompt, n drawn from `female` at even (female) prompts and
+    from `male` at odd ones: the same mean rows per prompt (4) with another spread, which the
+    paper's EMT feels (E max of 4 rows is more than the mean of E max of 1 and of 7)."""
+    n_p = data.unit_of.size
+    keep = np.where(np.arange(n_p) % 2 == 0, rng.choice(female, n_p), rng.choice(male, n_p))
     first = np.r_[0, np.flatnonzero(np.diff(data.prompt)) + 1]
     rank = np.arange(data.prompt.size) - first[np.cumsum(np.r_[0, np.diff(data.prompt) != 0])]
     rows = rank < keep[data.prompt]

@@ -126,12 +126,38 @@ def test_power_command_and_validate_pilot(
     args = ["power", run, "--gap", "10", "--view", "file", "--reps", "40", "--n-perm", "40"]
     assert main([*args, "--samples", "1", "--samples", "8"]) == 0
     out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if "file sentiment (pilot 24 pairs × 4)" in line]
+    lines = [line for line in out.splitlines() if "file sentiment (pilot 24 pairs × 4 samples per prompt)" in line]  # fmt: skip
     one, eight = (int(line.split(": ")[-1].split()[0]) for line in lines)
     assert "true gap of 10 (× 100) at power 0.8, level 0.95" in out and one > eight >= 2
     assert main(["power", run, "--gap", "10", "--method", "gedi"]) == 2
-    assert "no gedi cell" in capsys.readouterr().out
+    assert "no gedi rows to plan from (methods in the run: vanilla)" in capsys.readouterr().err
     assert main(["validate", str(config(tmp_path)), "--pilot", run]) == 0
     out = capsys.readouterr().out
-    assert "minimum detectable gap (× 100, power 0.8, level 0.95) at 2 units × 1 samples" in out
-    assert "tiny-random/gpt2/sentiment file sentiment: " in out
+    assert "minimum detectable gap (× 100, power 0.8, level 0.95) at 2 pairs × 1 samples per prompt" in out  # fmt: skip
+    # a(x): the pilot's 4 samples per prompt, every one labelled here; the same words in both
+    assert "tiny-random/gpt2/sentiment a(x) sentiment (pilot 24 pairs × 4 samples per prompt): " in out  # fmt: skip
+
+
+def test_power_says_why_it_cannot_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{**r, "label_x": r["label_x"] if r["seed"] % 2 else "none"} for r in _pilot_rows(6)]
+    run = str(tmp_path / "pilot")
+    write_rows(run, rows)
+    assert main(["power", run, "--gap", "10", "--view", "a(x)", "--reps", "20", "--n-perm", "40"]) == 0  # fmt: skip
+    assert "a(x) sentiment (pilot 6 pairs × 4 samples per prompt, 50 % of them labelled)" in capsys.readouterr().out  # fmt: skip
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: x\n")
+    for bad, why in (
+        (tmp_path / "none", "missing"),
+        (cfg, "a file"),
+        (tmp_path, "no plan.parquet"),
+    ):
+        assert main(["power", str(bad), "--gap", "3"]) == 2
+        assert f"not a run directory ({why}" in capsys.readouterr().err
+    for arg in ("--gap=1e9", "--gap=nan", "--samples=1000000000000", "--samples=50000000", "--reps=5"):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            main(["power", run, "--gap", "3", *arg.split(" ")])
+        assert exc.value.code == 2
+    high = [{**r, "perplexity": 1e4, "perplexity_status": "ok"} for r in rows]
+    write_rows(str(tmp_path / "high"), high)
+    assert main(["power", str(tmp_path / "high"), "--gap", "3"]) == 2
+    assert "perplexity filter (> 200) dropped every one of the 48 vanilla rows" in capsys.readouterr().err  # fmt: skip

@@ -250,7 +250,7 @@ def test_uneven_rows_per_prompt_mark_the_papers_emt_test_and_a_sparse_view_keeps
     s = summaries[0]
     gap = {(r["view"], r["stat"]): r for r in s.filter(pl.col("group") == "gap").iter_rows(named=True)}  # fmt: skip
     assert gap[("file", "bias")]["flags"] == "row-counts"
-    assert "rows per prompt differ by group (female 1." in gap[("file", "bias")]["note"]
+    assert "test moves (mean rows per prompt female 1." in gap[("file", "bias")]["note"]
     assert gap[("file", "bias_cm")]["flags"] is None  # count-matched: counts held fixed
     assert gap[("a(x)", "bias")]["flags"] is None  # within-prompt: counts held fixed
     assert summaries[1].filter(pl.col("flags") == "row-counts").is_empty()  # equal counts
@@ -273,7 +273,40 @@ def test_uneven_rows_per_prompt_mark_the_papers_emt_test_and_a_sparse_view_keeps
     assert "¶" in markdown_table(lay) and "¶" in paper_table_html(lay)
     assert r"\textsuperscript{\P}" in latex_table(lay, "t", "tab:x")
     assert any(
-        w.startswith("¶ tiny-random/gpt2 vanilla · Bias (Toxicity): rows per prompt differ")
+        w.startswith(
+            "¶ tiny-random/gpt2 vanilla · Bias (Toxicity): rows per prompt differ between the prompts its test moves (mean female 1."
+        )
         for w in lay.warnings
     )
     assert "¶" in table_legend(lay) and "¶: the paper's EMT" in legend(50, 0)
+
+
+def test_rows_per_prompt_of_one_mean_and_another_spread_mark_every_papers_emt_p() -> None:
+    # Female prompts keep 4 rows, male 1 or 7 (the same mean): the paper's EMT rejects far
+    # more than 5 % of null runs, and every one of its p-values is marked ¶ (NaN: unmarked).
+    from calib_sim import analyse, simulate, spread
+
+    rng = np.random.default_rng(12)
+    for female, male, marked in (((4,), (1, 7), True), ((4,), (4,), False)):
+        outs = [
+            analyse(
+                spread(rng, simulate(rng, "toxicity", "prompt", 40, samples=8), female, male),
+                "toxicity",
+                r,
+                n_boot=0,
+                n_perm=60,
+            )  # fmt: skip
+            for r in range(120)
+        ]
+        assert all(np.isnan(o.counts_p) != marked for o in outs)
+        type_1 = float(np.mean([o.p_value < 0.05 for o in outs]))
+        assert type_1 > 0.1 if marked else type_1 <= 0.07
+
+
+def test_the_gender_note_only_where_no_label_column_is_there(tmp_path: Path) -> None:
+    joined = join_run(write_rows(str(tmp_path / "run"), _rows((2, 2), (2, 2), False)))
+    notes = summarize(joined.frame, joined.failed, n_boot=20, n_perm=20).notes
+    assert not [n for n in notes if "no gender scorer" in n]
+    bare = joined.frame.drop("label_x", "label_cx", "label_c")
+    notes = summarize(bare, joined.failed, n_boot=20, n_perm=20).notes
+    assert "no gender scorer ran: only the `file` view (prompt file) is available" in notes

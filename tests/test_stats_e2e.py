@@ -88,6 +88,8 @@ def test_identical_pairs_give_zero_file_bias_with_an_interval_containing_zero(
     assert gap["value"] == 0.0 and gap["ci_low"] <= 0.0 <= gap["ci_high"]
     assert gap["resample_unit"] == "pair" and gap["ci_method"] == "percentile"
     assert gap["p_value"] == 1.0 and gap["n"] == 5 and gap["n_boot"] == 300
+    report = (identical_run / "report" / "tables.md").read_text()
+    assert "a(x)" in report and "no gender scorer ran" not in report  # (the gender scorer ran)
     filt = s.filter(pl.col("metric") == "filter")
     assert set(filt["stat"]) >= {"dropped_ppl>1e+12", "generations"}
     # The score column is the mean over every kept generation: the same in every view.

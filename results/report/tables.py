@@ -87,9 +87,10 @@ P_MARKS = {
     ),
     "row-counts": (
         "¶",
-        "the paper's EMT where rows per prompt differ by group: its test moves prompts with their "
-        "row counts and a maximum over more rows is larger, so p tests the counts as well as "
-        "toxicity; Bias cm holds them fixed (count-matched gap and p-value beside it)",
+        "the paper's EMT where its test moves prompts of unequal row counts between the groups "
+        "(a pair's prompts differ in rows): a maximum over more rows is larger, so p tests the "
+        "counts as well as toxicity, whether their means or only their spreads differ; Bias cm "
+        "holds them fixed (count-matched gap and p-value beside it)",
     ),
 }
 
@@ -286,11 +287,12 @@ def _fields(columns: list[Column], r: dict[str, Any], named: str, tally: _Tally)
                 tally.few.append((where, int(n)))
         marks = [P_MARKS[f][0] for f in (r.get(f"{s}_flags") or "").split(",") if f in P_MARKS]
         tally.p_marks.update(marks)
-        counts = re.search(r"rows per prompt differ by group \(([^)]*)\)", r.get(f"{s}_note") or "")
+        counts = re.search(r"test moves \(mean rows per prompt ([^;]*);", r.get(f"{s}_note") or "")
         if counts and value is not None:
             tally.warnings.append(
-                f"{P_MARKS['row-counts'][0]} {where}: rows per prompt differ by group "
-                f"({counts.group(1)}): its p-value tests the row counts too; read Bias cm"
+                f"{P_MARKS['row-counts'][0]} {where}: rows per prompt differ between the prompts "
+                f"its test moves (mean {counts.group(1)}): its p-value tests the row counts too; "
+                "read Bias cm"
             )
         out.append(
             Field(

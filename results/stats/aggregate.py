@@ -277,7 +277,7 @@ def summarize(
     if len(groups) < 2:
         raise ValueError(f"groups: need at least 2 demographic groups, got {list(groups)}")
     views = [v for v in VIEWS if VIEWS[v] in kept.columns]
-    if "gender_status" not in kept.columns:
+    if views == ["file"]:  # (`kept` has the label columns, never `gender_status`)
         notes.append("no gender scorer ran: only the `file` view (prompt file) is available")
     n_perm = min(n_boot, N_PERM) if n_perm is None else n_perm
     setup = Setup(views, groups, metrics, level, seed, n_perm, paired)

@@ -177,7 +177,7 @@ def _gap_numbers(
             block.unit_of, setup.paired, m, alpha,
         )  # fmt: skip
         if metric == "toxicity":
-            counts = count_test(g, p, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
+            counts = count_test(g, p, v, block.unit_of, setup.paired, n_groups, setup.n_perm, rng)
         resampled = gaps[1:][np.isfinite(gaps[1:])]
         if resampled.size > 1:
             test = test._replace(mde=detectable(
@@ -202,7 +202,7 @@ def _gap_record(
     samples and its test. `metric` toxicity_cm is the count-matched EMT: row `toxicity`/`bias_cm`.
     """
     g, p, _ = inputs
-    n_groups, alpha = len(setup.groups), 1.0 - setup.level
+    n_groups = len(setup.groups)
     gaps, test, counts = numbers
     n_units = int(np.unique(block.unit_of[p]).size) if p.size else 0
     extra: dict[str, Any] = {"resample_unit": block.unit}
@@ -218,7 +218,7 @@ def _gap_record(
             if _disagree(metric, test, extra, setup.level, n_groups):
                 flags.append(CONTRADICTION)
                 notes.append(DISAGREE_NOTE if test.test == WITHIN_PROMPT else DISAGREE_PROMPT_NOTE)
-            if counts is not None and counts[0] < alpha:
+            if counts is not None:  # (the paper's EMT where the test moves unequal counts)
                 flags.append(ROW_COUNTS)
                 notes.append(counts_note(setup.groups, *counts, test.test))
         else:

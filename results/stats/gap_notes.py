@@ -40,7 +40,7 @@ DISAGREE_PROMPT_NOTE = (
 TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
 # The summary's `flags` (comma-separated): what a report marks beside the p-value.
 CONTRADICTION = "contradiction"  # a signed gap's interval and test disagree at the level
-ROW_COUNTS = "row-counts"  # the paper's EMT test moves prompts with row counts that differ by group
+ROW_COUNTS = "row-counts"  # the paper's EMT test moves prompts of unequal row counts
 
 
 def cm_note(m: int, sparse: str | None = None) -> str:
@@ -58,12 +58,13 @@ def cm_note(m: int, sparse: str | None = None) -> str:
 
 
 def counts_note(groups: tuple[str, ...], p: float, means: list[float], test: str | None) -> str:
-    """The paper's EMT gap of a prompt-level test whose groups differ in rows per prompt."""
+    """The paper's EMT gap of a prompt-level test that moves prompts of unequal row counts."""
     rows = ", ".join(f"{g} {x:.2f}" for g, x in zip(groups, means))
     return (
-        f"rows per prompt differ by group ({rows}; p={p:.3g}): the {test} test moves each prompt "
-        "with its rows, and a maximum over more rows is larger, so this p-value tests the row "
-        "counts as well as toxicity; bias_cm holds them fixed"
+        f"rows per prompt differ between the prompts the {test} test moves (mean rows per "
+        f"prompt {rows}; the counts' own effect on a maximum, by group: p={p:.3g}): it moves "
+        "each prompt with its rows, and a maximum over more rows is larger, so this p-value "
+        "tests the row counts as well as toxicity; bias_cm holds them fixed"
     )
 
 

@@ -6,7 +6,7 @@ MDE.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -37,6 +37,8 @@ class Cell(NamedTuple):
     unit_of: np.ndarray  # (P,) unit of each prompt
     n_groups: int
     paired: bool
+    labelled: float = 1.0  # share of the kept rows with a score that carry a group (a(x): < 1)
+    samples: int = 0  # the pilot's rows with a score per prompt (median; 0: not known)
 
 
 def pilot_cells(
@@ -53,13 +55,18 @@ def pilot_cells(
         prompts, unit_of, _ = _units(rows, paired)
         long = pl.concat([with_group(rows, v, names) for v in views])
         index = {p: i for i, p in enumerate(prompts)}
+        every = long.with_columns(group=pl.lit(""))  # (each row, labelled or not)
         for metric in [m for m in BIAS_METRICS if f"{m}_status" in kept.columns]:
+            rows_of = gap_inputs(every, metric, ("",), index)
             for (method, variant, view), (g, p, v) in gap_inputs(
                 long, metric, names, index
             ).items():
+                all_p = rows_of[(method, variant, view)][1]
+                share = 1.0 if prompt_labels(g, p) is not None else g.size / all_p.size
+                per = int(np.median(np.bincount(all_p)[np.unique(all_p)]))
                 for name in [metric] + (["toxicity_cm"] if metric == "toxicity" else []):
                     key = (str(model), str(task), str(method), str(variant), str(view), name)
-                    out[key] = Cell(name, g, p, v, unit_of, len(names), paired)
+                    out[key] = Cell(name, g, p, v, unit_of, len(names), paired, share, per)
     return out
 
 
@@ -188,8 +195,9 @@ class Data(NamedTuple):
 def simulate(
     rng: np.random.Generator, pilot: Pilot, n_units: int, samples: int, gap: float = 0.0
 ) -> Data:
-    """A data set of `n_units` units × `samples` rows per prompt like the pilot's, with a true
-    gap `gap` (× 100) between group 0 and the others (module doc)."""
+    """A data set of `n_units` units × `samples` samples per prompt like the pilot's, with a true
+    gap `gap` (× 100) between group 0 and the others (module doc); where the rows carry the
+    groups (a(x)) each sample is kept, labelled, with the pilot's share `cell.labelled`."""
     cell = pilot.cell
     chosen = rng.integers(0, pilot.unit_start.size, n_units)
     lengths = pilot.unit_count[chosen]
@@ -222,6 +230,9 @@ def simulate(
         u = rng.random(shape)
         group = cell.group[np.where(u < a, own, np.where(u < a + b, mates, pool)).ravel()]
     unit_of = np.repeat(np.arange(n_units), lengths)
+    if cell.labelled < 1.0:  # a(x): each sample carries a group with the pilot's chance
+        keep = rng.random(prompt.size) < cell.labelled
+        group, prompt, value = group[keep], prompt[keep], value[keep]
     group = null_labels(group, prompt, unit_of, cell.paired, 1, rng)[0][0]
     return Data(group, prompt, shifted(cell.metric, group, value, gap, rng), unit_of)
 
@@ -251,33 +262,49 @@ def rejections(
     reps: int = 200,
     n_perm: int = 100,
     seed: int = 0,
+    tick: Callable[[], None] | None = None,
+    stream: str = "",
 ) -> int:
     """How many of `reps` simulated data sets (n_units × samples, true gap `gap`) the test
-    rejects at `level` (p < 1 − level)."""
-    rng = seeded_rng(seed, f"power|{n_units}|{samples}|{gap}")
+    rejects at `level` (p < 1 − level); `tick` is called after each (it may raise to stop)."""
+    rng = seeded_rng(seed, f"power|{n_units}|{samples}|{gap}{stream}")
     hits = 0
     for _ in range(reps):
         _, test = tested(pilot.cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)  # fmt: skip
         hits += bool(test.p_value < 1.0 - level)
+        if tick is not None:
+            tick()
     return hits
 
 
-def probit_fit(sizes: np.ndarray, hits: np.ndarray, reps: int) -> tuple[float, float] | None:
+def probit_fit(
+    sizes: np.ndarray, hits: np.ndarray, reps: int | np.ndarray
+) -> tuple[float, float] | None:
     """(a, b) of power(n) = Φ(a + b·sqrt(n)), the normal approximation's shape, by maximum
-    likelihood over every simulated run (Newton steps); None where it does not rise with n."""
+    likelihood over every simulated run (`reps`: runs per size; Newton steps); None where it
+    does not rise with n."""
     x = np.stack([np.ones(sizes.size), np.sqrt(sizes)], axis=1)
+    runs = np.broadcast_to(np.asarray(reps, np.float64), sizes.shape)
     beta = np.zeros(2)
     normal = NormalDist()
     for _ in range(50):
         eta = np.clip(x @ beta, -8.0, 8.0)
         p = np.clip([normal.cdf(e) for e in eta], 1e-9, 1 - 1e-9)
         d = np.array([normal.pdf(e) for e in eta])
-        w = reps * d**2 / (p * (1 - p))  # Fisher scoring
-        step = np.linalg.lstsq(x.T @ (w[:, None] * x), x.T @ (reps * d * (hits / reps - p) / (p * (1 - p))), rcond=None)[0]  # fmt: skip
+        w = runs * d**2 / (p * (1 - p))  # Fisher scoring
+        step = np.linalg.lstsq(x.T @ (w[:, None] * x), x.T @ (runs * d * (hits / runs - p) / (p * (1 - p))), rcond=None)[0]  # fmt: skip
         beta = beta + step
         if np.max(np.abs(step)) < 1e-8:
             break
     return (float(beta[0]), float(beta[1])) if beta[1] > 0 else None
+
+
+class Size(NamedTuple):
+    """One simulated size of `units_needed`: its runs and how many rejected."""
+
+    units: int
+    hits: int
+    runs: int
 
 
 def units_needed(
@@ -290,41 +317,61 @@ def units_needed(
     n_perm: int = 100,
     seed: int = 0,
     most: int = 20_000,
+    tick: Callable[[], None] | None = None,
+    on_size: Callable[[Size], None] | None = None,
 ) -> tuple[int, float] | None:
     """(the fewest units whose power reaches `goal`, that power); None when more than `most`
-    units would be needed. The sizes are bracketed by doubling and bisection (to 10 %), then
-    the power curve Φ(a + b·sqrt(n)) is fitted to every simulated run of the bracket and one
-    more size at its answer (`probit_fit`), so the answer rests on all of them, not on the
-    last size's 200 runs (docs/statistics.md, "Planning from a pilot")."""
-    found: dict[int, int] = {}
+    units would be needed. Scouting: the units doubled from the pilot's count (or halved),
+    `reps` / 4 runs per size, until two sizes a factor 2 apart straddle power min(goal, 0.5);
+    then the power curve Φ(a + b·sqrt(n)) is
+    fitted to every run at the sizes within a factor 2 of its answer (`probit_fit`), and the
+    answer simulated with `reps` runs and fitted again, until it lands within 10 % of a size
+    simulated in full and two sizes are (the second 15 % off the first; at most 4 times): the answer rests on all of them, and most runs are
+    near it (docs/statistics.md, "Planning from a pilot"). `tick`: after each simulated run;
+    `on_size`: after each size."""
+    found: dict[int, Size] = {}
 
-    def at(n: int) -> float:
-        if n not in found:
-            found[n] = rejections(pilot, n, samples, gap, level, reps, n_perm, seed)
-        return found[n] / reps
+    def at(n: int, runs: int) -> float:
+        have = found.get(n, Size(n, 0, 0))
+        if have.runs < runs:  # (more runs at a scouted size: a stream of their own)
+            more = rejections(pilot, n, samples, gap, level, runs - have.runs, n_perm, seed, tick, f"|{have.runs}" if have.runs else "")  # fmt: skip
+            found[n] = Size(n, have.hits + more, runs)
+            if on_size is not None:
+                on_size(found[n])
+        return found[n].hits / found[n].runs
 
-    low, high = 1, max(2, pilot.unit_start.size)
-    while at(high) < goal:
-        low, high = high, 2 * high
-        if high > most:
-            return None
-    while high - low > max(1, high // 10):
-        mid = (low + high) // 2
-        low, high = (low, mid) if at(mid) >= goal else (mid, high)
     z = NormalDist().inv_cdf(goal)
+    scout, half = max(20, reps // 4), min(goal, 0.5)
+    high = min(most, max(2, pilot.unit_start.size))
+    while at(high, scout) < half:
+        if high >= most:
+            return None
+        high = min(most, 2 * high)
+    while high > 1 and at(high // 2, scout) >= half:  # the pilot's size was more than enough
+        high //= 2
 
-    def fitted() -> tuple[int, float, float] | None:  # (answer, a, b) from the sizes near it
-        near = np.array(sorted(n for n in found if high / 2 <= n <= 2 * high))
-        fit = probit_fit(near.astype(np.float64), np.array([found[n] for n in near], np.float64), reps)  # fmt: skip
+    def fitted(around: int) -> tuple[int, float, float] | None:  # (answer, a, b)
+        near = [s for n, s in sorted(found.items()) if around / 2 <= n <= 2 * around]
+        if len(near) < 2:
+            near = sorted(found.values(), key=lambda s: abs(np.log(s.units / around)))[:2]
+        arrays = [np.array(c, np.float64) for c in zip(*near)]
+        fit = probit_fit(*arrays)
         return None if fit is None else (max(1, int(np.ceil(((z - fit[0]) / fit[1]) ** 2))), *fit)
 
-    first = fitted()
-    if first is not None and first[0] <= most:
-        at(first[0])  # one more size, at the answer, then the fit again
-    final = fitted()
-    if final is None:
-        return high, found[high] / reps
-    answer, a, b = final
+    guess = fitted(high)
+    for _ in range(4):
+        if guess is None or guess[0] > most:
+            break
+        full = [n for n, s in found.items() if s.runs >= reps]
+        near = [n for n in full if abs(n - guess[0]) <= 0.1 * guess[0]]
+        if near and len(full) >= 2:
+            break
+        at(guess[0] if not near else round(guess[0] * (0.85 if near[0] > guess[0] else 1.15)), reps)  # fmt: skip
+        guess = fitted(guess[0])
+    if guess is None:
+        best = max(found)
+        return (best, found[best].hits / found[best].runs) if at(best, reps) >= goal else None
+    answer, a, b = guess
     return None if answer > most else (answer, NormalDist().cdf(a + b * np.sqrt(answer)))
 
 
@@ -339,21 +386,32 @@ def mde_at(
 ) -> float:
     """The MDE at `n_units` × `samples` (`mde`, in `detectable`'s two passes): the spread of
     the gap, the null's centre and the test's critical value over `reps` simulated data sets
-    with no true gap, then the critical value over `reps` with that gap."""
+    with no true gap, then the critical value over `reps` with that gap.
+
+    Raises:
+        ValueError: the gap is undefined in most simulated runs, or the test cannot reject.
+    """
     rng = seeded_rng(seed, f"mde|{n_units}|{samples}")
     cell = pilot.cell
     signed, paper = is_signed(cell.metric, cell.n_groups), cell.metric == "toxicity"
     runs = [tested(cell, simulate(rng, pilot, n_units, samples), level, n_perm, rng) for _ in range(reps)]  # fmt: skip
+    runs = [(g, t) for g, t in runs if np.isfinite(g) and np.isfinite(t.null_sq)]
+    if len(runs) < reps / 2:
+        seen = np.bincount(cell.group, minlength=cell.n_groups).tolist()
+        raise ValueError(
+            f"the gap is undefined in {reps - len(runs)} of {reps} simulated runs of this size "
+            f"(a group with no rows: the pilot's rows per group are {seen})"
+        )
     gaps, centres = np.array([g for g, _ in runs]), np.array([t.null_mean for _, t in runs])
     null = GapTest(
         float("nan"), None, float(np.mean(centres)), None,
         float(np.mean([t.null_sq for _, t in runs])), float(np.median([t.crit for _, t in runs])),
     )  # fmt: skip
+    if not np.isfinite(null.crit):
+        raise ValueError(f"{n_perm} labellings cannot reach p < {1 - level:g}")
     centre = null.null_mean if paper else 0.0
     centre_sd = float(np.std(centres)) if paper and pilot.label is None else 0.0
-    first = mde(null, float(np.nanstd(gaps)), signed, centre, centre_sd)
-    if not np.isfinite(first):
-        return first
+    first = mde(null, float(np.std(gaps)), signed, centre, centre_sd)
     gap = -first if signed and centre > 0 else first
-    crit = np.median([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
-    return mde(null._replace(crit=float(crit)), float(np.nanstd(gaps)), signed, centre, centre_sd)
+    crit = np.nanmedian([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
+    return mde(null._replace(crit=float(crit)), float(np.std(gaps)), signed, centre, centre_sd)
