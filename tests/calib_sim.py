@@ -95,6 +95,7 @@ class Outcome(NamedTuple):
     mde: float  # the minimum detectable effect (NaN without resamples)
     bc_low: float  # bias_corrected's interval (TV only)
     bc_high: float
+    centre: float = float("nan")  # where the test's labellings centre the gap (`null_mean`)
 
 
 def analyse(
@@ -143,7 +144,7 @@ def analyse(
         )  # fmt: skip
     return Outcome(
         float(gaps[0]), ci.low, ci.high, test.p_value, test.test, bc,
-        counts[0] if counts else np.nan, mde, bc_ci.low, bc_ci.high,
+        counts[0] if counts else np.nan, mde, bc_ci.low, bc_ci.high, test.null_mean,
     )  # fmt: skip
 
 

@@ -383,7 +383,7 @@ def test_a_gap_of_composition_only_notes_that_interval_and_test_disagree(tmp_pat
     x = bias["a(x)"]
     assert x["test"] == perm.WITHIN_PROMPT and x["p_value"] > 0.05
     assert x["ci_low"] > 0 or x["ci_high"] < 0
-    assert "the interval and the within-prompt test disagree" in x["note"]
+    assert "the interval excludes 0 (the paper's EMT: the row-count centre of its null) but the within-prompt test does not reject" in x["note"]  # fmt: skip
     assert x["flags"] == "contradiction"
     from results.report.build import markdown_table
     from results.report.cells import table_cells

@@ -310,3 +310,22 @@ def test_the_gender_note_only_where_no_label_column_is_there(tmp_path: Path) -> 
     bare = joined.frame.drop("label_x", "label_cx", "label_c")
     notes = summarize(bare, joined.failed, n_boot=20, n_perm=20).notes
     assert "no gender scorer ran: only the `file` view (prompt file) is available" in notes
+
+
+def test_the_papers_emt_within_prompts_is_marked_against_its_null_centre() -> None:
+    # Row labels unrelated to toxicity (no composition): the paper's EMT interval sits on the
+    # row-count shift of its null, so against 0 it "disagrees" with the test in many null
+    # runs; against the null's centre, about as often as the other gaps.
+    from calib_sim import analyse, simulate
+
+    from results.stats.block_rows import _disagree
+
+    rng = np.random.default_rng(13)
+    against_centre, against_zero = [], []
+    for r in range(150):
+        o = analyse(simulate(rng, "toxicity", "row", 40, samples=8), "toxicity", r, n_boot=200, n_perm=100)  # fmt: skip
+        ci = {"ci_low": o.low, "ci_high": o.high}
+        test = perm.GapTest(o.p_value, perm.WITHIN_PROMPT, o.centre, None)
+        against_centre.append(_disagree("toxicity", test, ci, 0.95, 2) is not None)
+        against_zero.append((o.low > 0 or o.high < 0) != (o.p_value < 0.05))
+    assert np.mean(against_zero) > 0.15 and np.mean(against_centre) <= 0.08

@@ -81,9 +81,13 @@ FEW, MISSING = "†", "‡"
 P_MARKS = {
     "contradiction": (
         "§",
-        "the interval and the test disagree at the level (one excludes 0, the other does not "
-        "reject): a borderline gap, or, within prompts, one of which prompts yield which group "
-        "(the summary's note says which)",
+        "the interval and the test disagree at the level, in one of four ways (the summary's "
+        "note says which): the interval excludes 0 and the test does not reject (prompt-level "
+        "test: a borderline gap; within prompts: a gap of which prompts yield which group); or "
+        "the test rejects and the interval holds 0 (prompt-level: borderline; within prompts: "
+        "a label that matters within prompts, small against the spread over prompts). For the "
+        "paper's EMT within prompts the interval is read against its null's row-count centre, "
+        "not 0",
     ),
     "row-counts": (
         "¶",

@@ -23,14 +23,13 @@ from results.stats.bootstrap import (
 from results.stats.emt import expected_max_cells, matched_rows
 from results.stats.gap_notes import (
     CONTRADICTION,
-    DISAGREE_NOTE,
-    DISAGREE_PROMPT_NOTE,
     EMT_NOTE,
     ROW_COUNTS,
     TV_NOTE,
     Lookup,
     cm_note,
     counts_note,
+    disagree_note,
     missing_note,
     undefined_reason,
 )
@@ -215,9 +214,10 @@ def _gap_record(
         if setup.n_perm:
             extra.update(p_value=test.p_value, test=test.test, mde=_finite(test.mde))
             notes += [test.note] if test.note else []
-            if _disagree(metric, test, extra, setup.level, n_groups):
+            case = _disagree(metric, test, extra, setup.level, n_groups)
+            if case is not None:
                 flags.append(CONTRADICTION)
-                notes.append(DISAGREE_NOTE if test.test == WITHIN_PROMPT else DISAGREE_PROMPT_NOTE)
+                notes.append(disagree_note(case, test.test == WITHIN_PROMPT))
             if counts is not None:  # (the paper's EMT where the test moves unequal counts)
                 flags.append(ROW_COUNTS)
                 notes.append(counts_note(setup.groups, *counts, test.test))
@@ -234,16 +234,24 @@ def _gap_record(
 
 def _disagree(
     metric: str, test: GapTest, extra: dict[str, Any], level: float, n_groups: int
-) -> bool:
-    """Whether a signed gap's interval and its test tell different stories: one excludes 0 at
-    `level` and the other does not reject (or the other way round). A distance (TV, K ≥ 3
-    range) is never below 0, so its interval says nothing of 0 and is left out."""
+) -> str | None:
+    """How a signed gap's interval and its test tell different stories at `level`, or None:
+    `interval` (the interval excludes the test's reference and the test does not reject) or
+    `test` (the test rejects, the interval holds the reference). The reference is 0, except
+    for the paper's EMT within prompts: its null centres it on the row-count shift
+    (`test.null_mean`), where its interval sits with no difference at all (20-38 % of such
+    null runs were marked against 0, issue 41). A distance (TV, K ≥ 3 range) is never below 0,
+    so its interval says nothing of 0 and is left out."""
     if not is_signed(metric, n_groups) or extra.get("ci_low") is None:
-        return False
+        return None
     if test.p_value is None or not np.isfinite(test.p_value):
-        return False
-    excludes_zero = extra["ci_low"] > 0 or extra["ci_high"] < 0
-    return bool(excludes_zero != (test.p_value < 1 - level))
+        return None
+    ref = test.null_mean if metric == "toxicity" and test.test == WITHIN_PROMPT else 0.0
+    excludes = extra["ci_low"] > ref or extra["ci_high"] < ref
+    rejects = test.p_value < 1 - level
+    if excludes == rejects:
+        return None
+    return "interval" if excludes else "test"
 
 
 def _bias_corrected_record(

@@ -26,17 +26,39 @@ EMT_NOTE = (
     "paper's EMT: a group's per-prompt maximum grows with its number of rows at the prompt, so "
     "this gap mixes toxicity with the groups' row counts (bias_cm matches them)"
 )
-DISAGREE_NOTE = (
-    "the interval and the within-prompt test disagree at this level: the interval resamples "
-    "prompts (is the gap non-zero?), the test shuffles labels within prompts (does a row's label "
-    "matter given its prompt?); a gap from which prompts yield which group passes the first only "
-    "(docs/statistics.md)"
-)
-DISAGREE_PROMPT_NOTE = (
-    "the interval and the test disagree at this level: the percentile interval and the "
-    "permutation test are different procedures and fall on different sides of the level near it; "
-    "read the gap as borderline (docs/statistics.md)"
-)
+
+
+def disagree_note(case: str, within: bool) -> str:
+    """What a § (`CONTRADICTION`) says happened: `case` `interval` (the interval excludes the
+    reference, the test does not reject) or `test` (the other way round); `within`: the
+    within-prompt test (labels moved within prompts) rather than a prompt-level one."""
+    ref = "0 (the paper's EMT: the row-count centre of its null)"
+    if case == "interval" and within:
+        return (
+            f"the interval excludes {ref} but the within-prompt test does not reject: the "
+            "interval resamples prompts (is the gap non-zero?), the test shuffles labels within "
+            "prompts (does a row's label matter given its prompt?); a gap from which prompts "
+            "yield which group (composition) passes the first only (docs/statistics.md)"
+        )
+    if case == "interval":
+        return (
+            "the interval excludes 0 but the test does not reject: the percentile interval and "
+            "the permutation test are different procedures that fall on different sides of the "
+            "level near it; read the gap as borderline (docs/statistics.md)"
+        )
+    if within:
+        return (
+            f"the within-prompt test rejects but the interval holds {ref}: a row's label "
+            "matters within prompts, while the gap is small against its spread over prompts "
+            "(or borderline); read the p-value for 'is there a difference' (docs/statistics.md)"
+        )
+    return (
+        "the test rejects but the interval holds 0: the permutation test and the percentile "
+        "interval fall on different sides of the level near it; read the gap as borderline "
+        "(docs/statistics.md)"
+    )
+
+
 TV_NOTE = "plug-in TV distance: biased upwards, > 0 even with no difference (bias_bc corrects it)"
 # The summary's `flags` (comma-separated): what a report marks beside the p-value.
 CONTRADICTION = "contradiction"  # a signed gap's interval and test disagree at the level
