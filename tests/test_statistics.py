@@ -329,3 +329,17 @@ def test_the_papers_emt_within_prompts_is_marked_against_its_null_centre() -> No
         against_centre.append(_disagree("toxicity", test, ci, 0.95, 2) is not None)
         against_zero.append((o.low > 0 or o.high < 0) != (o.p_value < 0.05))
     assert np.mean(against_zero) > 0.15 and np.mean(against_centre) <= 0.08
+
+
+def test_the_human_table_marks_small_sets_and_zero_width_intervals() -> None:
+    from results.report.human import _cells, human_legend
+
+    def got(n: int, low: float, high: float) -> dict[str, Any]:
+        row = {"value": 0.5, "ci_low": low, "ci_high": high, "n": n, "p_value": None}
+        return {k: row for k in ("share_method", "share_tie", "share_reference")}
+
+    one_pair = _cells(got(30, 0.5, 0.5), 0.95)  # a 1-pair set: nothing to resample
+    assert one_pair[0][:2] == ("0.500†", "[0.50, 0.50]")
+    assert _cells(got(12, 0.3, 0.7), 0.95)[0][0] == "0.500†"  # fewer than 20 answers
+    assert _cells(got(40, 0.3, 0.7), 0.95)[0][0] == "0.500"
+    assert "†: fewer than 20 answers, or an interval of zero width" in human_legend(0.95)

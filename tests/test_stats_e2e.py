@@ -78,9 +78,10 @@ def test_identical_pairs_give_zero_file_bias_with_an_interval_containing_zero(
     notes = (identical_run / "report" / "tables.md").read_text()
     assert "filter dropped all 20 generations" in notes
     res = harness(
-        "aggregate", str(identical_run), "--ppl-max", "1e12", "--n-boot", "300", "--seed", "1"
+        "aggregate", str(identical_run), "--ppl-max", "1e12", "--n-boot", "300", "--seed", "1", "-q"
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "wrote" not in res.stdout and "tables (report/tables.md)" in res.stdout  # -q
     s = summary_of(identical_run)
     gap = s.filter(
         (pl.col("view") == "file") & (pl.col("metric") == "sentiment") & (pl.col("stat") == "bias")

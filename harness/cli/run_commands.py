@@ -183,7 +183,7 @@ def aggregate_main(args: argparse.Namespace) -> int:
     with driven(store, "aggregate") as inv:
         given = {k: v for k, v in options.items() if v is not None}
         _aggregate(store, inv, args, args.use_scorer, None, **given)
-    print("\n".join(output_lines(store)))
+    print("\n".join(output_lines(store)))  # (kept with -q, as `run -q` keeps them)
     return 0
 
 
@@ -202,7 +202,8 @@ def _aggregate(
     t0 = time.perf_counter()
     result = driver.aggregate_stage(store, use=use, **options)
     inv.stage("aggregate", {"use": use}, time.perf_counter() - t0)
-    print(result if said is None else said)
+    if not getattr(args, "quiet", 0):  # -q: not the stage's lines (what it wrote)
+        print(result if said is None else said)
     _after_aggregation(store, args)
 
 

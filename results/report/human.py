@@ -14,8 +14,8 @@ from typing import Any
 
 import polars as pl
 
-from results.report.cells import METHOD_NAMES, TASKS, method_rank, model_rank
-from results.report.tables import Style, model_label, p_text
+from results.report.cells import FEW_UNITS, METHOD_NAMES, TASKS, method_rank, model_rank
+from results.report.tables import FEW, Style, model_label, p_text
 
 Cell = tuple[str, str, bool]  # text, text below it, bold
 Row = tuple[str, bool, list[Cell]]  # label, pooled, cells (5 per column group)
@@ -26,7 +26,8 @@ LEGEND = (
     "over prompts (pairs kept together). p: two-sided exact sign test on the items a net "
     "majority of answers decided (ties dropped); bold: the larger portion where p < {alpha}. "
     "κ: Cohen's (two annotators) or Fleiss' (more) over method / tie / reference, with the raw "
-    "agreement (docs/human-eval.md)."
+    "agreement (docs/human-eval.md). {few}: fewer than {n} answers, or an interval of zero "
+    "width around a portion between 0 and 1 (too few prompts to resample): unreliable."
 )
 
 
@@ -43,7 +44,11 @@ def _cells(got: dict[str, dict[str, Any] | None], level: float) -> list[Cell]:
     for i, kind in enumerate(KINDS[:3]):
         v, lo, hi = (_value(got.get(kind), c) for c in ("value", "ci_low", "ci_high"))
         below = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
-        out.append(("–" if v is None else f"{v:.3f}", below, i == 2 * winner))
+        n = _value(got.get(kind), "n")
+        few = v is not None and (
+            (n is not None and n < FEW_UNITS) or (lo is not None and lo == hi and 0 < v < 1)
+        )
+        out.append(("–" if v is None else f"{v:.3f}{FEW if few else ''}", below, i == 2 * winner))
     out.append(("–" if p is None else p_text(p).removeprefix("p="), "", False))
     k, agree = _value(got.get("kappa")), _value(got.get("agreement"))
     out.append(
@@ -85,7 +90,7 @@ def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[st
 
 
 def human_legend(level: float) -> str:
-    return LEGEND.format(at=f"{level:.0%}", alpha=f"{1 - level:.2g}")
+    return LEGEND.format(at=f"{level:.0%}", alpha=f"{1 - level:.2g}", few=FEW, n=FEW_UNITS)
 
 
 def styled(cells: list[Cell], style: Style, esc: Callable[[str], str] = str) -> list[str]:
