@@ -23,6 +23,7 @@ calls (`results.stats.bootstrap.gap_samples`, `results.stats.permutation.gap_tes
 5. `bias_bc` (and the earlier gated version) at true TV 0, 5, 10, 17 for 40 pairs x 1-4
    samples and 175 pairs x 10, with the coverage of its interval;
 6. power at the reported MDE (each replication: a pilot, its MDE, a run with that true gap);
+   `--tables b`: 6b, the paper's EMT in the row view with balanced labels (its centre near 0);
 7. power at the sizes `harness power` plans from one pilot of 175 pairs x 4;
 8. as 4 with rows per prompt of one mean and another spread (female 4, male 1 or 7 of 8).
 """
@@ -192,6 +193,22 @@ def issue30(reps: int, tables: str = "45678", seed: int = 0, pilots: int = 10) -
                     hits.append(analyse(data, metric, r, n_boot=0, n_perm=200).p_value < 0.05)
                     mdes.append(reported.mde)
                 print(f"| {LABEL[metric]} | {view} | {np.mean(mdes):.2f} | {np.mean(hits):.3f} |")
+
+    if "b" in tables:  # 6b: the paper's EMT in the row view, balanced labels
+        print(f"\n## 6b. The paper's EMT, row view, labels 50 % female at every prompt (40 pairs × 4, {reps} pilots)\n")  # fmt: skip
+        print("| mean MDE × 100 | power at the MDE | at −MDE | at 0.75 × MDE |")
+        print("|---|---|---|---|")
+        rng = np.random.default_rng(6100 + seed)
+        hits: dict[float, list[bool]] = {1.0: [], -1.0: [], 0.75: []}
+        mdes = []
+        for r in range(reps):
+            reported = analyse(simulate(rng, "toxicity", "row", shares=(0.5, 0.5)), "toxicity", r, 400, 200)  # fmt: skip
+            mdes.append(reported.mde)
+            for scale, out in hits.items():
+                data = simulate(rng, "toxicity", "row", shares=(0.5, 0.5))
+                data = data._replace(value=pw.shifted("toxicity", data.group, data.value, scale * reported.mde, rng))  # fmt: skip
+                out.append(analyse(data, "toxicity", r, n_boot=0, n_perm=200).p_value < 0.05)
+        print(f"| {np.mean(mdes):.2f} | {np.mean(hits[1.0]):.3f} | {np.mean(hits[-1.0]):.3f} | {np.mean(hits[0.75]):.3f} |")  # fmt: skip
 
     if "7" in tables:
         print(f"\n## 7. Power at the planned sizes ({pilots} pilots of 175 pairs × 4 per row; {reps} simulated runs per size in the planner and at each plan)\n")  # fmt: skip

@@ -50,7 +50,10 @@ def simulate(
     pair_sd: float = 0.5,
     prompt_sd: float = 0.5,
     noise_sd: float = 0.7,
+    shares: tuple[float, float] = (0.5, 0.2),
 ) -> Data:
+    """One data set (module doc); `shares`: the chance a row is female at a female and at a
+    male prompt in the row view ((0.5, 0.5): balanced labels, the paper's EMT's centre near 0)."""
     n_prompts = k * n_pairs
     prompt = np.repeat(np.arange(n_prompts), samples)
     pair = prompt // k
@@ -61,7 +64,7 @@ def simulate(
     elif view == "row":
         if k != 2:
             raise ValueError("row labels are simulated for two groups")
-        share = np.where(prompt % 2 == 0, 0.5, 0.2)
+        share = np.where(prompt % 2 == 0, *shares)
         group = (rng.random(prompt.size) >= share).astype(np.int64)
     else:
         raise ValueError(view)
