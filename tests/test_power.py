@@ -161,3 +161,12 @@ def test_power_says_why_it_cannot_plan(tmp_path: Path, capsys: pytest.CaptureFix
     write_rows(str(tmp_path / "high"), high)
     assert main(["power", str(tmp_path / "high"), "--gap", "3"]) == 2
     assert "perplexity filter (> 200) dropped every one of the 48 vanilla rows" in capsys.readouterr().err  # fmt: skip
+
+
+def test_mde_at_says_why_it_cannot_tell_instead_of_nan() -> None:
+    d = simulate(np.random.default_rng(3), "sentiment", "row", n_pairs=10, samples=4)
+    lonely = pw.Cell("sentiment", np.zeros_like(d.group), d.prompt, d.value, d.unit_of, 2, True)
+    with pytest.raises(ValueError, match=r"the gap is undefined in 20 of 20 simulated runs .* \[80, 0\]"):  # fmt: skip
+        pw.mde_at(pw.prepare(lonely), 10, 4, reps=20, n_perm=40)
+    cell = pw.Cell("sentiment", d.group, d.prompt, d.value, d.unit_of, 2, True)
+    assert np.isfinite(pw.mde_at(pw.prepare(cell), 10, 4, reps=20, n_perm=40))

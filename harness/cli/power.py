@@ -218,7 +218,7 @@ def _plan(
 
     def on_size(size: Size) -> None:
         if show:
-            print(f"  … {_name(key)}: {size.units} {unit} × {samples}: power {size.hits / size.runs:.2f} ({size.runs} runs, {time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"  … {_name(key)}: {size.units} {unit} × {samples} samples per prompt: power {size.hits / size.runs:.2f} ({size.runs} runs, {time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
 
     got = units_needed(prepared, samples, args.gap, args.power, level, args.reps, args.n_perm, args.seed, most, tick, on_size)  # fmt: skip
     if got is None:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Iterator
 from statistics import NormalDist
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -370,76 +369,18 @@ def mde(
     centre: float = 0.0,
     centre_sd: float = 0.0,
     power: float = POWER,
-    alpha: float = 0.05,
 ) -> float:
-    """The true gap × 100 that `test` (rejecting past `test.crit` at `alpha`) detects with probability
+    """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
     `power` in either direction, from the gap's bootstrap sd `spread` and where the null centres
     it (`centre`; the paper's EMT: `test.null_mean`, with its spread `centre_sd` from
     `centre_spread`). Formulas: docs/statistics.md, "Power and sample size"."""
     z = NormalDist().inv_cdf(power)
     if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
-    if signed and centre_sd > 0:
-        noise = float(np.sqrt(max(spread**2 - centre_sd**2, 1e-12)))
-        return _hard_gap(test, centre, noise, centre_sd, power, alpha)
     if signed:
-        return float(test.crit + abs(centre) + z * spread)
+        return float(test.crit + abs(centre) + z * np.sqrt(spread**2 + 7 * centre_sd**2))
     reach = test.crit + z * np.sqrt(test.null_sq / 2)
     return float(np.sqrt(max(0.0, reach**2 - test.null_sq)))
-
-
-SPREAD = 1.0  # sd of a new run's centre, in centre_sd (see `_hard_gap`)
-
-
-def _PHI(x: Any) -> Any:
-    """The standard normal cdf, elementwise (erf of Abramowitz & Stegun 7.1.26, |error| <
-    1.5e-7: ample for an MDE, and no Python call per element)."""
-    x = np.asarray(x, float) / math.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))  # fmt: skip
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(x) * erf)
-
-
-def _bisect(f: Any, low: np.ndarray | float, high: np.ndarray | float) -> Any:
-    """The root of increasing `f` between `low` and `high` (elementwise), 60 halvings."""
-    low, high = np.asarray(low, float), np.asarray(high, float)
-    for _ in range(60):
-        mid = (low + high) / 2.0
-        below = f(mid) < 0
-        low, high = np.where(below, mid, low), np.where(below, high, mid)
-    return high
-
-
-def _crit(centre: np.ndarray, tau: float | np.ndarray, alpha: float) -> Any:
-    """|T*|'s two-sided critical value for labellings' gaps T* ~ N(centre, tau²)."""
-    c, t = np.asarray(centre, float), np.asarray(tau, float)
-    reject = lambda x: 1.0 - _PHI((x - c) / t) + _PHI((-x - c) / t) - alpha  # noqa: E731
-    return _bisect(lambda x: -reject(x), np.zeros_like(c * t), np.abs(c) + 10.0 * t)
-
-
-def _hard_gap(
-    test: GapTest, centre: float, noise: float, centre_sd: float, power: float, alpha: float
-) -> float:
-    """The gap that a test whose labellings centre on a shift detects with `power` in its
-    harder direction. The labellings' gaps are taken as N(s, τ²), τ from this run's critical
-    value and s; a new run's centre s' ~ N(−|s|, 2·`centre_sd`²) (this run's s and the new
-    one's each vary by centre_sd²), its critical value that of N(s', τ²), its gap s' + G + e,
-    e ~ N(0, `noise`²). Far from 0 (|s| ≫ τ) this is the closed form c + |s| + z·sqrt(σ² + 7v);
-    near 0 the critical value no longer grows with |s'| (|T*| of a centred null): the closed
-    form made the paper's EMT's MDE in a(x) a third too large with balanced labels (power 0.99
-    at it, issue 41)."""
-    s = abs(centre)
-    taus = np.linspace(1e-9, test.crit + 1.0, 4001)  # (the critical value grows with τ)
-    tau = float(np.interp(test.crit, _crit(np.full(taus.size, s), taus, alpha), taus))
-    x, w = np.polynomial.hermite_e.hermegauss(48)
-    s_new, w = -s + SPREAD * centre_sd * x, w / w.sum()
-    crit = _crit(s_new, tau, alpha)
-
-    def reach(gap: np.ndarray) -> Any:
-        return w @ (_PHI((gap + s_new - crit) / noise) + _PHI((-gap - s_new - crit) / noise)) - power  # fmt: skip
-
-    return float(_bisect(reach, 0.0, test.crit + 2.0 * s + 10.0 * (noise + centre_sd)))
 
 
 def shifted(
@@ -487,12 +428,12 @@ def detectable(
     signed = is_signed(metric, n_groups)
     centre = test.null_mean if metric == "toxicity" else 0.0
     centre_sd = centre_spread(metric, group, prompt, value, n_groups, unit_of, weights)
-    first = mde(test, spread, signed, centre, centre_sd, alpha=alpha)
+    first = mde(test, spread, signed, centre, centre_sd)
     if not np.isfinite(first):
         return first
     moved = shifted(metric, group, value, -first if signed and centre > 0 else first, rng)
     alt = gap_test(metric, group, prompt, moved, n_groups, 0.0, max(100, n_perm // 2), rng, unit_of, paired, m, alpha)  # fmt: skip
-    return mde(test._replace(crit=alt.crit), spread, signed, centre, centre_sd, alpha=alpha)
+    return mde(test._replace(crit=alt.crit), spread, signed, centre, centre_sd)
 
 
 def bias_corrected_tv(observed: float, test: GapTest) -> float:

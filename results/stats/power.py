@@ -411,7 +411,7 @@ def mde_at(
         raise ValueError(f"{n_perm} labellings cannot reach p < {1 - level:g}")
     centre = null.null_mean if paper else 0.0
     centre_sd = float(np.std(centres)) if paper and pilot.label is None else 0.0
-    first = mde(null, float(np.std(gaps)), signed, centre, centre_sd, alpha=1.0 - level)
+    first = mde(null, float(np.std(gaps)), signed, centre, centre_sd)
     gap = -first if signed and centre > 0 else first
     crit = np.nanmedian([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
-    return mde(null._replace(crit=float(crit)), float(np.std(gaps)), signed, centre, centre_sd, alpha=1.0 - level)  # fmt: skip
+    return mde(null._replace(crit=float(crit)), float(np.std(gaps)), signed, centre, centre_sd)
