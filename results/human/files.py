@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from jobs.redact import spreadsheet_safe
 from results.human.sampling import ITEM_COLUMNS, RESERVED, HumanError
 from results.run.files import RunFiles, to_frame
 from results.run.store import RunStore
@@ -39,10 +40,11 @@ class AnnotationSet(NamedTuple):
 
 
 def items_csv(key: pl.DataFrame, criteria: list[str]) -> bytes:
-    """SET/items.csv: the items in their shuffled order, the answer columns empty."""
+    """SET/items.csv: the items in their shuffled order, the answer columns empty; a text a
+    spreadsheet would run as a formula starts with `'` (`jobs.redact.spreadsheet_safe`)."""
     blank = [pl.lit(None, dtype=pl.String).alias(c) for c in ["annotator", *criteria]]
     buf = key.select("item_id", "prompt", "text_a", "text_b", *blank)
-    return buf.write_csv(include_bom=True).encode()
+    return spreadsheet_safe(buf).write_csv(include_bom=True).encode()
 
 
 def page_html(key: pl.DataFrame, criteria: list[str]) -> str:
