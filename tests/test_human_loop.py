@@ -228,6 +228,11 @@ def test_sample_refuses_what_it_cannot_draw(
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--fraction", "1.5"]) == 2
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--criteria", "a,a"]) == 2
     assert not (tmp_path / "s").exists()
+    capsys.readouterr()
+    for folder, why in ((tmp_path / "gone", "no such folder"), (tmp_path, "not a run directory")):
+        args = ["human", "sample", str(folder), *SAMPLE, "--out", str(tmp_path / "s")]
+        assert main(args) == 2
+        assert capsys.readouterr().err.startswith(f"error: {folder}: {why}")
 
 
 def test_unpaired_prompts_are_drawn_per_group_and_incomplete_units_left_out(
