@@ -83,6 +83,8 @@ class CacheMirror:
     def fill(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedScore]:
         """The run's stored answers to `keys` (those the working copy lacks): the shards that
         may hold them are copied into a second sqlite file on first use, each shard once."""
+        if not self.shards:
+            return {}
         for shard in sorted(self.index.shards_of([k.text_sha256 for k in keys]) - self.read):
             self._load(self.from_shards, self.shards[shard])
             self.read.add(shard)
