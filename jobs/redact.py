@@ -1,5 +1,6 @@
-"""Secrets out of everything written or printed: secret-looking keys and URL credentials; and
-control characters out of what reaches a terminal (`printable`).
+"""Secrets out of everything written or printed: secret-looking keys and URL credentials;
+control characters out of what reaches a terminal (`printable`); formulas out of the CSV files
+people open in a spreadsheet (`spreadsheet_safe`).
 
 A value is secret when its key looks like one (`api_key`, `token`, `aws_secret`...), and inside
 any text when it is a URL's user:password or the value of a secret-looking query parameter
@@ -78,3 +79,20 @@ class Dumps(Protocol):
 def redacted(config: Dumps) -> dict[str, Any]:
     """The config as a plain dict with every secret-looking parameter and URL token replaced."""
     return redact(config.model_dump(mode="json"))  # type: ignore[no-any-return]
+
+
+# A text cell a spreadsheet may run as a formula: one starting with = + - @, a tab or a CR.
+_FORMULA = r"^[=+\-@\t\r]"
+
+
+def spreadsheet_safe(frame: Any) -> Any:
+    """A polars frame for a CSV file people open in a spreadsheet: each text cell it would read
+    as a formula (`=HYPERLINK(...)` from an annotator's name, a text starting with `-`) gets a
+    leading `'`, which makes it text. Numbers stay as they are."""
+    import polars as pl
+
+    def safe(name: str) -> pl.Expr:
+        col = pl.col(name)
+        return pl.when(col.str.contains(_FORMULA)).then(pl.lit("'") + col).otherwise(col)
+
+    return frame.with_columns(safe(c).alias(c) for c, t in frame.schema.items() if t == pl.String)

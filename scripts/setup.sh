@@ -16,13 +16,11 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 if [ $dev = 1 ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
 # The report tests' system tools (each test skips, naming the binary, without them).
-# TeX: the smallest Debian set with pdflatex, lualatex, booktabs, graphicx and pdflscape
-# (~230 MB, no recommends: no docs, no extra fonts); poppler-utils: pdftoppm, pdftotext.
+# TeX: the smallest Debian set with pdflatex, lualatex and its font loader and fonts, booktabs,
+# graphicx and pdflscape (~230 MB, no recommends: no docs, no extra fonts); poppler-utils:
+# pdftoppm, pdftotext. scripts/tex_packages.sh names those whose files are missing.
 if [ $dev = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  tex=""
-  { command -v pdflatex && command -v lualatex; } >/dev/null 2>&1 \
-    || tex="texlive-latex-base texlive-latex-recommended texlive-luatex"
-  { command -v pdftoppm && command -v pdftotext; } >/dev/null 2>&1 || tex="$tex poppler-utils"
+  tex=$(bash scripts/tex_packages.sh)
   # Chromium and its chromedriver (the annotation page's Selenium test), from the same source.
   browser=""
   command -v chromium >/dev/null 2>&1 || browser="chromium"

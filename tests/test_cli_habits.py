@@ -350,7 +350,12 @@ def test_control_characters_from_a_dataset_reach_no_terminal_raw(
         path = tmp_path / f"{group}.jsonl"
         path.write_text("".join(json_.dumps({"prompt": {"text": t}}) + "\n" for t in texts))
         files[group] = str(path)
-    cfg = config(tmp_path, dataset={"kind": "paired-jsonl", "files": files}, methods=["vanilla"])
+    cfg = config(
+        tmp_path,
+        name=f"odd{CONTROLS}name",
+        dataset={"kind": "paired-jsonl", "files": files},
+        methods=["vanilla"],
+    )
     caplog.set_level(logging.WARNING, logger="harness")
     assert main(["validate", str(cfg)]) == 0
     warned = [r.getMessage() for r in caplog.records if "control characters" in r.getMessage()]
@@ -360,9 +365,11 @@ def test_control_characters_from_a_dataset_reach_no_terminal_raw(
         "on a terminal"
     )
     out = tmp_path / "run"
-    assert main(["run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "-q"]) == 0
     capsys.readouterr()
+    assert main(["run", str(cfg), "--out", str(out), "--no-ray", "--no-progress", "-q"]) == 0
     raw = ("\x1b", "\x07", "\x00", "\u202e", "\x9b")
+    ran = capsys.readouterr().out  # its last lines name the config, as `validate` does
+    assert "run odd\\u001b[2J" in ran and not [c for c in raw if c in ran]
     for args in (["samples", str(out), "--limit", "0"], ["status", str(out)]):
         assert main(args) == 0
         shown = capsys.readouterr().out

@@ -228,6 +228,11 @@ def test_sample_refuses_what_it_cannot_draw(
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--fraction", "1.5"]) == 2
     assert main([*base, "--method", "lidao-min", "--vs", "vanilla", "--criteria", "a,a"]) == 2
     assert not (tmp_path / "s").exists()
+    capsys.readouterr()
+    for folder, why in ((tmp_path / "gone", "no such folder"), (tmp_path, "not a run directory")):
+        args = ["human", "sample", str(folder), *SAMPLE, "--out", str(tmp_path / "s")]
+        assert main(args) == 2
+        assert capsys.readouterr().err.startswith(f"error: {folder}: {why}")
 
 
 def test_unpaired_prompts_are_drawn_per_group_and_incomplete_units_left_out(
@@ -249,3 +254,30 @@ def test_unpaired_prompts_are_drawn_per_group_and_incomplete_units_left_out(
     assert groups == [("female", 5), ("male", 3)]  # round(9 / 2) and 6 / 2: each group its share
     assert "list:00000" not in set(key["prompt_id"]) and key["unit"].n_unique() == 8
     assert set(key["method_side"]) == {"A", "B"}
+
+
+ODD = '=HYPERLINK("http://evil.example","<b>x</b>")|*y*'  # a formula, HTML, Markdown
+
+
+def test_an_annotator_name_is_shown_as_text_everywhere(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An annotator's name reaches summary.csv (not a formula: a leading ' ), tables.md and
+    index.html (escaped) as text."""
+    run = copy(tiny[0], tmp_path)
+    rows = list(csv.DictReader((tiny[1] / "items.csv").open(newline="", encoding="utf-8-sig")))
+    answers = tmp_path / "odd.csv"
+    with answers.open("w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(["item_id", "annotator", "criterion", "choice"])
+        for r in rows:
+            out.writerows([r["item_id"], ODD, c, "A"] for c in ("fluency", "friendliness"))
+    assert main(["human", "import", str(run), str(answers)]) == 0
+    assert main(["aggregate", str(run)]) == 0
+    cells = [c for line in csv.reader((run / "summary.csv").open(newline="")) for c in line]
+    assert "'" + ODD in cells and not [c for c in cells if c[:1] in ("=", "@", "+", "\t", "\r")]
+    md = (run / "report" / "tables.md").read_text()
+    label = r'=HYPERLINK("http://evil.example","&lt;b&gt;x&lt;/b&gt;")\|\*y\*'
+    assert "<b>" not in md and f"| · {label} |" in md
+    page = (run / "report" / "index.html").read_text()
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page

@@ -128,6 +128,10 @@ def test_page_answers_by_keyboard_survives_a_reload_exports_and_the_export_impor
     assert NASTY in {t for row in embedded for t in row}
     first = shown(browser)
     assert first["counter"] == "Item 1 of 4" and first["progress"] == "0 of 4 answered"
+    # each criterion says what it means, beside its buttons
+    rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#criteria .crit")]
+    assert [r.split("\n")[0] for r in rows] == ["fluency", "friendliness"]
+    assert "natural, grammatical text" in rows[0] and "kinder and more respectful" in rows[1]
     item = key.row(0, named=True)
     assert (first["a"], first["b"]) == (item["text_a"], item["text_b"])
     press(browser, "a")

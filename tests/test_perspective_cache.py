@@ -4,6 +4,8 @@ at a time. The CI-sized version of `benchmarks/bench_perspective_cache.py` (docs
 
 from __future__ import annotations
 
+import json
+import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +55,8 @@ def stage(
     """What the Perspective actor does over `batch`: its rows and its mirror's stats."""
     cache = CacheMirror(uri, FILE, **mirror)
     scorer = PerspectiveToxicity(
-        {"endpoint": fake.endpoint, **FAST}, ScorerContext(cache_dir=cache.dir)
+        {"endpoint": fake.endpoint, **FAST},
+        ScorerContext(cache_dir=cache.dir, cache_fill=cache.fill),
     )
     rows = [{"job_id": f"j{i:05d}", "continuation": t} for i, t in enumerate(batch)]
     out = []
@@ -112,16 +115,18 @@ def answer_table(start: int, stop: int) -> pa.Table:
     for text in texts(start, stop):
         body = response(text, ["TOXICITY"], default_score(text))
         key = CacheKey(text_sha256(text), "TOXICITY", "en", "v1alpha1")
-        rows.append(dict(zip(COLUMNS, (*key, "ok", str(body), None, "2026-01-01T00:00:00"))))
+        rows.append(dict(zip(COLUMNS, (*key, "ok", json.dumps(body), None, "2026-01-01T00:00:00"))))
     return pa.Table.from_pylist(rows, CACHE_ANSWER_SCHEMA)
 
 
-def test_loading_holds_one_shard_whatever_the_size_of_the_cache(
+def test_a_start_reads_only_keys_and_a_lookup_only_the_shards_it_needs(
     s3: CountingMotoServer, tmp_path: Path
 ) -> None:
-    """Python's and Arrow's peak allocations while a node loads the cache (`CacheMirror`):
-    the same for 4 shards as for 16, since shards are read one batch at a time, not
-    held (allocation counts, not timing: the same on any machine)."""
+    """Python's and Arrow's peak allocations while a node starts (`CacheMirror`: the shards'
+    key column, an index of 12 B an answer) and then looks every stored text up in chunks
+    (`fill`: each shard read once, when a chunk needs it): the same for 4 shards as for 16,
+    since no answer is held in memory (allocation counts, not timing: the same on any
+    machine)."""
     peaks = []
     for shards in (1, 4, 16):  # the first one warms up (imports, caches)
         uri = s3.uri("runs", f"load-{shards}")
@@ -136,16 +141,54 @@ def test_loading_holds_one_shard_whatever_the_size_of_the_cache(
         tracemalloc.start()
         try:
             mirror = CacheMirror(uri, FILE)
+            started = mirror.stats["loaded"]
+            _, start_peak = tracemalloc.get_traced_memory()
+            for n in range(shards):
+                keys = [key_of(t) for t in texts(500 * n, 500 * (n + 1))]
+                assert len(mirror.fill(keys)) == 500 and mirror.read == set(range(n + 1))
             _, python_peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
             pa.set_memory_pool(before)
-        assert mirror.stats["loaded"] == 500 * shards
+        assert started == 0 and mirror.stats["loaded"] == 500 * shards
         mirror.close()
-        peaks.append((python_peak, pool.max_memory()))
-    (py4, arrow4), (py16, arrow16) = peaks[1:]
-    # held whole, the 6,000 more answers would take ~4 MB of Python strings (measured: +56 KB)
-    assert py16 - py4 < 1_000_000 and arrow16 <= arrow4 + 64_000, peaks
+        peaks.append((start_peak, python_peak, pool.max_memory()))
+    (start4, py4, arrow4), (start16, py16, arrow16) = peaks[1:]
+    # held whole, the 6,000 more answers would take ~4 MB of Python strings; the index
+    # takes 72 KB more
+    assert start16 - start4 < 500_000 and py16 - py4 < 1_000_000, peaks
+    assert arrow16 <= arrow4 + 64_000, peaks
+
+
+def key_of(text: str) -> CacheKey:
+    return CacheKey(text_sha256(text), "TOXICITY", "en", "v1alpha1")
+
+
+def test_a_killed_actors_working_copy_is_removed_by_the_next_start(
+    s3: CountingMotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed actor leaves its temp folder (~481 B an answer); the next mirror started on
+    the node removes those of processes that are gone, never a live process's."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from workers.scorers.cache_mirror import TEMP_PREFIX
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f"{TEMP_PREFIX}{gone.stdout.strip()}-abc"
+    live = tmp_path / f"{TEMP_PREFIX}{os.getppid()}-def"  # this test's parent: alive
+    other = tmp_path / "lidao-cache-notes"  # not a working copy's name
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / FILE).write_bytes(b"x" * 481)
+    mirror = CacheMirror(s3.uri("runs", "stale"), FILE)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert Path(mirror.dir).parent == tmp_path and Path(mirror.dir).is_dir()
+    mirror.close()
+    assert not Path(mirror.dir).exists()
 
 
 def test_old_whole_file_caches_and_shards_in_a_local_run_are_read(

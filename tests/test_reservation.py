@@ -1,4 +1,5 @@
-"""Which scorers follow generation while its reservations grow (Ray-free)."""
+"""Which scorers follow generation while its reservations grow, and how a replacement judges
+its node lost (Ray-free)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,19 @@ def test_while_generation_grows_gpu_scorers_wait_for_the_final_pass(
         assert idle.runtime.score_during_generation is False, mode
         assert cfg.runtime.score_during_generation == mode
     assert follow_config(cfg, growing=False, pending=3) is cfg
+
+
+def test_a_node_counts_as_lost_when_its_raylet_port_refuses_a_connection() -> None:
+    """`live_group`'s own check of a node Ray still calls alive (Ray-free: plain sockets)."""
+    import socket
+
+    from harness.stages.generation.reservation import raylet_answers
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        node = {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}
+        assert raylet_answers(node)
+    assert not raylet_answers(node, timeout=1.0)  # closed: the port refuses
+    assert raylet_answers({"NodeID": "x"})  # no address known: not judged lost

@@ -4,6 +4,7 @@ downloaded in tests: each test writes a few lines shaped like it."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,10 @@ def test_the_perspective_estimate_is_texts_over_the_quota() -> None:
     assert est is not None and est.seconds == pytest.approx(100.0)
     none = perspective_estimate(cfg(qps=0.01), 10)
     assert none is not None and none.seconds is None and "allows no call" in none.line()
+    # cache_only sends nothing: no time, no warning, whatever the quota
+    cached = perspective_estimate(cfg(cache_only=True, qps=1 / 86_400), 30)
+    assert cached is not None and cached.seconds == 0.0
+    assert "none is sent" in cached.line() and "WARNING" not in cached.line()
 
 
 def test_validate_of_the_rtp_cluster_example_prints_both_estimates(
@@ -193,16 +198,20 @@ def test_validate_of_the_rtp_cluster_example_prints_both_estimates(
 
 
 def test_run_logs_the_estimates_and_warns_of_a_stage_over_a_day(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`run`'s refusal step (what it runs before starting) logs the estimate lines."""
+    from harness.cli import validate as validate_module
     from harness.cli.validate import refuse_on_problems
 
-    slow = {"cache_only": True, "qps": 1 / 86_400, "quota_window_s": 86_400.0}  # 1 text a day
+    (tmp_path / "key").write_text("k\n")
+    slow = {"qps": 1 / 86_400, "quota_window_s": 86_400.0, "api_key_file": str(tmp_path / "key")}
     cfg = rtp_config(
         {"kind": "realtoxicityprompts", "path": write_rtp(tmp_path / "prompts.jsonl")},
-        [{"name": "perspective", "params": slow}],
+        [{"name": "perspective", "params": slow}],  # 1 text a day
     )
+    offline = functools.partial(validate_module.validate, probe=lambda url: None)
+    monkeypatch.setattr(validate_module, "validate", offline)  # the service "answers"
     with caplog.at_level("INFO", logger="harness"):
         refuse_on_problems(cfg, "rtp.yaml", str(tmp_path / "run"), use_ray=False)
     (warned,) = [r for r in caplog.records if "estimate perspective" in r.getMessage()]

@@ -392,6 +392,9 @@ def test_a_config_yaml_edited_inside_the_run_is_refused_naming_the_field(
             f"is 2, planned with 1): put it back, or plan the run from it: `python -m harness "
             f"run {run}/config.yaml --out {run}`" in err
         )
+    assert main(["status", str(run)]) == 0  # the counts, and what the other commands refuse
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1].startswith(f"  config: {run}/config.yaml was edited after its plan was made")
     assert not (run / "results.json").read_text().count('"samples_per_prompt": 2')
     edited["samples_per_prompt"] = 1  # only `aggregation:` differs now: accepted
     (run / "config.yaml").write_text(yaml.safe_dump(edited))

@@ -1,6 +1,6 @@
 """Time estimates beside the plan's counts (docs/cli.md, validate): `validate` prints them,
 `run` logs them first. Perspective: texts × window / ⌊qps × window⌋ (an upper bound: repeated
-and cached texts are not asked again); generation: tokens per method over its speed, shared by
+and cached texts are not asked again; none with `cache_only`, which sends nothing); generation: tokens per method over its speed, shared by
 the model's replicas. Over a day: a warning.
 
 The only generation speeds measured in this project are `benchmarks/bench_methods.py`'s on its
@@ -89,6 +89,8 @@ def perspective_estimate(cfg: RunConfig, texts: int) -> Estimate | None:
     if entry is None:
         return None
     params = {**SCORER_PARAMS["perspective"], **entry.params}
+    if params["cache_only"]:
+        return Estimate("perspective", 0.0, "cache_only: texts are looked up, none is sent")
     qps, window = float(params["qps"]), float(params["quota_window_s"])
     per_window = math.floor(qps * window + 1e-9)  # what the rate limiter lets through
     if per_window < 1:

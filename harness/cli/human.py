@@ -52,7 +52,13 @@ def sample_main(args: argparse.Namespace) -> int:
     criteria = list(check_criteria(args.criteria.split(",")))
     store = RunStore(args.run)
     if not store.exists("generations"):
-        raise HumanError(f"{args.run}: no generations to sample from")
+        if not store.exists():
+            why = "no such folder"
+        elif not store.exists("plan.parquet") and not store.exists("config.yaml"):
+            why = "not a run directory (no plan.parquet, no config.yaml)"
+        else:
+            raise HumanError(f"{args.run}: no generations to sample from")
+        raise HumanError(f"{args.run}: {why}; `python -m harness run CONFIG --out RUN` makes one")
     with driven(store, "human sample") as inv:
         key = draw_set(
             store.read_generations(COLUMNS), args.method, args.vs, args.fraction, args.seed

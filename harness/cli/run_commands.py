@@ -19,6 +19,7 @@ from harness.cli.status import failed_methods, output_lines, print_status
 from harness.cli.tracking import check_trackers, track
 from harness.cli.validate import refuse_on_problems
 from harness.config import ConfigError, RunConfig, dump_config, load_config, parse_config
+from jobs.redact import printable
 from results.run.history import Invocation, config_hash
 from results.run.identity import plan_ids, read_config, require_plan
 from results.run.store import RunStore
@@ -60,10 +61,11 @@ def run_main(args: argparse.Namespace) -> int:
             interrupt.args = (_interrupted_line(store),)
             raise interrupt from None
         gen = result["generation"]
-        print(
+        line = (
             f"run {cfg.name}: {result['jobs']} jobs planned, {gen['pending_at_start']} generated "
             f"now; outputs in {args.out}"
         )
+        print(printable(line))  # the name and path as `validate` and `status` show them
         _after_aggregation(store, args)
     print_status(store)
     failed = failed_methods(store) + _failed_scorers(result["scoring"], args.out)

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 from jobs.redact import printable
 from results.run.done import DoneIds
 from results.run.history import read_manifest
-from results.run.identity import plan_done_ids
+from results.run.identity import plan_done_ids, read_config
 from results.run.store import RunStore, StoreError
 from results.stats.join import JoinError, scorer_metric
 from workers.plugins import load_plugins
@@ -50,6 +50,16 @@ def failed_methods(store: RunStore) -> list[str]:
     ]
 
 
+def _config_lines(store: RunStore) -> list[str]:
+    """What `aggregate` and `score` would refuse in RUN/config.yaml (an edit of a planned
+    field, a file that is not YAML), checked as they check it (`read_config`)."""
+    try:
+        read_config(store)
+    except StoreError as exc:
+        return [f"  config: {exc}"]
+    return []
+
+
 def run_status(store: RunStore) -> str:
     """The status text. Memory: sorted id arrays (~23 bytes a job) for the plan and the
     finished jobs, and one scorer's job ids and statuses at a time; never the plan's rows."""
@@ -57,7 +67,7 @@ def run_status(store: RunStore) -> str:
     table = store.generation_counts(finished)  # streams the plan
     plan = plan_done_ids(store)
     ok, failed = finished
-    lines = [f"run {store.uri}", "generation:"]
+    lines = [f"run {store.uri}", *_config_lines(store), "generation:"]
     for row in table.iter_rows(named=True):
         lines.append(
             f"  {row['model']} / {row['method']} / {row['task']}: planned {row['planned']}, "

@@ -10,10 +10,11 @@ from typing import Any
 
 import polars as pl
 
+from jobs.redact import spreadsheet_safe
 from results.human import human_rows
 from results.report import html as report_html
 from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
-from results.report.human import human_legend, human_table, styled
+from results.report.human import human_legend, human_table, md_text, styled
 from results.report.paper import compare_with_paper
 from results.report.pieces import TokenizerFor, with_pieces
 from results.report.plot import figure_files, forest_figure, tradeoff_figure
@@ -81,7 +82,7 @@ def human_markdown(summary: pl.DataFrame, level: float) -> list[str]:
     if not rows:
         return []
     head = [f"{titles[i // 5]}: {h}" for i, h in enumerate(heads)]
-    body = [[label, *styled(cells, MARKDOWN)] for label, _, cells in rows]
+    body = [[md_text(label), *styled(cells, MARKDOWN)] for label, _, cells in rows]
     lines = md_lines([["Model (task), criterion", *head], *body])
     return ["", "## Human preference", "", human_legend(level), "", *lines]
 
@@ -302,7 +303,9 @@ def aggregate_run(
     if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
         res.notes.append(empty_reason(agg.summary))
     res.paths["summary.parquet"] = store.write_table("summary.parquet", res.summary.to_arrow())
-    res.paths["summary.csv"] = store.write_bytes("summary.csv", res.summary.write_csv().encode())
+    res.paths["summary.csv"] = store.write_bytes(
+        "summary.csv", spreadsheet_safe(res.summary).write_csv().encode()
+    )
     write_report(store, res, _sample_rows(store, joined.frame["job_id"], tokenizer_for))
     return res
 

@@ -8,7 +8,9 @@ with its `Style` (docs/design.md, "Reports").
 
 from __future__ import annotations
 
+import html
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +89,13 @@ def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[st
     names = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
     heads = [h for m, r in names for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
     return [f"{m} vs {r}" for m, r in names], heads, out
+
+
+def md_text(text: str) -> str:
+    """A label (an annotator's name: any text) as Markdown shows it literally: HTML's `<`, `>`,
+    `&` as entities, Markdown's emphasis, code and link marks behind a backslash (`md_lines`
+    escapes `|`)."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(text, quote=False))
 
 
 def human_legend(level: float) -> str:

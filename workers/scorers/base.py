@@ -31,6 +31,8 @@ class ScorerContext:
 
     words: GroupWords = field(default_factory=builtin_gender_words)
     cache_dir: str | None = None  # persistent caches (e.g. Perspective scores) live here
+    # answers the cache in `cache_dir` lacks, from the run's storage (`CacheMirror.fill`)
+    cache_fill: Callable[..., Any] | None = None
     device: str | None = None  # None: cuda if available, else cpu
 
 

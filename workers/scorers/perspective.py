@@ -80,7 +80,7 @@ class PerspectiveToxicity(Scorer):
             limiter = SlidingWindowLimiter(float(p["qps"]), float(p["quota_window_s"]))
         except ValueError as exc:
             raise ScorerError(f"scorer 'perspective': qps / quota_window_s: {exc}") from None
-        self.cache = ScoreCache(self._cache_path())
+        self.cache = ScoreCache(self._cache_path(), fill=context.cache_fill)
         self.client: PerspectiveClient | None = None
         if not self._cache_only():
             key = read_api_key(p["api_key_file"])

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 _SCHEMA = """
@@ -48,6 +48,9 @@ class CachedScore(NamedTuple):
     created_utc: str
 
 
+Fill = Callable[[Sequence[CacheKey]], dict[CacheKey, CachedScore]]
+
+
 def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -55,8 +58,8 @@ def text_sha256(text: str) -> str:
 class ScoreCache:
     """An sqlite file of final answers; `None` path keeps them in memory only (tests)."""
 
-    def __init__(self, path: str | None) -> None:
-        self.path = path
+    def __init__(self, path: str | None, fill: Fill | None = None) -> None:
+        self.path, self.fill = path, fill
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # autocommit (isolation_level=None): each put_many is committed on return. Ray may call an
@@ -67,8 +70,11 @@ class ScoreCache:
         self._db.execute(_SCHEMA)
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, CachedScore]:
+        """The answers held for `keys`; those not in the file are asked of `fill` (the run's
+        stored answers, `cache_mirror.CacheMirror.fill`), when given."""
         out: dict[CacheKey, CachedScore] = {}
-        for key in set(keys):
+        keys = set(keys)
+        for key in keys:
             row = self._db.execute(
                 "SELECT status, response, error, created_utc FROM scores WHERE text_sha256 = ? "
                 "AND attributes = ? AND languages = ? AND api_version = ?",
@@ -76,6 +82,9 @@ class ScoreCache:
             ).fetchone()
             if row is not None:
                 out[key] = CachedScore(row[0], json.loads(row[1]) if row[1] else None, *row[2:])
+        missing = [k for k in keys if k not in out]
+        if missing and self.fill is not None:
+            out.update(self.fill(missing))
         return out
 
     def put_many(

@@ -157,25 +157,56 @@ def in_group(group: Any) -> dict[str, Any]:
 
 def live_group(group: Any) -> Any:
     """`group` when its bundle sits on a live node (or waits to be placed); else a new group of
-    the same bundle, the old one removed. A replacement actor created in a group whose node
-    died dies once more (or waits for Ray to move the bundle); a new group is placed only on a
-    live node. For replacements after an actor's death."""
+    the same bundle, kept off the old one's node, the old group removed. For replacements after
+    an actor's death: the driver sees the death seconds before Ray marks a lost node dead (it
+    misses the node's heartbeats first), so a node Ray still calls alive counts as lost when its
+    raylet refuses or does not answer a connection (`raylet_answers`). The new group is placed
+    only on another live node; a replacement in the old one would die there once more."""
     import ray
     from ray.util import placement_group_table
     from ray.util.placement_group import placement_group
 
     table = placement_group_table(group)
     state = table.get("state")
-    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    if state in ("PENDING", "PREPARED"):
+        return group
+    alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     on = set(table.get("bundles_to_node_id", {}).values())
-    if state in ("PENDING", "PREPARED") or (state == "CREATED" and on <= alive):
+    lost = {n for n in on if n not in alive or not raylet_answers(alive[n])}
+    if state == "CREATED" and not lost:
         return group
     bundles = [dict(b) for _, b in sorted(table["bundles"].items())]
     name = (table.get("name") or "") + "'"  # names are unique while the old one lives
-    fresh = placement_group(bundles, strategy="STRICT_PACK", name=name)
-    log.info("placement group %s was on a lost node (%s): a new one", table.get("name"), state)
+    away = [{NODE_LABEL: f"!in({','.join(sorted(lost))})"}] * len(bundles) if lost else None
+    fresh = placement_group(bundles, strategy="STRICT_PACK", name=name, bundle_label_selector=away)
+    log.info(
+        "placement group %s was on a lost node (%s, %s): a new one elsewhere",
+        table.get("name"),
+        state,
+        ", ".join(sorted(lost)) or "unplaced",
+    )
     remove_groups([group])
     return fresh
+
+
+NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+RAYLET_PROBE_S = 2.0  # how long a raylet has to accept a connection
+
+
+def raylet_answers(node: Mapping[str, Any], timeout: float = RAYLET_PROBE_S) -> bool:
+    """Whether the node's raylet accepts a TCP connection (every node and the driver reach each
+    other's raylet port; docs/cluster.md). A lost node's port refuses it (its process is gone)
+    or never answers (its machine is); an entry without an address counts as answering."""
+    import socket
+
+    host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+    if not host or not port:
+        return True
+    try:
+        with socket.create_connection((str(host), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 _ready: dict[Any, Any] = {}  # group id → its one `ready()` ref (each call registers a wait)
