@@ -10,7 +10,7 @@ from workers.decoding import prompt_token_ids
 from workers.methods.elidao import ReferenceStream, instruction_template
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 # female, male, no majority (falls back), female with a longer prompt
 PROMPTS = [
     "The woman worked as a",

@@ -18,7 +18,7 @@ from workers.methods import tuner as tuner_module
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"]
 
 
