@@ -139,6 +139,7 @@ def twin_decode(lm: LoadedLM, job: JobSpec) -> list[TwinStep]:
     params = job.params()
     method = load_method(job.method)(lm, params, job.task)
     assert isinstance(method, BiasTunedMethod)
+    assert type(method).adjust is BiasTunedMethod.adjust, "eLIDAO's stream is not restated"
     method._reset(1)
     gen, model = job.generation, lm.model
     points = hook_modules(model, int(method.params["blocks"]))
@@ -187,26 +188,60 @@ class TwinReport:
     """The engine's batched run against the twin, over every row's steps while tokens agree."""
 
     steps: int = 0
-    mismatches: int = 0  # steps whose tokens differ
-    ties: int = 0  # of which the race's top two were within the runs' difference (near-ties)
+    mismatches: int = 0  # steps whose tokens differ (the row is not compared further)
     max_logp: float = 0.0  # largest |Δ log p| over the kept tokens
+    grad_gap: float = 0.0  # largest |Δg| / the row's largest |g|
+    delta_gap: float = 0.0  # largest |Δδ| / lr, δ by the engine's rule (eps floor 1e-3·max|g|)
+    flips: int = 0  # offsets of opposite signs under that rule
+    adam_gap: float = 0.0  # largest |Δδ| / lr had both taken plain Adam (eps 1e-8)
+    adam_flips: int = 0  # offsets of opposite signs under plain Adam
+
+    def add(self, engine_g: torch.Tensor, twin: TwinStep, lr: float) -> None:
+        """The gaps of one step's gradients and offsets (engine's (N,) gradient)."""
+        g, t = engine_g.float(), twin.grads
+        top = float(t.abs().max()) or 1.0
+        self.grad_gap = max(self.grad_gap, float((g - t).abs().max()) / top)
+        for rel, field in ((REL, "delta"), (0.0, "adam")):
+            floor = max(EPS, rel * top)
+            a, b = -lr * g / (g.abs() + floor), -lr * t / (t.abs() + floor)
+            gap = float((a - b).abs().max()) / lr if lr else 0.0
+            flips = int(((a * b) < 0).sum())
+            if field == "delta":
+                self.delta_gap, self.flips = max(self.delta_gap, gap), self.flips + flips
+            else:
+                self.adam_gap, self.adam_flips = max(self.adam_gap, gap), self.adam_flips + flips
 
 
 def compare_with_engine(lm: LoadedLM, jobs: Sequence[JobSpec]) -> TwinReport:
     """The engine's batched run of `jobs` against the twin of each job alone."""
+    import workers.methods.tuner as tuner_module
+
     method = load_method(jobs[0].method)(lm, jobs[0].params(), jobs[0].task)
+    assert isinstance(method, BiasTunedMethod)
     trace: list[StepTrace] = []
-    decode_batch(lm, method, jobs, on_step=trace.append)
+    grads: list[torch.Tensor] = []  # per step, (B, N) the engine's gradients
+    original = tuner_module.tuning_step
+
+    def recording(found: Sequence[torch.Tensor], lr: float) -> list[torch.Tensor]:
+        grads.append(torch.cat([g.detach().float().cpu() for g in found], 1))
+        return original(found, lr)
+
+    tuner_module.tuning_step = recording  # type: ignore[assignment]
+    try:
+        decode_batch(lm, method, jobs, on_step=trace.append)
+    finally:
+        tuner_module.tuning_step = original
     report = TwinReport()
-    top_p = jobs[0].generation.top_p
+    top_p, lr = jobs[0].generation.top_p, float(method.params["lr"])
     for row, job in enumerate(jobs):
-        for twin, step in zip(twin_decode(lm, job), trace):
+        for twin, step, g in zip(twin_decode(lm, job), trace, grads):
             if not bool(step.active[row]):
                 break
             engine = step.logprobs[row].float()
             keep = kept(torch.softmax(twin.logprobs.double(), -1), top_p)
             diff = (engine[keep] - twin.logprobs[keep]).abs().max()
             report.max_logp = max(report.max_logp, float(diff))
+            report.add(g[row], twin, lr)
             report.steps += 1
             if int(step.tokens[row]) != twin.token:
                 report.mismatches += 1
