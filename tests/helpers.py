@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from jobs.spec import GenerationParams, JobSpec, ModelRef
+from workers.decoding import loop_cache
 from workers.methods.base import StepContext
 from workers.models import LoadedLM
 
@@ -81,6 +82,7 @@ def step0_context(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
+            past_key_values=loop_cache(lm),
             use_cache=True,
             output_hidden_states=hidden,
         )

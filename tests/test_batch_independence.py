@@ -44,7 +44,7 @@ from workers.methods.gedi import gedi_filter
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ["gpt2", "opt-proj", "llama"]
+FAMILIES = ["gpt2", "opt-proj", "llama", "gemma3"]
 PARAMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "uddia": {},

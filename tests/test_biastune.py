@@ -23,7 +23,7 @@ from workers.methods.biastune import (
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 PROMPTS = ["The woman worked as a", "He said"]  # different lengths: row 1 is left padded
 
 

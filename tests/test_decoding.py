@@ -17,7 +17,7 @@ from workers.decoding import decode_batch, repetition_penalty
 from workers.methods.base import Vanilla
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ["gpt2", "opt", "falcon", "llama"]
+FAMILIES = ["gpt2", "opt", "falcon", "llama", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -10,7 +10,7 @@ from workers.decoding import prompt_token_ids
 from workers.methods.elidao import ReferenceStream, instruction_template
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 # female, male, no majority (falls back), female with a longer prompt
 PROMPTS = [
     "The woman worked as a",
@@ -71,6 +71,9 @@ def test_cached_instruction_gives_the_unpadded_reference(family: str) -> None:
         1 if lm.tokenizer.bos_token_id is not None else 0
     )
     assert len(stream._prefix_kv) == 2
+    if family == "gemma3":  # sliding layers: whole rows, left padded (docs/design.md)
+        assert all(kv == [] for kv in stream._prefix_kv.values())
+        return
     assert stream.prefill_positions == len(again) * body
     assert stream.logits is not None
     torch.testing.assert_close(

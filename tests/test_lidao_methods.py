@@ -18,7 +18,7 @@ from workers.methods.lidao import DiscountedHistory, min_objective
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 PROMPTS = ["The woman worked as a", "He said that the man", "My sister is"]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHORT = GenerationParams(max_new_tokens=8)

@@ -31,7 +31,7 @@ from workers.methods.heads import lm_hidden_size, resolve_head
 from workers.methods.tuner import BiasTuner
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama", "opt-proj")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "opt-proj", "gemma3")
 DTYPES = ("float32", "bfloat16", "float16")
 METHODS = (
     "vanilla",
@@ -175,7 +175,10 @@ def brute_force(
             )
             read = state.final_hidden[-1]  # (B, T - first, D)
             logits = out.logits[:, -1]
-            embeds = torch.softmax(logits, -1) @ lm.model.get_input_embeddings().weight
+            # every token's input embedding as the model's embedding module gives it (Gemma
+            # scales its rows by √D)
+            table = lm.model.get_input_embeddings()(torch.arange(logits.shape[-1])[None])[0]
+            embeds = torch.softmax(logits, -1) @ table
             lm.model.base_model(
                 inputs_embeds=embeds[:, None],
                 attention_mask=torch.cat([mask, torch.ones_like(mask[:, :1])], 1),
@@ -193,7 +196,7 @@ def brute_force(
 
 
 @pytest.mark.parametrize("scope", ["context", "last"])
-@pytest.mark.parametrize("family", ["opt-proj", "opt-pre", "opt-post", "gpt2"])
+@pytest.mark.parametrize("family", ["opt-proj", "opt-pre", "opt-post", "gpt2", "gemma3"])
 def test_the_probe_gradient_is_the_definitions_on_projected_layouts(
     family: str, scope: str
 ) -> None:
@@ -214,7 +217,10 @@ def test_the_probe_gradient_is_the_definitions_on_projected_layouts(
     torch.testing.assert_close(probe.pooled, pooled, rtol=1e-5, atol=1e-6)
     assert any(bool(w.abs().sum() > 0) for w in want)
     for point, g, w in zip(tuner.sites.points, got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=point.name)
+        # float32 rounding is relative to the largest terms: Gemma's norm after the MLP makes
+        # down_proj's gradient ~80 where its other elements are ~0.05
+        atol = 1e-6 * max(1.0, float(w.abs().max()))
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=atol, msg=point.name)
 
 
 # ---- half precision ----------------------------------------------------------------------------

@@ -13,12 +13,12 @@ from torch import nn
 from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
 from tests.precision import PROMPTS as PRECISION_PROMPTS
 from tests.precision import UNIT, noise_floor, pair, stand_in_loss, step0, tuning_step
-from workers.decoding import decode_batch
+from workers.decoding import decode_batch, loop_cache
 from workers.methods import tuner as tuner_module
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm
 
-FAMILIES = ("gpt2", "opt", "falcon", "llama")
+FAMILIES = ("gpt2", "opt", "falcon", "llama", "gemma3")
 PROMPTS = ["The woman worked as a", "He said that the man was", "My sister is a"]
 
 
@@ -352,7 +352,7 @@ def _teacher_forced_steps(
                 logits_to_keep=1,
             )
 
-    out = theta(ids, None)
+    out = theta(ids, loop_cache(lm))
     found = []
     for step in range(steps):
         ctx = StepContext(

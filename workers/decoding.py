@@ -16,11 +16,13 @@ from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from jobs.queue import batch_key
 from jobs.spec import JobSpec
 from results.schema import generation_row
 from workers.methods.base import DecodingMethod, StepContext
+from workers.methods.cache_layout import full_history_ok
 from workers.models import LoadedLM
 from workers.sampler import sample_full, sample_topk
 
@@ -82,6 +84,14 @@ def left_padded(lm: LoadedLM, prompt_ids: list[list[int]]) -> tuple[torch.Tensor
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
     return ids.to(lm.device), mask.to(lm.device)
+
+
+def loop_cache(lm: LoadedLM) -> Any:
+    """The cache the loop starts a batch with: full-attention layers that keep every position
+    (`DynamicCache()`) where they serve every layer of the model, sliding-window ones included
+    (their window is in the model's mask); else None, the model's own (docs/design.md,
+    "Sliding-window caches")."""
+    return DynamicCache() if full_history_ok(lm.model.config.to_dict()) else None
 
 
 def max_context(lm: LoadedLM) -> int | None:
@@ -188,6 +198,7 @@ def _loop(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
+            past_key_values=loop_cache(lm),
             use_cache=True,
             output_hidden_states=want_hidden,
             logits_to_keep=1,

@@ -9,12 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 TINY_PREFIX = "tiny-random/"
-TINY_FAMILIES = ("gpt2", "opt", "opt-proj", "falcon", "llama", "bert")
+TINY_FAMILIES = ("gpt2", "opt", "opt-proj", "falcon", "llama", "gemma3", "bert")
 TINY_SEED = 1234
 TINY_WIDTH = 64  # hidden size of every tiny model
 TINY_PROJECTED = 32  # `opt-proj`: the embeddings' and the LM head's width (projected in / out)
 TINY_POSITIONS = 512  # tokens (prompt + continuation) of every family but Falcon's
 FALCON_POSITIONS = 2048  # transformers' default for Falcon (rotary: a declared length, no table)
+# `gemma3`: Gemma 3's layout (sliding-window layers below a full-attention one, scaled
+# embeddings, four norms per block plus per-head query and key norms) with a window of 4
+# positions, which every test prompt plus its continuation exceeds
+GEMMA3_WINDOW = 4
+GEMMA3_LAYERS = ("sliding_attention", "sliding_attention", "sliding_attention", "full_attention")
 
 
 def tiny_context(family: str) -> int:
@@ -143,6 +148,16 @@ def tiny_config(family: str, vocab_size: int) -> Any:
     mlp: dict[str, Any] = {"intermediate_size": 128, "max_position_embeddings": TINY_POSITIONS}
     if family == "llama":
         return tf.LlamaConfig(num_key_value_heads=2, **mlp, **decoder)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(
+            num_key_value_heads=2,
+            head_dim=TINY_WIDTH // 4,
+            query_pre_attn_scalar=TINY_WIDTH // 4,
+            sliding_window=GEMMA3_WINDOW,
+            layer_types=list(GEMMA3_LAYERS),
+            **mlp,
+            **decoder,
+        )
     if family == "bert":  # an encoder, for classifier scorers in tests
         return tf.BertConfig(num_hidden_layers=2, vocab_size=vocab_size, **mlp, **heads)
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(TINY_FAMILIES)}")

@@ -273,6 +273,24 @@ def module_device(module: nn.Module, default: torch.device) -> torch.device:
     return default
 
 
+def input_embedding_scale(model: nn.Module) -> float:
+    """The factor the input embedding module applies to its rows (Gemma: √D; 1.0 for most
+    models), so that an expected embedding `c·Eᵀp` fed as `inputs_embeds` is what the model
+    sees for ids. `MethodError` where the module is not a scaled row lookup."""
+    module = model.get_input_embeddings()
+    weight = module.weight
+    ids = torch.arange(min(4, weight.shape[0]), device=weight.device)
+    with torch.no_grad():
+        rows, out = weight[ids].float(), module(ids[None])[0].float()
+    scale = float((out * rows).sum() / (rows * rows).sum().clamp_min(1e-30))
+    if not torch.allclose(out, rows * scale, rtol=1e-2, atol=1e-6):
+        raise MethodError(
+            f"bias tuning: the input embeddings of {type(model).__name__} are not a scaled "
+            "lookup of their weight rows; the horizon's expected embedding cannot be formed"
+        )
+    return 1.0 if abs(scale - 1.0) < 1e-6 else scale
+
+
 def kv_cache(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A DynamicCache of full-attention layers over (keys, values) per layer, sharing their
     storage: forwards over it append by concatenation into new tensors, never modifying them."""
@@ -298,7 +316,8 @@ def cropped_cache(cache: Any, length: int) -> Any:
         if type(layer) is not DynamicLayer or layer.keys is None or layer.values is None:
             raise MethodError(
                 f"bias tuning: cache layer {i} is a {type(layer).__name__}; only initialised "
-                "full-attention DynamicLayer caches are supported"
+                "full-attention DynamicLayer caches are supported (the decoding loop gives "
+                "them to every layout `cache_layout.engine_layout_problem` accepts)"
             )
     return kv_cache([(x.keys[..., :length, :], x.values[..., :length, :]) for x in layers])
 

@@ -38,6 +38,8 @@ from transformers import DynamicCache
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.biastune import input_embedding_scale
+from workers.methods.cache_layout import engine_layout_problem
 from workers.methods.estimators import property_loss
 from workers.methods.heads import resolve_head
 
@@ -110,9 +112,11 @@ def cache_tensors(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def make_cache(kv: KV, config: Any) -> DynamicCache:
-    """A fresh DynamicCache over `kv`: a forward appends to it without touching `kv`."""
-    return DynamicCache(ddp_cache_data=list(kv), config=config)
+def make_cache(kv: KV) -> DynamicCache:
+    """A fresh DynamicCache of full-attention layers over `kv` (every position kept: a
+    sliding-window layer's window is in the model's mask): a forward appends to it without
+    touching `kv`."""
+    return DynamicCache(ddp_cache_data=list(kv))
 
 
 def window_mask(length: int, window: int, decay: bool, device: torch.device) -> torch.Tensor:
@@ -147,7 +151,11 @@ class PPLM(DecodingMethod):
         self.cfg = PPLMConfig.from_params(params, lm.family)
         self.head = resolve_head(lm, task, self.cfg.head)
         self.model = lm.model
+        problem = engine_layout_problem(self.name, lm.model.config.to_dict())
+        if problem:  # the same check as `validate`'s
+            raise MethodError(f"method pplm on {lm.ref.id}: {problem.partition(': ')[2]}")
         self.embed = lm.model.get_input_embeddings().weight  # (V, D_in)
+        self.embed_scale = input_embedding_scale(lm.model)  # Gemma: √D
         out_vocab = lm.model.get_output_embeddings().weight.shape[0]
         if out_vocab != self.embed.shape[0]:
             raise MethodError(
@@ -164,7 +172,7 @@ class PPLM(DecodingMethod):
             input_ids=s.last_ids,
             attention_mask=s.mask,
             position_ids=s.last_pos,
-            past_key_values=make_cache(past, self.model.config),
+            past_key_values=make_cache(past),
             use_cache=True,
             output_hidden_states=True,
         )
@@ -174,6 +182,8 @@ class PPLM(DecodingMethod):
         """(B, D) summed final hidden states of the horizon positions fed `Eᵀ probs`, on θ's cache."""
         n = self.cfg.horizon_length
         emb = probs.to(self.embed.dtype) @ self.embed  # (B, D_in) expected next-token embedding
+        if self.embed_scale != 1.0:  # what the embedding module applies to ids
+            emb = emb * self.embed_scale
         emb = emb.unsqueeze(1).expand(-1, n, -1)  # (B, n, D_in)
         ones = torch.ones((s.mask.shape[0], n), dtype=s.mask.dtype, device=s.mask.device)
         steps = torch.arange(1, n + 1, device=s.last_pos.device)
@@ -181,7 +191,7 @@ class PPLM(DecodingMethod):
             inputs_embeds=emb,
             attention_mask=torch.cat([s.mask, ones], 1),
             position_ids=s.last_pos + steps,
-            past_key_values=make_cache(s.unpert, self.model.config),
+            past_key_values=make_cache(s.unpert),
             use_cache=True,
         )
         return out.last_hidden_state.float().sum(1)  # type: ignore[no-any-return]

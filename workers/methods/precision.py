@@ -9,6 +9,7 @@ while θ's own forward and the lower blocks stay in the model's dtype (docs/desi
 from __future__ import annotations
 
 import copy
+import inspect
 import weakref
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,9 @@ class Float32Top:
                 # any block may be a tuner's first: its hidden-state input arrives in half
                 block.register_forward_pre_hook(_inputs_to_float32, with_kwargs=True)
                 if isinstance(rotary, nn.Module):  # LLaMA, Falcon: cos/sin in the model's dtype
-                    block.register_forward_pre_hook(_float32_rotary(rotary), with_kwargs=True)
+                    kind = _layer_type(model, i)  # Gemma 3: one table per layer kind
+                    hook = _float32_rotary(rotary, kind)
+                    block.register_forward_pre_hook(hook, with_kwargs=True)
                 copies[name] = block
             self.swaps.append((blocks, str(i), copies[name]))
         for point in sites.above:
@@ -91,14 +94,27 @@ def _inputs_to_float32(module: nn.Module, args: Any, kwargs: Any) -> Any:
     return args, kwargs
 
 
-def _float32_rotary(rotary: nn.Module) -> Any:
-    """Pre-hook of a float32 block: rotary cos/sin recomputed in float32 from the positions."""
+def _layer_type(model: nn.Module, index: int) -> str | None:
+    """Block `index`'s attention kind where the model's rotary table depends on it (a
+    `layer_types` list in the config: Gemma 3's sliding and full layers rotate with different
+    bases), else None."""
+    config: Any = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = getattr(text, "layer_types", None)
+    return str(kinds[index]) if isinstance(kinds, list) and index < len(kinds) else None
+
+
+def _float32_rotary(rotary: nn.Module, kind: str | None) -> Any:
+    """Pre-hook of a float32 block: rotary cos/sin recomputed in float32 from the positions
+    (with the block's layer `kind` where the rotary takes one)."""
+    per_kind = kind is not None and "layer_type" in inspect.signature(rotary.forward).parameters
 
     def hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
         given, positions = kwargs.get("position_embeddings"), kwargs.get("position_ids")
         if isinstance(given, tuple) and given[0].dtype != torch.float32 and positions is not None:
             probe = given[0].new_empty(0, dtype=torch.float32)  # the rotary reads dtype and device
-            kwargs = {**kwargs, "position_embeddings": rotary(probe, positions)}
+            table = rotary(probe, positions, kind) if per_kind else rotary(probe, positions)
+            kwargs = {**kwargs, "position_embeddings": table}
         return args, kwargs
 
     return hook

@@ -21,9 +21,11 @@ from workers.methods.biastune import (
     HookState,
     cropped_cache,
     find_sites,
+    input_embedding_scale,
     module_device,
     tuning_step,
 )
+from workers.methods.cache_layout import engine_layout_problem
 from workers.methods.estimators import GenderGeometry
 from workers.methods.precision import Float32Top, float32_head
 from workers.methods.replay import LinearRecord, ThetaGraph, replayable
@@ -55,12 +57,16 @@ class BiasTuner:
     def __init__(self, lm: LoadedLM, blocks: int, scope: str) -> None:
         if scope not in SCOPES:
             raise MethodError(f"bias tuning: scope must be one of {SCOPES}, got {scope!r}")
+        problem = engine_layout_problem("lidao-min", lm.model.config.to_dict())
+        if problem:  # (the same check as `validate`'s, for any tuned method)
+            raise MethodError(f"bias tuning on {lm.ref.id}: {problem.partition(': ')[2]}")
         self.lm = lm
         self.model = lm.model
         self.base = lm.model.base_model  # the decoder without the LM head
         self.sites = find_sites(lm.model, blocks)
         self.scope = scope
         self.embed = lm.model.get_input_embeddings().weight  # (V, D)
+        self.embed_scale = input_embedding_scale(lm.model)  # Gemma: √D
         head = lm.model.get_output_embeddings()
         if not isinstance(head, nn.Linear):
             raise MethodError(
@@ -223,6 +229,8 @@ class BiasTuner:
         if embeds is None:
             probs = torch.softmax(logits, dim=-1)
             embeds = (probs.to(self.embed.device, self.embed.dtype) @ self.embed).unsqueeze(1)
+        if self.embed_scale != 1.0:  # what the embedding module applies to ids
+            embeds = embeds * self.embed_scale
         ones = torch.ones_like(ctx.attention_mask[:, :1])
         self.base(
             inputs_embeds=embeds,
