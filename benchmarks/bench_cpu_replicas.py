@@ -7,10 +7,11 @@ the harness chooses (`harness.stages.generation.cpu_sizing`), through `run`'s ow
 
 One local Ray for the whole benchmark. Per setting, a fresh run directory and the real
 `driver.plan_stage` + `driver.generation_stage` (actors started, the model loaded, batches of 8,
-shards written) on the same config: the paper's first `--pairs` pairs (both groups) ×
+shards written) on the same config: the paper's first `--n-pairs` pairs (both groups) ×
 `--samples`, `--methods`, `--tokens` tokens. "default" sets neither `replicas` nor `num_cpus`;
 "RxT" sets `models.0.replicas: R` and `num_cpus: T`. The settings run interleaved, `--repeats`
-rounds (each keeps its best), so load that comes and goes hits them alike. Printed per setting:
+rounds (each keeps its best), so load that comes and goes hits them alike; the setting the
+default chose is not run again. Printed per setting:
 generation wall time (actor start and model load included, as a run pays them), jobs/s, the
 ratio to the best setting, the largest resident memory of one generation actor (VmHWM of this
 process tree's `GenerationActor`s), and the load average before and after.
@@ -121,7 +122,7 @@ def one_run(args: argparse.Namespace, setting: str, words: Any) -> dict[str, Any
         "wall_s": float(stats["wall_s"]),
         "jobs": int(stats["pending_at_start"]),
         "replicas": model["replicas_planned"],
-        "threads": max((a.get("num_cpus") or 0 for a in stats["actors"]), default=0),
+        "threads": max((a.get("threads") or 0 for a in stats["actors"]), default=0),
         "peak": memory.peak,
     }
 
@@ -157,16 +158,21 @@ def main() -> None:
     print(f"machine: {machine.line()}; model {args.model}; methods {' '.join(args.methods)}")
     load_before = os.getloadavg()
     best: dict[str, dict[str, Any]] = {}
+    chosen: set[str] = set()
     init_ray()
     try:
         for round_ in range(args.repeats):
             for setting in settings:
+                if setting in chosen:
+                    continue  # what the default chose: measured as "default"
                 got = one_run(args, setting, words)
                 print(
-                    f"  round {round_ + 1} {setting:>7}: {got['wall_s']:6.1f} s "
-                    f"(load {os.getloadavg()[0]:.1f})",
+                    f"  round {round_ + 1} {setting:>7} ({got['replicas']} × "
+                    f"{got['threads']:g}): {got['wall_s']:6.1f} s (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
+                if setting == "default":
+                    chosen.add(f"{got['replicas']}x{got['threads']:g}")
                 if setting not in best or got["wall_s"] < best[setting]["wall_s"]:
                     best[setting] = got
     finally:

@@ -89,7 +89,7 @@ class ActorRecord:
         end = self.ended_at if self.ended_at is not None else now
         alive = end - self.ready_at if self.ready_at is not None else 0.0
         out: dict[str, Any] = {"worker": self.name, "model": self.model, "end": self.end}
-        out.update({k: self.info.get(k) for k in ("host", "node_id", "pid", "gpu_ids")})
+        out.update({k: self.info.get(k) for k in ("host", "node_id", "pid", "gpu_ids", "threads")})
         out["device"] = self.info.get("device", placement.device)
         out.update(num_gpus=placement.num_gpus, num_cpus=placement.num_cpus)
         out.update(batches=self.batches, jobs=self.jobs, ok=self.ok, tokens=self.tokens)

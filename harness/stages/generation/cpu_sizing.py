@@ -22,10 +22,12 @@ from harness.stages.generation.model_size import ModelSize, model_size
 
 GIB = 2.0**30
 AUTO_CPU_BATCH = 8  # runtime.batch_size auto on CPU replicas
-# A replica's memory: the process with torch and transformers imported and the working memory
-# of a tuned method at batch 8, plus its weights (measured: docs/performance.md, CPU replicas).
+# A replica's memory: the process with torch and transformers imported, plus its weights and
+# what grows with them (a tuned method's gradients and states, the logits at batch 8). Measured
+# (docs/performance.md, CPU replicas): a tiny model's actor peaks at 0.55 GB, SmolLM2-135M's
+# (0.54 GB of float32 weights) at 1.57 GB running lidao-min.
 REPLICA_BASE_BYTES = 0.6 * GIB
-WEIGHT_FACTOR = 1.3  # resident bytes per byte of weights (weights, gradients of the tuned biases)
+WEIGHT_FACTOR = 1.8  # resident bytes per byte of weights
 RESERVE_BYTES = 1.5 * GIB  # the driver and Ray's own processes (raylet, GCS, object store)
 
 
@@ -168,16 +170,17 @@ def cpu_choices(
     return out
 
 
-def cpu_models(cfg: Any, gpus: float) -> list[int]:
-    """The model entries that generate on CPU replicas of a local Ray with `gpus` GPUs: all of
-    them on a machine without GPUs (unless an entry asks for GPUs: it waits for them), else
-    those `runtime.device: cpu` or `num_gpus: 0` keep off the GPUs."""
+def cpu_models(cfg: Any, gpus: float, among: Sequence[int] | None = None) -> list[int]:
+    """The model entries (`among` them, default all) that generate on CPU replicas of a local
+    Ray with `gpus` GPUs: all of them on a machine without GPUs (unless one asks for GPUs: it
+    waits for them), else those `runtime.device: cpu` or `num_gpus: 0` keep off the GPUs."""
     from harness.stages.generation.reservation import gpu_share
 
     device = cfg.runtime.device
-    if gpus == 0 and device is None and not any(m.num_gpus for m in cfg.models):
-        return list(range(len(cfg.models)))
-    return [i for i, m in enumerate(cfg.models) if gpu_share(m, device) == 0]
+    among = list(range(len(cfg.models))) if among is None else list(among)
+    if gpus == 0 and device is None and not any(cfg.models[i].num_gpus for i in among):
+        return among
+    return [i for i in among if gpu_share(cfg.models[i], device) == 0]
 
 
 def scorer_threads(cores: int, pools: int) -> int:

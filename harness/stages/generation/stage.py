@@ -74,12 +74,10 @@ def local_cpu_placements(
 ) -> dict[ModelRef, Placement]:
     """The CPU replicas × threads of each model that generates on CPU on this machine's Ray
     (`harness.stages.generation.cpu_sizing`), each choice logged as `validate` prints it."""
-    entries = {i: cfg.models[i].ref() for i in cpu_models(cfg, gpus)}
-    pending = {
-        i: [c.pending for c in plan.counts if c.key.model == ref]
-        for i, ref in entries.items()
-        if plan.pending_of(ref)
-    }
+    todo = set(plan.models())
+    entries = {i: m.ref() for i, m in enumerate(cfg.models) if m.ref() in todo}
+    entries = {i: entries[i] for i in cpu_models(cfg, gpus, list(entries))}
+    pending = {i: [c.pending for c in plan.counts if c.key.model == r] for i, r in entries.items()}
     out: dict[ModelRef, Placement] = {}
     for i, choice in cpu_choices(cfg, pending, following).items():
         log.info("%s", choice.line(i))
