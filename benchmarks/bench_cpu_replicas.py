@@ -12,9 +12,12 @@ shards written) on the same config: the paper's first `--n-pairs` pairs (both gr
 "RxT" sets `models.0.replicas: R` and `num_cpus: T`. The settings run interleaved, `--repeats`
 rounds (each keeps its best), so load that comes and goes hits them alike; the setting the
 default chose is not run again. Printed per setting:
-generation wall time (actor start and model load included, as a run pays them), jobs/s, the
-ratio to the best setting, the largest resident memory of one generation actor (VmHWM of this
-process tree's `GenerationActor`s), and the load average before and after.
+generation wall time (actor start and model load included, as a run pays them; the slowest
+actor's start is shown beside it), jobs/s, the
+ratio to the best setting, the CPU time of the busiest actor (on a loaded machine the steadier
+figure: with one thread per replica, an idle machine's wall time is about its start plus this),
+the largest resident memory of one generation actor (VmHWM of this process tree's
+`GenerationActor`s), and the load average before and after.
 """
 
 from __future__ import annotations
@@ -57,14 +60,17 @@ def config(args: argparse.Namespace, setting: str) -> Any:
     return parse_config(data, "bench_cpu_replicas")
 
 
-class PeakMemory:
-    """The largest VmHWM of a `GenerationActor` process under this process, sampled each 0.5 s."""
+class ActorWatch:
+    """The `GenerationActor` processes under this process, sampled each 0.5 s: the largest
+    VmHWM, and each one's CPU time (user + system) as last seen."""
 
     def __init__(self) -> None:
         self.peak, self.stop = 0, threading.Event()
+        self.cpu: dict[int, float] = {}
         self.thread = threading.Thread(target=self.watch, daemon=True)
 
     def watch(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
         while not self.stop.wait(0.5):
             for pid in descendants(os.getpid()):
                 try:
@@ -73,10 +79,12 @@ class PeakMemory:
                     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                         if line.startswith("VmHWM:"):
                             self.peak = max(self.peak, int(line.split()[1]) * 1024)
+                    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                    self.cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
                 except OSError:
                     continue
 
-    def __enter__(self) -> PeakMemory:
+    def __enter__(self) -> ActorWatch:
         self.thread.start()
         return self
 
@@ -107,7 +115,7 @@ def one_run(args: argparse.Namespace, setting: str, words: Any) -> dict[str, Any
     from harness import driver
 
     cfg = config(args, setting)
-    with tempfile.TemporaryDirectory(prefix="bench-cpu-") as out, PeakMemory() as memory:
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-") as out, ActorWatch() as watch:
         from results.run.store import RunStore
 
         store = RunStore(out)
@@ -123,7 +131,9 @@ def one_run(args: argparse.Namespace, setting: str, words: Any) -> dict[str, Any
         "jobs": int(stats["pending_at_start"]),
         "replicas": model["replicas_planned"],
         "threads": max((a.get("threads") or 0 for a in stats["actors"]), default=0),
-        "peak": memory.peak,
+        "peak": watch.peak,
+        "cpu_max": max(watch.cpu.values(), default=0.0),
+        "start_s": max((a.get("load_s") or 0.0 for a in stats["actors"]), default=0.0),
     }
 
 
@@ -178,13 +188,17 @@ def main() -> None:
     finally:
         shutdown_ray()
     top = max(r["jobs"] / r["wall_s"] for r in best.values())
-    print("| setting | replicas × threads | generation s | jobs/s | × best | actor peak MiB |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| setting | replicas × threads | generation s | of it, actor start s | jobs/s | × best "
+        "| busiest actor's CPU s | actor peak MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for setting, r in best.items():
         rate = r["jobs"] / r["wall_s"]
         print(
             f"| {setting} | {r['replicas']} × {r['threads']:g} | {r['wall_s']:.1f} | "
-            f"{rate:.3f} | {rate / top:.2f} | {r['peak'] / 2**20:,.0f} |"
+            f"{r['start_s']:.1f} | {rate:.3f} | {rate / top:.2f} | {r['cpu_max']:.1f} | "
+            f"{r['peak'] / 2**20:,.0f} |"
         )
     after = os.getloadavg()
     print(f"load average (1, 5, 15 min): before {load_before}, after {after}")

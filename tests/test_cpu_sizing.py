@@ -89,7 +89,7 @@ def test_the_choice_line_says_replicas_threads_machine_and_model() -> None:
     assert line.startswith("generation on CPU: 2 replicas × 1 thread (cores 2, memory ")
     assert "model ~1.3 GB each; explicit models.0.replicas/num_cpus win)" in line
     held = choose(Machine(8, free(8.0)), GIB, 1).line(1)
-    assert "1 replica × 8 threads" in held and "held to 1 by its batches" in held
+    assert "1 replica × 8 threads" in held and "held to 1 by the model's batches" in held
 
 
 def config(**extra: Any) -> Any:
@@ -114,7 +114,7 @@ def test_a_perplexity_model_that_follows_generation_leaves_less_memory(
     monkeypatch.setattr(
         cpu_sizing,
         "model_size",
-        lambda spec, revision=None: (
+        lambda spec, revision=None, gguf=None: (
             big if spec == "tiny-random/gpt2" else model_size(spec, revision)
         ),
     )

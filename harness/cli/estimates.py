@@ -168,7 +168,7 @@ def generation_estimates(
     out = []
     for i, model in enumerate(cfg.models):
         site = sites[i]
-        size = model_size(model.id, model.revision)
+        size = model_size(model.id, model.revision, getattr(model, "gguf_file", None))
         tokens = jobs_per_slice * generation_for(cfg, model).max_new_tokens * len(cfg.tasks)
         seconds, rates, guessed = 0.0, [], []
         for method in cfg.methods:

@@ -93,7 +93,8 @@ class CpuChoice:
     limit: str = ""  # what held the count down: "memory", "batches", "" (the cores)
 
     def line(self, index: int) -> str:
-        held = f"; held to {self.replicas} by its {self.limit}" if self.limit else ""
+        why = {"memory": "the memory left", "batches": "the model's batches"}.get(self.limit)
+        held = f"; held to {self.replicas} by {why}" if why else ""
         replicas = f"{self.replicas} replica{'s' if self.replicas > 1 else ''}"
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         return (
@@ -162,7 +163,9 @@ def cpu_choices(
     for i, model in enumerate(cfg.models):
         if i not in pending:
             continue
-        each = replica_bytes(model_size(model.id, model.revision), model.dtype)
+        each = replica_bytes(
+            model_size(model.id, model.revision, getattr(model, "gguf_file", None)), model.dtype
+        )
         batches = batches_of(pending[i], size)
         out[i] = choose(
             machine, each, batches, others, len(pending), model.replicas, model.num_cpus
