@@ -108,7 +108,7 @@ def test_a_perplexity_model_that_follows_generation_leaves_less_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On `runtime.device: cpu` perplexity follows generation: its model (gpt2-xl by default,
-    1.5B parameters, ~7.6 GB in float32) is counted before the replicas; on a machine without
+    1.5B parameters, ~7.6 GB in float32, forward passes only) is counted before the replicas; on a machine without
     GPUs but the device unset, it scores after generation and is not counted."""
     big = ModelSize(1e9, "test")  # a 1B-parameter generator: ~5.8 GB a replica
     monkeypatch.setattr(
@@ -131,7 +131,7 @@ def test_a_perplexity_model_that_follows_generation_leaves_less_memory(
     after = sized(config(scorers=["gender", "perplexity"]))
     each = replica_bytes(big)
     assert alone.replicas == int(20 * GIB // each)
-    ppl_bytes = replica_bytes(model_size("openai-community/gpt2-xl"))
+    ppl_bytes = replica_bytes(model_size("openai-community/gpt2-xl"), factor=1.2)
     assert following.replicas == int((20 * GIB - ppl_bytes) // each) < alone.replicas
     assert after.replicas == alone.replicas
     assert following.threads == 16 // following.replicas

@@ -28,6 +28,7 @@ AUTO_CPU_BATCH = 8  # runtime.batch_size auto on CPU replicas
 # (0.54 GB of float32 weights) at 1.57 GB running lidao-min.
 REPLICA_BASE_BYTES = 0.6 * GIB
 WEIGHT_FACTOR = 1.8  # resident bytes per byte of weights
+SCORER_WEIGHT_FACTOR = 1.2  # a scorer's forward passes hold no gradients (assumed, not measured)
 RESERVE_BYTES = 1.5 * GIB  # the driver and Ray's own processes (raylet, GCS, object store)
 
 
@@ -76,9 +77,9 @@ def _meminfo_available() -> float:
         return 8 * GIB
 
 
-def replica_bytes(size: ModelSize, dtype: str = "float32") -> float:
+def replica_bytes(size: ModelSize, dtype: str = "float32", factor: float = WEIGHT_FACTOR) -> float:
     """The resident memory of one CPU replica (or scorer actor) of a model of `size`."""
-    return REPLICA_BASE_BYTES + WEIGHT_FACTOR * size.weight_bytes(dtype)
+    return REPLICA_BASE_BYTES + factor * size.weight_bytes(dtype)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ def scorer_bytes(scorers: Sequence[tuple[str, Mapping[str, Any]]]) -> float:
         params = {**SCORER_PARAMS.get(name, {}), **given}
         if isinstance(params.get("model"), str):
             size = model_size(params["model"], params.get("revision"))
-            total += replica_bytes(size, str(params.get("dtype") or "float32"))
+            dtype = str(params.get("dtype") or "float32")
+            total += replica_bytes(size, dtype, SCORER_WEIGHT_FACTOR)
     return total
 
 
