@@ -25,6 +25,7 @@ from harness.stages.generation import (
 from harness.stages.scoring import (
     Followed,
     follow_config,
+    followers,
     following,
     score_stage,
     scorer_preference,
@@ -129,7 +130,7 @@ def generation_stage(
         reassert_signal_handlers()  # SIGTERM stays an interruption (`ray job stop`)
         if the_plan.pending:
             try:
-                setup = reserve_generation(cfg, the_plan.models())
+                setup = reserve_generation(cfg, the_plan, followers(cfg))
             except GenerationError as exc:
                 error = exc
                 stats = {"planned": the_plan.planned, "pending_at_start": the_plan.pending}

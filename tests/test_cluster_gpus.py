@@ -210,7 +210,7 @@ def test_a_cpu_replica_runs_torch_with_its_cpus(cluster: Any, tmp_path: Path) ->
     )
     (actor,) = stats["actors"]
     assert actor["num_gpus"] == 0 and actor["num_cpus"] == 2 and actor["device"] == "cpu"
-    assert [d["threads"] for d in ready] == [2]
+    assert [d["threads"] for d in ready] == [2] and actor["threads"] == 2  # in the manifest too
 
 
 def test_a_gpu_scorer_pool_uses_every_gpu_node(cluster: Any, tmp_path: Path) -> None:

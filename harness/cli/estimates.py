@@ -3,9 +3,12 @@
 and cached texts are not asked again; none with `cache_only`, which sends nothing); generation: tokens per method over its speed, shared by
 the model's replicas. Over a day: a warning.
 
-The only generation speeds measured in this project are `benchmarks/bench_methods.py`'s on its
-development machine; a model's speed is scaled from them by its parameter count (FLOPs per
-token), so a GPU replica is many times faster. Models whose size is not listed get no estimate.
+Generation speeds are the project's measurements, scaled by the model's parameter count
+(`harness.stages.generation.model_size`: its files, its config.json, its GGUF table, its name):
+a GPU replica from the H100 figures (GPT-2 large shape), a CPU replica from the 2-core CPU's
+(GPT-2 small shape, one thread). Methods without a measurement are counted at the slowest
+measured method's speed, and named. CPU replicas are those `run` would choose
+(`harness.stages.generation.cpu_sizing`), GPU replicas the budget's.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import math
 from dataclasses import dataclass
 
 from harness.config import RunConfig
+from harness.stages.generation.cpu_sizing import CpuChoice
 from jobs.catalog import SCORER_PARAMS, resolve_params
 
 log = logging.getLogger("harness")
 DAY_S = 86_400.0
 PREFIX = "estimate "  # every estimate line starts with it (after the indent)
-# Generated tokens per second of one replica, per tuning scope and method: GPT-2 small shape
+# Generated tokens per second of one CPU replica, per tuning scope and method: GPT-2 small shape
 # (124M parameters), batch 8, 20 tokens, `--threads 1` on the 2-core CPU (docs/performance.md,
 # the all-methods sweeps of 23 Nov 2026: `--scope context` 18:00–18:21, `--scope last`
 # 16:23–16:41 UTC).
@@ -42,20 +46,20 @@ MEASURED_TOKENS_PER_S: dict[str, dict[str, float]] = {
         "elidao-prod": 7.6,
     },
 }
-MEASURED_PARAMS_M = 124.0  # the benchmark's model
-SOURCE = (
-    "benchmarks/bench_methods.py on a 2-core CPU, GPT-2 small shape, batch 8 "
-    "(docs/performance.md), scaled by parameter count"
-)
-# Parameters (millions) of models whose speed is estimated by scaling the measured one.
-MODEL_PARAMS_M: dict[str, float] = {
-    "gpt2": 124.0,
-    "gpt2-medium": 355.0,
-    "gpt2-large": 774.0,
-    "gpt2-xl": 1558.0,
-    "facebook/opt-6.7b": 6700.0,
-    "tiiuae/falcon-7b-instruct": 6920.0,
+MEASURED_PARAMS_M = 124.0  # the CPU benchmark's model
+# One H100 (docs/performance.md, "On an H100", 27 Nov 2026), GPT-2 large shape, `context`
+# scope: lidao-min end to end at the driver's GPU batches (the paper row: 69,937 tokens in
+# 109.6 s); the others by their speed relative to lidao-min's in the methods table (vanilla at
+# batch 128: 3,032.8 / 520.6; uddia and elidao-min at batch 32: 130.1 / 137.0, 112.8 / 137.0).
+GPU_TOKENS_PER_S: dict[str, float] = {
+    "lidao-min": 638.0,
+    "vanilla": 638.0 * 3032.8 / 520.6,
+    "uddia": 638.0 * 130.1 / 137.0,
+    "elidao-min": 638.0 * 112.8 / 137.0,
 }
+GPU_PARAMS_M = 774.0  # GPT-2 large
+CPU_SOURCE = "2-core CPU, GPT-2 small shape, batch 8, one thread (docs/performance.md)"
+GPU_SOURCE = "one H100, GPT-2 large shape (docs/performance.md)"
 
 
 @dataclass(frozen=True)
@@ -103,47 +107,118 @@ def perspective_estimate(cfg: RunConfig, texts: int) -> Estimate | None:
     )
 
 
-def generation_estimates(cfg: RunConfig, jobs_per_slice: int) -> list[Estimate]:
-    """One estimate per model for `jobs_per_slice` jobs of each method × task."""
-    from harness.stages.generation.planning import generation_for
-    from harness.stages.generation.reservation import request_budget
+@dataclass(frozen=True)
+class Site:
+    """Where a model entry generates, for its estimate: on GPUs or CPUs, how many replicas."""
 
-    budget = request_budget(cfg)
+    gpu: bool
+    replicas: int
+    note: str = ""  # e.g. GPUs asked of a machine that has none
+    cpu: CpuChoice | None = None  # the CPU replicas `run` would choose on this machine
+
+
+def generation_sites(
+    cfg: RunConfig, jobs_per_slice: int | None, local: bool, use_ray: bool
+) -> dict[int, Site]:
+    """Each model entry's site: on a local Ray, the models on its CPUs sized as `run` sizes
+    them; the models on GPUs with the GPU budget's replicas. A GPU budget (`runtime.gpus`)
+    counts as GPUs asked for even where this machine has none (a config for a cluster)."""
+    from harness.cli.machine import local_gpus
+    from harness.stages.generation.cpu_sizing import cpu_choices, cpu_models
+    from harness.stages.generation.reservation import budget_for, gpu_share
+    from harness.stages.scoring.follow import followers
+
+    rt = cfg.runtime
+    here = local_gpus()[0] if local else 0
+    on_gpu = [i for i, m in enumerate(cfg.models) if gpu_share(m, rt.device) > 0]
+    asked = {i for i in on_gpu if rt.gpus is not None or cfg.models[i].num_gpus}
+    if local and not here:
+        on_gpu = sorted(asked)  # the others run on this machine's CPUs
+    sized: dict[int, CpuChoice] = {}
+    if local and use_ray:
+        slices = len(cfg.methods) * len(cfg.tasks)
+        per = [jobs_per_slice if jobs_per_slice is not None else 10**9] * slices
+        cpu = [i for i in cpu_models(cfg, here) if i not in on_gpu]
+        sized = cpu_choices(cfg, {i: per for i in cpu}, followers(cfg))
+    gpus = float(rt.gpus) if rt.gpus is not None else (float(here) if local else None)
+    budget = budget_for(cfg.models, rt.device, rt.gpus, gpus)
+    note = "; this machine has none: a local run uses its CPUs" if local and not here else ""
+    sites = {}
+    for i, model in enumerate(cfg.models):
+        if i in on_gpu:
+            count = budget.replicas.get(model.ref().id) or model.replicas or 1
+            sites[i] = Site(True, count, note)
+        elif i in sized:
+            sites[i] = Site(False, sized[i].replicas, cpu=sized[i])
+        else:
+            sites[i] = Site(False, model.replicas or 1)
+    return sites
+
+
+def cpu_only_here(cfg: RunConfig, local: bool, use_ray: bool) -> bool:
+    """Whether every model generates on this machine's CPUs (a local Ray, no GPU asked)."""
+    return all(s.cpu is not None for s in generation_sites(cfg, None, local, use_ray).values())
+
+
+def generation_estimates(
+    cfg: RunConfig, jobs_per_slice: int, sites: dict[int, Site]
+) -> list[Estimate]:
+    """One estimate per model for `jobs_per_slice` jobs of each method × task at its site."""
+    from harness.stages.generation.model_size import model_size
+    from harness.stages.generation.planning import generation_for
+
     out = []
-    for model in cfg.models:
-        replicas = budget.replicas.get(model.ref().id) or model.replicas or 1
+    for i, model in enumerate(cfg.models):
+        site = sites[i]
+        size = model_size(model.id, model.revision, getattr(model, "gguf_file", None))
         tokens = jobs_per_slice * generation_for(cfg, model).max_new_tokens * len(cfg.tasks)
-        size = MODEL_PARAMS_M.get(model.id.removeprefix("openai-community/"))
-        seconds, rates, missing = 0.0, [], []
+        seconds, rates, guessed = 0.0, [], []
         for method in cfg.methods:
-            scope = resolve_params(method.name, dict(method.params), model.id).get("scope")
-            rate = MEASURED_TOKENS_PER_S.get(str(scope or "context"), {}).get(method.name)
-            if size is None or rate is None:
-                missing.append(method.name)
-                continue
-            speed = rate * MEASURED_PARAMS_M / size
+            rate, measured = method_rate(model.id, method.name, dict(method.params), site)
+            reference = GPU_PARAMS_M if site.gpu else MEASURED_PARAMS_M
+            speed = rate * reference * 1e6 / size.params
             seconds += tokens / speed
             rates.append(f"{method.name} {speed:.2g}")
-        what = f"generation {model.label}"
-        if not rates:
-            known = ", ".join(MODEL_PARAMS_M)
-            out.append(Estimate(what, None, f"no calibration for it (sized models: {known})"))
-            continue
-        left = f"; not counted, no calibration: {', '.join(missing)}" if missing else ""
+            guessed += [] if measured else [method.name]
+        slowest = f"; at the slowest measured speed (no measurement): {', '.join(guessed)}"
+        where = "GPU" if site.gpu else "CPU"
         detail = (
-            f"{tokens:,} tokens per method on {replicas} replica(s); tokens/s per replica: "
-            f"{', '.join(rates)}; from {SOURCE}{left}"
+            f"{tokens:,} tokens per method on {site.replicas} {where} replica(s){site.note}; "
+            f"{size.params / 1e6:,.0f}M parameters ({size.source}); tokens/s per replica: "
+            f"{', '.join(rates)}; scaled from {GPU_SOURCE if site.gpu else CPU_SOURCE}"
+            f"{slowest if guessed else ''}"
         )
-        out.append(Estimate(what, seconds / replicas, detail))
+        out.append(Estimate(f"generation {model.label}", seconds / site.replicas, detail))
     return out
 
 
-def estimate_lines(cfg: RunConfig, n_prompts: int) -> list[str]:
-    """The estimate lines of a plan with `n_prompts` prompts."""
-    per_slice = n_prompts * cfg.samples_per_prompt
+def method_rate(
+    model_id: str, method: str, params: dict[str, object], site: Site
+) -> tuple[float, bool]:
+    """(tokens/s of one replica at the reference size, whether measured) of `method`."""
+    if site.gpu:
+        table = GPU_TOKENS_PER_S
+    else:
+        scope = str(resolve_params(method, params, model_id).get("scope") or "context")
+        table = MEASURED_TOKENS_PER_S.get(scope, MEASURED_TOKENS_PER_S["context"])
+    if method in table:
+        return table[method], True
+    return min(table.values()), False
+
+
+def estimate_lines(
+    cfg: RunConfig, n_prompts: int | None, local: bool = True, use_ray: bool = True
+) -> list[str]:
+    """The CPU replicas `run` would choose on this machine, and the estimate lines of a plan
+    with `n_prompts` prompts (none without a count)."""
+    per_slice = None if n_prompts is None else n_prompts * cfg.samples_per_prompt
+    sites = generation_sites(cfg, per_slice, local, use_ray)
+    lines = [f"  {s.cpu.line(i)}" for i, s in sites.items() if s.cpu is not None]
+    if per_slice is None:
+        return lines
     texts = per_slice * len(cfg.models) * len(cfg.methods) * len(cfg.tasks)
-    found = [perspective_estimate(cfg, texts), *generation_estimates(cfg, per_slice)]
-    return [e.line() for e in found if e is not None]
+    found = [perspective_estimate(cfg, texts), *generation_estimates(cfg, per_slice, sites)]
+    return lines + [e.line() for e in found if e is not None]
 
 
 def log_estimates(lines: list[str]) -> None:

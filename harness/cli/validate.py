@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.cli.estimates import estimate_lines, log_estimates
+from harness.cli.estimates import cpu_only_here, estimate_lines, log_estimates
 from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
 from harness.cli.options import overrides
 from harness.cli.preflight import (
@@ -78,7 +78,7 @@ def validate(
     MDE). Problems are counted and listed (each naming its field), never raised, so the report
     holds all of them; a grid over `runtime.max_jobs` still raises `ConfigError`."""
     # imported here, not at the top: harness.stages loads Ray's module (and `main` then stops Ray)
-    from harness.stages.generation.reservation import request_budget
+    from harness.stages.generation.reservation import budget_for, request_budget
 
     local = is_local_run(cfg, use_ray)
     files = check_files(file_specs(cfg), cfg.runtime.cache_dir, probe, local)
@@ -90,9 +90,11 @@ def validate(
     models = {(i.field, i.value): i for i in check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
     lines += _plan_lines(cfg, n_prompts, files, models, problems)
-    lines += estimate_lines(cfg, n_prompts) if n_prompts is not None else []
+    lines += estimate_lines(cfg, n_prompts, local, use_ray)  # CPU replicas, then times
     lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")
-    lines.append(f"  {request_budget(cfg).line()}")  # what generation will ask Ray for
+    cpu = cpu_only_here(cfg, local, use_ray)
+    budget = budget_for([], None, None, 0.0) if cpu else request_budget(cfg)
+    lines.append(f"  {budget.line()}")  # what generation will ask Ray for
     keys = check_services(check_keys(cfg), probe)
     lines += [f"  {item.field}: {item.where}" for item in keys]
     checks = check_plugins(cfg) + check_devices(cfg, local)

@@ -37,6 +37,7 @@ class Placement:
     num_gpus: float
     num_cpus: float
     device: str = ""  # "cpu", "cuda", "auto" (one replica over its GPUs); "": the default
+    threads: int = 0  # torch threads of each actor; 0: its CPUs (`cpu_threads`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ class ActorRecord:
         end = self.ended_at if self.ended_at is not None else now
         alive = end - self.ready_at if self.ready_at is not None else 0.0
         out: dict[str, Any] = {"worker": self.name, "model": self.model, "end": self.end}
-        out.update({k: self.info.get(k) for k in ("host", "node_id", "pid", "gpu_ids")})
+        out.update({k: self.info.get(k) for k in ("host", "node_id", "pid", "gpu_ids", "threads")})
         out["device"] = self.info.get("device", placement.device)
         out.update(num_gpus=placement.num_gpus, num_cpus=placement.num_cpus)
         out.update(batches=self.batches, jobs=self.jobs, ok=self.ok, tokens=self.tokens)
@@ -119,9 +120,10 @@ class Backend(Protocol):
     def renew(self, group: Any) -> Any: ...
 
 
-def cpu_threads(num_cpus: float) -> int:
-    """torch threads of an actor holding `num_cpus` Ray CPUs (at least one)."""
-    return max(1, int(num_cpus))
+def cpu_threads(num_cpus: float, threads: int = 0) -> int:
+    """torch threads of an actor holding `num_cpus` Ray CPUs (at least one); `threads` when
+    the placement sets them (a CPU scorer pool on a local Ray: `pool_plans`)."""
+    return threads or max(1, int(num_cpus))
 
 
 def first_line(exc: BaseException) -> str:
@@ -272,7 +274,7 @@ class RayBackend:
             self.words,
             p.device,
             spec.name,
-            cpu_threads(p.num_cpus),
+            cpu_threads(p.num_cpus, p.threads),
             p.num_gpus,
         )
 

@@ -114,8 +114,10 @@ def reassert_signal_handlers() -> None:
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
     """Attach to the cluster (see the module docstring), else start a local Ray of our own;
-    returns the cluster resources. A local Ray declares more logical CPUs than cores, so that
-    one-CPU actors do not starve every other task on a small machine."""
+    returns the cluster resources. A local Ray declares more logical CPUs than cores (2 per
+    core, at least 4), so that one-CPU actors do not starve every other task on a small machine
+    (ray-notes: Ray issue #44687); CPU replicas are sized by the cores themselves
+    (`harness.stages.generation.cpu_sizing`), which stay within that count."""
     target = address or os.environ.get("RAY_ADDRESS") or None  # None: a local Ray of our own
     if target is None:
         local_ray_env()
@@ -151,6 +153,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> dict[st
     where = "local Ray" if target is None else f"Ray cluster at {target}"
     short = [f"{k} {resources[k]:g}" for k in ("CPU", "GPU") if k in resources]
     short += [f"memory {resources['memory'] / 2**30:.0f} GiB"] if "memory" in resources else []
+    if target is None:  # Ray's CPUs are a count of slots, not the cores replicas are sized by
+        given = "runtime.num_cpus" if num_cpus else "2 per core, at least 4"
+        short[0] += f" logical ({given}; {os.cpu_count() or 1} cores)"
     log.info("%s: %d node(s), %s", where, alive_nodes(), ", ".join(short))
     return resources
 

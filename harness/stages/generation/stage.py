@@ -17,6 +17,7 @@ from typing import Any
 from harness.config import ModelConfig, RunConfig
 from harness.progress import Progress
 from harness.stages.generation.backends import Batch, LocalBackend, Placement, RayBackend
+from harness.stages.generation.cpu_sizing import AUTO_CPU_BATCH, cpu_choices, cpu_models
 from harness.stages.generation.devices import visible_gpus
 from harness.stages.generation.dispatch import PIPELINE, Dispatcher, Observer
 from harness.stages.generation.dispatch_state import ModelWork, Policy
@@ -65,6 +66,26 @@ def placement(mc: ModelConfig, cluster_gpus: float, device: str | None) -> Place
     return Placement(mc.replicas or 1, 0.0, cpus, device or "cpu")
 
 
+def local_cpu_placements(
+    cfg: RunConfig,
+    plan: Plan,
+    gpus: float,
+    following: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> dict[ModelRef, Placement]:
+    """The CPU replicas × threads of each model that generates on CPU on this machine's Ray
+    (`harness.stages.generation.cpu_sizing`), each choice logged as `validate` prints it."""
+    todo = set(plan.models())
+    entries = {i: m.ref() for i, m in enumerate(cfg.models) if m.ref() in todo}
+    entries = {i: entries[i] for i in cpu_models(cfg, gpus, list(entries))}
+    pending = {i: [c.pending for c in plan.counts if c.key.model == r] for i, r in entries.items()}
+    out: dict[ModelRef, Placement] = {}
+    for i, choice in cpu_choices(cfg, pending, following).items():
+        log.info("%s", choice.line(i))
+        device = cfg.runtime.device or "cpu"
+        out.setdefault(entries[i], Placement(choice.replicas, 0.0, choice.num_cpus, device))
+    return out
+
+
 LOCAL_PLACE_S = 10.0  # a local Ray's GPUs are there at once: how long to wait for its groups
 
 
@@ -86,20 +107,27 @@ class Setup:
         self.groups, self.grow = {}, None
 
 
-def reserve_generation(cfg: RunConfig, models: Sequence[ModelRef]) -> Setup:
-    """The placement of each model, and a placement group reserved for each GPU replica, all
-    created at once and waited for (docs/cluster.md, Placement); a model none of whose replicas
-    could be placed is a `GenerationError` (its jobs stay pending), never a CPU fallback. Call
-    this before anything else takes GPUs."""
+def reserve_generation(
+    cfg: RunConfig, plan: Plan, following: Sequence[tuple[str, dict[str, Any]]] = ()
+) -> Setup:
+    """The placement of each model with pending jobs in `plan`, and a placement group reserved
+    for each GPU replica, all created at once and waited for (docs/cluster.md, Placement); a
+    model none of whose replicas could be placed is a `GenerationError` (its jobs stay pending),
+    never a CPU fallback. On a local Ray, CPU replicas are sized to the machine with the memory
+    of the `following` scorers' models counted (`local_cpu_placements`). Call this before
+    anything else takes GPUs."""
     from harness.stages.generation.ray_runtime import cluster_gpus, cluster_mode
 
     rt = cfg.runtime
+    models = plan.models()
     configs = {m: next(mc for mc in cfg.models if mc.ref() == m) for m in models}
     have = cluster_gpus()
     local = not cluster_mode()
     shares = {m: gpu_share(mc, rt.device) for m, mc in configs.items()}
     gpu_models = [m for m in models if shares[m] > 0]
     cpu_only = {m: placement(mc, 0.0, rt.device) for m, mc in configs.items()}
+    if local:
+        cpu_only.update(local_cpu_placements(cfg, plan, have, following))
     if not gpu_models:
         return Setup(cpu_only)
     if local and have == 0 and rt.device is None and not any(configs[m].num_gpus for m in models):
@@ -182,7 +210,7 @@ def generate_stage(
         if use_ray:
             _warn_local_run_dir(store)
             try:
-                setup = setup or reserve_generation(cfg, models)
+                setup = setup or reserve_generation(cfg, plan)
             except GenerationError as exc:
                 stats["error"] = str(exc)
                 update_manifest(store, {"generation": stats})
@@ -229,7 +257,6 @@ def feed_chunk(batch_size: int, replicas: int) -> int:
     return min(CHUNK_SIZE, max(1024, 8 * batch_size * PIPELINE * max(1, replicas)))
 
 
-AUTO_CPU_BATCH = 8  # runtime.batch_size auto on CPU replicas
 AUTO_GPU_BATCH = 256  # at most, on GPU replicas (their BatchSizer cuts what does not fit)
 
 

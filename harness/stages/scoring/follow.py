@@ -21,6 +21,7 @@ from harness.stages.scoring.pool import (
     Share,
     budget_gpus,
     close_pool,
+    local_cores,
     pool_plans,
     pool_settings,
     pool_wants_gpu,
@@ -51,6 +52,13 @@ def follow_scorers(
     if mode is True:
         return list(scorers)
     return [(n, p) for n, p in scorers if not pool_wants_gpu(n, device, shares.get(n, Share()))]
+
+
+def followers(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The scorers of `cfg` that score during generation (`follow_scorers` on its entries)."""
+    shares = {s.name: Share(s.replicas, s.num_gpus) for s in cfg.scorers}
+    scorers = [(s.name, dict(s.params)) for s in cfg.scorers]
+    return follow_scorers(scorers, cfg.runtime.score_during_generation, cfg.runtime.device, shares)
 
 
 def follow_config(cfg: Any, growing: bool, pending: int = 1) -> Any:
@@ -267,7 +275,7 @@ class Follower:
         from harness.stages.generation.ray_runtime import cluster_gpus
 
         gpus = budget_gpus(self.settings, cluster_gpus())
-        plans = pool_plans(self.scorers, self.context, self.settings, gpus)
+        plans = pool_plans(self.scorers, self.context, local_cores(self.settings), gpus)
         pools = []
         for name, params in self.scorers:
             if plans[name].num_gpus == 0 and pool_wants_gpu(

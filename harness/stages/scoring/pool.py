@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.stages.generation.backends import Placement, cpu_threads, ray_error
+from harness.stages.generation.cpu_sizing import machine_here, scorer_threads
 from harness.stages.generation.reservation import (
     in_group,
     live_group,
@@ -25,6 +26,7 @@ from harness.stages.generation.reservation import (
     settle,
 )
 from harness.stages.scoring.work import Work
+from jobs.catalog import SCORER_PARAMS
 from workers.scorers.base import ScorerContext
 from workers.scorers.cache_mirror import SYNCED_CACHES
 from workers.scorers.registry import load_scorer
@@ -52,6 +54,7 @@ class PoolSettings:
     chunk_retries: int = 2
     shares: Mapping[str, Share] = field(default_factory=dict)
     flush_rows: int = FLUSH_ROWS  # score rows an actor holds before writing them as a shard
+    cores: int = 0  # a local Ray's machine: its cores go to CPU pools' threads (0: one each)
 
 
 def pool_settings(cfg: Any) -> PoolSettings:
@@ -127,6 +130,8 @@ def pool_plans(
         )
 
     k = sum(1 for name in classes if on_gpu(name) and shares[name].num_gpus is None)
+    with_model = [n for n, p in scorers if not on_gpu(n) and has_model(n, p)]
+    threads = scorer_threads(settings.cores, len(with_model)) if settings.cores else 0
     plans = {}
     for name, cls in classes.items():
         share, cpus = shares[name], float(cls.num_cpus)
@@ -136,9 +141,23 @@ def pool_plans(
             per = share.num_gpus if share.num_gpus is not None else 1.0 / max(1, k)
             count = share.replicas or max(1, int(gpus) if gpus >= 1 else 1)
             plans[name] = Placement(count, per, cpus)
-        else:
-            plans[name] = Placement(share.replicas or 1, 0.0, cpus)
+        else:  # a model's forward pass over a batch is large enough for threads
+            each = threads if name in with_model else 0
+            plans[name] = Placement(share.replicas or 1, 0.0, cpus, threads=each)
     return plans
+
+
+def has_model(name: str, params: Mapping[str, Any]) -> bool:
+    """Whether the scorer runs a model (a `model` parameter: perplexity, the classifiers)."""
+    return isinstance({**SCORER_PARAMS.get(name, {}), **params}.get("model"), str)
+
+
+def local_cores(settings: PoolSettings) -> PoolSettings:
+    """`settings` with this machine's cores when the pools run on a local Ray (CPU pools'
+    threads: `pool_plans`); on a cluster unchanged (nodes' cores are not known here)."""
+    from harness.stages.generation.ray_runtime import cluster_mode
+
+    return settings if cluster_mode() else replace(settings, cores=machine_here().cores)
 
 
 def plan_with_gpus(
@@ -151,7 +170,7 @@ def plan_with_gpus(
 
     have = cluster_gpus()
     if not cluster_mode():
-        return pool_plans(scorers, context, settings, budget_gpus(settings, have))
+        return pool_plans(scorers, context, local_cores(settings), budget_gpus(settings, have))
     gpus = float(settings.gpus) if settings.gpus else max(have, 1.0)
     return pool_plans(scorers, context, settings, gpus)
 
@@ -173,7 +192,7 @@ def new_actor(pool: Pool, slot: int, run_uri: str) -> PoolActor:
         max_restarts=0,
         max_task_retries=0,
         **in_group(group),
-    ).remote(pool.name, pool.params, pool.context, cpu_threads(p.num_cpus), run_uri)
+    ).remote(pool.name, pool.params, pool.context, cpu_threads(p.num_cpus, p.threads), run_uri)
     return PoolActor(handle, slot)
 
 
