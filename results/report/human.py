@@ -52,9 +52,11 @@ def _cells(got: dict[str, dict[str, Any] | None], level: float) -> list[Cell]:
     return out
 
 
-def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[str], list[Row]]:
+def human_table(
+    summary: pl.DataFrame, level: float, names: dict[str, str] | None = None
+) -> tuple[list[str], list[str], list[Row]]:
     """(a title per column group (method vs reference), 5 heads per group, rows) of the
-    summary's human rows (no rows without answers)."""
+    summary's human rows (no rows without answers); models labelled by `names`."""
     rows = summary.filter(pl.col("metric").str.starts_with("human:")).with_columns(
         criterion=pl.col("metric").str.slice(6),
         kind=pl.col("stat").str.extract(r"^(\w+?)_vs_"),
@@ -72,7 +74,9 @@ def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[st
     for model, task, criterion, group in keys:
         task_name = TASKS.get(task, (task,))[0]
         label = (
-            f"{model_label(model)} ({task_name}), {criterion}" if group == "all" else f"· {group}"
+            f"{model_label(model, names)} ({task_name}), {criterion}"
+            if group == "all"
+            else f"· {group}"
         )
         at = (model, task, criterion, group)
         kinds = (*KINDS, "agreement")
