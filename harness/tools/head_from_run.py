@@ -61,6 +61,7 @@ def read_run_examples(
     """The run's ok generations of `model` (or of its only model), labelled; returns them and
     the model id. Raises `DatasetError` naming the run for every input it cannot use."""
     from results.run.history import read_manifest
+    from results.run.identity import plan_ids
     from results.run.store import RunStore
 
     metric, low_class, high_class = LABEL_TASKS.get(task, ("", "", ""))
@@ -75,6 +76,8 @@ def read_run_examples(
         raise DatasetError(f"{run}: no generations (is it a run directory?)")
     gens = store.read_generations(["job_id", "prompt", "continuation", "model", "method", "status"])
     gens = gens.filter(gens["status"] == "ok")
+    if store.exists("plan.parquet"):  # rows a replan left on disk are not the run's
+        gens = gens.filter(gens["job_id"].is_in(sorted(plan_ids(store))))
     model = _pick_model(run, sorted(set(gens["model"].to_list())), model)
     gens = gens.filter(gens["model"] == model)
     values, version = _scores(store, gens.to_dicts(), scorer, metric, text_field)

@@ -83,9 +83,9 @@ def human_table(
         got = [{kind: found.get((*at, *g, kind)) for kind in kinds} for g in groups]
         cells = [cell for one in got for cell in _cells(one, level)]
         out.append((label, group == "all", cells))
-    names = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
-    heads = [h for m, r in names for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
-    return [f"{m} vs {r}" for m, r in names], heads, out
+    pairs = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
+    heads = [h for m, r in pairs for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
+    return [f"{m} vs {r}" for m, r in pairs], heads, out
 
 
 def human_legend(level: float) -> str:
