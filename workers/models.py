@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 
 from jobs.spec import ModelRef
 from jobs.words import GroupWords, builtin_gender_words
+from workers.gguf import is_gguf_spec
 from workers.tiny import TINY_PREFIX, build_tiny_lm
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -57,7 +59,7 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
     if ref.id.startswith(TINY_PREFIX):
         model, tokenizer = build_tiny_lm(ref.id, dtype)
     else:
-        model, tokenizer = _load_hf(ref, dtype, options, spread)
+        model, tokenizer = _load_hf(hf_ref(ref), dtype, options, spread)
     if spread and hasattr(model, "hf_device_map"):
         dev = model.get_input_embeddings().weight.device  # inputs go where the embeddings are
     else:
@@ -67,6 +69,47 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
         p.requires_grad_(False)
     family = FAMILIES.get(getattr(model.config, "model_type", ""), "llama")
     return LoadedLM(ref, model, tokenizer, dev, family, words or builtin_gender_words())
+
+
+def gguf_spec(ref: ModelRef) -> str | None:
+    """The GGUF file `ref` loads from: its `gguf`, or an id that names one (a model given as a
+    string: a scorer's or method's `model` parameter, `train-head --model`)."""
+    return ref.gguf or (ref.id if is_gguf_spec(ref.id) else None)
+
+
+def hf_ref(ref: ModelRef) -> ModelRef:
+    """`ref` as transformers loads it: a GGUF model's dequantised folder (made on the first load
+    on this machine, `workers.gguf.dequantised`), which holds its tokenizer too; any other
+    model as it is. The one way every load site reads a GGUF file.
+
+    Raises:
+        ValueError: the GGUF file is not here, not usable, or not the one pinned.
+    """
+    spec = gguf_spec(ref)
+    if spec is None:
+        return ref
+    from workers import gguf
+
+    try:
+        path = gguf.check(spec).path
+        digest = gguf.sha256(path)
+    except gguf.GgufError as exc:
+        raise ValueError(f"model {ref.id!r}: {exc}") from None
+    if ref.gguf_sha256 is not None and digest != ref.gguf_sha256:
+        raise ValueError(
+            f"model {ref.id!r}: {path} on this machine has SHA-256 {digest}, not the "
+            f"{ref.gguf_sha256} the run was planned with; give every node the same file"
+        )
+    folder = str(gguf.dequantised(path, digest))
+    return dataclasses.replace(ref, id=folder, revision=None, gguf=None, gguf_sha256=None)
+
+
+def load_tokenizer(spec: str, revision: str | None = None) -> Any:
+    """The tokenizer of model `spec` (hub id, folder or GGUF file), as `load_lm` loads it."""
+    from transformers import AutoTokenizer
+
+    ref = hf_ref(ModelRef(spec, revision))
+    return AutoTokenizer.from_pretrained(ref.id, revision=ref.revision)
 
 
 def _load_hf(ref: ModelRef, dtype: torch.dtype, options: dict[str, Any], spread: bool) -> Any:
