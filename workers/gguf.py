@@ -249,6 +249,7 @@ def dequantised(path: Path, digest: str, cache_dir: str | None = None) -> Path:
         if (folder / DONE).is_file():
             return folder
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{digest[:16]}."))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from the machine's other users
         try:
             _dequantise(path, tmp)
             (tmp / DONE).write_text(json.dumps({"sha256": digest, "source": path.name}))
@@ -286,7 +287,7 @@ def _dequantise(path: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

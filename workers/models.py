@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,12 +12,10 @@ import torch
 from jobs.spec import ModelRef
 from jobs.words import GroupWords, builtin_gender_words
 from workers.gguf import is_gguf_spec
+from workers.structure import Structure, StructureError, config_layout, model_structure
 from workers.tiny import TINY_PREFIX, build_tiny_lm
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# transformers model_type → the family names used by method defaults and templates.
-FAMILIES = {"gpt2": "gpt2", "opt": "opt", "falcon": "falcon"}
 
 
 @dataclass
@@ -27,8 +26,14 @@ class LoadedLM:
     model: Any  # transformers PreTrainedModel (causal LM), eval mode, requires_grad False
     tokenizer: Any  # left padding, pad token set
     device: torch.device
-    family: str  # gpt2 | opt | falcon | llama (any other decoder-only LM)
+    family: str  # method defaults' family: `Layout.family` (gpt2, opt, falcon, llama, gemma3...)
     words: GroupWords
+
+    @functools.cached_property
+    def structure(self) -> Structure:
+        """Where the blocks, embedding and final norm are (`workers.structure.model_structure`);
+        `StructureError` naming what a model lacks, found on first use."""
+        return model_structure(self.model)
 
     @property
     def eos_id(self) -> int | None:
@@ -67,7 +72,10 @@ def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None =
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    family = FAMILIES.get(getattr(model.config, "model_type", ""), "llama")
+    try:
+        family = config_layout(model.config.to_dict()).family
+    except StructureError as exc:
+        raise ValueError(f"model {ref.id!r}: {exc}") from None
     return LoadedLM(ref, model, tokenizer, dev, family, words or builtin_gender_words())
 
 

@@ -214,8 +214,26 @@ def check_models(
         if found.problem and not local and hub.is_local(spec):
             items.append(Item(field, spec, "local folder not seen here; the nodes read it"))
             continue
-        items.append(Item(field, spec, found.where, found.problem))
+        problem = found.problem
+        if problem is None and kind == "model" and field.startswith(("models.", "methods.")):
+            problem = structure_problem(spec, revision)
+        items.append(Item(field, spec, found.where, problem))
     return items
+
+
+def structure_problem(spec: str, revision: str | None) -> str | None:
+    """Why causal LM `spec` is not one the harness can drive, from its config alone
+    (`workers.structure.config_layout`: no weights read); None when it is, or when its config
+    is not on this machine (the actor finds out when it loads)."""
+    from workers.structure import StructureError, config_layout
+
+    config = hub.model_config(spec, revision)
+    try:
+        if config is not None:
+            config_layout(config)
+    except StructureError as exc:
+        return f"{spec}: {exc}"
+    return None
 
 
 def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
@@ -233,6 +251,10 @@ def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
         if local or pinned is None:
             return Item(field, spec, "GGUF file", str(exc))
         here = False
+    if here:
+        problem = structure_problem(spec, None)
+        if problem is not None:
+            return Item(field, spec, "GGUF file", problem)
     if here and local:
         return Item(field, spec, "GGUF file")
     if spec.startswith(gguf.PACKAGE_PREFIX):

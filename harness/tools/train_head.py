@@ -38,7 +38,11 @@ class Labelled:
 
 def add_train_head_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `train-head` options on `parser` (torch-free)."""
-    parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="LM id, local path, GGUF file (PATH.gguf or package:DIST/FILE) or tiny-random/<family>",
+    )
     parser.add_argument("--revision", help="LM revision (hub models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda if present)")
