@@ -93,6 +93,8 @@ def test_the_package_form_finds_a_file_of_an_installed_distribution() -> None:
         gguf.resolve("package:PyYAML/x.gguf")
     with pytest.raises(gguf.GgufError, match="expected package:DISTRIBUTION/FILE"):
         gguf.resolve("package:PyYAML")
+    with pytest.raises(gguf.GgufError, match="not a URL; download it to a path every node"):
+        gguf.resolve("s3://bucket/m.gguf")
 
 
 def test_the_sha256_is_computed_once_per_path_size_and_mtime(

@@ -65,6 +65,11 @@ def is_gguf_spec(spec: str) -> bool:
 def resolve(spec: str) -> Path:
     """The file `spec` names on this machine: a path, or `package:DIST/FILE`, FILE found among
     the files installed by distribution DIST (`importlib.metadata`, the package not imported)."""
+    if "://" in spec:
+        raise GgufError(
+            f"{spec}: a GGUF file is read from a path or an installed package, not a URL; "
+            "download it to a path every node sees, or name it in a package (package:DIST/FILE)"
+        )
     if not spec.startswith(PACKAGE_PREFIX):
         return Path(spec).expanduser()
     dist, _, rel = spec[len(PACKAGE_PREFIX) :].partition("/")
@@ -185,6 +190,8 @@ def identity(spec: str, pinned: str | None = None) -> str:
         GgufError: the file is not usable (`check`), or not here and not pinned, or its
             SHA-256 is not the one pinned.
     """
+    if "://" in spec:
+        resolve(spec)  # refused, pinned or not: no node could read it
     try:
         path = resolve(spec)
     except GgufError:

@@ -1,4 +1,6 @@
-"""Loading causal LMs: hub ids and local paths through transformers, tiny offline models."""
+"""Loading causal LMs: hub ids, local folders and GGUF files (through their dequantised folder,
+`workers.gguf`) through transformers, tiny offline models; each with its structure
+(`workers.structure`)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ def pick_device(requested: str | None = None) -> torch.device:
 
 
 def load_lm(ref: ModelRef, device: str | None = None, words: GroupWords | None = None) -> LoadedLM:
-    """Load `ref` (tiny-random/*, hub id or local path) frozen, in eval mode, on `device`.
+    """Load `ref` (tiny-random/*, hub id, local folder or GGUF file: `hf_ref`) frozen, in eval
+    mode, on `device`. A config without a block count or width is refused (`ValueError`).
 
     `device="auto"` spreads one replica over every visible GPU (`device_map="auto"`, needs the
     `accelerate` package): a Ray actor with `num_gpus: 2` sees exactly its two GPUs.

@@ -248,7 +248,7 @@ def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
         if here or pinned is None:
             gguf.check(spec)
     except gguf.GgufError as exc:
-        if local or pinned is None:
+        if local or pinned is None or "://" in spec:
             return Item(field, spec, "GGUF file", str(exc))
         here = False
     if here:
@@ -400,7 +400,7 @@ def check_context(cfg: RunConfig, prompts: Sequence[Any]) -> list[Item]:
 
     new = {i: generation_for(cfg, m).max_new_tokens for i, m in enumerate(cfg.models)}
     targets = [
-        (f"models.{i}.id", m.id, m.tokenizer or m.id, m.revision, new[i])
+        (f"models.{i}.id", m.gguf_spec() or m.id, m.tokenizer or m.id, m.revision, new[i])
         for i, m in enumerate(cfg.models)
     ]
     for k, s in enumerate(cfg.scorers):
