@@ -40,11 +40,9 @@ class Labelled:
 def add_train_head_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `train-head` options on `parser` (torch-free)."""
     parser.add_argument(
-    parser.add_argument(
         "--model",
         help="LM id, local path, GGUF file (PATH.gguf or package:DIST/FILE) or "
         "tiny-random/<family> (--from-run: the run's model)",
-    )
     )
     parser.add_argument("--revision", help="LM revision (hub models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
