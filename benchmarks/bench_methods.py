@@ -1,9 +1,12 @@
-"""Tokens/s of every decoding method against `vanilla`, in one process, on a random-weight LM.
+"""Tokens/s of every decoding method against `vanilla`, in one process, on a random-weight LM
+of a built-in shape or on a real model (`--model`).
 
     python benchmarks/bench_methods.py                       # GPT-2 small shape, batch 1 8 32
     python benchmarks/bench_methods.py --shape gpt2-large    # on a GPU
     python benchmarks/bench_methods.py --methods vanilla lidao-min --batch-sizes 8 --tokens 10
     python benchmarks/bench_methods.py --paper-row --limit 16   # the paper's GPT-2 large row
+    python benchmarks/bench_methods.py --model /work/models/smollm2-135m --batch-sizes 8 \
+        --tokens 10 --no-reference   # a real model: a hub id, a local folder
 
 Prints, per method and batch size: tokens/s, ms per decoding step, the ratio of its cost per
 token to vanilla's at the same batch size (wall time, and process CPU time: steadier on a shared
@@ -18,6 +21,9 @@ at every step (see `reference_style`). `--paper-row` times the paper's GPT-2 lar
 end: 3,500 generations (175 pairs × 2 × 10 seeds) × 20 tokens with lidao-min at the paper's
 hyper-parameters (`--limit` runs the first N generations). The tokenizer is GPT-2's, read from
 `--tokenizer` (a folder with vocab.json + merges.txt, or a hub id on a machine with internet).
+`--model ID|PATH` loads that LM as a run would (`workers.models.load_lm`, its own tokenizer;
+the tuned methods get a random head of its width); the reference-style row needs GPT-2's
+layout and is skipped for any other family.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from benchmarks.method_timing import (  # noqa: E402
 from benchmarks.paper_row import paper_prompts, paper_row  # noqa: E402
 from benchmarks.reference_style import direct_demographic_scores, reference_style  # noqa: E402
 from workers.methods.heads import random_head, save_head  # noqa: E402
+from workers.models import LoadedLM  # noqa: E402
 
 # what this script defined before its parts moved to the modules beside it
 __all__ = [
@@ -84,9 +91,21 @@ __all__ = [
 ]
 
 
+def load_model(model: str, device: str) -> LoadedLM:
+    """A real LM as an actor loads it, frozen."""
+    from jobs.spec import ModelRef
+    from workers.models import load_lm
+
+    lm = load_lm(ModelRef(model), device=device)
+    for p in lm.model.parameters():
+        p.requires_grad_(False)
+    return lm
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
+    ap.add_argument("--model", help="a real LM (hub id or local folder) instead of a shape")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--tokenizer",
@@ -129,11 +148,17 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     if args.paper_row:
         args.shape = "gpt2-large"
-    lm = build_lm(args.shape, args.device, args.tokenizer)
+    lm = (
+        load_model(args.model, args.device)
+        if args.model
+        else build_lm(args.shape, args.device, args.tokenizer)
+    )
+    if lm.family != "gpt2":
+        args.no_reference = True  # the reference-style row trains GPT-2's bias vectors
     head_dir = tempfile.mkdtemp(prefix="bench-head-")
     head, _ = save_head(random_head(lm, "sentiment"), os.path.join(head_dir, "head"))
     print(
-        f"# shape={args.shape} device={args.device} tokens={args.tokens} scope={args.scope} "
+        f"# {'model=' + args.model if args.model else 'shape=' + args.shape} device={args.device} tokens={args.tokens} scope={args.scope} "
         f"blocks={args.blocks} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )

@@ -43,7 +43,9 @@ class GenerationParams:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A causal LM: hub id, local path or `tiny-random/<family>`, with revision and dtype."""
+    """A causal LM: hub id, local path, GGUF file or `tiny-random/<family>`, with revision and
+    dtype. A GGUF model (`gguf`: a path or `package:DIST/FILE`) is identified by its file's
+    SHA-256, not by where the file lies, so the same file at another path gives the same ids."""
 
     id: str
     revision: str | None = None
@@ -52,10 +54,15 @@ class ModelRef:
     # Loading options that do not change what is sampled (trust_remote_code,
     # attn_implementation, device_map), as sorted (key, value) pairs; never hashed.
     load: tuple[tuple[str, object], ...] = ()
+    gguf: str | None = None  # the GGUF file the model is loaded from (`workers.gguf.resolve`)
+    gguf_sha256: str | None = None  # its SHA-256: hashed instead of `id` and `revision`
 
     def identity(self) -> dict[str, Any]:
-        """The hashed fields: those of JOB_ID_VERSION 1, plus `tokenizer` only when set."""
+        """The hashed fields: those of JOB_ID_VERSION 1 (a GGUF model: its file's SHA-256 in
+        place of id and revision), plus `tokenizer` only when set."""
         out: dict[str, Any] = {"id": self.id, "revision": self.revision, "dtype": self.dtype}
+        if self.gguf_sha256 is not None:
+            out = {"gguf_sha256": self.gguf_sha256, "dtype": self.dtype}
         if self.tokenizer is not None:
             out["tokenizer"] = self.tokenizer
         return out

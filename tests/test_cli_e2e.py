@@ -42,7 +42,7 @@ def paper_pairs(shared: Path) -> dict[str, object]:
 
 
 def write_config(tmp_path: Path, **changes: object) -> Path:
-    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
     cfg["dataset"]["files"] = dict(PAIR_FILES)
     cfg.update(changes)
     path = tmp_path / "cfg.yaml"

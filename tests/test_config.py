@@ -80,7 +80,9 @@ def test_secrets_are_redacted_in_the_snapshot() -> None:
     assert "sekrit-123" not in text and "<redacted>" in text and "qps: 5.0" in text
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "methods-tiny.yaml", "paper-gpt2-large.yaml"])
+@pytest.mark.parametrize(
+    "name", ["quickstart.yaml", "tiny.yaml", "methods-tiny.yaml", "paper-gpt2-large.yaml"]
+)
 def test_example_configs_validate(name: str) -> None:
     cfg = load_config(Path(__file__).parents[1] / "examples" / name)
     assert cfg.models and cfg.methods and cfg.scorers

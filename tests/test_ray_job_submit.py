@@ -136,7 +136,7 @@ def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
     head: Head, tmp_path: Path
 ) -> None:
     out = tmp_path / "qs"
-    sid = head.submit("examples/quickstart.yaml", out)
+    sid = head.submit("examples/tiny.yaml", out)
     assert head.status(sid) == "SUCCEEDED"
     store = RunStore(str(out))
     gens = store.read_generations()
@@ -161,7 +161,7 @@ def test_quickstart_submitted_as_a_ray_job_fills_the_run_directory(
 
 
 def test_a_driver_stopped_mid_run_resumes_with_the_same_command(head: Head, tmp_path: Path) -> None:
-    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
     cfg["dataset"]["files"] = {
         g: str(REPO / "examples" / "data" / f"pairs-{g}.jsonl") for g in ("female", "male")
     }
@@ -226,7 +226,7 @@ def test_a_driver_in_a_shell_attaches_through_ray_address(head: Head, tmp_path: 
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "included_scorer.py").write_text(INCLUDED)
-    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
     cfg["dataset"]["files"] = {
         k: str(REPO / "examples" / v) for k, v in cfg["dataset"]["files"].items()
     }
@@ -269,7 +269,7 @@ def test_a_local_run_starts_its_own_ray_beside_a_cluster_on_the_machine(
     out = tmp_path / "local"
     res = harness(
         "run",
-        "examples/quickstart.yaml",
+        "examples/tiny.yaml",
         "--out",
         str(out),
         *("--limit", "1", "--samples", "1", "--no-progress"),

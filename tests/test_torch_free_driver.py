@@ -40,7 +40,7 @@ from harness.stages.generation.backends import Placement
 from harness.config import load_config
 from harness.stages.generation.stage import batch_jobs
 from harness.stages.generation.ray_runtime import init_ray, shutdown_ray
-cfg = load_config("examples/quickstart.yaml", {"limit": 1, "samples": 1})
+cfg = load_config("examples/tiny.yaml", {"limit": 1, "samples": 1})
 cfg = cfg.model_copy(update={"scorers": cfg.scorers[:1]})
 init_ray(num_cpus=4)
 try:

@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("harness")
 
@@ -109,22 +110,37 @@ def snapshot(repo_id: str, revision: str | None) -> Path | None:
 
 
 def model_context(spec: str, revision: str | None = None) -> int | None:
-    """The most tokens (prompt and continuation) model `spec` takes, from its config.json in
-    its folder or the Hugging Face cache (nothing downloaded; a tiny model's from
-    `workers.tiny`); None when that config is not here or declares no length."""
+    """The most tokens (prompt and continuation) model `spec` takes, from its config
+    (`model_config`; a tiny model's from `workers.tiny`); None when that config is not here or
+    declares no length."""
     from workers.tiny import TINY_PREFIX, tiny_context
 
     if spec.startswith(TINY_PREFIX):
         return tiny_context(spec[len(TINY_PREFIX) :])
-    folder = Path(os.path.expanduser(spec)) if is_local(spec) else snapshot(spec, revision)
-    try:
-        config = json.loads((folder / "config.json").read_text()) if folder else {}
-    except (OSError, ValueError):
-        return None
+    config = model_config(spec, revision) or {}
     for key in ("n_positions", "max_position_embeddings", "n_ctx"):  # GPT-2, most, GPT-J
-        if isinstance(config, dict) and isinstance(config.get(key), int):
+        if isinstance(config.get(key), int):
             return int(config[key])
     return None
+
+
+def model_config(spec: str, revision: str | None = None) -> dict[str, Any] | None:
+    """Model `spec`'s config as a dict, read without weights or downloads: config.json in its
+    folder or the Hugging Face cache, or a GGUF file's header (`workers.gguf`); None when it is
+    not on this machine or cannot be read."""
+    from workers import gguf
+
+    if gguf.is_gguf_spec(spec):
+        try:
+            return gguf.read_header(gguf.resolve(spec)).config()
+        except gguf.GgufError:
+            return None
+    folder = Path(os.path.expanduser(spec)) if is_local(spec) else snapshot(spec, revision)
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 @dataclass(frozen=True)

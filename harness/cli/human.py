@@ -19,6 +19,8 @@ from results.human import (
     write_choices,
     write_set,
 )
+from results.report.tables import model_label, model_names
+from results.run.identity import read_config
 from results.run.store import RunStore
 
 COLUMNS = ["job_id", "model", "task", "method", "prompt_id", "pair_id", "prompt_group"]
@@ -67,6 +69,10 @@ def sample_main(args: argparse.Namespace) -> int:
         counts = key.group_by("model", "task", maintain_order=True).agg(
             items=pl.len(), units=pl.col("unit").n_unique()
         )
+        names = model_names(read_config(store))  # the manifest names models as tables do
+        counts = counts.insert_column(
+            1, pl.Series("model_name", [model_label(m, names) for m in counts["model"]], pl.String)
+        )
         hidden = (
             f"lidao-harness human sample RUN --method * --vs * --fraction {args.fraction} "
             f"--seed {args.seed} --criteria {','.join(criteria)} --out SET"
@@ -89,7 +95,9 @@ def sample_main(args: argparse.Namespace) -> int:
         f"set {set_id}: {key.height} items ({args.method} vs {args.vs}, criteria {', '.join(criteria)})"
     )
     for row in counts.iter_rows(named=True):
-        print(f"  {row['model']} / {row['task']}: {row['items']} items from {row['units']} units")
+        print(
+            f"  {row['model_name']} / {row['task']}: {row['items']} items from {row['units']} units"
+        )
     print("for the annotators: " + ", ".join(paths))
     print(f"the key (never to annotators): {store.path('human', set_id)}")
     return 0

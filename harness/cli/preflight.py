@@ -20,6 +20,7 @@ from jobs.catalog import takes_head
 from jobs.files import PINNED_SHA256, cached_path
 from jobs.redact import redact_text
 from workers import hub
+from workers.gguf import is_gguf_spec
 from workers.tiny import TINY_PREFIX, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
@@ -175,7 +176,11 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
 
     out: list[tuple[str, str, str | None, str]] = []
     for i, m in enumerate(cfg.models):
-        out.append((f"models.{i}.id", m.id, m.revision, "model"))
+        gguf = m.gguf_spec()
+        if gguf is not None:
+            out.append((f"models.{i}.gguf_file", gguf, m.gguf_sha256, "gguf"))
+        else:
+            out.append((f"models.{i}.id", m.id, m.revision, "model"))
         if m.tokenizer:
             out.append((f"models.{i}.tokenizer", m.tokenizer, None, "tokenizer"))
     for j, method in enumerate(cfg.methods):
@@ -202,12 +207,64 @@ def check_models(
         if not spec:
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
+        if kind == "gguf" or is_gguf_spec(spec):
+            items.append(gguf_item(field, spec, revision if kind == "gguf" else None, local))
+            continue
         found = hub.availability(spec, revision, kind)
         if found.problem and not local and hub.is_local(spec):
             items.append(Item(field, spec, "local folder not seen here; the nodes read it"))
             continue
-        items.append(Item(field, spec, found.where, found.problem))
+        problem = found.problem
+        if problem is None and kind == "model" and field.startswith(("models.", "methods.")):
+            problem = structure_problem(spec, revision)
+        items.append(Item(field, spec, found.where, problem))
     return items
+
+
+def structure_problem(spec: str, revision: str | None) -> str | None:
+    """Why causal LM `spec` is not one the harness can drive, from its config alone
+    (`workers.structure.config_layout`: no weights read); None when it is, or when its config
+    is not on this machine (the actor finds out when it loads)."""
+    from workers.structure import StructureError, config_layout
+
+    config = hub.model_config(spec, revision)
+    try:
+        if config is not None:
+            config_layout(config)
+    except StructureError as exc:
+        return f"{spec}: {exc}"
+    return None
+
+
+def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
+    """A GGUF model file (`workers.gguf.check`). On a cluster (`local` false) the nodes must
+    see it: a `package:` file where the run's runtime_env installs the package, a path on a
+    file system every node mounts; a file only here is refused (docs/cluster.md)."""
+    from workers import gguf
+
+    try:
+        path = gguf.resolve(spec)
+        here = path.is_file()
+        if here or pinned is None:
+            gguf.check(spec)
+    except gguf.GgufError as exc:
+        if local or pinned is None or "://" in spec:
+            return Item(field, spec, "GGUF file", str(exc))
+        here = False
+    if here:
+        problem = structure_problem(spec, None)
+        if problem is not None:
+            return Item(field, spec, "GGUF file", problem)
+    if here and local:
+        return Item(field, spec, "GGUF file")
+    if spec.startswith(gguf.PACKAGE_PREFIX):
+        dist = spec[len(gguf.PACKAGE_PREFIX) :].partition("/")[0]
+        return Item(
+            field, spec, f"GGUF file in package {dist} (the nodes install it: runtime_env pip)"
+        )
+    if not here:
+        return Item(field, spec, "GGUF file not seen here; the nodes read it (SHA-256 pinned)")
+    return Item(field, spec, "GGUF file, a path: every node must see it (a shared file system)")
 
 
 def _scorer_models(
@@ -343,7 +400,7 @@ def check_context(cfg: RunConfig, prompts: Sequence[Any]) -> list[Item]:
 
     new = {i: generation_for(cfg, m).max_new_tokens for i, m in enumerate(cfg.models)}
     targets = [
-        (f"models.{i}.id", m.id, m.tokenizer or m.id, m.revision, new[i])
+        (f"models.{i}.id", m.gguf_spec() or m.id, m.tokenizer or m.id, m.revision, new[i])
         for i, m in enumerate(cfg.models)
     ]
     for k, s in enumerate(cfg.scorers):

@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from harness.cli.options import split_names
+from results.report.tables import model_label, model_names
 from results.run.identity import read_config
 from results.run.store import RunStore, StoreError
 from results.schema import METRIC_FIELDS
@@ -124,7 +125,7 @@ def load_samples(run: str, use: Sequence[str] | None = None) -> Samples:
             for name, (version, older) in versions.items()
             if older
         ]
-    frame = frame.sort(DEFAULT_ORDER, nulls_last=True)
+    frame = _with_model_names(store, frame.sort(DEFAULT_ORDER, nulls_last=True))
     notes += _missing_scorers(store, present, frame)
     return Samples(frame, score_columns, notes)
 
@@ -148,6 +149,17 @@ def _missing_scorers(store: RunStore, present: list[str], frame: pl.DataFrame) -
             if unscored:
                 notes.append(f"{metric}: {unscored} of {ok.height} ok rows not scored yet")
     return notes
+
+
+def _with_model_names(store: RunStore, frame: pl.DataFrame) -> pl.DataFrame:
+    """`model_name` after `model`: the entry's `name` in the run's config, else the id."""
+    try:
+        names = model_names(read_config(store))
+    except StoreError:
+        names = {}
+    shown = [model_label(str(m), names) for m in frame["model"].to_list()]
+    at = frame.columns.index("model") + 1
+    return frame.insert_column(at, pl.Series("model_name", shown, dtype=pl.String))
 
 
 def _configured_scorers(store: RunStore) -> list[str]:

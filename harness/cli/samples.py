@@ -153,7 +153,7 @@ def text_lines(frame: pl.DataFrame, samples: Samples, width: int, style: Style) 
     """The readable listing: one block per sample."""
     for i, row in enumerate(frame.iter_rows(named=True), 1):
         where = " · ".join(
-            str(row[c]) for c in ("model", "method", "task") if row.get(c) is not None
+            str(row[c]) for c in ("model_name", "method", "task") if row.get(c) is not None
         )
         head = f"[{i}] {where} · seed {row['seed']} · {row['prompt_id']}"
         if row.get("pair_id"):
@@ -178,7 +178,7 @@ def pair_lines(frame: pl.DataFrame, samples: Samples, width: int, style: Style) 
     groups = frame["prompt_group"].fill_null("-").unique().sort().to_list()
     ncol = max(1, len(groups))
     colw = max(20, (width - 3 * (ncol - 1)) // ncol)
-    keys = ["model", "method", "task", "seed"]
+    keys = ["model_name", "method", "task", "seed"]
     for key, block in frame.group_by(keys, maintain_order=True):
         head = " · ".join(str(k) for k in key[:3]) + f" · seed {key[3]}"
         yield from (style.bold(line) for line in textwrap.wrap(head, max(20, width)))

@@ -163,7 +163,9 @@ def _plan_lines(
     lines = []
     for m_index, model in enumerate(cfg.models):
         label = f"{model.label} [{model.id}]" if model.name else model.id
-        found = models.get((f"models.{m_index}.id", model.id))
+        found = models.get((f"models.{m_index}.id", model.id)) or models.get(
+            (f"models.{m_index}.gguf_file", model.gguf_spec() or "")
+        )
         lines.append(f"  model {label}: {found.where if found else 'offline random weights'}")
         if model.tokenizer:
             tok = models.get((f"models.{m_index}.tokenizer", model.tokenizer))

@@ -154,8 +154,23 @@ def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
                     value = m.get(key)
                     if isinstance(value, str) and looks_local(value, base):
                         m[key] = fix(value)
+                m = _fix_gguf(m, fix)
                 if isinstance(m.get("heads"), dict):
                     m["heads"] = {t: fix(h) for t, h in m["heads"].items()}
             models.append(m)
         out["models"] = models
+    return out
+
+
+def _fix_gguf(model: dict[str, Any], fix: Any) -> dict[str, Any]:
+    """A model entry's GGUF file path made absolute (`gguf_file` alone or the same as `id`, or
+    an `id` that is a .gguf path); a `package:` spec and transformers' form (`gguf_file` a
+    name in the folder `id`) stay as given."""
+    out = dict(model)
+    spec, mid = model.get("gguf_file"), model.get("id")
+    if isinstance(mid, str) and mid.lower().endswith(".gguf") and not mid.startswith("package:"):
+        out["id"] = fix(mid)
+    if isinstance(spec, str) and not spec.startswith("package:"):
+        if mid is None or (isinstance(mid, str) and fix(mid) == fix(spec)):
+            out["gguf_file"] = fix(spec)
     return out

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jobs.spec import GenerationParams, ModelRef
+from workers import hub
+from workers.gguf import PACKAGE_PREFIX, GgufError, is_gguf_spec
+from workers.gguf import identity as gguf_identity
 
 log = logging.getLogger("harness")
 
@@ -78,8 +82,16 @@ class DatasetConfig(Strict):
 
 
 class ModelConfig(Strict):
-    id: str  # hub id, local folder (relative to the config's folder) or tiny-random/<family>
+    # hub id, local folder (relative to the config's folder), tiny-random/<family>, or a GGUF
+    # file (a .gguf path or package:DIST/FILE); optional when `gguf_file` names the file
+    id: str
     name: str | None = None  # display label in tables and logs (default: the id)
+    # A GGUF file: its path, `package:DIST/FILE` (a file an installed distribution holds), or,
+    # with `id` a local folder, a file name in that folder (transformers' form). docs/cli.md.
+    gguf_file: str | None = None
+    # The GGUF file's SHA-256 (the model's identity in job ids): computed when the file is
+    # here; given, it lets a machine without the file plan the run, and the loader checks it.
+    gguf_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
     revision: str | None = None
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     tokenizer: str | None = None  # hub id or folder of another tokenizer (part of the job id)
@@ -100,6 +112,57 @@ class ModelConfig(Strict):
     # CPUs per replica (Ray's num_cpus); a CPU replica runs torch with this many threads.
     num_cpus: float | None = Field(None, gt=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gguf_id(cls, data: Any) -> Any:
+        """`gguf_file` alone: the id is the file; an id that names a GGUF file: `gguf_file` too."""
+        if isinstance(data, dict):
+            spec = data.get("gguf_file")
+            if data.get("id") is None and isinstance(spec, str):
+                data = {**data, "id": spec}
+            elif spec is None and isinstance(data.get("id"), str) and is_gguf_spec(data["id"]):
+                data = {**data, "gguf_file": data["id"]}
+        return data
+
+    @model_validator(mode="after")
+    def _gguf_checked(self) -> ModelConfig:
+        """The GGUF file is here, is GGUF, of an architecture transformers reads; its SHA-256
+        becomes `gguf_sha256` (written into the run's config.yaml: a pin for later reads)."""
+        spec = self.gguf_spec()
+        if spec is None:
+            return self
+        if self.revision is not None:
+            raise ValueError("revision: a GGUF file has no revision (its SHA-256 identifies it)")
+        try:
+            digest = gguf_identity(spec, self.gguf_sha256)
+        except GgufError as exc:
+            raise ValueError(f"gguf_file: {exc}") from None
+        object.__setattr__(self, "gguf_sha256", digest)  # frozen: set once, while validating
+        return self
+
+    def gguf_spec(self) -> str | None:
+        """The GGUF file this entry loads (a path or package:DIST/FILE), None for other models.
+
+        Raises:
+            ValueError: transformers' form (`id` a folder) with a `gguf_file` that is not a
+                plain file name in it.
+        """
+        if self.gguf_file is None:
+            return None
+        if self.gguf_file == self.id:
+            return self.gguf_file
+        if self.gguf_file.startswith(PACKAGE_PREFIX) or "/" in self.gguf_file:
+            raise ValueError(
+                f"gguf_file: with id {self.id!r} (a folder), gguf_file is a file name in it, "
+                f"got {self.gguf_file!r}; or drop id and give the file's path or package: form"
+            )
+        if not hub.is_local(self.id):
+            raise ValueError(
+                f"gguf_file: id {self.id!r} is not a local folder; a GGUF file on the hub is "
+                "read from a local copy (download it, then give its path)"
+            )
+        return str(Path(self.id).expanduser() / self.gguf_file)
+
     @field_validator("num_gpus")
     @classmethod
     def _whole_above_one(cls, value: float | None) -> float | None:
@@ -119,7 +182,10 @@ class ModelConfig(Strict):
             "device_map": self.device_map,
         }
         options = tuple(sorted((k, v) for k, v in load.items() if v is not None))
-        return ModelRef(self.id, self.revision, self.dtype, self.tokenizer, options)
+        gguf = self.gguf_spec()
+        return ModelRef(
+            self.id, self.revision, self.dtype, self.tokenizer, options, gguf, self.gguf_sha256
+        )
 
 
 class NamedConfig(Strict):

@@ -55,6 +55,12 @@ def _pydantic_errors(exc: ValidationError) -> list[str]:
             err.get("input"), bool | str
         ):
             msg = f"{msg}, got {err['input']!r}"
+        elif err["type"] == "value_error" and loc:
+            # a section's check that names its field ("gguf_file: ..."): name it in the path
+            key, sep, rest = str(err.get("ctx", {}).get("error", "")).partition(": ")
+            owner = _model_at(loc)
+            if sep and owner is not None and key in owner.model_fields:
+                where, msg = f"{where}.{key}", rest
         elif err["type"] == "string_type" and isinstance(err.get("input"), int | float):
             # YAML reads an unquoted 1234567 or 1e5 (a short commit hash, say) as a number
             msg = f"{msg}, got the number {err['input']!r}: quote the value to keep it text"

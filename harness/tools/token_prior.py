@@ -29,7 +29,11 @@ class TokenPriorError(ValueError):
 def add_token_prior_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `token-prior` options on `parser` (torch-free)."""
     parser.add_argument("corpus", nargs="+", help="text file(s) (one document per line) or JSONL")
-    parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="LM id, local path, GGUF file (PATH.gguf or package:DIST/FILE) or tiny-random/<family>",
+    )
     parser.add_argument("--revision", default=None, help="LM revision (hub models)")
     parser.add_argument("--out", required=True, help="output JSON file")
     parser.add_argument("--text-field", default="text", help="JSONL: field holding the text")
@@ -65,7 +69,13 @@ def load_tokenizer(model: str, revision: str | None = None) -> Any:
         return tiny_tokenizer()
     from transformers import AutoTokenizer
 
+    from workers.gguf import is_gguf_spec
+
     try:
+        if is_gguf_spec(model):  # from the dequantised folder, as the model loads it
+            from workers.models import load_tokenizer as load_lm_tokenizer
+
+            return load_lm_tokenizer(model, revision)
         return AutoTokenizer.from_pretrained(model, revision=revision)
     except (OSError, ValueError) as exc:
         raise TokenPriorError(f"model {model!r}: cannot load its tokenizer: {exc}") from exc

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.tools.head_from_run import TEXT_FIELDS
 from jobs.datasets import read_records
 from jobs.files import DatasetError, sha256_file
 
@@ -38,13 +39,32 @@ class Labelled:
 
 def add_train_head_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `train-head` options on `parser` (torch-free)."""
-    parser.add_argument("--model", required=True, help="LM id, local path or tiny-random/<family>")
+    parser.add_argument(
+        "--model",
+        help="LM id, local path, GGUF file (PATH.gguf or package:DIST/FILE) or "
+        "tiny-random/<family> (--from-run: the run's model)",
+    )
     parser.add_argument("--revision", help="LM revision (hub models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda if present)")
-    parser.add_argument(
-        "--data", required=True, help="JSONL / CSV / Parquet file, or a hub dataset id"
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="JSONL / CSV / Parquet file, or a hub dataset id")
+    source.add_argument(
+        "--from-run", metavar="RUN", help="a run directory: its generations, labelled by a scorer"
     )
+    parser.add_argument(
+        "--label-scorer", default="sentiment-vader", help="--from-run: the scorer that labels"
+    )
+    parser.add_argument("--text-field", choices=TEXT_FIELDS, default="continuation")
+    parser.add_argument(
+        "--label-thresholds",
+        nargs=2,
+        type=float,
+        metavar=("LOW", "HIGH"),
+        help="--from-run: score <= LOW the low class, >= HIGH the high one, between left out "
+        "(default for sentiment: VADER compound -0.05 / +0.05, i.e. 0.475 / 0.525)",
+    )
+    parser.add_argument("--balance", choices=("downsample", "weight", "none"), default="downsample")
     parser.add_argument("--split", default="train", help="split of a hub dataset")
     parser.add_argument("--val-data", help="validation file (default: hold out --val-fraction)")
     parser.add_argument("--val-fraction", type=float, default=0.1)
@@ -228,8 +248,10 @@ def fit_head(
     lr: float,
     batch_size: int,
     seed: int,
+    weight: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """Train `head` in place with Adam + cross-entropy, seeded; prints one line per epoch.
+    """Train `head` in place with Adam + cross-entropy (classes weighed by `weight`), seeded;
+    prints one line per epoch.
 
     Without `val_xy`, a seeded `val_fraction` of the examples is held out for validation.
     """
@@ -256,7 +278,7 @@ def fit_head(
     for epoch in range(epochs):
         order, loss_sum = torch.randperm(len(yt), generator=gen), 0.0
         for b in order.split(batch_size):
-            loss = F.cross_entropy(head(xt[b]), yt[b])
+            loss = F.cross_entropy(head(xt[b]), yt[b], weight=weight)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -276,22 +298,59 @@ def fit_head(
     }
 
 
+def _from_run(args: argparse.Namespace) -> tuple[Labelled, str, dict[str, Any], list[float] | None]:
+    """The examples of `--from-run`, balanced; with the model id, the metadata's `data` and the
+    class weights (`--balance weight`, in sorted class order)."""
+    from harness.tools.head_from_run import balance, read_run_examples
+
+    found, model = read_run_examples(
+        args.from_run,
+        args.model,
+        args.label_scorer,
+        args.task,
+        args.text_field,
+        args.label_thresholds,
+    )
+    texts, labels, info = balance(found.texts, found.labels, args.balance, args.seed)
+    data = Labelled(f"{args.from_run} (generations)", texts, list(labels))
+    data.lines = list(range(1, len(texts) + 1))
+    weights = info.get("weights")
+    weight = [weights[c] for c in sorted(weights)] if weights else None
+    return data, model, {"source": data.source, "from_run": found.meta, "balance": info}, weight
+
+
 def train_head_main(args: argparse.Namespace) -> int:
     """Read data, embed it with the frozen LM, fit the head, write it; 0 on success."""
+    import torch
+
     from jobs.spec import ModelRef
     from results.run.history import harness_version, package_versions
     from workers.methods.heads import AttributeHead, save_head
     from workers.models import load_lm
 
-    train = read_labelled(args.data, args.text_column, args.label_column, args.split)
-    val = (
-        read_labelled(args.val_data, args.text_column, args.label_column) if args.val_data else None
-    )
+    val, weight = None, None
+    if args.from_run:
+        train, model, data_meta, weight = _from_run(args)
+    else:
+        if args.model is None:
+            raise DatasetError("--model is needed with --data")
+        train = read_labelled(args.data, args.text_column, args.label_column, args.split)
+        if args.val_data:
+            val = read_labelled(args.val_data, args.text_column, args.label_column)
+        model = args.model
+        data_meta = {
+            "source": train.source,
+            "sha256": train.sha256,
+            "val_source": val.source if val else f"{args.val_fraction:g} of the training data",
+            "val_sha256": val.sha256 if val else None,
+            "text_column": args.text_column,
+            "label_column": args.label_column,
+        }
     names = class_names_of(
         train.labels + (val.labels if val else []), args.class_names, train.source
     )
     target = target_index(args.target_class, names)
-    lm = load_lm(ModelRef(args.model, args.revision, args.dtype), device=args.device)
+    lm = load_lm(ModelRef(model, args.revision, args.dtype), device=args.device)
     x, kept, stats = embed_texts(
         lm, train.texts, args.max_tokens, args.overlong, args.embed_batch_size
     )
@@ -309,21 +368,22 @@ def train_head_main(args: argparse.Namespace) -> int:
         "lm_revision": lm.ref.revision,
         "lm_dtype": lm.ref.dtype,
         "task": args.task,
-        "data": {
-            "source": train.source,
-            "sha256": train.sha256,
-            "val_source": val.source if val else f"{args.val_fraction:g} of the training data",
-            "val_sha256": val.sha256 if val else None,
-            "text_column": args.text_column,
-            "label_column": args.label_column,
-            **stats,
-        },
+        "data": {**data_meta, **stats},
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": {**package_versions(), "lidao-harness": harness_version()},
     }
     head = AttributeHead(int(x.shape[1]), names, target, meta)
     result = fit_head(
-        head, x, y, val_xy, args.val_fraction, args.epochs, args.lr, args.batch_size, args.seed
+        head,
+        x,
+        y,
+        val_xy,
+        args.val_fraction,
+        args.epochs,
+        args.lr,
+        args.batch_size,
+        args.seed,
+        None if weight is None else torch.tensor(weight),
     )
     head.meta["training"] = {
         "epochs": args.epochs,

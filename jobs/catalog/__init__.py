@@ -26,6 +26,7 @@ from jobs.catalog.methods import (
 from jobs.catalog.paper import (
     FAMILY_TUNING,
     PAPER_MODELS,
+    PPLM_FAMILY,
     paper_generation,
 )
 from jobs.catalog.scorers import (
@@ -44,6 +45,7 @@ from jobs.catalog.scorers import (
 __all__ = [
     "DEFAULT_PARAMS",
     "FAMILY_TUNING",
+    "PPLM_FAMILY",
     "METHODS",
     "PAPER_MODELS",
     "PARAM_CHOICES",

@@ -41,11 +41,11 @@ DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "elidao-min": {**_TUNED, "gamma": 0.5, "instruction": None},
     "elidao-prod": {**_TUNED, "instruction": None},
     # Baselines (docstrings of workers/methods/{pplm,gedi,dexperts}.py). None = resolved at load
-    # time: PPLM `steps` by family (3 Falcon, else 10); GeDi codes / class_bias and DExperts
-    # `alpha` by task (the published settings for toxicity and sentiment).
+    # time: PPLM `steps` and `step_size` by family (`PPLM_FAMILY`); GeDi codes / class_bias and
+    # DExperts `alpha` by task (the published settings for toxicity and sentiment).
     "pplm": {
         "steps": None,
-        "step_size": 0.2,
+        "step_size": None,
         "kl_scale": 0.01,
         "gm_scale": 0.9,
         "gamma": 1.0,
@@ -69,7 +69,7 @@ DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
 # Declared kind of the built-in parameters whose default is null (names mean the same in
 # every method); the others have the kind of their default (jobs/catalog/kinds.py).
 PARAM_KINDS: dict[str, str] = {
-    **dict.fromkeys("lr tau class_bias alpha".split(), "float?"),
+    **dict.fromkeys("lr tau class_bias alpha step_size".split(), "float?"),
     "steps": "int?",
     **dict.fromkeys(
         "instruction gedi_model code_desired code_undesired expert anti_expert".split(), "str?"
@@ -82,6 +82,7 @@ PARAM_RANGES: dict[str, tuple[float | None, float | None]] = {
     "tau": (0.0, 1.0),
     "blocks": (1, None),
     "steps": (0, None),
+    "step_size": (0.0, None),
     "horizon_length": (1, None),
     "window_length": (0, None),
     "filter_p": (0.0, 1.0),

@@ -13,6 +13,17 @@ PPLM_PAPER: dict[str, dict[str, Any]] = {
     "tiiuae/falcon-7b-instruct": {"steps": 3, "step_size": 0.2},
 }
 
+# PPLM steps / step size by LM family where the job leaves them null: GPT-2, OPT and Falcon as
+# the paper's table (method.md); any other family ("other") the reference run_pplm.py's
+# defaults, 3 steps of 0.02, the low end of the PPLM paper's 0.02-0.04 (docs/design.md, "PPLM
+# defaults": 0.2 wrecks SmolLM2's text, perplexity ~1,600 against vanilla's 15).
+PPLM_FAMILY: dict[str, dict[str, Any]] = {
+    "gpt2": {"steps": 10, "step_size": 0.2},
+    "opt": {"steps": 10, "step_size": 0.2},
+    "falcon": {"steps": 3, "step_size": 0.2},
+    "other": {"steps": 3, "step_size": 0.02},
+}
+
 TUNED_METHODS = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod")
 
 # Learning rate and mixing weight τ per LM family (method.md); "other" = any other decoder LM.

@@ -32,7 +32,10 @@ from results.report.tables import (
     legend,
     level_text,
     md_lines,
+    model_label,
+    model_names,
     table_legend,
+    with_model_names,
 )
 from results.report.tex import human_latex, latex_document, latex_tables
 from results.run.store import RunStore
@@ -76,9 +79,11 @@ def frame_markdown(frame: pl.DataFrame) -> str:
     return "\n".join(md_lines([frame.columns, *rows])) + "\n"
 
 
-def human_markdown(summary: pl.DataFrame, level: float) -> list[str]:
+def human_markdown(
+    summary: pl.DataFrame, level: float, names: dict[str, str] | None = None
+) -> list[str]:
     """The human preference section of tables.md (no lines without answers)."""
-    titles, heads, rows = human_table(summary, level)
+    titles, heads, rows = human_table(summary, level, names)
     if not rows:
         return []
     head = [f"{titles[i // 5]}: {h}" for i, h in enumerate(heads)]
@@ -109,7 +114,7 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
     for i, (view, lay) in enumerate(layouts.items(), 1):
         out += ["", f"## Table {i} — {VIEW_TITLES[view]} (level {at})", "", table_legend(lay)]
         out += ["", markdown_table(lay)]
-    out += human_markdown(res.summary, res.level)
+    out += human_markdown(res.summary, res.level, model_names(res.config))
     for title, frame in {
         f"Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})": paired_table(
             res.summary
@@ -281,7 +286,8 @@ def aggregate_run(
     joined = join_run(store, scorers, READ_COLUMNS)
     groups = groups if groups is not None else settings.groups
     agg = summarize_joined(joined, cfg, groups, release=True)
-    cells = table_cells(agg.summary)
+    names = model_names(settings.config)
+    cells = with_model_names(table_cells(agg.summary), names)
     ppl_rows = agg.summary.filter(pl.col("metric") == "perplexity")["scorer_version"].drop_nulls()
     paper = ordered(compare_with_paper(cells, ppl_rows[0] if len(ppl_rows) else None))
     units = agg.summary["resample_unit"].drop_nulls().unique()
@@ -302,11 +308,18 @@ def aggregate_run(
     )
     if cells.is_empty() or cells["bias"].is_null().all() and cells["score"].is_null().all():
         res.notes.append(empty_reason(agg.summary))
+    res.notes += [
+        f"{model_label(m, names)} has random weights ({m}): its numbers test the harness, not "
+        "a method; real text needs a pretrained model (examples/quickstart.yaml runs SmolLM2)"
+        for m in sorted(set(agg.summary["model"].drop_nulls().to_list()))
+        if m.startswith("tiny-random/")
+    ]
     res.paths["summary.parquet"] = store.write_table("summary.parquet", res.summary.to_arrow())
     res.paths["summary.csv"] = store.write_bytes(
         "summary.csv", spreadsheet_safe(res.summary).write_csv().encode()
     )
-    write_report(store, res, _sample_rows(store, joined.frame["job_id"], tokenizer_for))
+    samples = _sample_rows(store, joined.frame["job_id"], tokenizer_for)
+    write_report(store, res, [{**r, "model_name": model_label(r["model"], names)} for r in samples])
     return res
 
 
@@ -353,7 +366,9 @@ def write_report(store: RunStore, res: AggregateResult, samples: list[dict[str, 
         for fmt, data in files.items():
             put(f"{name}.{fmt}", data)
         images[f"{name}.png"] = files["png"]
-    tables = latex_tables(res, layouts, MULTIPLICITY) + human_latex(res.summary, res.level)
+    tables = latex_tables(res, layouts, MULTIPLICITY) + human_latex(
+        res.summary, res.level, model_names(res.config)
+    )
     put("tables.tex", tables.encode())
     pdfs = [f"{n}.pdf" for n in ("forest", "tradeoff", "tradeoff_acx") if n in figures]
     put("report.tex", latex_document(res, pdfs, MULTIPLICITY).encode())

@@ -24,6 +24,7 @@ from results.report.tables import (
     Style,
     legend,
     level_text,
+    model_names,
     p_text,
     table_legend,
 )
@@ -106,9 +107,11 @@ def paper_table_html(lay: Layout) -> str:
     return "\n".join(out)
 
 
-def human_html(summary: pl.DataFrame, level: float) -> list[str]:
+def human_html(
+    summary: pl.DataFrame, level: float, names: dict[str, str] | None = None
+) -> list[str]:
     """The human preference section (nothing without answers)."""
-    titles, heads, rows = human_table(summary, level)
+    titles, heads, rows = human_table(summary, level, names)
     if not rows:
         return []
     top = "".join(f'<th colspan="5">{html.escape(t)}</th>' for t in titles)
@@ -155,7 +158,7 @@ def sample_html(row: dict[str, Any]) -> str:
         choice = choices[i] if i < len(choices) else None
         cls = f' class="tok-{choice}"' if choice in ("g", "a") else ""
         spans.append(f"<span{cls}>{html.escape(tok)}</span>")
-    meta = html.escape(f"{row['model']} · {row['method']} · {row['task']}")
+    meta = html.escape(f"{row.get('model_name') or row['model']} · {row['method']} · {row['task']}")
     prompt = html.escape(str(row.get("prompt") or ""))
     return f'<div class="sample"><span class="meta">{meta}</span><span class="prompt">{prompt}</span>{"".join(spans)}</div>'
 
@@ -238,7 +241,7 @@ def render(
 
     tradeoffs = [img(n, f"trade-off plot {n}") for n in images if n.startswith("tradeoff")]
     parts += [
-        *human_html(res.summary, res.level),
+        *human_html(res.summary, res.level, model_names(res.config)),
         f'<h2 id="forest">Bias of each method with its {at} interval</h2>',
         img("forest.png", "forest plot of the biases")
         if "forest.png" in images

@@ -59,9 +59,11 @@ def _cells(got: dict[str, dict[str, Any] | None], level: float) -> list[Cell]:
     return out
 
 
-def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[str], list[Row]]:
+def human_table(
+    summary: pl.DataFrame, level: float, names: dict[str, str] | None = None
+) -> tuple[list[str], list[str], list[Row]]:
     """(a title per column group (method vs reference), 5 heads per group, rows) of the
-    summary's human rows (no rows without answers)."""
+    summary's human rows (no rows without answers); models labelled by `names`."""
     rows = summary.filter(pl.col("metric").str.starts_with("human:")).with_columns(
         criterion=pl.col("metric").str.slice(6),
         kind=pl.col("stat").str.extract(r"^(\w+?)_vs_"),
@@ -79,16 +81,18 @@ def human_table(summary: pl.DataFrame, level: float) -> tuple[list[str], list[st
     for model, task, criterion, group in keys:
         task_name = TASKS.get(task, (task,))[0]
         label = (
-            f"{model_label(model)} ({task_name}), {criterion}" if group == "all" else f"· {group}"
+            f"{model_label(model, names)} ({task_name}), {criterion}"
+            if group == "all"
+            else f"· {group}"
         )
         at = (model, task, criterion, group)
         kinds = (*KINDS, "agreement")
         got = [{kind: found.get((*at, *g, kind)) for kind in kinds} for g in groups]
         cells = [cell for one in got for cell in _cells(one, level)]
         out.append((label, group == "all", cells))
-    names = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
-    heads = [h for m, r in names for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
-    return [f"{m} vs {r}" for m, r in names], heads, out
+    pairs = [(METHOD_NAMES.get(m, m), METHOD_NAMES.get(r, r)) for m, r in groups]
+    heads = [h for m, r in pairs for h in (f"{m} ↑", "Tied", f"{r} ↑", "p (sign)", "κ (agr.)")]
+    return [f"{m} vs {r}" for m, r in pairs], heads, out
 
 
 def md_text(text: str) -> str:

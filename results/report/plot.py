@@ -136,7 +136,9 @@ def tradeoff_figure(cells: pl.DataFrame, view: str, level: float = 0.95) -> Any:
             if not points:
                 ax.text(0.5, 0.5, "no bias / perplexity to plot", ha="center", va="center",
                         transform=ax.transAxes, fontsize=9)  # fmt: skip
-            ax.set_title(f"{model_label(block.model)} · {TASKS[task][0]}", fontsize=10)
+            ax.set_title(
+                f"{block.label or model_label(block.model)} · {TASKS[task][0]}", fontsize=10
+            )
             ax.set_xlabel("perplexity ↓", fontsize=9)
             ax.set_ylabel("|bias| × 100 ↓", fontsize=9)
             ax.axhline(0.0, color="#bbbbbb", lw=0.8, zorder=0)  # no gap (the margin shows it)
@@ -157,7 +159,8 @@ def forest_figure(cells: pl.DataFrame, level: float = 0.95) -> Any:
     views = [v for v in VIEW_STYLES if v in set(cells["view"].to_list())]
     per_view = {v: layout(cells, v, level=level) for v in views}
     tasks = [t for t in TASKS if t in set(cells["task"].to_list())]
-    models = list(dict.fromkeys(b.model for v in views for b in per_view[v].blocks))
+    shown_as = {b.model: b.label for v in views for b in per_view[v].blocks}
+    models = list(shown_as)
     n_rows, n_cols = max(1, len(models)), max(1, len(tasks))
     labels_of: dict[str, dict[str, None]] = {m: {} for m in models}  # ordered sets
     for shown in (b for v in views for b in per_view[v].blocks):
@@ -197,7 +200,7 @@ def forest_figure(cells: pl.DataFrame, level: float = 0.95) -> Any:
             ax.set_yticklabels(list(ys), fontsize=9)
             ax.tick_params(axis="y", labelleft=c == 0)
             ax.set_ylim(-0.6, len(labels) - 0.4)
-            ax.set_title(f"{model_label(model)} · {TASKS[task][0]}", fontsize=10)
+            ax.set_title(f"{shown_as[model] or model_label(model)} · {TASKS[task][0]}", fontsize=10)
             ax.set_xlabel("bias × 100 (0 = no gap)", fontsize=9)
             ax.grid(alpha=0.3, axis="x")
     fig.suptitle(

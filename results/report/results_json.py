@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from jobs.redact import redact
+from results.report.tables import model_label, model_names
 from results.run.store import RunStore
 
 RESULTS_JSON = "results.json"
@@ -21,6 +22,10 @@ CELL_KEYS = (
     "model method variant task view metric stat group value ci_low ci_high ci_method p_value n "
     "n_boot resample_unit scorer scorer_version note mde flags"
 ).split()
+
+
+def _name(row: dict[str, Any], names: dict[str, str]) -> dict[str, str]:
+    return {"model_name": model_label(row["model"], names)} if row.get("model") else {}
 
 
 def _plain(value: Any) -> Any:
@@ -49,6 +54,7 @@ def results_document(store: RunStore) -> dict[str, Any]:
     present = [k for k in CELL_KEYS if k in table.column_names]
     missing = dict.fromkeys(k for k in CELL_KEYS if k not in present)  # an older summary's
     rows = table.select(present).to_pylist()
+    names = model_names(config)
     return {
         "results_json_version": RESULTS_JSON_VERSION,
         "run": store.uri,
@@ -57,7 +63,10 @@ def results_document(store: RunStore) -> dict[str, Any]:
         "config": config,
         "versions": versions,
         "aggregation": (config.get("aggregation") or {}),
-        "results": [{**{k: _plain(v) for k, v in row.items()}, **missing} for row in rows],
+        "results": [
+            {**{k: _plain(v) for k, v in row.items()}, **missing, **_name(row, names)}
+            for row in rows
+        ],
     }
 
 

@@ -44,8 +44,28 @@ def method_label(method: str, variant: str = "") -> str:
     return f"{label} [{short_variant(variant)}]" if variant else label
 
 
-def model_label(model: str) -> str:
-    return MODEL_NAMES.get(model, model)
+def model_label(model: str, names: dict[str, str] | None = None) -> str:
+    """A model as tables and plots print it: its entry's `name` (`names`), else the paper's
+    name for the paper's LMs, else the id."""
+    return (names or {}).get(model) or MODEL_NAMES.get(model, model)
+
+
+def model_names(config: dict[str, Any] | None) -> dict[str, str]:
+    """Model id → the `name` of its entry in a run's config (entries with a name only). The
+    Parquet tables keep the id (the identity); this is a display mapping."""
+    out: dict[str, str] = {}
+    for entry in (config or {}).get("models") or []:
+        if isinstance(entry, dict) and entry.get("name") and entry.get("id"):
+            out[str(entry["id"])] = str(entry["name"])
+    return out
+
+
+def with_model_names(cells: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame:
+    """`cells` with a `model_name` column: what `layout` and the figures print per model."""
+    if cells.is_empty() and "model" not in cells.columns:
+        return cells
+    labels = [model_label(str(m), names) for m in cells["model"].to_list()]
+    return cells.with_columns(pl.Series("model_name", labels, dtype=pl.String))
 
 
 @dataclass(frozen=True)
@@ -149,6 +169,7 @@ class Row:
 class Block:
     model: str
     rows: list[Row]
+    label: str = ""  # the model as printed (`model_label`)
 
 
 class Layout(NamedTuple):
@@ -343,7 +364,8 @@ def layout(
             msub.select("method", "variant").unique().iter_rows(),
             key=lambda k: (method_rank(k[0]), k[1]),
         )
-        names = [f"{model_label(model)} {method_label(m, v)}" for m, v in keys]
+        shown = str(msub["model_name"][0]) if "model_name" in msub.columns else model_label(model)
+        names = [f"{shown} {method_label(m, v)}" for m, v in keys]
         # The vanilla row names its model (`GPT-2 vanilla`), the others only the method.
         rows = [
             Row(n if m == "vanilla" else method_label(m, v), m, v) for n, (m, v) in zip(names, keys)
@@ -370,7 +392,7 @@ def layout(
                     continue
                 for i, mark in zip(debiased, marks):
                     rows[i].fields[columns.index(col)].mark = mark
-        blocks.append(Block(model, rows))
+        blocks.append(Block(model, rows, shown))
     if tally.few:
         tally.warnings.insert(0, few_warning(tally.few, tally.gaps, unit))
     marks = [m for m, _ in P_MARKS.values() if m in tally.p_marks]

@@ -216,9 +216,9 @@ def latex_tables(res: AggregateResult, layouts: dict[str, Layout], multiplicity:
     return "\n".join(parts)
 
 
-def human_latex(summary: pl.DataFrame, level: float) -> str:
+def human_latex(summary: pl.DataFrame, level: float, names: dict[str, str] | None = None) -> str:
     """The human preference table, `\\label{tab:harness:human}` ("" without answers)."""
-    titles, heads, rows = human_table(summary, level)
+    titles, heads, rows = human_table(summary, level, names)
     if not rows:
         return ""
     caption = f"Portions of human preferred generations (level {level:.0%})".replace("%", r"\%")

@@ -18,9 +18,10 @@ Decisions (from the reference `uber-research/PPLM` run_pplm.py and the PPLM base
 DExperts / UDDIA, whose GPT-2 pipeline the paper's tables come from):
 - The perturbed history persists, as in the paper and the reference (a token's keys and values
   are computed under the perturbed past), so this method keeps its own cache beside θ's.
-- Defaults (`jobs.catalog`): 10 steps of 0.2 (3 for Falcon, the paper's appendix; 10 × 0.2 is
-  what the DExperts/UDDIA scripts ran for GPT-2 large); run_pplm.py's CLI defaults differ (3
-  steps, 0.02, gamma 1.5).
+- Defaults by family (`jobs.catalog.PPLM_FAMILY`): GPT-2 and OPT 10 steps of 0.2, Falcon 3 of
+  0.2 (the paper's appendix; 10 × 0.2 is what the DExperts/UDDIA scripts ran for GPT-2 large);
+  any other family run_pplm.py's CLI defaults, 3 steps of 0.02 (its gamma 1.5 not taken):
+  0.2 on SmolLM2 gives perplexity ~1,600 against vanilla's 15.
 - `window_length` > 0 perturbs the most recent positions (the reference's mask keeps the
   oldest ones, which contradicts its own decay ramp); `decay` ramps weights 1/w … 1 toward them.
 - Temperature and repetition penalty apply to both distributions before the mixture (the
@@ -70,9 +71,12 @@ class PPLMConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any], family: str) -> PPLMConfig:
+        from jobs.catalog import PPLM_FAMILY
+
         p = {"head": None, **params}
-        if p.get("steps") is None:
-            p["steps"] = 3 if family == "falcon" else 10
+        for key, value in PPLM_FAMILY.get(family, PPLM_FAMILY["other"]).items():
+            if p.get(key) is None:
+                p[key] = value
         casts: dict[Any, Any] = {"int": int, "float": float, "bool": bool}  # head: as given
         try:
             cfg = cls(**{f.name: casts.get(f.type, lambda v: v)(p[f.name]) for f in fields(cls)})
