@@ -210,3 +210,23 @@ def test_the_dequantised_folder_is_made_once_even_by_concurrent_loaders(
     assert folder == Path(cache) / "gguf" / digest and (folder / gguf.DONE).is_file()
     assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(".")) == []
     assert gguf.dequantised(path, digest, cache) == folder and len(made) == 1
+
+
+def test_validate_on_a_cluster_says_how_the_nodes_see_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.cli.preflight import gguf_item
+
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    path = str(write_gguf(tmp_path / "m.gguf"))
+    pin = "ab" * 32
+    here = gguf_item("models.0.gguf_file", path, None, local=False)
+    assert here.problem is None and "every node must see it" in here.where
+    assert gguf_item("f", path, None, local=True).where == "GGUF file"
+    gone = gguf_item("f", str(tmp_path / "gone.gguf"), pin, local=False)
+    assert gone.problem is None and "not seen here; the nodes read it" in gone.where
+    assert "no such file" in str(gguf_item("f", str(tmp_path / "gone.gguf"), pin, True).problem)
+    package = gguf_item("f", "package:absent-dist/m.gguf", pin, local=False)
+    assert package.problem is None and "package absent-dist" in package.where
+    url = gguf_item("f", "s3://bucket/m.gguf", pin, local=False)
+    assert url.problem is not None and "not a URL" in url.problem

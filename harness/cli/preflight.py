@@ -237,15 +237,16 @@ def structure_problem(spec: str, revision: str | None) -> str | None:
 
 
 def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
-    """A GGUF model file (`workers.gguf.check`). On a cluster (`local` false) the nodes must
-    see it: a `package:` file where the run's runtime_env installs the package, a path on a
-    file system every node mounts; a file only here is refused (docs/cluster.md)."""
+    """A GGUF model file (`workers.gguf.check`; `pinned`: the entry's `gguf_sha256`). On a
+    cluster (`local` false) the nodes must see it: a `package:` file where the job's runtime
+    environment installs the package, or a path every node mounts (said, not checked: a shared
+    file system looks like a local disk from here); a URL is refused (docs/cluster.md)."""
     from workers import gguf
 
     try:
         path = gguf.resolve(spec)
         here = path.is_file()
-        if here or pinned is None:
+        if here or local or pinned is None:
             gguf.check(spec)
     except gguf.GgufError as exc:
         if local or pinned is None or "://" in spec:
