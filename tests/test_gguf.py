@@ -230,3 +230,23 @@ def test_validate_on_a_cluster_says_how_the_nodes_see_the_file(
     assert package.problem is None and "package absent-dist" in package.where
     url = gguf_item("f", "s3://bucket/m.gguf", pin, local=False)
     assert url.problem is not None and "not a URL" in url.problem
+
+
+def test_a_head_is_checked_against_the_gguf_file_s_width_and_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "m.gguf", width=8)
+    (tmp_path / "h.pt").write_bytes(b"")
+    head = {"hidden_size": 16, "lm_id": "package:some-dist/m.gguf", "task": "sentiment"}
+    (tmp_path / "h.json").write_text(json.dumps(head))
+    model = {"gguf_file": "m.gguf", "heads": {"sentiment": str(tmp_path / "h.pt")}}
+    with pytest.raises(ConfigError, match=r"models\.0\.heads\.sentiment: .* 16 wide, but model"):
+        load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))
+    (tmp_path / "h.json").write_text(json.dumps({**head, "hidden_size": 8}))
+    load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))  # the same name
+    (tmp_path / "h.json").write_text(json.dumps({**head, "hidden_size": 8, "lm_id": "gpt2"}))
+    with pytest.raises(ConfigError, match="was trained on 'gpt2'"):
+        load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))

@@ -311,10 +311,11 @@ class RunConfig(Strict):
                 if task not in self.tasks:
                     log.warning("%s: the run has no task %r; this head is not used", where, task)
                 elif any(takes_head(m.name) and "head" not in m.params for m in self.methods):
-                    check(where, spec, model.id, task)
+                    check(where, spec, model.gguf_spec() or model.id, task)
             for j, m in enumerate(self.methods):
                 given = m.params.get("head")
                 for task in self.tasks if takes_head(m.name) and given is not None else []:
-                    if (str(given), model.id, task) not in checked:
-                        check(f"methods.{j}.params.head", str(given), model.id, task)
+                    lm = model.gguf_spec() or model.id
+                    if (str(given), lm, task) not in checked:
+                        check(f"methods.{j}.params.head", str(given), lm, task)
         return self
