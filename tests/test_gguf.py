@@ -5,6 +5,7 @@ The real file's path through transformers: tests/test_real_models.py."""
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -250,3 +251,19 @@ def test_a_head_is_checked_against_the_gguf_file_s_width_and_name(
     (tmp_path / "h.json").write_text(json.dumps({**head, "hidden_size": 8, "lm_id": "gpt2"}))
     with pytest.raises(ConfigError, match="was trained on 'gpt2'"):
         load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))
+
+
+def test_validate_reads_a_gguf_entry_without_torch(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf")
+    cfg = tiny_config(tmp_path, models=[{"gguf_file": "m.gguf", "name": "m"}], scorers=[])
+    code = (
+        "import sys; from harness.cli.commands import main; "
+        f"rc = main(['validate', {str(cfg)!r}]); "
+        "print('rc', rc, sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
+    )
+    env = {**os.environ, "LIDAO_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "rc 0 []" in res.stdout, res.stdout + res.stderr
+    assert f"model m [{tmp_path}/m.gguf]: GGUF file" in res.stdout
