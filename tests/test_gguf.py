@@ -216,7 +216,8 @@ def test_the_dequantised_folder_is_made_once_even_by_concurrent_loaders(
 def test_validate_on_a_cluster_says_how_the_nodes_see_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.cli.preflight import gguf_item
+    def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Any:
+        return gguf.availability(spec, pinned, local)
 
     monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
     path = str(write_gguf(tmp_path / "m.gguf"))
