@@ -268,3 +268,22 @@ def test_validate_reads_a_gguf_entry_without_torch(tmp_path: Path) -> None:
     )
     assert "rc 0 []" in res.stdout, res.stdout + res.stderr
     assert f"model m [{tmp_path}/m.gguf]: GGUF file" in res.stdout
+
+
+def test_a_folder_of_gguf_files_given_as_id_is_pointed_at_gguf_file(tmp_path: Path) -> None:
+    from workers.hub import local_availability
+
+    write_gguf(tmp_path / "m.gguf")
+    found = local_availability(str(tmp_path), "model")
+    assert found.problem == (
+        f"{tmp_path}: no config.json in the folder; it holds m.gguf: name one with gguf_file "
+        "(docs/cli.md)"
+    )
+
+
+def test_one_file_named_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "m.gguf")
+    twice = [{"gguf_file": "m.gguf"}, {"id": str(tmp_path), "gguf_file": "m.gguf", "name": "b"}]
+    with pytest.raises(ConfigError, match="entries 0 and 1 are the same model"):
+        load_config(tiny_config(tmp_path, models=twice))

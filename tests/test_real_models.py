@@ -109,3 +109,13 @@ def test_the_other_load_sites_read_a_gguf_spec_through_the_same_cache(
     )
     assert fluent["perplexity"] * 10 < shuffled["perplexity"]  # the model knows English order
     assert gguf.dequantise_count == made
+
+
+def test_gemma3_loads_as_a_sliding_window_structure(gemma3_lm: Any) -> None:
+    from workers.structure import FULL, SLIDING
+
+    found = gemma3_lm.structure
+    assert gemma3_lm.family == "gemma3" and found.layout.num_blocks == 18
+    assert (found.blocks, found.final_norm) == ("model.layers", "model.norm")
+    assert found.layout.attention is not None and set(found.layout.attention) == {FULL, SLIDING}
+    assert found.layout.sliding_window == 512 and len(gemma3_lm.tokenizer) == 262144

@@ -289,6 +289,20 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _distinct_models(self) -> RunConfig:
+        """Two entries of one model (the same GGUF file named two ways, one id under two
+        names) would plan the same jobs twice."""
+        seen: dict[str, int] = {}
+        for i, model in enumerate(self.models):
+            first = seen.setdefault(repr(sorted(model.ref().identity().items())), i)
+            if first != i:
+                raise ValueError(
+                    f"models: entries {first} and {i} are the same model (the same job ids); "
+                    "drop one, or give them another dtype"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _heads_match(self) -> RunConfig:
         """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
         from jobs.catalog import takes_head
