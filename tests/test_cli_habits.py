@@ -84,7 +84,9 @@ def test_validate_counts_the_plan_and_reports_missing_heads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "lm").mkdir()
-    (tmp_path / "lm" / "config.json").write_text("{}")
+    (tmp_path / "lm" / "config.json").write_text(
+        '{"model_type": "gpt2", "n_layer": 2, "n_embd": 8}'
+    )
     cfg = config(
         tmp_path,
         models=[{"id": "tiny-random/gpt2", "name": "tiny"}, {"id": "./lm"}],

@@ -5,6 +5,7 @@ The real file's path through transformers: tests/test_real_models.py."""
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -210,3 +211,79 @@ def test_the_dequantised_folder_is_made_once_even_by_concurrent_loaders(
     assert folder == Path(cache) / "gguf" / digest and (folder / gguf.DONE).is_file()
     assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(".")) == []
     assert gguf.dequantised(path, digest, cache) == folder and len(made) == 1
+
+
+def test_validate_on_a_cluster_says_how_the_nodes_see_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Any:
+        return gguf.availability(spec, pinned, local)
+
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    path = str(write_gguf(tmp_path / "m.gguf"))
+    pin = "ab" * 32
+    here = gguf_item("models.0.gguf_file", path, None, local=False)
+    assert here.problem is None and "every node must see it" in here.where
+    assert gguf_item("f", path, None, local=True).where == "GGUF file"
+    gone = gguf_item("f", str(tmp_path / "gone.gguf"), pin, local=False)
+    assert gone.problem is None and "not seen here; the nodes read it" in gone.where
+    assert "no such file" in str(gguf_item("f", str(tmp_path / "gone.gguf"), pin, True).problem)
+    package = gguf_item("f", "package:absent-dist/m.gguf", pin, local=False)
+    assert package.problem is None and "package absent-dist" in package.where
+    url = gguf_item("f", "s3://bucket/m.gguf", pin, local=False)
+    assert url.problem is not None and "not a URL" in url.problem
+
+
+def test_a_head_is_checked_against_the_gguf_file_s_width_and_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "m.gguf", width=8)
+    (tmp_path / "h.pt").write_bytes(b"")
+    head = {"hidden_size": 16, "lm_id": "package:some-dist/m.gguf", "task": "sentiment"}
+    (tmp_path / "h.json").write_text(json.dumps(head))
+    model = {"gguf_file": "m.gguf", "heads": {"sentiment": str(tmp_path / "h.pt")}}
+    with pytest.raises(ConfigError, match=r"models\.0\.heads\.sentiment: .* 16 wide, but model"):
+        load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))
+    (tmp_path / "h.json").write_text(json.dumps({**head, "hidden_size": 8}))
+    load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))  # the same name
+    (tmp_path / "h.json").write_text(json.dumps({**head, "hidden_size": 8, "lm_id": "gpt2"}))
+    with pytest.raises(ConfigError, match="was trained on 'gpt2'"):
+        load_config(tiny_config(tmp_path, models=[model], methods=["lidao-min"]))
+
+
+def test_validate_reads_a_gguf_entry_without_torch(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf")
+    cfg = tiny_config(tmp_path, models=[{"gguf_file": "m.gguf", "name": "m"}], scorers=[])
+    code = (
+        "import sys; from harness.cli.commands import main; "
+        f"rc = main(['validate', {str(cfg)!r}]); "
+        "print('rc', rc, sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
+    )
+    env = {**os.environ, "LIDAO_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "rc 0 []" in res.stdout, res.stdout + res.stderr
+    assert f"model m [{tmp_path}/m.gguf]: GGUF file" in res.stdout
+
+
+def test_a_folder_of_gguf_files_given_as_id_is_pointed_at_gguf_file(tmp_path: Path) -> None:
+    from workers.hub import local_availability
+
+    write_gguf(tmp_path / "m.gguf")
+    found = local_availability(str(tmp_path), "model")
+    assert found.problem == (
+        f"{tmp_path}: no config.json in the folder; it holds m.gguf: name one with gguf_file "
+        "(docs/cli.md)"
+    )
+
+
+def test_one_file_named_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
+    write_gguf(tmp_path / "m.gguf")
+    twice = [{"gguf_file": "m.gguf"}, {"id": str(tmp_path), "gguf_file": "m.gguf", "name": "b"}]
+    with pytest.raises(ConfigError, match="entries 0 and 1 are the same model"):
+        load_config(tiny_config(tmp_path, models=twice))

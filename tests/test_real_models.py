@@ -86,3 +86,36 @@ def test_a_config_naming_the_gguf_file_validates_and_runs(
     ref = load_config(by_package).models[0].ref()
     assert ref.identity() == load_config(cfg).models[0].ref().identity()
     assert ref.identity()["gguf_sha256"] == load_config(out / "config.yaml").models[0].gguf_sha256
+
+
+def test_the_other_load_sites_read_a_gguf_spec_through_the_same_cache(
+    smollm2_lm: Any, smollm2_file: Path
+) -> None:
+    from harness.tools.token_prior import load_tokenizer
+    from workers import gguf
+    from workers.scorers.base import ScorerContext
+    from workers.scorers.perplexity import Perplexity
+
+    made = gguf.dequantise_count
+    assert load_tokenizer(SMOLLM2).get_vocab() == smollm2_lm.tokenizer.get_vocab()
+    scorer = Perplexity({"model": str(smollm2_file)}, ScorerContext(device="cpu"))
+    text = " and then she went home to make dinner for her family."
+    garbled = " dinner home her then and went family to she make for."
+    fluent, shuffled = scorer.score(
+        [
+            {"job_id": j, "prompt": "After work,", "continuation": c}
+            for j, c in (("a", text), ("b", garbled))
+        ]
+    )
+    assert fluent["perplexity"] * 10 < shuffled["perplexity"]  # the model knows English order
+    assert gguf.dequantise_count == made
+
+
+def test_gemma3_loads_as_a_sliding_window_structure(gemma3_lm: Any) -> None:
+    from workers.structure import FULL, SLIDING
+
+    found = gemma3_lm.structure
+    assert gemma3_lm.family == "gemma3" and found.layout.num_blocks == 18
+    assert (found.blocks, found.final_norm) == ("model.layers", "model.norm")
+    assert found.layout.attention is not None and set(found.layout.attention) == {FULL, SLIDING}
+    assert found.layout.sliding_window == 512 and len(gemma3_lm.tokenizer) == 262144

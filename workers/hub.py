@@ -175,7 +175,11 @@ def local_availability(path: str, kind: str) -> Availability:
     else:
         found, lacks = (folder / "tokenizer_config.json").is_file(), "config.json"
     found = found or (folder / "config.json").is_file()
-    return Availability("local folder", None if found else f"{path}: no {lacks} in the folder")
+    if found:
+        return Availability("local folder")
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    hint = f"; it holds {', '.join(ggufs)}: name one with gguf_file (docs/cli.md)" if ggufs else ""
+    return Availability("local folder", f"{path}: no {lacks} in the folder{hint}")
 
 
 def availability(spec: str, revision: str | None = None, kind: str = "model") -> Availability:

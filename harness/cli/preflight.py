@@ -20,7 +20,9 @@ from jobs.catalog import takes_head
 from jobs.files import PINNED_SHA256, cached_path
 from jobs.redact import redact_text
 from workers import hub
+from workers.gguf import availability as gguf_availability
 from workers.gguf import is_gguf_spec
+from workers.structure import structure_problem
 from workers.tiny import TINY_PREFIX, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
@@ -208,7 +210,8 @@ def check_models(
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
         if kind == "gguf" or is_gguf_spec(spec):
-            items.append(gguf_item(field, spec, revision if kind == "gguf" else None, local))
+            found = gguf_availability(spec, revision if kind == "gguf" else None, local)
+            items.append(Item(field, spec, found.where, found.problem))
             continue
         found = hub.availability(spec, revision, kind)
         if found.problem and not local and hub.is_local(spec):
@@ -216,55 +219,9 @@ def check_models(
             continue
         problem = found.problem
         if problem is None and kind == "model" and field.startswith(("models.", "methods.")):
-            problem = structure_problem(spec, revision)
+            problem = structure_problem(spec, revision)  # a causal LM the methods can drive
         items.append(Item(field, spec, found.where, problem))
     return items
-
-
-def structure_problem(spec: str, revision: str | None) -> str | None:
-    """Why causal LM `spec` is not one the harness can drive, from its config alone
-    (`workers.structure.config_layout`: no weights read); None when it is, or when its config
-    is not on this machine (the actor finds out when it loads)."""
-    from workers.structure import StructureError, config_layout
-
-    config = hub.model_config(spec, revision)
-    try:
-        if config is not None:
-            config_layout(config)
-    except StructureError as exc:
-        return f"{spec}: {exc}"
-    return None
-
-
-def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Item:
-    """A GGUF model file (`workers.gguf.check`). On a cluster (`local` false) the nodes must
-    see it: a `package:` file where the run's runtime_env installs the package, a path on a
-    file system every node mounts; a file only here is refused (docs/cluster.md)."""
-    from workers import gguf
-
-    try:
-        path = gguf.resolve(spec)
-        here = path.is_file()
-        if here or pinned is None:
-            gguf.check(spec)
-    except gguf.GgufError as exc:
-        if local or pinned is None or "://" in spec:
-            return Item(field, spec, "GGUF file", str(exc))
-        here = False
-    if here:
-        problem = structure_problem(spec, None)
-        if problem is not None:
-            return Item(field, spec, "GGUF file", problem)
-    if here and local:
-        return Item(field, spec, "GGUF file")
-    if spec.startswith(gguf.PACKAGE_PREFIX):
-        dist = spec[len(gguf.PACKAGE_PREFIX) :].partition("/")[0]
-        return Item(
-            field, spec, f"GGUF file in package {dist} (the nodes install it: runtime_env pip)"
-        )
-    if not here:
-        return Item(field, spec, "GGUF file not seen here; the nodes read it (SHA-256 pinned)")
-    return Item(field, spec, "GGUF file, a path: every node must see it (a shared file system)")
 
 
 def _scorer_models(

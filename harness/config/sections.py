@@ -289,6 +289,20 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _distinct_models(self) -> RunConfig:
+        """Two entries of one model (the same GGUF file named two ways, one id under two
+        names) would plan the same jobs twice."""
+        seen: dict[str, int] = {}
+        for i, model in enumerate(self.models):
+            first = seen.setdefault(repr(sorted(model.ref().identity().items())), i)
+            if first != i:
+                raise ValueError(
+                    f"models: entries {first} and {i} are the same model (the same job ids); "
+                    "drop one, or give them another dtype"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _heads_match(self) -> RunConfig:
         """Each head a job will read, against its head's metadata (task, LM id, hidden size)."""
         from jobs.catalog import takes_head
@@ -311,10 +325,11 @@ class RunConfig(Strict):
                 if task not in self.tasks:
                     log.warning("%s: the run has no task %r; this head is not used", where, task)
                 elif any(takes_head(m.name) and "head" not in m.params for m in self.methods):
-                    check(where, spec, model.id, task)
+                    check(where, spec, model.gguf_spec() or model.id, task)
             for j, m in enumerate(self.methods):
                 given = m.params.get("head")
                 for task in self.tasks if takes_head(m.name) and given is not None else []:
-                    if (str(given), model.id, task) not in checked:
-                        check(f"methods.{j}.params.head", str(given), model.id, task)
+                    lm = model.gguf_spec() or model.id
+                    if (str(given), lm, task) not in checked:
+                        check(f"methods.{j}.params.head", str(given), lm, task)
         return self

@@ -106,6 +106,13 @@ def known_hidden_size(model_id: str) -> int | None:
 
     if model_id.startswith(TINY_PREFIX):
         return tiny_head_width(model_id[len(TINY_PREFIX) :])
+    from workers.gguf import is_gguf_spec
+
+    if is_gguf_spec(model_id):  # a GGUF file: its header's width
+        from workers.hub import model_config
+
+        width = (model_config(model_id) or {}).get("hidden_size")
+        return width if isinstance(width, int) else None
     config = Path(os.path.expanduser(model_id)) / "config.json"
     if config.is_file():  # a local checkpoint: read its config
         try:

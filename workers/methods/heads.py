@@ -220,7 +220,7 @@ def check_head(head: AttributeHead, lm: LoadedLM, task: str | None = None) -> No
     meta = {**head.meta, "hidden_size": head.hidden_size}
     try:
         source = meta.get("source", "attribute head")
-        check_head_spec(source, lm.ref.id, task, meta, lm_hidden_size(lm))
+        check_head_spec(source, lm.ref.gguf or lm.ref.id, task, meta, lm_hidden_size(lm))
     except HeadMetaError as exc:
         raise MethodError(str(exc)) from None
 
