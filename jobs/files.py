@@ -123,6 +123,19 @@ def iter_jsonl(path: str, spec: str) -> Iterator[tuple[int, Any]]:
                 raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
 
 
+def csv_problem(exc: Exception, where: str) -> str:
+    """`where` (FILE:LINE) and what the CSV reader refused there, in words: a field above its
+    size limit is too large, not a broken file."""
+    import csv
+
+    if "field larger than field limit" in str(exc):
+        return (
+            f"{where}: a field is larger than {csv.field_size_limit():,} characters (the CSV "
+            "reader's limit); shorten it"
+        )
+    return f"{where}: not a readable CSV record ({exc})"
+
+
 def decode_utf8(raw: bytes, spec: str, first_line: int = 1) -> str:
     """UTF-8 text of `raw`, without the byte-order mark some editors put first (it made line 1
     of a JSONL "bad JSON", a CSV header's first column unknown); a bad byte names `spec` and

@@ -5,6 +5,7 @@ models are looked up in the local cache, then by metadata. This machine: `machin
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import urllib.error
@@ -20,7 +21,7 @@ from jobs.catalog import takes_head
 from jobs.files import PINNED_SHA256, cached_path
 from jobs.redact import redact_text
 from workers import hub
-from workers.tiny import TINY_PREFIX, report_tokenizer
+from workers.tiny import TINY_PREFIX, check_tiny_id, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
 # Scorer parameters that name a hub model (built-in scorers; read with their defaults).
@@ -134,7 +135,11 @@ def check_files(
     for field, spec in specs:
         if not is_url(spec):
             path = Path(spec).expanduser()
-            ok = path.is_file() or (worker_side(field) and path.is_dir())
+            try:
+                ok = path.is_file() or (worker_side(field) and path.is_dir())
+            except OSError as exc:  # a name too long, a loop of links...
+                items.append(Item(field, spec, "UNUSABLE", os_problem(path, exc)))
+                continue
             if not ok and not local and worker_side(field):
                 items.append(Item(field, spec, "not seen here; the nodes read it"))
                 continue
@@ -156,6 +161,14 @@ def check_files(
     return items
 
 
+def os_problem(path: Path | str, exc: OSError) -> str:
+    """Why the system refuses `path` itself (not its content), in one line."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG:
+        why += " (a file or folder name holds at most 255 bytes on most filesystems)"
+    return f"{path}: {why}"
+
+
 def _not_a_file(path: Path) -> str:
     """Why `path`, not a file, cannot be read as one. A config's relative paths were made
     absolute against its folder (`harness.config.reading.resolve_paths`)."""
@@ -170,7 +183,8 @@ def _not_a_file(path: Path) -> str:
 
 
 def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
-    """(field, id, revision, kind) of every model and tokenizer the run loads, tiny ones out."""
+    """(field, id, revision, kind) of every model and tokenizer the run loads; kind "model"
+    (a causal LM), "classifier" (a scorer's) or "tokenizer"."""
     from workers.methods.registry import resolve_params
 
     out: list[tuple[str, str, str | None, str]] = []
@@ -187,20 +201,24 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
     out += _scorer_models([(s.name, s.params) for s in cfg.scorers])
     unique: dict[tuple[str, str], tuple[str, str, str | None, str]] = {}
     for spec in out:
-        if not spec[1].startswith(TINY_PREFIX):
-            unique.setdefault((spec[0], spec[1]), spec)
+        unique.setdefault((spec[0], spec[1]), spec)
     return list(unique.values())
 
 
 def check_models(
     specs: Iterable[tuple[str, str, str | None, str]], local: bool = True
 ) -> list[Item]:
-    """Each model and tokenizer (`hub.availability`); with `local` false, a local folder this
-    machine does not have is left to the cluster's nodes."""
+    """Each model and tokenizer (`hub.availability`; a tiny one's name,
+    `workers.tiny.check_tiny_id`, as its loader checks it); with `local` false, a local folder
+    this machine does not have is left to the cluster's nodes."""
     items = []
     for field, spec, revision, kind in specs:
         if not spec:
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
+            continue
+        if spec.startswith(TINY_PREFIX):
+            problem = check_tiny_id(spec, causal=kind == "model")
+            items.append(Item(field, spec, "offline random weights", problem))
             continue
         found = hub.availability(spec, revision, kind)
         if found.problem and not local and hub.is_local(spec):
@@ -225,14 +243,14 @@ def _scorer_models(
             field = f"scorers.{k}.params.{key}" + ("" if key in given else " (default)")
             if score:
                 field = f"scorer {name}, parameter {key}"
-            out.append((field, str(params.get(key) or ""), params.get("revision"), "model"))
+            kind = "model" if name == "perplexity" else "classifier"
+            out.append((field, str(params.get(key) or ""), params.get("revision"), kind))
     return out
 
 
 def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per model a `score` run would load and cannot (offline, not cached...)."""
-    specs = [s for s in _scorer_models(scorers, score=True) if not s[1].startswith(TINY_PREFIX)]
-    return [i.line() for i in check_models(specs) if i.problem]
+    return [i.line() for i in check_models(_scorer_models(scorers, score=True)) if i.problem]
 
 
 # ---- API keys and services ---------------------------------------------------------------

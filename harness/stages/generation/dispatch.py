@@ -17,16 +17,21 @@ from harness.stages.generation.backends import (
     ActorSpec,
     Backend,
     Batch,
+    MethodKey,
     Placement,
     TaskFailed,
     first_line,
 )
 from harness.stages.generation.dispatch_state import Call, ModelWork, Policy, Slot
-from jobs.spec import ModelRef
+from jobs.spec import JobSpec, ModelRef
 from results.run.invoke import check_interrupt
 
 log = logging.getLogger("harness")
 PIPELINE = 2  # batches held by one actor: one running, one queued on it
+# Errors a batch raises again on every attempt: a method misconfigured for its model
+# (`workers.methods.base.MethodError`: a head that does not fit, a cache layout it cannot
+# handle). Its batch fails at once, and so do the method's other batches of the model.
+FINAL_ERRORS = ("MethodError",)
 
 FailBatch = Callable[[Batch, str], int]  # writes error rows; returns how many jobs it recorded
 Progress = Callable[[int, int], None]  # (jobs finished, of which ok)
@@ -139,6 +144,8 @@ class Dispatcher:
         slot.inflight = [(f, c) for f, c in slot.inflight if f != future]
         if error is None:
             self._on_batch(slot, call, value)
+        elif is_final(error):
+            self._method_broken(call, first_line(error).split(": ", 1)[1])
         else:
             self._retry_or_fail(work, call.batch, call.attempts, str(error))
         self._feed(slot)
@@ -222,6 +229,24 @@ class Dispatcher:
             f"batch of {len(batch)} jobs of {work.model.id} failed {attempts + 1} times; "
             f"recording them as failed: {error}"
         )
+        self._record_failed(work, batch, error)
+
+    def _method_broken(self, call: Call, error: str) -> None:
+        """A batch raised an error every attempt would raise again (`FINAL_ERRORS`): its jobs
+        and every later batch of its method on this model fail now, with that one line."""
+        assert call.batch is not None
+        work, job = call.slot.work, call.batch[0]
+        line = f"method {job.method} for task {job.task} cannot run: {error}"
+        if method_key(job) not in work.broken:
+            work.broken[method_key(job)] = line
+            log.error(
+                "%s: %s; its jobs on %s are recorded as failed", job.method, error, work.model.id
+            )
+            noted = call.record.info.setdefault("method_errors", [])
+            noted += [] if line in noted else [line]
+        self._record_failed(work, call.batch, line)
+
+    def _record_failed(self, work: ModelWork, batch: Batch, error: str) -> None:
         recorded = self.fail_batch(batch, error)
         work.failed += recorded
         work.done += len(batch) - recorded  # an earlier attempt had written them after all
@@ -270,6 +295,10 @@ class Dispatcher:
             and work.has_batches()
         ):
             batch, attempts = work.take()
+            broken = work.broken.get(method_key(batch[0]))
+            if broken is not None:  # its method cannot run on this model: not sent
+                self._record_failed(work, batch, broken)
+                continue
             future = self.backend.run_batch(slot.actor, batch)
             assert slot.record is not None
             call = Call(slot, "batch", slot.record, batch, attempts)
@@ -356,6 +385,19 @@ class Dispatcher:
         """One summary per actor process that was started (the manifest's `actors`)."""
         now = self.clock()
         return [record.summary(now, placement) for record, placement in self.records]
+
+
+def is_final(error: Exception) -> bool:
+    """Whether a failed call raised one of `FINAL_ERRORS` (the backends write the actor's
+    exception as "<type>: <message>")."""
+    return isinstance(error, TaskFailed) and str(error).startswith(
+        tuple(f"{name}: " for name in FINAL_ERRORS)
+    )
+
+
+def method_key(job: JobSpec) -> MethodKey:
+    """The (method, parameters, task) a job's batch runs: every job of a batch shares it."""
+    return (job.method, job.method_params, job.task)
 
 
 def _resources(p: Placement) -> str:

@@ -31,6 +31,8 @@ class ModelWork:
     source: Iterator[Batch] | None = None
     batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
     groups: list[Any] = dataclasses.field(default_factory=list)  # reservation per slot index
+    # methods that cannot run on this model (a final error): key → the error of their jobs
+    broken: dict[MethodKey, str] = dataclasses.field(default_factory=dict)
 
     def has_batches(self, want: int = 1) -> bool:
         """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
