@@ -17,7 +17,7 @@ from harness.config import parse_config
 from jobs.spec import ModelRef
 from tests.validate_helpers import problems_of, write_config
 from workers.methods.base import MethodError
-from workers.methods.checks import SUPPORTED_LAYER_TYPES, facts_of, method_problems, read_facts
+from workers.methods.checks import facts_of, method_problems, read_facts
 from workers.methods.registry import load_method, resolve_params
 from workers.models import load_lm
 
@@ -33,66 +33,60 @@ def build(lm: Any, name: str, params: dict[str, Any], task: str = "sentiment") -
     return load_method(name)(lm, resolve_params(name, params, lm.ref.id), task)
 
 
-def save_tiny(folder: Path, config: Any = None, extra_tokens: int = 0) -> str:
-    """A tiny GPT-2 (or a model of `config`) and its tokenizer saved as a local folder."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def save_tiny(folder: Path, extra_tokens: int = 0) -> str:
+    """A tiny GPT-2 and its tokenizer (with `extra_tokens` more) saved as a local folder."""
+    from workers.tiny import build_tiny_lm
 
-    from workers.tiny import build_tiny_lm, tiny_tokenizer
-
-    if config is None:
-        model, tok = build_tiny_lm("tiny-random/gpt2")
-    else:
-        tok = tiny_tokenizer()
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
+    model, tok = build_tiny_lm("tiny-random/gpt2")
     tok.add_tokens([f"extra{i}" for i in range(extra_tokens)])
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A two-layer random Gemma 3: one sliding-window layer, one full-attention layer."""
-    from transformers import Gemma3TextConfig
+def config_only(folder: Path, **config: Any) -> str:
+    """A model folder with a config.json and the tiny tokenizer, no weights: what `validate`
+    reads of a model."""
+    from workers.tiny import tiny_tokenizer
 
-    from workers.tiny import tiny_vocab
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
 
-    config = Gemma3TextConfig(
-        vocab_size=len(tiny_vocab()), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=512, bos_token_id=0, eos_token_id=0, pad_token_id=2,
+
+def test_a_cache_layout_is_checked_by_validate_as_the_method_checks_it(tmp_path: Path) -> None:
+    """Chunked attention (Llama 4's layout): refused for the methods that touch θ's cache by
+    `validate`, from config.json alone, and by the method in the actor, in the same words;
+    sliding windows (Gemma 3's) are accepted by both; vanilla runs on any layout."""
+    kinds = ["chunked_attention", "full_attention"]
+    chunked = config_only(
+        tmp_path / "chunked", model_type="llama4_text", layer_types=kinds, vocab_size=867
+    )
+    sliding = config_only(
+        tmp_path / "sliding", model_type="gemma3_text", vocab_size=867, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
     )  # fmt: skip
-    return save_tiny(tmp_path_factory.mktemp("gemma"), config)
-
-
-def test_a_cache_layout_is_checked_by_validate_as_the_method_checks_it(
-    tmp_path: Path, gemma: str
-) -> None:
-    """Sliding-window layers: refused by both for the cache-touching methods while the engine
-    does not handle them (accepted by both once it does); vanilla runs on any layout."""
-    lines = checked(
-        tmp_path,
-        models=[{"id": gemma}],
-        methods=["vanilla", "lidao-min", "pplm"],
-        runtime={"device": "cpu"},
-    )
-    cache = [ln for ln in lines if ln.startswith(("methods.0", "methods.1:", "methods.2:"))]
-    lm = load_lm(ModelRef(gemma), device="cpu")
-    if "sliding_attention" in SUPPORTED_LAYER_TYPES:
-        assert cache == []
-        return
+    methods = ["vanilla", "lidao-min", "pplm"]
+    lines = checked(tmp_path, models=[{"id": chunked}, {"id": sliding}], methods=methods)
+    layout = [ln for ln in lines if ln.startswith("methods.")]
     why = (
-        f"cannot run on model {gemma}: its cache has 1 of 2 layers of kind sliding_attention "
-        "(model type gemma3_text); these methods handle full_attention layers only"
+        "cannot run on this model (model type {}): 1 of 2 cache layers are "
+        "chunked_attention; it handles full_attention, sliding_attention layers only"
     )
-    assert cache == [f"methods.1: lidao-min {why}", f"methods.2: pplm {why}"]
+    assert layout == [
+        f"methods.1: lidao-min {why.format('llama4_text')} (model {chunked})",
+        f"methods.2: pplm {why.format('llama4_text')} (model {chunked})",
+    ]
+    lm = load_lm(ModelRef("tiny-random/llama"), device="cpu")
+    lm.model.config.layer_types = kinds  # what the loaded model's config then says
     for name in ("lidao-min", "pplm"):
         with pytest.raises(MethodError) as exc:
             build(lm, name, {})
-        assert str(exc.value) == f"method {name}: {name} {why}"
+        assert (
+            str(exc.value)
+            == f"method {name}: {name} {why.format('llama')} (model tiny-random/llama)"
+        )
     build(lm, "vanilla", {})
 
 
@@ -228,8 +222,10 @@ def test_a_head_as_wide_as_the_cached_models_config_says(tmp_path: Path, offline
 def test_the_checks_see_the_same_facts_in_files_and_in_a_loaded_model(tmp_path: Path) -> None:
     """`read_facts` (files, on the driver) and `facts_of` (a loaded model, in the actor)
     agree on what the checks read: the config's keys and the tokenizer."""
+    from workers.tiny import TINY_FAMILIES, TINY_PREFIX
+
     folder = save_tiny(tmp_path / "m")
-    for spec in ("tiny-random/gpt2", "tiny-random/opt-proj", folder):
+    for spec in [TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert"] + [folder]:
         lm = load_lm(ModelRef(spec), device="cpu")
         files, loaded = read_facts(spec), facts_of(lm)
         assert files.vocab is not None and loaded.vocab is not None

@@ -69,7 +69,8 @@ def check_instruction_context(
     as `workers.methods.elidao.ReferenceStream` requires of every row."""
     from harness.stages.generation.planning import generation_for, load_words
     from jobs.words import label_text
-    from workers.methods.checks import instruction_problem, template_text, text_config
+    from workers.methods.cache_layout import text_config
+    from workers.methods.checks import instruction_problem, template_text
     from workers.methods.registry import resolve_params
 
     methods = [(j, m) for j, m in enumerate(cfg.methods) if m.name in ELIDAO]

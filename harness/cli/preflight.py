@@ -213,12 +213,12 @@ def check_models(
     this machine does not have is left to the cluster's nodes."""
     items = []
     for field, spec, revision, kind in specs:
-        if not spec:
-            items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
-            continue
         if spec.startswith(TINY_PREFIX):
             problem = check_tiny_id(spec, causal=kind == "model")
             items.append(Item(field, spec, "offline random weights", problem))
+            continue
+        if not spec:
+            items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
         found = hub.availability(spec, revision, kind)
         if found.problem and not local and hub.is_local(spec):

@@ -16,15 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.methods.cache_layout import engine_layout_problem, text_config
 from workers.tiny import TINY_PREFIX
 
 TASK_ALPHA = {"toxicity": 2.0, "sentiment": 3.2}  # DExperts' published α per task
 TASK_CODES = {"toxicity": ("clean", "dirty"), "sentiment": ("positive", "negative")}  # GeDi
 GENDER_SLOT = "#GENDER#"
-TUNED = ("uddia", "lidao-min", "lidao-prod", "elidao-min", "elidao-prod")
-CACHE_METHODS = (*TUNED, "pplm")  # methods that read or rebuild θ's KV cache
-# KV cache layer kinds the cache-touching methods handle (transformers' `layer_types`).
-SUPPORTED_LAYER_TYPES = ("full_attention",)
 Problem = tuple[str, str]  # (field under the method's entry: "params.alpha", or ""; why)
 
 
@@ -85,47 +82,6 @@ def read_facts(spec: str, revision: str | None = None, tokenizer: str | None = N
         return list(raw.encode(text, add_special_tokens=False).ids)
 
     return ModelFacts(spec, read_config(spec, revision), encode, raw.get_vocab)
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a config (a multimodal one nests it in `text_config`)."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, Mapping) else config
-
-
-def layer_types(config: Mapping[str, Any]) -> list[str]:
-    """The attention kind of each layer, as transformers lays out the model's cache: the
-    declared `layer_types`, else sliding / chunked / full by the window fields."""
-    cfg = text_config(config)
-    declared = cfg.get("layer_types")
-    if isinstance(declared, list):
-        return [str(t) for t in declared]
-    if cfg.get("use_sliding_window") is False:  # Qwen2 keeps a window size it does not use
-        kind = "full_attention"
-    elif cfg.get("sliding_window") is not None:
-        kind = "sliding_attention"
-    elif cfg.get("attention_chunk_size") is not None:
-        kind = "chunked_attention"
-    else:
-        kind = "full_attention"
-    layers = cfg.get("num_hidden_layers", cfg.get("n_layer", 1))
-    return [kind] * (layers if isinstance(layers, int) and layers > 0 else 1)
-
-
-def cache_layout_problem(config: Mapping[str, Any]) -> str | None:
-    """Why the cache-touching methods (`CACHE_METHODS`) cannot run on a model of `config`, or
-    None. The hook of the engine's cache support: a layer kind it learns to handle goes into
-    `SUPPORTED_LAYER_TYPES`."""
-    kinds = layer_types(config)
-    other = sorted(set(kinds) - set(SUPPORTED_LAYER_TYPES))
-    if not other:
-        return None
-    count = sum(k in other for k in kinds)
-    return (
-        f"its cache has {count} of {len(kinds)} layers of kind {', '.join(other)} "
-        f"(model type {text_config(config).get('model_type', '?')}); these methods handle "
-        f"{', '.join(SUPPORTED_LAYER_TYPES)} layers only"
-    )
 
 
 def tokenizer_problem(model: ModelFacts) -> str | None:
@@ -282,16 +238,15 @@ def method_problems(
     """Everything wrong with method `name` (resolved `params`) for `task` on `model` that
     is known without weights: parameters with no published value for the task, eLIDAO's
     instruction, the extra models' presence and tokenizers (`extras`, by parameter), GeDi's
-    codes, and the KV cache layout. [] when all is well (or a plugin method: its own)."""
+    codes, and the model's layout for the methods that touch θ's KV cache
+    (`cache_layout.engine_layout_problem`). [] when all is well (a plugin method: its own)."""
     out = _task_problems(name, params, task)
     if name in ("elidao-min", "elidao-prod"):
         problem = instruction_problem(params.get("instruction"))
         out += [("params.instruction", problem)] if problem else []
     out += _extra_problems(name, params, task, model, extras or {})
-    if name in CACHE_METHODS and model is not None:
-        problem = cache_layout_problem(model.config)
-        out += [("", f"{name} cannot run on model {model.id}: {problem}")] if problem else []
-    return out
+    layout = None if model is None else engine_layout_problem(name, model.config)
+    return out + ([("", f"{layout} (model {model.id})" if model else layout)] if layout else [])
 
 
 def raise_problems(name: str, problems: list[Problem], error: type[Exception]) -> None:

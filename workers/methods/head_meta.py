@@ -107,7 +107,10 @@ def read_meta(spec: str) -> dict[str, Any] | None:
 def known_hidden_size(model_id: str) -> int | None:
     """The LM's final hidden width when it is known without loading the model."""
     from workers.methods.checks import read_config, text_config
+    from workers.tiny import TINY_PREFIX, tiny_head_width
 
+    if model_id.startswith(TINY_PREFIX):
+        return tiny_head_width(model_id[len(TINY_PREFIX) :])
     cfg = text_config(read_config(model_id))  # a tiny model's, a local folder's, the cache's
     for key in ("word_embed_proj_dim", "n_embd", "hidden_size", "d_model"):
         if isinstance(cfg.get(key), int):
