@@ -182,3 +182,37 @@ def test_a_method_error_fails_its_methods_jobs_at_once_and_the_other_methods_go_
     assert all(script.written[j.job_id] == 1 for j in plain)
     assert d.works[0].done == 6 and d.works[0].failed == 8 and d.works[0].error is None
     assert [r.info.get("method_errors") for r, _ in d.records] == [[line]]  # the run's error
+
+
+def test_a_method_error_is_final_as_each_backend_writes_it() -> None:
+    """In this process (`LocalBackend`) and on Ray (`ray_error` of a task error carrying the
+    actor's exception as its `cause`), a MethodError reads "MethodError: ..."; other errors
+    and lost actors are not final."""
+    from harness.stages.generation.backends import (
+        ActorLost,
+        Done,
+        LocalBackend,
+        TaskFailed,
+        ray_error,
+    )
+    from harness.stages.generation.dispatch_state import is_final
+    from workers.methods.base import MethodError
+
+    class RayTaskError(Exception):  # what Ray raises: the actor's exception as `cause`
+        def __init__(self, cause: Exception) -> None:
+            super().__init__("ray::GenerationActor.run_batch() ...\nTraceback ...")
+            self.cause = cause
+
+    def raising(exc: Exception) -> Done:
+        def fail() -> None:
+            raise exc
+
+        return Done(fail)
+
+    local = LocalBackend(lambda spec: None)
+    for exc, final in ((MethodError("bad head"), True), (RuntimeError("CUDA error"), False)):
+        with pytest.raises(TaskFailed) as got:
+            local.result(raising(exc))
+        assert is_final(got.value) is final
+        assert is_final(TaskFailed(ray_error(RayTaskError(exc)))) is final
+    assert not is_final(ActorLost("MethodError: the text alone does not make it final"))

@@ -165,8 +165,12 @@ def test_a_parameter_the_task_has_no_published_value_for_is_refused(
             "'Be fair.' is neither a template name (plain, instruct) nor a custom template "
             "holding #GENDER# (where the prompt's group is written)",
         ),
-        ("Talk about #GENDER#\x00.", "holds control character(s) U+0000; only newline and tab"),
-        ("\x1b[1m#GENDER#\x07", "holds control character(s) U+0007, U+001B; only newline"),
+        (
+            "Talk about #GENDER#\x00.",
+            "holds control character(s) U+0000; of those only newline and tab",
+        ),
+        ("\x1b[1m#GENDER#\x07", "holds control character(s) U+0007, U+001B; of those only newline"),
+        ("#GENDER# \u202esaid", "holds control character(s) U+202E; of those only newline"),
     ],
 )
 def test_an_elidao_instruction_run_cannot_use_is_refused_by_validate(

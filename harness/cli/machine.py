@@ -12,9 +12,10 @@ import sys
 import uuid
 from pathlib import Path
 
-from harness.cli.preflight import Item, os_problem
+from harness.cli.preflight import Item
 from harness.config import RunConfig
 from harness.stages.generation.devices import visible_ids
+from jobs.files import os_problem
 from jobs.redact import has_controls, printable
 
 

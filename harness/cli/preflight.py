@@ -5,7 +5,6 @@ models are looked up in the local cache, then by metadata. This machine: `machin
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import os
 import urllib.error
@@ -18,7 +17,7 @@ from typing import Any
 
 from harness.config import RunConfig
 from jobs.catalog import takes_head
-from jobs.files import PINNED_SHA256, cached_path
+from jobs.files import PINNED_SHA256, cached_path, os_problem
 from jobs.redact import redact_text
 from workers import hub
 from workers.tiny import TINY_PREFIX, check_tiny_id, report_tokenizer
@@ -159,14 +158,6 @@ def check_files(
                 problem += f" (SHA-256 {PINNED_SHA256[spec]})"
             items.append(Item(field, spec, "URL, NOT REACHABLE", problem))
     return items
-
-
-def os_problem(path: Path | str, exc: OSError) -> str:
-    """Why the system refuses `path` itself (not its content), in one line."""
-    why = exc.strerror or str(exc)
-    if exc.errno == errno.ENAMETOOLONG:
-        why += " (a file or folder name holds at most 255 bytes on most filesystems)"
-    return f"{path}: {why}"
 
 
 def _not_a_file(path: Path) -> str:

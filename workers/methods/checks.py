@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.redact import has_controls
 from workers.methods.cache_layout import engine_layout_problem, text_config
 from workers.tiny import TINY_PREFIX
 
@@ -124,15 +124,16 @@ def instruction_problem(instruction: Any) -> str | None:
     """Why eLIDAO's `instruction` parameter cannot be used, or None: a template name, or a
     custom template holding #GENDER# (the prompt's group is written there: without it the
     reference stream would not depend on the group), with no control character but newline
-    and tab (they would reach the model's input unseen)."""
+    and tab, nor a bidirectional mark (`jobs.redact.has_controls`: they would reach the
+    model's input unseen)."""
     if instruction is None or instruction in TEMPLATES:
         return None
     if not isinstance(instruction, str):
         return f"{instruction!r} must be text"
-    bad = sorted({c for c in instruction if unicodedata.category(c) == "Cc" and c not in "\n\t"})
+    bad = sorted({c for c in instruction if has_controls(c)})  # what a terminal acts on
     if bad:
         shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
-        return f"holds control character(s) {shown}; only newline and tab are allowed"
+        return f"holds control character(s) {shown}; of those only newline and tab are allowed"
     if GENDER_SLOT not in instruction:
         return (
             f"{instruction!r} is neither a template name ({', '.join(TEMPLATES)}) nor a "

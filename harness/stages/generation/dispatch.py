@@ -17,21 +17,23 @@ from harness.stages.generation.backends import (
     ActorSpec,
     Backend,
     Batch,
-    MethodKey,
     Placement,
     TaskFailed,
     first_line,
 )
-from harness.stages.generation.dispatch_state import Call, ModelWork, Policy, Slot
-from jobs.spec import JobSpec, ModelRef
+from harness.stages.generation.dispatch_state import (
+    Call,
+    ModelWork,
+    Policy,
+    Slot,
+    is_final,
+    method_key,
+)
+from jobs.spec import ModelRef
 from results.run.invoke import check_interrupt
 
 log = logging.getLogger("harness")
 PIPELINE = 2  # batches held by one actor: one running, one queued on it
-# Errors a batch raises again on every attempt: a method misconfigured for its model
-# (`workers.methods.base.MethodError`: a head that does not fit, a cache layout it cannot
-# handle). Its batch fails at once, and so do the method's other batches of the model.
-FINAL_ERRORS = ("MethodError",)
 
 FailBatch = Callable[[Batch, str], int]  # writes error rows; returns how many jobs it recorded
 Progress = Callable[[int, int], None]  # (jobs finished, of which ok)
@@ -385,19 +387,6 @@ class Dispatcher:
         """One summary per actor process that was started (the manifest's `actors`)."""
         now = self.clock()
         return [record.summary(now, placement) for record, placement in self.records]
-
-
-def is_final(error: Exception) -> bool:
-    """Whether a failed call raised one of `FINAL_ERRORS` (the backends write the actor's
-    exception as "<type>: <message>")."""
-    return isinstance(error, TaskFailed) and str(error).startswith(
-        tuple(f"{name}: " for name in FINAL_ERRORS)
-    )
-
-
-def method_key(job: JobSpec) -> MethodKey:
-    """The (method, parameters, task) a job's batch runs: every job of a batch shares it."""
-    return (job.method, job.method_params, job.task)
 
 
 def _resources(p: Placement) -> str:
