@@ -62,7 +62,10 @@ def test_a_dataset_field_its_kind_ignores_or_two_alike_groups_are_refused(
     data = json.loads(write_config(tmp_path).read_text())
     with pytest.raises(ConfigError) as exc:
         parse_config({**data, "dataset": dataset})
-    assert f"dataset: Value error, {why}" in str(exc.value)
+    key, rest = why.split(": ", 1)  # the field inside the section, named either way
+    assert f"dataset: Value error, {why}" in str(exc.value) or (
+        f"dataset.{key}: {rest}" in str(exc.value)
+    )
 
 
 def test_a_file_name_too_long_names_its_field(
