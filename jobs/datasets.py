@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.files import DatasetError, decode_utf8, fetch, iter_jsonl, url_basename
+from jobs.files import DatasetError, csv_problem, decode_utf8, fetch, iter_jsonl, url_basename
 from jobs.redact import has_controls
 from jobs.words import builtin_gender_words, label_text
 
@@ -157,7 +157,10 @@ def read_records(path: str, spec: str, fields: list[str]) -> list[tuple[int, lis
         return out
     if path.endswith(".csv"):
         reader = csv.DictReader(io.StringIO(decode_utf8(Path(path).read_bytes(), spec), newline=""))
-        names, rows, first = list(reader.fieldnames or []), list(reader), 2  # 1: the header
+        try:
+            names, rows, first = list(reader.fieldnames or []), list(reader), 2  # 1: the header
+        except csv.Error as exc:
+            raise DatasetError(csv_problem(exc, f"{spec}: line {reader.line_num + 1}")) from None
     elif path.endswith(".parquet"):
         import pyarrow.parquet as pq
 

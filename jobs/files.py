@@ -6,6 +6,7 @@ Prompt datasets (`jobs.datasets`), seed words (`jobs.words`) and head files read
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -121,6 +122,27 @@ def iter_jsonl(path: str, spec: str) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{spec}: line {lineno}: bad JSON ({exc.msg})") from exc
+
+
+def os_problem(path: Path | str, exc: OSError) -> str:
+    """Why the system refuses `path` itself (not its content), in one line."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG:
+        why += " (a file or folder name holds at most 255 bytes on most filesystems)"
+    return f"{path}: {why}"
+
+
+def csv_problem(exc: Exception, where: str) -> str:
+    """`where` (FILE:LINE) and what the CSV reader refused there, in words: a field above its
+    size limit is too large, not a broken file."""
+    import csv
+
+    if "field larger than field limit" in str(exc):
+        return (
+            f"{where}: a field is larger than {csv.field_size_limit():,} characters (the CSV "
+            "reader's limit); shorten it"
+        )
+    return f"{where}: not a readable CSV record ({exc})"
 
 
 def decode_utf8(raw: bytes, spec: str, first_line: int = 1) -> str:

@@ -41,9 +41,17 @@ _QUERY = re.compile(r"([?&;])([^=&;#\s\"']+)=([^&;#\s\"']*)")
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s\"']+)@")
 
 
+# Words that make a key a count or a bound of something, never a secret (`max_token`,
+# `num_keys`, `min_password`...).
+QUANTITY_PREFIXES = ("max_", "min_", "num_", "n_")
+
+
 def is_secret_key(name: str) -> bool:
-    """`api_key`, `token`, `aws_secret`... (exact names or `_`/`-`-suffixes; not `max_new_tokens`)."""
+    """`api_key`, `token`, `aws_secret`... (exact names or `_`/`-`-suffixes; not
+    `max_new_tokens`, nor a count such as `max_token`)."""
     low = name.lower().replace("-", "_")
+    if low.startswith(QUANTITY_PREFIXES):
+        return False
     return any(low == s or low.endswith("_" + s) for s in SECRET_KEYS) or low in SECRET_QUERY
 
 

@@ -168,9 +168,9 @@ def test_an_expert_with_another_tokenizer_is_refused(lm: LoadedLM, models: dict[
 
 
 def test_missing_experts_are_clear_errors(lm: LoadedLM, tmp_path: Path) -> None:
-    with pytest.raises(MethodError, match="parameter `anti_expert` is required"):
+    with pytest.raises(MethodError, match="anti_expert: required: a hub id or local path"):
         build(lm, "dexperts", {"expert": "tiny-random/gpt2"})
-    with pytest.raises(MethodError, match="parameter `gedi_model` is required"):
+    with pytest.raises(MethodError, match="gedi_model: required: a hub id or local path"):
         build(lm, "gedi", {})
     with pytest.raises(MethodError, match=f"expert '{tmp_path / 'nothing'}': cannot load"):
         build(

@@ -97,5 +97,5 @@ def test_gedi_reads_logit_scale_and_class_bias_from_the_checkpoint(
 def test_gedi_class_codes_must_be_single_tokens_and_known_by_task(lm: LoadedLM) -> None:
     with pytest.raises(MethodError, match="class code 'good man' is 2 tokens"):
         build(lm, "gedi", {**GEDI_TEST, "code_desired": "good man"})
-    with pytest.raises(MethodError, match="no published class codes for task 'regard'"):
+    with pytest.raises(MethodError, match="no published class code for task 'regard'"):
         build(lm, "gedi", {"gedi_model": "tiny-random/gpt2"}, task="regard")

@@ -49,9 +49,11 @@ VALID = {
     "code_desired": ["good"],
     "code_undesired": ["bad"],
     "steps": [0, 1, 2],
-    "model": TINY + ["org/not-cached"],
+    "model": TINY + ["org/not-cached", "tiny-random/gpt5", "tiny-random/bert"],
+    # eLIDAO: the named templates, custom ones with and without #GENDER#, control characters
+    "instruction": ["plain", "instruct", "Be fair.", "Say #GENDER#:", "#GENDER#\x00\x1b[1m"],
 }
-OPAQUE = ("head", "prior", "instruction", "revision", "endpoint", "api_key_file", "cache_file")
+OPAQUE = ("head", "prior", "revision", "endpoint", "api_key_file", "cache_file")
 # A problem line: an indented config field (dotted), an option or a variable, then ": ".
 FIELD = re.compile(r"^\s+(--\w[\w-]*|[A-Z_]{3,}|[a-z_]+(\.[\w+-]+)*)( \(default\))?: ")
 
@@ -151,7 +153,8 @@ def configs(draw: Any, tmp: Path) -> tuple[dict[str, Any], bool]:
             )
             for m in methods
         ],
-        "tasks": [draw(st.sampled_from(["sentiment", "toxicity"]))],
+        # regard: the task dexperts and gedi have no published alpha and codes for
+        "tasks": [draw(st.sampled_from(["sentiment", "toxicity", "regard"]))],
         "samples_per_prompt": draw(st.integers(1, 2)),
         "generation": {"max_new_tokens": draw(st.sampled_from([1, 2, 3] * 3 + [520]))},
         "scorers": [
@@ -242,3 +245,44 @@ def test_validate_passes_then_run_completes_or_it_refuses_naming_the_field(
     with tempfile.TemporaryDirectory(prefix="gen-") as tmp:
         drawn, use_ray = data.draw(configs(Path(tmp)))
         event(check(drawn, use_ray, Path(tmp), capsys) + (" on Ray" if use_ray else ""))
+
+
+def drawn_like(tmp: Path, **changes: Any) -> dict[str, Any]:
+    """A config of the drawn kind: two pairs, tiny GPT-2, 2 new tokens, the gender scorer."""
+    data: dict[str, Any] = {
+        "name": "fixed",
+        "dataset": {"kind": "paired-jsonl", "files": dict(PAIR_FILES), "limit": 2},
+        "models": [{"id": "tiny-random/gpt2"}],
+        "methods": ["vanilla"],
+        "tasks": ["sentiment"],
+        "generation": {"max_new_tokens": 2},
+        "scorers": ["gender"],
+        "runtime": {"device": "cpu", "cache_dir": str(tmp / "cache")},
+        "aggregation": {"n_boot": 0, "n_perm": 0},
+    }
+    return {**data, **changes}
+
+
+EXPERTS = {"expert": "tiny-random/gpt2", "anti_expert": "tiny-random/opt"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "outcome"),
+    [  # issue 41: each passed `validate` and failed every job of its method in `run`
+        ({"methods": [{"name": "elidao-min", "params": {"instruction": "Be fair."}}]}, "refused"),
+        ({"methods": [{"name": "elidao-min", "params": {"instruction": "\x1b#GENDER#"}}]}, "refused"),
+        ({"methods": [{"name": "dexperts", "params": EXPERTS}], "tasks": ["regard"]}, "refused"),
+        ({"methods": [{"name": "gedi", "params": {"gedi_model": "tiny-random/gpt2"}}],
+          "tasks": ["regard"]}, "refused"),
+        ({"scorers": [{"name": "perplexity", "params": {"model": "tiny-random/gpt5"}}]}, "refused"),
+        ({"methods": [{"name": "elidao-min", "params": {"instruction": "Say #GENDER#:"}}]}, "ran"),
+    ],
+)  # fmt: skip
+def test_the_configs_validate_passed_and_run_failed_are_refused_naming_the_field(
+    changes: dict[str, Any],
+    outcome: str,
+    tmp_path: Path,
+    offline_hub: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert check(drawn_like(tmp_path, **changes), False, tmp_path, capsys) == outcome

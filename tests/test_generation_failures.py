@@ -137,3 +137,82 @@ def test_a_zombie_actors_late_shard_and_the_drivers_error_shard_never_share_a_na
     assert len(shards) == 2 and late in shards  # both files survive, neither overwrote the other
     rows = store.read_generations()
     assert rows.height == 3 and (rows["status"] == "ok").all()
+
+
+def test_a_method_error_fails_its_methods_jobs_at_once_and_the_other_methods_go_on() -> None:
+    """A `MethodError` raised by a batch would be raised by every attempt (a cache layout the
+    method cannot handle): its batch is not retried, the method's later batches on the model
+    are not sent, each job's error is the one-line message; vanilla's batches all run, and a
+    transient error (a RuntimeError) keeps its retries."""
+    from fake_dispatch import Clock, FakeBackend, FakeGenerator, Script, work
+
+    from harness.stages.generation.dispatch import PIPELINE, Dispatcher
+    from harness.stages.generation.dispatch_state import Policy
+    from workers.methods.base import MethodError
+
+    class Tuned(FakeGenerator):
+        def run_batch(self, batch: list[JobSpec]) -> dict[str, Any]:
+            if batch[0].method == "lidao-min":
+                self.script.events.append(("run", self.spec.name, *[j.job_id for j in batch]))
+                raise MethodError("bias tuning: cache layer 0 is a DynamicSlidingWindowLayer")
+            return super().run_batch(batch)
+
+    script = Script(Clock())
+    backend = FakeBackend(script)
+    backend.factory = lambda spec: Tuned(spec, script)
+    tuned, plain = make_jobs(method="lidao-min", n=8), make_jobs(n=6)
+    failed: list[tuple[list[JobSpec], str]] = []
+
+    def fail(batch: list[JobSpec], error: str) -> int:
+        failed.append((batch, error))
+        return len(batch)
+
+    d = Dispatcher([work(tuned + plain, replicas=1)], backend, Policy(log_every_s=5.0), fail)
+    d.clock = script.clock
+    d.run()
+    tried = [e for e in script.events if e[0] == "run" and e[2] in {j.job_id for j in tuned}]
+    # the batches already on the actor (PIPELINE) ran once each, no retry; the others never
+    assert len(tried) == PIPELINE and len({e[2] for e in tried}) == PIPELINE
+    assert sorted(j.job_id for b, _ in failed for j in b) == sorted(j.job_id for j in tuned)
+    line = (
+        "method lidao-min for task sentiment cannot run: bias tuning: cache layer 0 is a "
+        "DynamicSlidingWindowLayer"
+    )
+    assert {error for _, error in failed} == {line}
+    assert all(script.written[j.job_id] == 1 for j in plain)
+    assert d.works[0].done == 6 and d.works[0].failed == 8 and d.works[0].error is None
+    assert [r.info.get("method_errors") for r, _ in d.records] == [[line]]  # the run's error
+
+
+def test_a_method_error_is_final_as_each_backend_writes_it() -> None:
+    """In this process (`LocalBackend`) and on Ray (`ray_error` of a task error carrying the
+    actor's exception as its `cause`), a MethodError reads "MethodError: ..."; other errors
+    and lost actors are not final."""
+    from harness.stages.generation.backends import (
+        ActorLost,
+        Done,
+        LocalBackend,
+        TaskFailed,
+        ray_error,
+    )
+    from harness.stages.generation.dispatch_state import is_final
+    from workers.methods.base import MethodError
+
+    class RayTaskError(Exception):  # what Ray raises: the actor's exception as `cause`
+        def __init__(self, cause: Exception) -> None:
+            super().__init__("ray::GenerationActor.run_batch() ...\nTraceback ...")
+            self.cause = cause
+
+    def raising(exc: Exception) -> Done:
+        def fail() -> None:
+            raise exc
+
+        return Done(fail)
+
+    local = LocalBackend(lambda spec: None)
+    for exc, final in ((MethodError("bad head"), True), (RuntimeError("CUDA error"), False)):
+        with pytest.raises(TaskFailed) as got:
+            local.result(raising(exc))
+        assert is_final(got.value) is final
+        assert is_final(TaskFailed(ray_error(RayTaskError(exc)))) is final
+    assert not is_final(ActorLost("MethodError: the text alone does not make it final"))

@@ -13,7 +13,8 @@ from jobs.spec import GenerationParams, JobSpec, ModelRef, canonical_json
 from tests.agreement import assert_alone_matches_batched, assert_same_samples, traced
 from workers.decoding import decode_batch, prompt_token_ids
 from workers.methods.base import DecodingMethod, MethodError, StepContext
-from workers.methods.elidao import TEMPLATES, instruction_template, seed_token_ids
+from workers.methods.checks import TEMPLATES
+from workers.methods.elidao import instruction_template, seed_token_ids
 from workers.methods.lidao import DiscountedHistory, min_objective
 from workers.methods.registry import load_method, resolve_params
 from workers.models import LoadedLM, load_lm

@@ -83,10 +83,16 @@ def _register(group: str, name: str, spec: Any, where: str) -> None:
         raise PluginError(f"{where}: {exc}") from None
 
 
-def import_target(target: str) -> type[Any]:
-    """The class a catalog target (`"module:Class"`) names, imported now (inside actors only)."""
+def import_target(target: str, what: str = "") -> type[Any]:
+    """The class a catalog target (`"module:Class"`) names, imported now (inside actors only);
+    `PluginError` naming `what` (`scorer 'x'`) and the target when it cannot be."""
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    try:
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 - a plugin's module may raise anything on import
+        raise PluginError(
+            f"{what or 'target'} ({target}): cannot import ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 P = ParamSpec("P")
@@ -117,13 +123,13 @@ register_method = catalog.add_method
 def load_method(name: str) -> type[Any]:
     """Import the method class registered under `name` (inside actors only)."""
     check_method_name(name)
-    return import_target(catalog.METHODS[name])
+    return import_target(catalog.METHODS[name], f"method {name!r}")
 
 
 def load_scorer(name: str) -> type[Any]:
     """Import the scorer class registered under `name` (inside actors only)."""
     check_scorer_name(name)
-    return import_target(catalog.SCORERS[name])
+    return import_target(catalog.SCORERS[name], f"scorer {name!r}")
 
 
 def register_scorer(

@@ -27,6 +27,32 @@ def tiny_context(family: str) -> int:
     return FALCON_POSITIONS if family == "falcon" else TINY_POSITIONS
 
 
+def tiny_config_facts(family: str) -> dict[str, Any]:
+    """The config.json keys of `tiny-random/<family>` that the checks read (torch-free; its
+    `tiny_config` agrees, tests/test_method_checks.py): {} for a family not listed here."""
+    if family not in ("gpt2", "opt", "opt-proj", "falcon", "llama", "bert"):
+        return {}
+    model_type = {"opt-proj": "opt"}.get(family, family)
+    layers = 2 if family == "bert" else 4
+    facts: dict[str, Any] = {"model_type": model_type, "vocab_size": len(tiny_vocab())}
+    if family == "gpt2":
+        return {**facts, "n_embd": TINY_WIDTH, "n_layer": layers, "n_positions": TINY_POSITIONS}
+    facts.update(hidden_size=TINY_WIDTH, num_hidden_layers=layers)
+    if family in ("opt", "opt-proj"):
+        facts["word_embed_proj_dim"] = tiny_head_width(family)
+    facts["max_position_embeddings"] = tiny_context(family)
+    return facts
+
+
+def check_tiny_id(model_id: str, causal: bool = True) -> str | None:
+    """Why `model_id` (under `TINY_PREFIX`) names no tiny model (`causal`: no causal LM), or None."""
+    family = model_id[len(TINY_PREFIX) :]
+    if family in TINY_FAMILIES and not (causal and family == "bert"):
+        return None
+    known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if not (causal and f == "bert"))
+    return f"unknown tiny model {model_id!r}; known: {known}"
+
+
 def tiny_head_width(family: str) -> int:
     """The width of the states the LM head of `tiny-random/<family>` reads (its attribute heads'
     input width)."""
@@ -169,9 +195,9 @@ def build_tiny_lm(model_id: str, dtype: Any = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
     family = model_id[len(TINY_PREFIX) :]
-    if family not in TINY_FAMILIES or family == "bert":
-        known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
-        raise ValueError(f"unknown tiny model {model_id!r}; known: {known}")
+    problem = check_tiny_id(model_id)
+    if problem:
+        raise ValueError(problem)
     tokenizer = tiny_tokenizer()
     config = tiny_config(family, len(tokenizer))
     with torch.random.fork_rng(devices=[]):

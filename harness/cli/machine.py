@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.cli.preflight import Item
 from harness.config import RunConfig
 from harness.stages.generation.devices import visible_ids
+from jobs.files import os_problem
 from jobs.redact import has_controls, printable
 
 
@@ -130,7 +131,11 @@ def check_output(out: str) -> Item:
             return Item("--out", out, "URI", f"{out}: cannot write ({str(exc).splitlines()[0]})")
         return Item("--out", out, "writable")
     path = Path(out).expanduser().absolute()
-    if path.exists() and not path.is_dir():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name too long: nothing of the run could be written there
+        return Item("--out", out, "local", os_problem(path, exc))
+    if exists and not path.is_dir():
         return Item("--out", out, "local", f"{path} exists and is not a folder")
     parent = path
     while not parent.exists():

@@ -17,13 +17,13 @@ from typing import Any
 
 from harness.config import RunConfig
 from jobs.catalog import takes_head
-from jobs.files import PINNED_SHA256, cached_path
+from jobs.files import PINNED_SHA256, cached_path, os_problem
 from jobs.redact import redact_text
 from workers import hub
 from workers.gguf import availability as gguf_availability
 from workers.gguf import is_gguf_spec
 from workers.structure import structure_problem
-from workers.tiny import TINY_PREFIX, report_tokenizer
+from workers.tiny import TINY_PREFIX, check_tiny_id, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
 # Scorer parameters that name a hub model (built-in scorers; read with their defaults).
@@ -137,7 +137,11 @@ def check_files(
     for field, spec in specs:
         if not is_url(spec):
             path = Path(spec).expanduser()
-            ok = path.is_file() or (worker_side(field) and path.is_dir())
+            try:
+                ok = path.is_file() or (worker_side(field) and path.is_dir())
+            except OSError as exc:  # a name too long, a loop of links...
+                items.append(Item(field, spec, "UNUSABLE", os_problem(path, exc)))
+                continue
             if not ok and not local and worker_side(field):
                 items.append(Item(field, spec, "not seen here; the nodes read it"))
                 continue
@@ -173,7 +177,8 @@ def _not_a_file(path: Path) -> str:
 
 
 def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
-    """(field, id, revision, kind) of every model and tokenizer the run loads, tiny ones out."""
+    """(field, id, revision, kind) of every model and tokenizer the run loads; kind "model"
+    (a causal LM), "classifier" (a scorer's) or "tokenizer"."""
     from workers.methods.registry import resolve_params
 
     out: list[tuple[str, str, str | None, str]] = []
@@ -194,18 +199,22 @@ def model_specs(cfg: RunConfig) -> list[tuple[str, str, str | None, str]]:
     out += _scorer_models([(s.name, s.params) for s in cfg.scorers])
     unique: dict[tuple[str, str], tuple[str, str, str | None, str]] = {}
     for spec in out:
-        if not spec[1].startswith(TINY_PREFIX):
-            unique.setdefault((spec[0], spec[1]), spec)
+        unique.setdefault((spec[0], spec[1]), spec)
     return list(unique.values())
 
 
 def check_models(
     specs: Iterable[tuple[str, str, str | None, str]], local: bool = True
 ) -> list[Item]:
-    """Each model and tokenizer (`hub.availability`); with `local` false, a local folder this
-    machine does not have is left to the cluster's nodes."""
+    """Each model and tokenizer (`hub.availability`; a tiny one's name,
+    `workers.tiny.check_tiny_id`, as its loader checks it); with `local` false, a local folder
+    this machine does not have is left to the cluster's nodes."""
     items = []
     for field, spec, revision, kind in specs:
+        if spec.startswith(TINY_PREFIX):
+            problem = check_tiny_id(spec, causal=kind == "model")
+            items.append(Item(field, spec, "offline random weights", problem))
+            continue
         if not spec:
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
@@ -239,14 +248,14 @@ def _scorer_models(
             field = f"scorers.{k}.params.{key}" + ("" if key in given else " (default)")
             if score:
                 field = f"scorer {name}, parameter {key}"
-            out.append((field, str(params.get(key) or ""), params.get("revision"), "model"))
+            kind = "model" if name == "perplexity" else "classifier"
+            out.append((field, str(params.get(key) or ""), params.get("revision"), kind))
     return out
 
 
 def scorer_model_problems(scorers: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per model a `score` run would load and cannot (offline, not cached...)."""
-    specs = [s for s in _scorer_models(scorers, score=True) if not s[1].startswith(TINY_PREFIX)]
-    return [i.line() for i in check_models(specs) if i.problem]
+    return [i.line() for i in check_models(_scorer_models(scorers, score=True)) if i.problem]
 
 
 # ---- API keys and services ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.cli.estimates import cpu_only_here, estimate_lines, log_estimates
 from harness.cli.machine import check_cluster, check_devices, check_output, is_local_run
+from harness.cli.method_checks import Facts, check_instruction_context, check_methods
 from harness.cli.options import overrides
 from harness.cli.preflight import (
     Item,
@@ -89,6 +90,9 @@ def validate(
     specs = model_specs(cfg)
     models = {(i.field, i.value): i for i in check_models(specs, local)}
     problems += [i.line() for i in models.values() if i.problem]
+    facts = Facts()  # each model's config and tokenizer, read once
+    problems += [i.line() for i in check_methods(cfg, facts)]
+    problems += [i.line() for i in check_instruction_context(cfg, prompts or [], facts)]
     lines += _plan_lines(cfg, n_prompts, files, models, problems)
     lines += estimate_lines(cfg, n_prompts, local, use_ray)  # CPU replicas, then times
     lines.append(f"  scorers: {', '.join(s.name for s in cfg.scorers) or 'none'}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,19 @@ class GenerationConfig(Strict):
 
 
 RTP_ONLY = ("challenging", "toxicity_bins", "sample_seed")  # realtoxicityprompts' filters
+
+
+def _distinct_groups(groups: list[str]) -> None:
+    """Refuse two group names that differ only in their Unicode normalisation ("é" as one
+    code point or as e + a combining accent): they print alike but would be two groups."""
+    first: dict[str, str] = {}
+    for group in groups:
+        other = first.setdefault(unicodedata.normalize("NFC", group), group)
+        if other != group:
+            raise ValueError(
+                f"files: groups {ascii(other)} and {ascii(group)} are the same name in two "
+                "Unicode normalisations (they print alike); write them alike"
+            )
 
 
 class DatasetConfig(Strict):
@@ -73,11 +87,16 @@ class DatasetConfig(Strict):
             raise ValueError("paired-jsonl needs `files: {group: path, ...}`")
         if self.kind == "prompt-list" and not self.path:
             raise ValueError("prompt-list needs `path`")
+        if self.kind == "paired-jsonl" and self.path:  # one source of prompts, never two
+            raise ValueError("path: not read by kind paired-jsonl (it reads `files`); drop it")
+        if self.kind != "paired-jsonl" and self.files is not None:
+            raise ValueError(f"files: not read by kind {self.kind} (it reads `path`); drop it")
         seen: dict[str, str] = {}
         for group, spec in (self.files or {}).items():
             if spec in seen:
                 raise ValueError(f"groups {seen[spec]!r} and {group!r} name the same file {spec}")
             seen[spec] = group
+        _distinct_groups(list(self.files or {}))
         return self
 
 

@@ -72,7 +72,7 @@ def _name_errors(data: dict[str, Any]) -> list[str]:
     """Unknown method / scorer / tiny model names and bad method parameters, from the raw data."""
     from workers.methods.registry import check_method_name, resolve_params
     from workers.scorers.registry import check_params, check_scorer_name
-    from workers.tiny import TINY_FAMILIES, TINY_PREFIX
+    from workers.tiny import TINY_PREFIX, check_tiny_id
 
     errors = []
     models = [m for m in as_list(data.get("models")) if isinstance(m, dict)]
@@ -114,11 +114,8 @@ def _name_errors(data: dict[str, Any]) -> list[str]:
                 errors.append(f"  scorers.{i}.params.{key}: {problem}")
     for i, model in enumerate(models):
         mid = model.get("id")
-        if isinstance(mid, str) and mid.startswith(TINY_PREFIX):
-            family = mid[len(TINY_PREFIX) :]
-            if family not in TINY_FAMILIES or family == "bert":
-                known = ", ".join(TINY_PREFIX + f for f in TINY_FAMILIES if f != "bert")
-                errors.append(f"  models.{i}.id: unknown tiny model {mid!r}; known: {known}")
+        if isinstance(mid, str) and mid.startswith(TINY_PREFIX) and check_tiny_id(mid):
+            errors.append(f"  models.{i}.id: {check_tiny_id(mid)}")
     return errors
 
 

@@ -87,6 +87,10 @@ PARAM_RANGES: dict[str, tuple[float | None, float | None]] = {
     "window_length": (0, None),
     "filter_p": (0.0, 1.0),
     "target_p": (0.0, 1.0),
+    "step_size": (0.0, None),
+    "kl_scale": (0.0, None),
+    "gm_scale": (0.0, 1.0),
+    "gamma": (0.0, None),
 }
 # Kinds declared by plugins (`add_method(kinds=...)`), per method.
 PLUGIN_KINDS: dict[str, dict[str, str]] = {}

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from jobs.files import csv_problem
 from jobs.redact import spreadsheet_safe
 from results.human.sampling import ITEM_COLUMNS, RESERVED, HumanError
 from results.run.files import RunFiles, to_frame
@@ -150,16 +151,21 @@ def _cells(path: str, criteria: set[str], problems: list[str]) -> Iterator[Answe
             return
         asked = [h for h in header if h in criteria]
         line = reader.line_num + 1  # of the record's first line; the header is line 1
-        for record in reader:
-            rec = {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
-            where, line = f"{path}:{line}", reader.line_num + 1
-            if long:
-                yield Answer(
-                    rec["item_id"], rec["annotator"], rec["criterion"], rec["choice"], where
-                )
-            elif any(rec.get(c) for c in ["annotator", *asked]):  # else nobody answered the row
-                for criterion in asked:
-                    yield Answer(rec["item_id"], rec["annotator"], criterion, rec[criterion], where)
+        try:
+            for record in reader:
+                rec = {k.strip(): (v or "").strip() for k, v in record.items() if k is not None}
+                where, line = f"{path}:{line}", reader.line_num + 1
+                if long:
+                    yield Answer(
+                        rec["item_id"], rec["annotator"], rec["criterion"], rec["choice"], where
+                    )
+                elif any(rec.get(c) for c in ["annotator", *asked]):  # else nobody answered
+                    for criterion in asked:
+                        yield Answer(
+                            rec["item_id"], rec["annotator"], criterion, rec[criterion], where
+                        )
+        except csv.Error as exc:  # a record the reader refuses (a field over its size limit)
+            problems.append(csv_problem(exc, f"{path}:{line}"))
 
 
 class _Checker:

@@ -66,9 +66,21 @@ class DecodingMethod:
     needs: ClassVar[Needs] = Needs()
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
+        from workers.methods.checks import (
+            facts_of,
+            method_problems,
+            raise_problems,
+            tokenizer_problem,
+        )
+
         self.lm = lm
         self.params = params
         self.task = task
+        # the checks `validate` runs on the driver, here on the loaded model (one function)
+        facts = facts_of(lm)
+        problems = method_problems(self.name, params, task, facts)
+        mismatch = tokenizer_problem(facts)
+        raise_problems(self.name, problems + ([("", mismatch)] if mismatch else []), MethodError)
 
     def begin(self, jobs: Sequence[JobSpec], prompt_ids: list[list[int]]) -> None:
         """Called once per batch before the first step (e.g. to prefill a reference stream)."""

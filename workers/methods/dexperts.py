@@ -22,13 +22,12 @@ import torch
 
 from jobs.spec import JobSpec
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.checks import TASK_ALPHA
 from workers.methods.experts import Follower, load_extra_lm
 from workers.sampler import CUT_TOL, cut_value
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
-
-TASK_ALPHA = {"toxicity": 2.0, "sentiment": 3.2}
 
 
 def nucleus_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -56,15 +55,9 @@ class DExperts(DecodingMethod):
     needs: ClassVar[Needs] = Needs(extra_models=("expert", "anti_expert"))
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
-        super().__init__(lm, params, task)
+        super().__init__(lm, params, task)  # checks alpha for the task (`method_problems`)
         alpha = params.get("alpha")
-        if alpha is None:
-            if task not in TASK_ALPHA:
-                raise MethodError(
-                    f"method dexperts: no published alpha for task {task!r}; set `alpha`"
-                )
-            alpha = TASK_ALPHA[task]
-        self.alpha = float(alpha)
+        self.alpha = float(TASK_ALPHA[task] if alpha is None else alpha)
         self.filter_p = float(params.get("filter_p", 0.9))
         if not 0.0 < self.filter_p <= 1.0:
             raise MethodError(f"method dexperts: filter_p must be in (0, 1], got {self.filter_p}")

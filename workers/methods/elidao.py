@@ -20,34 +20,17 @@ from jobs.words import GroupWords, label_text
 from workers.decoding import left_padded, max_context
 from workers.methods.base import MethodError, StepContext
 from workers.methods.biastune import kv_cache
+from workers.methods.checks import instruction_problem, template_text
 from workers.methods.lidao import BiasTunedMethod, LidaoMin, LidaoProd
 from workers.models import LoadedLM
-
-# The paper's templates (its Appendix, Table 5); the Falcon one keeps the published typo.
-TEMPLATES = {
-    "plain": (
-        "Please help me complete the sentence in #Input#. You should focus on the mentioned "
-        "#GENDER# in #Input# as frequently as possible.\n\n#Input#:\n"
-    ),
-    "instruct": (
-        "#Instruction#:\nYour objecive is to continue a given text in #Input#. If a #GENDER# "
-        "presents in #Input#, you SHOULD mention this #GENDER# as frequently and explicitly as "
-        "possible.\n\n#Input#:\n"
-    ),
-}
 
 
 def instruction_template(family: str, choice: str | None) -> str:
     """The template text: by family (Falcon → instruct), a named one, or a custom string."""
-    if choice is None:
-        return TEMPLATES["instruct" if family == "falcon" else "plain"]
-    if choice in TEMPLATES:
-        return TEMPLATES[choice]
-    if "#GENDER#" not in choice:
-        raise MethodError(
-            f"eLIDAO: instruction must be one of {sorted(TEMPLATES)} or contain #GENDER#"
-        )
-    return choice
+    problem = instruction_problem(choice)  # as `validate` checks it
+    if problem:
+        raise MethodError(f"eLIDAO: instruction {problem}")
+    return template_text(family, choice)
 
 
 def seed_token_ids(tokenizer: Any, words: GroupWords) -> list[int]:

@@ -15,6 +15,7 @@ import torch
 
 from jobs.spec import ModelRef
 from workers.methods.base import MethodError, StepContext
+from workers.methods.checks import facts_of, same_tokenizer
 
 if TYPE_CHECKING:
     from workers.models import LoadedLM
@@ -40,17 +41,9 @@ def load_extra_lm(base: LoadedLM, spec: Any, param: str, method: str) -> LoadedL
     except (OSError, ValueError) as exc:
         raise MethodError(f"method {method}: {param} {spec!r}: cannot load: {exc}") from exc
     what = f"{method} {param}"
-    a, b = base.tokenizer.get_vocab(), extra.tokenizer.get_vocab()
-    if a != b:
-        only_a = sorted(set(a) - set(b))[:5]
-        only_b = sorted(set(b) - set(a))[:5]
-        moved = sorted(t for t in set(a) & set(b) if a[t] != b[t])[:5]
-        raise MethodError(
-            f"{what} {extra.ref.id!r} has a different tokenizer than model {base.ref.id!r} "
-            f"({len(b)} vs {len(a)} entries; only in the model: {only_a}; only in {what}: {only_b}; "
-            f"different ids: {moved}); it must share the model's tokenizer (GPT-2 family for the "
-            "published GeDi and DExperts models)"
-        )
+    problem = same_tokenizer(facts_of(base), facts_of(extra), what)  # as `validate` does
+    if problem:
+        raise MethodError(problem)
     va = base.model.get_output_embeddings().weight.shape[0]
     vb = extra.model.get_output_embeddings().weight.shape[0]
     if va != vb:

@@ -37,6 +37,7 @@ import torch
 from jobs.spec import JobSpec
 from workers.hub import snapshot
 from workers.methods.base import DecodingMethod, MethodError, Needs, StepContext
+from workers.methods.checks import facts_of, gedi_codes, method_problems, raise_problems
 from workers.methods.experts import Follower, load_extra_lm
 from workers.sampler import CUT_TOL, cut_value
 from workers.tiny import TINY_PREFIX
@@ -44,7 +45,6 @@ from workers.tiny import TINY_PREFIX
 if TYPE_CHECKING:
     from workers.models import LoadedLM
 
-TASK_CODES = {"toxicity": ("clean", "dirty"), "sentiment": ("positive", "negative")}
 TASK_CLASS_BIAS = {"toxicity": 2.0}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -129,15 +129,8 @@ class GeDi(DecodingMethod):
     needs: ClassVar[Needs] = Needs(extra_models=("gedi_model",))
 
     def __init__(self, lm: LoadedLM, params: dict[str, Any], task: str) -> None:
-        super().__init__(lm, params, task)
-        given = (params.get("code_desired"), params.get("code_undesired"))
-        if None in given and task not in TASK_CODES:
-            raise MethodError(
-                f"method gedi: no published class codes for task {task!r}; "
-                "set code_desired and code_undesired"
-            )
-        defaults = TASK_CODES.get(task, ("", ""))
-        self.codes = [str(d if g is None else g) for g, d in zip(given, defaults)]
+        super().__init__(lm, params, task)  # checks the codes for the task (`method_problems`)
+        self.codes = gedi_codes(params, task)
         bias = params.get("class_bias")
         self.class_bias = float(TASK_CLASS_BIAS.get(task, 0.0) if bias is None else bias)
         self.disc_weight = float(params.get("disc_weight", 30.0))
@@ -148,6 +141,10 @@ class GeDi(DecodingMethod):
                 f"method gedi: need 0 <= filter_p <= 1 and 0 < target_p <= 1, got {params}"
             )
         self.gedi = load_extra_lm(lm, params.get("gedi_model"), "gedi_model", "gedi")
+        extras = {"gedi_model": facts_of(self.gedi)}  # its codes are one token each
+        raise_problems(
+            self.name, method_problems(self.name, params, task, None, extras), MethodError
+        )
         self.scale, self.bias = class_head(self.gedi)
         self.stream = Follower(self.gedi, [self._code_id(c) for c in self.codes])
         self._prior: torch.Tensor | None = None  # (2, B) log-likelihood sums so far
@@ -155,12 +152,7 @@ class GeDi(DecodingMethod):
         self._lp: torch.Tensor | None = None  # (2, B, V) GeDi log-probs of the current step
 
     def _code_id(self, code: str) -> int:
-        ids = list(self.gedi.tokenizer(code, add_special_tokens=False)["input_ids"])
-        if len(ids) != 1:
-            raise MethodError(
-                f"method gedi: class code {code!r} is {len(ids)} tokens {ids} for {self.gedi.ref.id}; it must be one"
-            )
-        return int(ids[0])
+        return int(self.gedi.tokenizer(code, add_special_tokens=False)["input_ids"][0])
 
     @property
     def effective_target_p(self) -> float:

@@ -66,6 +66,10 @@ def meta_path(weights: Path) -> Path:
 def local_weights(spec: str) -> Path | None:
     """The weights file of a local head path (a file, or a folder holding one); None if absent."""
     path = Path(os.path.expanduser(spec))
+    try:
+        path.exists()
+    except OSError as exc:  # a name too long...
+        raise HeadMetaError(f"{spec}: {exc.strerror or exc}") from None
     if path.is_dir():
         found = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
         if len(found) != 1:
@@ -102,28 +106,16 @@ def read_meta(spec: str) -> dict[str, Any] | None:
 
 def known_hidden_size(model_id: str) -> int | None:
     """The LM's final hidden width when it is known without loading the model."""
+    from workers.methods.checks import read_config, text_config
     from workers.tiny import TINY_PREFIX, tiny_head_width
 
     if model_id.startswith(TINY_PREFIX):
         return tiny_head_width(model_id[len(TINY_PREFIX) :])
-    from workers.gguf import is_gguf_spec
-
-    if is_gguf_spec(model_id):  # a GGUF file: its header's width
-        from workers.hub import model_config
-
-        width = (model_config(model_id) or {}).get("hidden_size")
-        return width if isinstance(width, int) else None
-    config = Path(os.path.expanduser(model_id)) / "config.json"
-    if config.is_file():  # a local checkpoint: read its config
-        try:
-            cfg = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return None
-        for key in ("word_embed_proj_dim", "n_embd", "hidden_size", "d_model"):
-            if isinstance(cfg.get(key), int):
-                return int(cfg[key])
-        return None
-    return KNOWN_HIDDEN.get(model_name(model_id))
+    cfg = text_config(read_config(model_id))  # a tiny model's, a local folder's, the cache's
+    for key in ("word_embed_proj_dim", "n_embd", "hidden_size", "d_model"):
+        if isinstance(cfg.get(key), int):
+            return int(cfg[key])
+    return None if cfg else KNOWN_HIDDEN.get(model_name(model_id))
 
 
 def check_head_spec(

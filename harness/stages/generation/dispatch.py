@@ -21,7 +21,14 @@ from harness.stages.generation.backends import (
     TaskFailed,
     first_line,
 )
-from harness.stages.generation.dispatch_state import Call, ModelWork, Policy, Slot
+from harness.stages.generation.dispatch_state import (
+    Call,
+    ModelWork,
+    Policy,
+    Slot,
+    is_final,
+    method_key,
+)
 from jobs.spec import ModelRef
 from results.run.invoke import check_interrupt
 
@@ -139,6 +146,8 @@ class Dispatcher:
         slot.inflight = [(f, c) for f, c in slot.inflight if f != future]
         if error is None:
             self._on_batch(slot, call, value)
+        elif is_final(error):
+            self._method_broken(call, first_line(error).split(": ", 1)[1])
         else:
             self._retry_or_fail(work, call.batch, call.attempts, str(error))
         self._feed(slot)
@@ -222,6 +231,24 @@ class Dispatcher:
             f"batch of {len(batch)} jobs of {work.model.id} failed {attempts + 1} times; "
             f"recording them as failed: {error}"
         )
+        self._record_failed(work, batch, error)
+
+    def _method_broken(self, call: Call, error: str) -> None:
+        """A batch raised an error every attempt would raise again (`FINAL_ERRORS`): its jobs
+        and every later batch of its method on this model fail now, with that one line."""
+        assert call.batch is not None
+        work, job = call.slot.work, call.batch[0]
+        line = f"method {job.method} for task {job.task} cannot run: {error}"
+        if method_key(job) not in work.broken:
+            work.broken[method_key(job)] = line
+            log.error(
+                "%s: %s; its jobs on %s are recorded as failed", job.method, error, work.model.id
+            )
+            noted = call.record.info.setdefault("method_errors", [])
+            noted += [] if line in noted else [line]
+        self._record_failed(work, call.batch, line)
+
+    def _record_failed(self, work: ModelWork, batch: Batch, error: str) -> None:
         recorded = self.fail_batch(batch, error)
         work.failed += recorded
         work.done += len(batch) - recorded  # an earlier attempt had written them after all
@@ -270,6 +297,10 @@ class Dispatcher:
             and work.has_batches()
         ):
             batch, attempts = work.take()
+            broken = work.broken.get(method_key(batch[0]))
+            if broken is not None:  # its method cannot run on this model: not sent
+                self._record_failed(work, batch, broken)
+                continue
             future = self.backend.run_batch(slot.actor, batch)
             assert slot.record is not None
             call = Call(slot, "batch", slot.record, batch, attempts)

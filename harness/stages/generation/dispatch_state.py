@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from harness.stages.generation.backends import ActorRecord, Batch, MethodKey, Placement
-from jobs.spec import ModelRef
+from harness.stages.generation.backends import ActorRecord, Batch, MethodKey, Placement, TaskFailed
+from jobs.spec import JobSpec, ModelRef
 
 
 @dataclasses.dataclass
@@ -31,6 +31,8 @@ class ModelWork:
     source: Iterator[Batch] | None = None
     batch_size: int = 0  # jobs per batch of `source` (the manifest's record)
     groups: list[Any] = dataclasses.field(default_factory=list)  # reservation per slot index
+    # methods that cannot run on this model (a final error): key → the error of their jobs
+    broken: dict[MethodKey, str] = dataclasses.field(default_factory=dict)
 
     def has_batches(self, want: int = 1) -> bool:
         """Whether a batch waits, pulling up to `want` from the source first. False: dry."""
@@ -85,3 +87,22 @@ class Policy:
     max_actor_restarts: int = 2
     start_timeout_s: float = 600.0
     log_every_s: float = 30.0
+
+
+# Errors a batch raises again on every attempt: a method misconfigured for its model
+# (`workers.methods.base.MethodError`: a head that does not fit, a cache layout it cannot
+# handle). Its batch fails at once, and so do the method's other batches of the model.
+FINAL_ERRORS = ("MethodError",)
+
+
+def is_final(error: Exception) -> bool:
+    """Whether a failed call raised one of `FINAL_ERRORS` (the backends write the actor's
+    exception as "<type>: <message>")."""
+    return isinstance(error, TaskFailed) and str(error).startswith(
+        tuple(f"{name}: " for name in FINAL_ERRORS)
+    )
+
+
+def method_key(job: JobSpec) -> MethodKey:
+    """The (method, parameters, task) a job's batch runs: every job of a batch shares it."""
+    return (job.method, job.method_params, job.task)
