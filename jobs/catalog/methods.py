@@ -87,7 +87,6 @@ PARAM_RANGES: dict[str, tuple[float | None, float | None]] = {
     "window_length": (0, None),
     "filter_p": (0.0, 1.0),
     "target_p": (0.0, 1.0),
-    "step_size": (0.0, None),
     "kl_scale": (0.0, None),
     "gm_scale": (0.0, 1.0),
     "gamma": (0.0, None),

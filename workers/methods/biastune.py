@@ -273,7 +273,7 @@ def module_device(module: nn.Module, default: torch.device) -> torch.device:
     return default
 
 
-def input_embedding_scale(model: nn.Module) -> float:
+def input_embedding_scale(model: Any) -> float:
     """The factor the input embedding module applies to its rows (Gemma: √D; 1.0 for most
     models), so that an expected embedding `c·Eᵀp` fed as `inputs_embeds` is what the model
     sees for ids. `MethodError` where the module is not a scaled row lookup."""

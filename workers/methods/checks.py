@@ -8,8 +8,6 @@ first batch, `validate` finds out first (docs/design.md, "Checks").
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
