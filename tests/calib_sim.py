@@ -30,6 +30,7 @@ import numpy as np
 from results.stats import bootstrap as bs
 from results.stats import emt
 from results.stats import permutation as perm
+from results.stats.counts import count_test
 
 
 class Data(NamedTuple):
@@ -137,7 +138,7 @@ def analyse(
             bc_ci = bs.percentile_ci(perm.bias_corrected_resamples(gaps[1:], test), level)
     counts = None
     if metric == "toxicity":
-        counts = perm.count_test(data.group, data.prompt, data.value, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
+        counts = count_test(data.group, data.prompt, data.value, data.unit_of, paired, n_groups, n_perm, rng)  # fmt: skip
     mde = np.nan
     if n_boot:
         mde = perm.detectable(

@@ -117,10 +117,13 @@ TRAIN_HEAD = [
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["power", "R", "--gap", "0"], "argument --gap: must be > 0, got '0'"),
-        (["power", "R", "--gap", "nan"], "argument --gap: must be > 0, got 'nan'"),
+        (["power", "R", "--gap", "0"], "argument --gap: must be > 0 and <= 100, got '0'"),
+        (["power", "R", "--gap", "nan"], "argument --gap: must be > 0 and <= 100, got 'nan'"),
         (["power", "R", "--gap", "5", "--power", "1"], "--power: must be > 0 and < 1"),
-        (["power", "R", "--gap", "5", "--samples", "0"], "--samples: must be >= 1, got '0'"),
+        (
+            ["power", "R", "--gap", "5", "--samples", "0"],
+            "--samples: must be >= 1 and <= 1000, got '0'",
+        ),
         (["power", "R", "--gap", "5", "--reps", "x"], "--reps: a whole number, got 'x'"),
         (["power", "R", "--gap", "5", "--metric", "bogus"], "--metric: invalid choice: 'bogus'"),
         (["aggregate", "R", "--ppl-max", "-1"], "--ppl-max: must be > 0, got '-1'"),

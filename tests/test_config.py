@@ -334,17 +334,19 @@ def test_a_snapshot_read_back_is_redacted_as_the_config_was() -> None:
 def test_model_entry_fields_and_job_ids() -> None:
     from jobs.spec import JobSpec
 
-    plain, rich, tok = parse_config(
+    rich_entry = {
+        "id": "tiny-random/gpt2",
+        "name": "tiny",
+        "trust_remote_code": True,
+        "attn_implementation": "eager",
+        "device_map": "auto",
+    }
+    # two entries of one model would plan the same jobs twice: the rich one is read on its own
+    (rich,) = parse_config(with_(models=[rich_entry])).models
+    plain, tok = parse_config(
         with_(
             models=[
                 {"id": "tiny-random/gpt2"},
-                {
-                    "id": "tiny-random/gpt2",
-                    "name": "tiny",
-                    "trust_remote_code": True,
-                    "attn_implementation": "eager",
-                    "device_map": "auto",
-                },
                 {"id": "tiny-random/gpt2", "tokenizer": "gpt2", "name": "tok"},
             ]
         )

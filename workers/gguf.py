@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers import hub
-
 PACKAGE_PREFIX = "package:"
 MAGIC = b"GGUF"
 # The file's `general.architecture` → transformers' model_type, for the architectures that
@@ -207,35 +205,6 @@ def identity(spec: str, pinned: str | None = None) -> str:
     if pinned and digest != pinned:
         raise GgufError(f"{spec}: its SHA-256 is {digest}, not the {pinned} pinned (gguf_sha256)")
     return digest
-
-
-def availability(spec: str, pinned: str | None, local: bool) -> hub.Availability:
-    """GGUF file `spec` as `validate` reports it (`check`, then its structure; `pinned`: the
-    entry's `gguf_sha256`). On a cluster (`local` false) the nodes must see it: a `package:`
-    file where the job's runtime environment installs the package, or a path every node mounts
-    (said, not checked: a shared file system looks like a local disk from here); a URL is
-    refused (docs/cluster.md)."""
-    from workers.structure import structure_problem
-
-    try:
-        here = resolve(spec).is_file()
-        if here or local or pinned is None:
-            check(spec)
-    except GgufError as exc:
-        if local or pinned is None or "://" in spec:
-            return hub.Availability("GGUF file", str(exc))
-        here = False
-    problem = structure_problem(spec) if here else None
-    if problem is not None or (here and local):
-        return hub.Availability("GGUF file", problem)
-    if spec.startswith(PACKAGE_PREFIX):
-        dist = spec[len(PACKAGE_PREFIX) :].partition("/")[0]
-        return hub.Availability(
-            f"GGUF file in package {dist} (the nodes install it: runtime_env pip)"
-        )
-    if not here:
-        return hub.Availability("GGUF file not seen here; the nodes read it (SHA-256 pinned)")
-    return hub.Availability("GGUF file, a path: every node must see it (a shared file system)")
 
 
 def cache_root(cache_dir: str | None = None) -> Path:

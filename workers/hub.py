@@ -109,6 +109,21 @@ def snapshot(repo_id: str, revision: str | None) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def structure_problem(spec: str, revision: str | None = None) -> str | None:
+    """Why causal LM `spec` is not one the harness can drive, from its config alone (no weights;
+    `model_config`: a folder's, the hub cache's or a GGUF header's); None when it is, or when
+    its config is not on this machine (the actor finds out when it loads)."""
+    from workers.structure import StructureError, config_layout
+
+    config = model_config(spec, revision)
+    try:
+        if config is not None:
+            config_layout(config)
+    except StructureError as exc:
+        return f"{spec}: {exc}"
+    return None
+
+
 def model_context(spec: str, revision: str | None = None) -> int | None:
     """The most tokens (prompt and continuation) model `spec` takes, from its config
     (`model_config`; a tiny model's from `workers.tiny`); None when that config is not here or
@@ -243,3 +258,30 @@ def repo_problem(repo_id: str, revision: str | None) -> str | None:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         return f"{repo_id}: the hub did not answer ({reason})"
+
+
+def gguf_availability(spec: str, pinned: str | None, local: bool) -> Availability:
+    """GGUF file `spec` as `validate` reports it (`check`, then its structure; `pinned`: the
+    entry's `gguf_sha256`). On a cluster (`local` false) the nodes must see it: a `package:`
+    file where the job's runtime environment installs the package, or a path every node mounts
+    (said, not checked: a shared file system looks like a local disk from here); a URL is
+    refused (docs/cluster.md)."""
+    from workers.gguf import PACKAGE_PREFIX, GgufError, check, resolve
+
+    try:
+        here = resolve(spec).is_file()
+        if here or local or pinned is None:
+            check(spec)
+    except GgufError as exc:
+        if local or pinned is None or "://" in spec:
+            return Availability("GGUF file", str(exc))
+        here = False
+    problem = structure_problem(spec) if here else None
+    if problem is not None or (here and local):
+        return Availability("GGUF file", problem)
+    if spec.startswith(PACKAGE_PREFIX):
+        dist = spec[len(PACKAGE_PREFIX) :].partition("/")[0]
+        return Availability(f"GGUF file in package {dist} (the nodes install it: runtime_env pip)")
+    if not here:
+        return Availability("GGUF file not seen here; the nodes read it (SHA-256 pinned)")
+    return Availability("GGUF file, a path: every node must see it (a shared file system)")

@@ -93,21 +93,6 @@ def config_layout(config: Mapping[str, Any]) -> Layout:
     return Layout(model_type, family, blocks, width, attention, window)
 
 
-def structure_problem(spec: str, revision: str | None = None) -> str | None:
-    """Why causal LM `spec` is not one the harness can drive, from its config alone (no weights;
-    `workers.hub.model_config`: a folder's, the hub cache's or a GGUF header's); None when it
-    is, or when its config is not on this machine (the actor finds out when it loads)."""
-    from workers.hub import model_config
-
-    config = model_config(spec, revision)
-    try:
-        if config is not None:
-            config_layout(config)
-    except StructureError as exc:
-        return f"{spec}: {exc}"
-    return None
-
-
 @dataclass(frozen=True)
 class Structure:
     """Where a loaded causal LM's pieces are (qualified module names)."""

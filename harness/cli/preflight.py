@@ -20,9 +20,7 @@ from jobs.catalog import takes_head
 from jobs.files import PINNED_SHA256, cached_path, os_problem
 from jobs.redact import redact_text
 from workers import hub
-from workers.gguf import availability as gguf_availability
 from workers.gguf import is_gguf_spec
-from workers.structure import structure_problem
 from workers.tiny import TINY_PREFIX, check_tiny_id, report_tokenizer
 
 URL_TIMEOUT_S = 10.0
@@ -219,7 +217,7 @@ def check_models(
             items.append(Item(field, spec, "MISSING", "required: a hub id or a local folder"))
             continue
         if kind == "gguf" or is_gguf_spec(spec):
-            found = gguf_availability(spec, revision if kind == "gguf" else None, local)
+            found = hub.gguf_availability(spec, revision if kind == "gguf" else None, local)
             items.append(Item(field, spec, found.where, found.problem))
             continue
         found = hub.availability(spec, revision, kind)
@@ -228,7 +226,7 @@ def check_models(
             continue
         problem = found.problem
         if problem is None and kind == "model" and field.startswith(("models.", "methods.")):
-            problem = structure_problem(spec, revision)  # a causal LM the methods can drive
+            problem = hub.structure_problem(spec, revision)  # a causal LM the methods can drive
         items.append(Item(field, spec, found.where, problem))
     return items
 

@@ -10,6 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
+from results.report.cells import MODEL_NAMES
+
 TokenizerFor = Callable[[str, str | None], Any]
 
 
@@ -74,3 +78,27 @@ def with_pieces(
                 list(row.get("tokens") or []), str(row.get("continuation") or "")
             )
     return rows
+
+
+def model_label(model: str, names: dict[str, str] | None = None) -> str:
+    """A model as tables and plots print it: its entry's `name` (`names`), else the paper's
+    name for the paper's LMs, else the id."""
+    return (names or {}).get(model) or MODEL_NAMES.get(model, model)
+
+
+def model_names(config: dict[str, Any] | None) -> dict[str, str]:
+    """Model id → the `name` of its entry in a run's config (entries with a name only). The
+    Parquet tables keep the id (the identity); this is a display mapping."""
+    out: dict[str, str] = {}
+    for entry in (config or {}).get("models") or []:
+        if isinstance(entry, dict) and entry.get("name") and entry.get("id"):
+            out[str(entry["id"])] = str(entry["name"])
+    return out
+
+
+def with_model_names(cells: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame:
+    """`cells` with a `model_name` column: what `layout` and the figures print per model."""
+    if cells.is_empty() and "model" not in cells.columns:
+        return cells
+    labels = [model_label(str(m), names) for m in cells["model"].to_list()]
+    return cells.with_columns(pl.Series("model_name", labels, dtype=pl.String))

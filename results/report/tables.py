@@ -18,11 +18,11 @@ from results.report.cells import (
     BIAS_STATS,
     FEW_UNITS,
     METHOD_NAMES,
-    MODEL_NAMES,
     TASKS,
     method_rank,
     model_rank,
 )
+from results.report.pieces import model_label
 from results.stats.bootstrap import Comparison, compare_gaps
 from results.stats.permutation import POWER
 
@@ -42,30 +42,6 @@ def method_label(method: str, variant: str = "") -> str:
     """The one name of a method in tables and plots: `vanilla`, `+LIDAO-m`, … [variant]."""
     label = "vanilla" if method == "vanilla" else "+" + METHOD_NAMES.get(method, method)
     return f"{label} [{short_variant(variant)}]" if variant else label
-
-
-def model_label(model: str, names: dict[str, str] | None = None) -> str:
-    """A model as tables and plots print it: its entry's `name` (`names`), else the paper's
-    name for the paper's LMs, else the id."""
-    return (names or {}).get(model) or MODEL_NAMES.get(model, model)
-
-
-def model_names(config: dict[str, Any] | None) -> dict[str, str]:
-    """Model id → the `name` of its entry in a run's config (entries with a name only). The
-    Parquet tables keep the id (the identity); this is a display mapping."""
-    out: dict[str, str] = {}
-    for entry in (config or {}).get("models") or []:
-        if isinstance(entry, dict) and entry.get("name") and entry.get("id"):
-            out[str(entry["id"])] = str(entry["name"])
-    return out
-
-
-def with_model_names(cells: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame:
-    """`cells` with a `model_name` column: what `layout` and the figures print per model."""
-    if cells.is_empty() and "model" not in cells.columns:
-        return cells
-    labels = [model_label(str(m), names) for m in cells["model"].to_list()]
-    return cells.with_columns(pl.Series("model_name", labels, dtype=pl.String))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from results.stats.bootstrap import (
     percentile_ci,
     seeded_rng,
 )
+from results.stats.counts import count_test
 from results.stats.emt import expected_max_cells, matched_rows
 from results.stats.gap_notes import (
     CONTRADICTION,
@@ -51,7 +52,6 @@ from results.stats.permutation import (
     GapTest,
     bias_corrected_resamples,
     bias_corrected_tv,
-    count_test,
     detectable,
     gap_test,
 )
