@@ -12,9 +12,9 @@ from fake_run import synthetic_run
 
 from harness.cli.sample_rows import load_samples
 from results.report.build import aggregate_run
+from results.report.pieces import model_label, model_names
 from results.report.plot import forest_figure
 from results.report.results_json import write_results_json
-from results.report.tables import model_label, model_names
 from results.run.store import RunStore
 
 NAMED = "/models/some-folder/smollm2-135m"  # a local folder id, as a table would print it

@@ -19,7 +19,7 @@ from results.human import (
     write_choices,
     write_set,
 )
-from results.report.tables import model_label, model_names
+from results.report.pieces import model_label, model_names
 from results.run.identity import read_config
 from results.run.store import RunStore
 

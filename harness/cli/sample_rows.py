@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from harness.cli.options import split_names
-from results.report.tables import model_label, model_names
+from results.report.pieces import model_label, model_names
 from results.run.identity import read_config
 from results.run.store import RunStore, StoreError
 from results.schema import METRIC_FIELDS

@@ -16,7 +16,13 @@ from results.report import html as report_html
 from results.report.cells import counts_table, filter_table, ordered, paired_table, table_cells
 from results.report.human import human_legend, human_table, md_text, styled
 from results.report.paper import compare_with_paper
-from results.report.pieces import TokenizerFor, with_pieces
+from results.report.pieces import (
+    TokenizerFor,
+    model_label,
+    model_names,
+    with_model_names,
+    with_pieces,
+)
 from results.report.plot import figure_files, forest_figure, tradeoff_figure
 from results.report.result import AggregateResult
 from results.report.tables import (
@@ -32,10 +38,7 @@ from results.report.tables import (
     legend,
     level_text,
     md_lines,
-    model_label,
-    model_names,
     table_legend,
-    with_model_names,
 )
 from results.report.tex import human_latex, latex_document, latex_tables
 from results.run.store import RunStore

@@ -16,6 +16,7 @@ import polars as pl
 
 from results.report.cells import counts_table, filter_table, paired_table
 from results.report.human import human_legend, human_table, styled
+from results.report.pieces import model_names
 from results.report.tables import (
     MULTIPLICITY,
     TASKS,
@@ -24,7 +25,6 @@ from results.report.tables import (
     Style,
     legend,
     level_text,
-    model_names,
     p_text,
     table_legend,
 )

@@ -17,7 +17,8 @@ from typing import Any
 import polars as pl
 
 from results.report.cells import FEW_UNITS, METHOD_NAMES, TASKS, method_rank, model_rank
-from results.report.tables import FEW, Style, model_label, p_text
+from results.report.pieces import model_label
+from results.report.tables import FEW, Style, p_text
 
 Cell = tuple[str, str, bool]  # text, text below it, bold
 Row = tuple[str, bool, list[Cell]]  # label, pooled, cells (5 per column group)

@@ -10,7 +10,8 @@ from typing import Any
 
 import polars as pl
 
-from results.report.tables import TASKS, Block, layout, level_text, method_label, model_label
+from results.report.pieces import model_label
+from results.report.tables import TASKS, Block, layout, level_text, method_label
 
 COLOURS = "#4c72b0 #dd8452 #55a868 #c44e52 #8172b3 #937860 #da8bc3 #8c8c8c #ccb974 #64b5cd".split()
 MARKERS = list("o^DvPX<>h*")

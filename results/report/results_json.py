@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from jobs.redact import redact
-from results.report.tables import model_label, model_names
+from results.report.pieces import model_label, model_names
 from results.run.store import RunStore
 
 RESULTS_JSON = "results.json"
