@@ -49,9 +49,11 @@ def test_tables_figures_and_results_json_use_the_name(named_run: tuple[Path, obj
     root, res = named_run
     tables = (root / "report" / "tables.md").read_text()
     assert "SmolLM2 vanilla" in tables and f"{NAMED} vanilla" not in tables
+    assert NAMED not in tables  # nor in the side tables (filter, rows per group, comparisons)
     assert "tiny-random/gpt2 vanilla" in tables  # no name: the id
     html = (root / "report" / "index.html").read_text()
     assert "SmolLM2 vanilla" in html and f"{NAMED} vanilla" not in html
+    assert f">{NAMED}</td>" not in html and ' class="t">SmolLM2</td>' in html  # side tables
     titles = [ax.get_title() for ax in forest_figure(res.cells).axes]  # type: ignore[attr-defined]
     assert any(t.startswith("SmolLM2 ·") for t in titles)
     assert not any(NAMED in t for t in titles)

@@ -20,6 +20,7 @@ from results.report.pieces import (
     TokenizerFor,
     model_label,
     model_names,
+    named_models,
     with_model_names,
     with_pieces,
 )
@@ -117,7 +118,8 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
     for i, (view, lay) in enumerate(layouts.items(), 1):
         out += ["", f"## Table {i} — {VIEW_TITLES[view]} (level {at})", "", table_legend(lay)]
         out += ["", markdown_table(lay)]
-    out += human_markdown(res.summary, res.level, model_names(res.config))
+    names = model_names(res.config)
+    out += human_markdown(res.summary, res.level, names)
     for title, frame in {
         f"Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm; same resamples, level {at})": paired_table(
             res.summary
@@ -126,7 +128,7 @@ def markdown_report(res: AggregateResult, layouts: dict[str, Layout] | None = No
         "Generations and the perplexity filter": filter_table(res.summary),
         "Rows per group": counts_table(res.summary),
     }.items():
-        out += ["", f"## {title}", "", frame_markdown(frame)]
+        out += ["", f"## {title}", "", frame_markdown(named_models(frame, names))]
     return "\n".join(out)
 
 

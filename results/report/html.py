@@ -16,7 +16,7 @@ import polars as pl
 
 from results.report.cells import counts_table, filter_table, paired_table
 from results.report.human import human_legend, human_table, styled
-from results.report.pieces import model_names
+from results.report.pieces import model_names, named_models
 from results.report.tables import (
     MULTIPLICITY,
     TASKS,
@@ -255,7 +255,7 @@ def render(
         ),
         "<h2>Paired comparisons: |gap| − the reference's |gap| (Bias, Bias cm) over the same resamples "
         f"(level {at})</h2>",
-        frame_html(paired_table(res.summary), "diff"),
+        frame_html(named_models(paired_table(res.summary), model_names(res.config)), "diff"),
         "<h2>The paper's values beside ours (diff = ours − paper)</h2>",
         frame_html(res.paper, "diff"),
         '<h2 id="samples">Per-token choices (the paper\'s Table 3)</h2>',
@@ -265,9 +265,9 @@ def render(
             or ["<p><em>no generations with per-token choices</em></p>"]
         ),
         "<h2>Generations and the perplexity filter</h2>",
-        frame_html(filter_table(res.summary)),
+        frame_html(named_models(filter_table(res.summary), model_names(res.config))),
         "<h2>Rows per group</h2>",
-        frame_html(counts_table(res.summary)),
+        frame_html(named_models(counts_table(res.summary), model_names(res.config))),
         "</body></html>",
     ]
     return "\n".join(parts)

@@ -102,3 +102,11 @@ def with_model_names(cells: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame
         return cells
     labels = [model_label(str(m), names) for m in cells["model"].to_list()]
     return cells.with_columns(pl.Series("model_name", labels, dtype=pl.String))
+
+
+def named_models(frame: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame:
+    """`frame` with its `model` column as tables print it (`model_label`: the entry's name)."""
+    if "model" not in frame.columns or frame.is_empty():
+        return frame
+    labels = [model_label(str(m), names) for m in frame["model"].to_list()]
+    return frame.with_columns(pl.Series("model", labels, dtype=pl.String))
