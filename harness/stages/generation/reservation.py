@@ -172,7 +172,7 @@ def live_group(group: Any) -> Any:
         return group
     alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     on = set(table.get("bundles_to_node_id", {}).values())
-    lost = {n for n in on if n not in alive or not raylet_answers(alive[n])}
+    lost = {n for n in on if n and (n not in alive or not raylet_answers(alive[n]))}
     if state == "CREATED" and not lost:
         return group
     bundles = [dict(b) for _, b in sorted(table["bundles"].items())]
