@@ -26,10 +26,10 @@ from harness.stages.generation.cpu_sizing import (
 from harness.stages.generation.model_size import (
     ModelSize,
     config_params,
-    gguf_params,
     model_size,
     named_size,
 )
+from workers.gguf import parameter_count as gguf_params
 
 
 def free(gb: float) -> float:

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import math
 import mmap
 import os
 import shutil
@@ -124,7 +125,7 @@ def read_header(path: Path) -> GgufInfo:
             raise GgufError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             try:
-                meta = _metadata(mm)
+                meta = _metadata(mm)[0]
             except (struct.error, UnicodeDecodeError, KeyError) as exc:
                 raise GgufError(f"{path}: a damaged GGUF header ({exc})") from None
     arch = str(meta.get("general.architecture", ""))
@@ -133,19 +134,40 @@ def read_header(path: Path) -> GgufInfo:
     return GgufInfo(path, arch, ARCHITECTURES.get(arch), meta)
 
 
-def _metadata(mm: mmap.mmap) -> dict[str, Any]:
-    version, _tensors, count = struct.unpack_from("<IQQ", mm, 4)
+def _metadata(mm: mmap.mmap, whole: bool = False) -> tuple[dict[str, Any], int, int]:
+    """(the scalar metadata, where it ends, the tensor count); unless `whole`, it stops at the
+    tokenizer's keys once the architecture is read (then the position is not the end)."""
+    version, tensors, count = struct.unpack_from("<IQQ", mm, 4)
     if version < 2:
         raise GgufError(f"GGUF version {version} (before 2) is not read")
     pos, out = 24, {}
     for _ in range(count):
         key, pos = _string(mm, pos)
-        if key.startswith("tokenizer.") and "general.architecture" in out:
+        if not whole and key.startswith("tokenizer.") and "general.architecture" in out:
             break  # the vocabulary and merges follow: ~1 s of Python for 262k tokens
         (kind,) = struct.unpack_from("<I", mm, pos)
         value, pos = _value(mm, pos + 4, kind)
         out[key] = value
-    return out
+    return out, pos, tensors
+
+
+def parameter_count(path: Path) -> int | None:
+    """Elements of every tensor the file's tensor table lists (after the whole metadata: name,
+    dimensions, type, offset per tensor); None when it is not a GGUF file that can be read."""
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if mm[:4] != MAGIC:
+                return None
+            _, pos, tensors = _metadata(mm, whole=True)
+            total = 0
+            for _ in range(tensors):
+                _, pos = _string(mm, pos)
+                (dims,) = struct.unpack_from("<I", mm, pos)
+                total += math.prod(struct.unpack_from(f"<{dims}Q", mm, pos + 4))
+                pos += 4 + 8 * dims + 12  # the dimensions, then type (uint32), offset (uint64)
+            return total
+    except (OSError, ValueError, struct.error, UnicodeDecodeError, KeyError):
+        return None
 
 
 def _string(mm: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -2,7 +2,7 @@
 (`harness.stages.generation.cpu_sizing`) and the time estimates (`harness.cli.estimates`).
 
 In order: a tiny model's bound; the weight files' own headers in its folder or Hugging Face
-cache snapshot (safetensors: exact), a GGUF file's tensor table (exact), config.json's shape
+cache snapshot (safetensors: exact), a GGUF file's tensor table (exact, `workers.gguf.parameter_count`), config.json's shape
 (embeddings plus blocks); other weight files' size over the dtype's bytes; a size in the id
 ("SmolLM2-135M", "opt-6.7b"); the ids the paper ran. `ModelSize.source` says which.
 """
@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from workers import hub
+from workers.gguf import GgufError, is_gguf_spec, parameter_count, resolve
 from workers.tiny import TINY_PREFIX
 
 TINY_PARAMS = 1e6  # every tiny-random model is below this (width 64, 4 blocks)
@@ -60,16 +61,20 @@ def _cached(spec: str, revision: str | None, gguf_file: str | None) -> ModelSize
     if spec.startswith(TINY_PREFIX):
         return ModelSize(TINY_PARAMS, "tiny model")
     folder: Path | None = None
-    if hub.is_local(spec):
+    if is_gguf_spec(spec):  # the file itself (a path or package:DIST/FILE)
+        gguf_file = gguf_file or spec
+    elif hub.is_local(spec):
         path = Path(os.path.expanduser(spec))
         folder = path if path.is_dir() else path.parent
-        gguf_file = gguf_file or (path.name if path.suffix == ".gguf" else None)
     else:
         folder = hub.snapshot(spec, revision)
     if gguf_file:
-        found = Path(os.path.expanduser(gguf_file))
+        try:
+            found = resolve(gguf_file)  # a path, or package:DIST/FILE
+        except GgufError:
+            found = Path(gguf_file)
         found = found if found.is_absolute() or folder is None else folder / found
-        count = gguf_params(found)
+        count = parameter_count(found)
         if count:
             return ModelSize(count, "GGUF tensor table")
     if folder is not None and folder.is_dir():
@@ -122,7 +127,7 @@ def safetensors_params(path: Path) -> int:
     total = 0
     for name, info in header.items():
         if name != "__metadata__":
-            total += _product(info["shape"])
+            total += math.prod(info["shape"])
     return total
 
 
@@ -153,68 +158,3 @@ def config_params(config: dict[str, object]) -> float | None:
     learned = config.get("model_type") in LEARNED_POSITIONS
     positions = first("n_positions", "max_position_embeddings") or 0 if learned else 0
     return float(layers * block + (vocab * (1 if tied else 2) + positions) * d)
-
-
-# ---- GGUF ----------------------------------------------------------------------------------
-
-_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
-
-
-def gguf_params(path: Path) -> int | None:
-    """Elements of every tensor a GGUF file's tensor table lists (None: not a GGUF file).
-    The header is read as the format lays it out (key/value metadata, then one entry per tensor:
-    name, dimensions, type, offset); `gguf.GGUFReader` would map every tensor (seconds)."""
-    try:
-        with path.open("rb") as f:
-            if f.read(4) != b"GGUF":
-                return None
-            version, tensors, keys = struct.unpack("<IQQ", f.read(20))
-            if version < 2:
-                return None
-            for _ in range(keys):
-                _string(f)
-                _skip_value(f, _u32(f))
-            total = 0
-            for _ in range(tensors):
-                _string(f)
-                n_dims = _u32(f)
-                dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
-                f.read(12)  # type (uint32), offset (uint64)
-                total += _product(dims)
-            return total
-    except (OSError, struct.error, ValueError, MemoryError):
-        return None
-
-
-def _u32(f: BinaryIO) -> int:
-    return int(struct.unpack("<I", f.read(4))[0])
-
-
-def _string(f: BinaryIO) -> bytes:
-    (length,) = struct.unpack("<Q", f.read(8))
-    return f.read(length)
-
-
-def _skip_value(f: BinaryIO, kind: int) -> None:
-    if kind == _STRING:
-        _string(f)
-    elif kind == _ARRAY:
-        inner = _u32(f)
-        (count,) = struct.unpack("<Q", f.read(8))
-        if inner in _SCALARS:
-            f.seek(count * _SCALARS[inner], os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _skip_value(f, inner)
-    elif kind in _SCALARS:
-        f.seek(_SCALARS[kind], os.SEEK_CUR)
-    else:
-        raise ValueError(f"GGUF value type {kind}")
-
-
-def _product(shape: object) -> int:
-    out = 1
-    for n in shape:  # type: ignore[attr-defined]
-        out *= int(n)
-    return out
