@@ -171,7 +171,8 @@ def _is_norm(module: Any) -> bool:
 
 
 def affine_width(module: Any) -> int | None:
-    """Output width of an affine module (Linear, GPT-2 Conv1D, a norm with a weight), else None."""
+    """Output width of an affine module (Linear, GPT-2 Conv1D, a *Norm with a weight), else
+    None: the modules bias tuning hooks (`workers.methods.biastune`) and a block's `affine`."""
     import torch
     from torch import nn
 
@@ -180,6 +181,6 @@ def affine_width(module: Any) -> int | None:
     if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int):
         return int(module.nf)
     weight = getattr(module, "weight", None)
-    if _is_norm(module) and isinstance(weight, torch.Tensor) and weight.ndim == 1:
-        return int(weight.shape[0])
+    if type(module).__name__.endswith("Norm") and isinstance(weight, torch.Tensor):
+        return int(weight.shape[0]) if weight.ndim == 1 else None
     return None

@@ -19,6 +19,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from workers.methods.base import MethodError
+from workers.structure import affine_width
 
 SCOPES = ("context", "last")
 ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
@@ -68,19 +69,6 @@ class TuneSites:
     def numel(self) -> int:
         """Tuned numbers per sequence (14,080 per block of GPT-2 large, plus ln_f)."""
         return sum(p.width for p in self.points)
-
-
-def affine_width(module: nn.Module) -> int | None:
-    """Output width of an affine module (Linear, GPT-2 Conv1D, *Norm with a weight), else None."""
-    if isinstance(module, nn.Linear):
-        return int(module.out_features)
-    cls = type(module).__name__
-    if cls == "Conv1D" and isinstance(getattr(module, "nf", None), int):
-        return int(module.nf)  # type: ignore[arg-type]
-    weight = getattr(module, "weight", None)
-    if cls.endswith("Norm") and isinstance(weight, torch.Tensor) and weight.ndim == 1:
-        return int(weight.shape[0])
-    return None
 
 
 def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
