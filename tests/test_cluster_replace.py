@@ -91,7 +91,13 @@ def test_a_replacement_after_a_node_loss_starts_on_a_live_node(
     replacement = lost_actor + ".1"  # the slot's first replacement
     assert chaos.died == [lost_actor], chaos.died  # no replacement died on the lost node
     assert replacement in chaos.ready, (chaos.ready.keys(), stats["actors"])
+    # Ray marks a lost node dead only after missing its heartbeats (~10 s or more): a run that
+    # ends sooner (an idle machine) must wait for that before reading which nodes live.
+    deadline = time.monotonic() + 90
     live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    while lost_node in live and time.monotonic() < deadline:
+        time.sleep(1)
+        live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert lost_node not in live and chaos.ready[replacement]["node_id"] in live
     by_name = {a["worker"]: a for a in stats["actors"]}
     assert by_name[replacement]["jobs"] > 0 and lost_actor + ".2" not in by_name
