@@ -82,13 +82,14 @@ def offsets(
 
 
 def expected_embedding(model: nn.Module, probs: torch.Tensor) -> torch.Tensor:
-    """Σ_x p(x)·embedding(x) (D,), embedding(x) from the model's embedding module, in chunks."""
+    """Σ_x p(x)·embedding(x) (D,), embedding(x) from the model's embedding module, in chunks,
+    in float64 (a float32 sum over a real vocabulary drops the tail's tiny terms)."""
     module = model.get_input_embeddings()
-    total = torch.zeros(module.weight.shape[1])
+    total = torch.zeros(module.weight.shape[1], dtype=torch.float64)
     for start in range(0, probs.shape[0], 8192):
         ids = torch.arange(start, min(start + 8192, probs.shape[0]))
-        total = total + probs[ids] @ module(ids[None])[0].float()
-    return total
+        total = total + probs[ids].double() @ module(ids[None])[0].double()
+    return total.float()
 
 
 @dataclasses.dataclass

@@ -59,12 +59,16 @@ def vocab_forward(
     Eᵀp is the horizon's expected embedding, Wᵀp (the same tensor when E and W are tied) is
     what the backward of softmax + output layer needs, and (E S)ᵀ (B, V) is ℓ̂_a's product with
     the sum S of generated embeddings (`gen_sum`; None: S = 0, zeros without a product).
+
+    The chunks' products are summed in float64: one float32 product
+    over a real vocabulary drops the many tiny p(x)·E(x) terms against a large partial sum.
     """
     tied = _same_matrix(weight, embed)
     step = _vocab_chunk(embed)
     B, V = probs.shape
-    m = torch.zeros((B, embed.shape[1]), dtype=embed.dtype, device=embed.device)
-    pw = m if tied else torch.zeros((B, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+    wide = torch.float64
+    m = torch.zeros((B, embed.shape[1]), dtype=wide, device=embed.device)
+    pw = m if tied else torch.zeros((B, weight.shape[1]), dtype=wide, device=weight.device)
     es = (torch.zeros if gen_sum is None else torch.empty)(
         (B, V), dtype=embed.dtype, device=embed.device
     )
@@ -72,12 +76,13 @@ def vocab_forward(
         for i in range(0, V, step):
             rows = slice(i, i + step)
             chunk = embed[rows]
-            m.addmm_(probs[:, rows], chunk)
+            m += torch.mm(probs[:, rows], chunk).to(wide)
             if not tied:
-                pw.addmm_(probs[:, rows], weight[rows])
+                pw += torch.mm(probs[:, rows], weight[rows]).to(wide)
             if gen_sum is not None:
                 torch.mm(gen_sum, chunk.T, out=es[:, rows])
-    return m, pw, es
+    m32 = m.to(embed.dtype)
+    return m32, m32 if tied else pw.to(weight.dtype), es
 
 
 class _ThetaVocab(torch.autograd.Function):
@@ -113,15 +118,16 @@ class _ThetaVocab(torch.autograd.Function):
         B, V = probs.shape
         grad_m = grad_m.to(embed.device, embed.dtype)
         grad_a = grad_a.to(embed.device, embed.dtype).unsqueeze(-1)
-        acc = torch.zeros((B, weight.shape[1]), dtype=weight.dtype, device=weight.device)
-        kappa = torch.zeros((B, 1), dtype=weight.dtype, device=weight.device)
+        wide = torch.float64  # the chunks' sums, as in vocab_forward
+        acc = torch.zeros((B, weight.shape[1]), dtype=wide, device=weight.device)
+        kappa = torch.zeros((B, 1), dtype=wide, device=weight.device)
         for i in range(0, V, step):
             rows = slice(i, i + step)
             chunk = embed[rows]
             wdp = probs[:, rows] * torch.addcmul(grad_m @ chunk.T, grad_a, scores[:, rows])
-            acc.addmm_(wdp, chunk if tied else weight[rows])
-            kappa += wdp.sum(-1, keepdim=True)
-        grad_h = acc - kappa * pw
+            acc += torch.mm(wdp, chunk if tied else weight[rows]).to(wide)
+            kappa += wdp.sum(-1, keepdim=True, dtype=wide)
+        grad_h = acc - kappa * pw.to(wide)
         return grad_h.to(device=device, dtype=dtype), None, None, None, None, None, None
 
 
