@@ -109,3 +109,19 @@ def test_score_refuses_a_cluster_that_does_not_answer_before_ray_starts(
     assert main(["score", str(out), "--scorer", "gender", "--overwrite"]) == 2
     assert f"RAY_ADDRESS: {dead}: no Ray cluster answers" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "scores").rglob("*")) == before  # nothing touched
+
+
+def test_status_labels_models_by_their_entry_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.cli_run import config
+
+    out, entry = tmp_path / "run", "models=[{id: tiny-random/gpt2, name: my-tiny-lm}]"
+    args = ["run", str(config(tmp_path)), "--out", str(out), "--no-ray", "--no-progress"]
+    args += ["--set", "methods=[vanilla]", "--set", "samples_per_prompt=1", "--set", entry]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "  my-tiny-lm / vanilla / sentiment: planned" in shown, shown
+    assert "  tiny-random/gpt2 / vanilla" not in shown and "config:" not in shown

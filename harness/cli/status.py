@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from jobs.redact import printable
+from results.report.pieces import model_label, model_names
 from results.run.done import DoneIds
 from results.run.history import read_manifest
 from results.run.identity import plan_done_ids, read_config
@@ -50,14 +51,14 @@ def failed_methods(store: RunStore) -> list[str]:
     ]
 
 
-def _config_lines(store: RunStore) -> list[str]:
-    """What `aggregate` and `score` would refuse in RUN/config.yaml (an edit of a planned
-    field, a file that is not YAML), checked as they check it (`read_config`)."""
+def _config_lines(store: RunStore) -> tuple[list[str], dict[str, str]]:
+    """(What `aggregate` and `score` would refuse in RUN/config.yaml (an edit of a planned
+    field, a file that is not YAML), checked as they check it (`read_config`); the models'
+    names, as the tables print them)."""
     try:
-        read_config(store)
+        return [], model_names(read_config(store))
     except StoreError as exc:
-        return [f"  config: {exc}"]
-    return []
+        return [f"  config: {exc}"], {}
 
 
 def run_status(store: RunStore) -> str:
@@ -67,10 +68,11 @@ def run_status(store: RunStore) -> str:
     table = store.generation_counts(finished)  # streams the plan
     plan = plan_done_ids(store)
     ok, failed = finished
-    lines = [f"run {store.uri}", *_config_lines(store), "generation:"]
+    problems, names = _config_lines(store)
+    lines = [f"run {store.uri}", *problems, "generation:"]
     for row in table.iter_rows(named=True):
         lines.append(
-            f"  {row['model']} / {row['method']} / {row['task']}: planned {row['planned']}, "
+            f"  {model_label(row['model'], names)} / {row['method']} / {row['task']}: planned {row['planned']}, "
             f"done {row['done']}, failed {row['failed']}, pending {row['pending']}"
         )
     for path in store.quarantine_files():
@@ -84,7 +86,7 @@ def run_status(store: RunStore) -> str:
             f"  {foreign} generation row(s) on disk are outside the current plan{when}: "
             "kept, not counted"
         )
-    lines.extend(_actor_lines(manifest))
+    lines.extend(_actor_lines(manifest, names))
     ok_in_plan = DoneIds(ok.ids[plan.contains_bytes(ok.ids)]) if len(plan) else DoneIds(ok.ids[:0])
     del finished, ok, failed
     scorers = store.scorers()
@@ -152,7 +154,7 @@ def _summary_state(store: RunStore, newest_score: float) -> str:
     return "written (up to date with the scores)"
 
 
-def _actor_lines(manifest: dict[str, Any]) -> list[str]:
+def _actor_lines(manifest: dict[str, Any], names: dict[str, str]) -> list[str]:
     """`status` lines: per model, the actors of the last generation run and their throughput."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for actor in (manifest.get("generation") or {}).get("actors") or []:
@@ -164,7 +166,7 @@ def _actor_lines(manifest: dict[str, Any]) -> list[str]:
         util = f"{sum(busy) / len(busy):.0%}" if busy else "-"
         jobs = sum(a.get("jobs", 0) for a in mine)
         lines.append(
-            f"  {model}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
+            f"  {model_label(model, names)}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
             f"mean utilisation {util} (manifest.json has each actor)"
         )
     return lines
