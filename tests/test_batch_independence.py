@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -168,3 +169,38 @@ def test_a_filter_flip_is_only_a_cut_that_moved_by_a_few_tokens() -> None:
     other = moved.clone()
     other[200] += 0.1  # and the kept tokens' distribution changed (by ~2e-4)
     assert not filter_flip(cut, other, TOL)
+
+
+def test_batch_size_one_makes_a_job_independent_of_its_neighbours(tmp_path: Path) -> None:
+    """`runtime.batch_size: 1`, the setting that guarantees a job's arithmetic on one machine
+    and thread count (docs/design.md, "Fidelity on real weights"): a job run among five others
+    and run with one other gives bit-identical tokens and per-step losses (the same shapes, so
+    the same kernels: exact by design, not a tolerance)."""
+    import polars as pl
+
+    from harness.cli.commands import main
+    from tests.cli_run import PAIR_FILES, config
+
+    rows = {}
+    for pairs in (3, 1):
+        folder = tmp_path / f"p{pairs}"
+        folder.mkdir()
+        cfg = config(
+            folder,
+            dataset={"kind": "paired-jsonl", "files": dict(PAIR_FILES), "limit": pairs},
+            models=[{"id": "tiny-random/llama"}],
+            methods=["lidao-min"],
+            generation={"max_new_tokens": 6, "temperature": 0.75, "repetition_penalty": 1.2},
+            scorers=["gender"],
+            runtime={"batch_size": 1, "device": "cpu"},
+        )
+        args = ["run", str(cfg), "--out", str(folder / "run"), "--no-ray", "--no-progress"]
+        assert main(args) == 0
+        frame = pl.read_parquet(str(folder / "run" / "generations" / "*.parquet"))
+        assert (frame["status"] == "ok").all() and frame.height == 2 * pairs
+        rows[pairs] = {r["job_id"]: r for r in frame.iter_rows(named=True)}
+    assert rows[1].keys() < rows[3].keys()
+    for job_id, alone in rows[1].items():
+        among = rows[3][job_id]
+        for field in ("token_ids", "loss_g", "loss_a", "continuation"):
+            assert alone[field] == among[field], (job_id, field)

@@ -1,6 +1,7 @@
 """The bias-tuning engine against its brute-force twin (`tests/twin.py`): tokens and
 distributions of the engine's batched run against every job decoded alone from scratch, on
-the tiny LLaMA and Gemma 3 layouts, and (marker `real`) on SmolLM2's real weights."""
+the tiny LLaMA and Gemma 3 layouts, and (marker `real`) on SmolLM2's and Gemma-3-270M's real
+weights (Gemma where its package is installed)."""
 
 from __future__ import annotations
 
@@ -54,16 +55,24 @@ def random_head_file(lm: LoadedLM, folder: Path) -> str:
     return save_head(random_head(lm, "sentiment"), str(folder / "head"))[0]
 
 
+# |Δ log p| allowed on real weights: 30 (SmolLM2) or 18 (Gemma) float32 blocks carry rounding up
+# (docs/design.md, "Fidelity on real weights"); measured on these jobs (29 Nov 2026): 9.7e-4
+# (SmolLM2; 5.8e-3 before the vocabulary passes summed in float64) and 2.2e-3 (Gemma).
+REAL_TOL = {"smollm2": 1e-2, "gemma3": 3e-2}
+
+
 @pytest.mark.real
-def test_the_engine_samples_as_its_twin_on_smollm2(tmp_path: Path, smollm2_lm: LoadedLM) -> None:
-    """Real weights (30 LLaMA blocks, 18 tuned): two prompts, four tokens of lidao-min. The
-    larger measurement (δ gap, more prompts, Gemma 3): scripts/engine_fidelity.py."""
-    lm = smollm2_lm
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_the_engine_samples_as_its_twin_on_real_weights(
+    model: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Real weights: SmolLM2 (30 LLaMA blocks, 18 tuned) and Gemma-3-270M (18 blocks with
+    sliding windows; skipped without its package): two prompts, four tokens of lidao-min. The
+    larger measurement (δ gap, more prompts, the batch-dependence rate):
+    scripts/engine_fidelity.py."""
+    lm = request.getfixturevalue(f"{model}_lm")
     params = {"head": random_head_file(lm, tmp_path)}
     jobs = twin_jobs(lm, "lidao-min", params, 4, PROMPTS[:2])
     report = compare_with_engine(lm, jobs)
     assert report.mismatches == 0 and report.steps == 2 * 4, report
-    # Real weights amplify rounding: the horizon's expected embedding sums 49,152 rows in
-    # float32 and 30 blocks carry the difference up (docs/design.md, "Fidelity on real
-    # weights"); measured max |Δ log p| 5.0e-3 (32 steps) and 5.8e-3 (these 8 steps).
-    assert report.max_logp <= 2e-2, report
+    assert report.max_logp <= REAL_TOL[model], report
