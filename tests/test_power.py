@@ -138,6 +138,26 @@ def test_power_command_and_validate_pilot(
     assert "tiny-random/gpt2/sentiment a(x) sentiment (pilot 24 pairs × 4 samples per prompt): " in out  # fmt: skip
 
 
+def test_validate_pilot_that_cannot_plan_is_a_problem_of_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # campaign, 29 Nov 2026: `validate --pilot` on a missing folder said "0 problem(s)", exit 0
+    cfg = str(config(tmp_path))
+    gedi_only = str(tmp_path / "gedi")
+    write_rows(gedi_only, [{**r, "method": "gedi"} for r in _pilot_rows(4)])
+    for bad, why in (
+        (tmp_path / "nowhere", "nowhere: not a run directory (missing)"),
+        (tmp_path / "c.yaml", "c.yaml: not a run directory (a file)"),
+        (tmp_path, "not a run directory (no plan.parquet, config.yaml or generations)"),
+        (gedi_only, "no vanilla rows to plan from (methods in the run: gedi)"),
+    ):
+        assert main(["validate", cfg, "--pilot", str(bad)]) == 2
+        out = capsys.readouterr().out
+        problems = out.split("\nproblems (1):\n", 1)[1].splitlines()
+        assert problems[0].startswith(f"  --pilot: {bad}") and why in problems[0], out
+        assert "dataset: 2 pairs × 2 groups" in out and out.endswith("1 problem(s); nothing was started\n")  # fmt: skip
+
+
 def test_power_says_why_it_cannot_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [{**r, "label_x": r["label_x"] if r["seed"] % 2 else "none"} for r in _pilot_rows(6)]
     run = str(tmp_path / "pilot")

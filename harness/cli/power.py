@@ -228,13 +228,15 @@ def _plan(
 
 def pilot_lines(run: str, n_units: int, samples: int, reps: int = 100) -> list[str]:
     """`validate --pilot`: the MDE of each of the pilot's vanilla task cells at the planned
-    `n_units` × `samples` (`results.stats.power.mde_at`)."""
+    `n_units` × `samples` (`results.stats.power.mde_at`).
+
+    Raises:
+        StoreError: `run` is not a run directory, or has no vanilla cell to plan from (why);
+            `validate` lists it as a problem of `--pilot`.
+    """
     from results.stats.power import mde_at, prepare
 
-    try:
-        cells, level = pilot(run, None, None, "vanilla")
-    except StoreError as exc:
-        return [f"  pilot: cannot plan: {exc}"]
+    cells, level = pilot(run, None, None, "vanilla")
     unit = "pairs" if next(iter(cells.values())).paired else "prompts"
     lines = [
         f"  pilot {run}: minimum detectable gap (× 100, power 0.8, level {level:g}) at "

@@ -45,9 +45,12 @@ def validate_main(args: argparse.Namespace) -> int:
     return 2 if problems else 0
 
 
-def _dataset_lines(cfg: RunConfig, prompts: list[Prompt], pilot: str | None) -> list[str]:
+def _dataset_lines(
+    cfg: RunConfig, prompts: list[Prompt], pilot: str | None, problems: list[str]
+) -> list[str]:
     """Prompts and pairs (`--limit` / dataset.limit counts pairs in a paired dataset), and with
-    `--pilot RUN` the MDE of the planned pairs (or prompts) × samples per prompt."""
+    `--pilot RUN` the MDE of the planned pairs (or prompts) × samples per prompt (a pilot that
+    cannot plan, such as a missing folder, adds to `problems`, named `--pilot`)."""
     limit = f"; limit {cfg.dataset.limit}" if cfg.dataset.limit else ""
     pairs = len({p.pair_id for p in prompts})
     if cfg.dataset.kind != "paired-jsonl":
@@ -60,9 +63,13 @@ def _dataset_lines(cfg: RunConfig, prompts: list[Prompt], pilot: str | None) -> 
         ]
     if pilot:
         from harness.cli.power import pilot_lines
+        from results.run.store import StoreError
 
         units = pairs if cfg.dataset.kind == "paired-jsonl" else len(prompts)
-        lines += pilot_lines(pilot, units, cfg.samples_per_prompt)
+        try:
+            lines += pilot_lines(pilot, units, cfg.samples_per_prompt)
+        except StoreError as exc:
+            problems.append(f"--pilot: {exc}")
     return lines
 
 
@@ -108,7 +115,7 @@ def validate(
     lines += [f"  {item.field}: {item.value} ({item.where})" for item in checks]
     problems += [i.line() for i in keys + checks if i.problem]
     if not problems and prompts is not None:
-        lines[1:1] = _dataset_lines(cfg, prompts, pilot)
+        lines[1:1] = _dataset_lines(cfg, prompts, pilot, problems)
     if problems:
         lines.append(f"problems ({len(problems)}):")
         lines += [f"  {p}" for p in problems]

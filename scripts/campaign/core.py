@@ -127,10 +127,13 @@ class Ctx:
         self, *args: str, cwd: Path | None = None, prefix: tuple[str, ...] = (), **env: str
     ) -> subprocess.Popen[str]:
         cmd = [*prefix, sys.executable, "-m", "harness", *args]
+        # this checkout's harness, not an editable install's (which may be another worktree);
+        # a trial's own PYTHONPATH (a plugin's folder) comes first
+        path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
         return subprocess.Popen(
             cmd,
             cwd=cwd or self.dir,
-            env={**self.env, **env},
+            env={**self.env, **env, "PYTHONPATH": path},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

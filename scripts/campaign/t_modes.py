@@ -80,8 +80,8 @@ _options(
 _options(
     "power",
     [
-        ["--gap", "20", "--reps", "20", "--n-perm", "20"],
-        ["--gap", "20", "--reps", "10", "--n-perm", "10", "--samples", "1", "--samples", "4"],
+        ["--gap", "20", "--reps", "20", "--n-perm", "40"],  # the bounds' least (docs/cli.md)
+        ["--gap", "20", "--reps", "20", "--n-perm", "40", "--samples", "1", "--samples", "4"],
     ],
     [
         (["--gap", "0"], "--gap"),
@@ -91,6 +91,8 @@ _options(
         (["--gap", "5", "--method", "bogus"], "bogus"),
         (["--gap", "5", "--samples", "0"], "--samples"),
         (["--gap", "5", "--reps", "0"], "--reps"),
+        (["--gap", "5", "--reps", "19"], "--reps"),
+        (["--gap", "5", "--n-perm", "39"], "--n-perm"),
         (["--gap", "5", "--metric", "bogus"], "bogus"),
     ],  # fmt: skip
 )
@@ -100,7 +102,7 @@ _options(
 def power_one(ctx: Ctx) -> None:
     run = ctx.copy_run("one-sample")
     ctx.expect(
-        ctx.cli("power", run, "--gap", "20", "--reps", "10", "--n-perm", "10"), 0, "cannot plan"
+        ctx.cli("power", run, "--gap", "20", "--reps", "20", "--n-perm", "40"), 0, "cannot plan"
     )
 
 
