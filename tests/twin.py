@@ -7,7 +7,8 @@ final norm, at every position (`context`) or at the last one and the horizon (`l
 horizon's input is Σ_x p_θ(x)·embedding(x) as the model's embedding module gives it; the
 method's own losses and objective (`objective` of a fresh instance of the method, batch 1);
 one fresh-Adam step with the design's eps rule, restated here; the last position under θ + δ
-over θ's cache of the others; τ-mixing; the sampler's race restated (`tests.agreement`).
+over θ's cache of the others; τ-mixing; for eLIDAO, V_a's log-probs from a whole forward of the
+instruction-prefixed text (`_reference_head`); the sampler's race restated (`tests.agreement`).
 `twin_decode` returns the tokens and each step's log-probs and δ, to compare with the engine's
 batched run (`compare_with_engine`).
 """
@@ -135,17 +136,42 @@ def _probe(
     return zeros, pooled, logits
 
 
+def _reference_head(
+    lm: LoadedLM, method: BiasTunedMethod, job: JobSpec
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """eLIDAO's reference, restated: ((1, n) BOS (if the tokenizer adds one) + the instruction
+    for the prompt's majority gender, the (|V_a|,) seed-word token ids), or None (not eLIDAO,
+    or a prompt without a majority: plain LIDAO). Whole forwards of head + prompt + generated
+    tokens replace V_a's log-probs each step; no cache, no instruction K/V reuse."""
+    from jobs.words import label_text
+    from workers.methods.elidao import ElidaoMixin, seed_token_ids
+
+    if not isinstance(method, ElidaoMixin):
+        assert type(method).adjust is BiasTunedMethod.adjust, "a stream the twin does not restate"
+        return None
+    gender = label_text(job.prompt, lm.words)
+    if gender == "none":
+        return None
+    tok = lm.tokenizer
+    bos = [tok.bos_token_id] if prompt_token_ids(lm, "x")[0] == tok.bos_token_id else []
+    text = method.stream.template.replace("#GENDER#", gender)
+    head = bos + list(tok(text, add_special_tokens=False)["input_ids"])
+    seeds = torch.tensor(seed_token_ids(tok, lm.words), dtype=torch.long)
+    return torch.tensor([head]), seeds
+
+
 def twin_decode(lm: LoadedLM, job: JobSpec) -> list[TwinStep]:
     """The job decoded alone by the twin (see the module docstring)."""
     params = job.params()
     method = load_method(job.method)(lm, params, job.task)
     assert isinstance(method, BiasTunedMethod)
-    assert type(method).adjust is BiasTunedMethod.adjust, "eLIDAO's stream is not restated"
+    reference = _reference_head(lm, method, job)
     method._reset(1)
     gen, model = job.generation, lm.model
     points = hook_modules(model, int(method.params["blocks"]))
     prompt = prompt_token_ids(lm, job.prompt)
     ids = torch.tensor([prompt])
+    body = 1 if prompt[0] == lm.tokenizer.bos_token_id else 0  # where the prompt's text starts
     seen = torch.zeros(model.get_output_embeddings().weight.shape[0], dtype=torch.bool)
     seen[torch.tensor(prompt[1:] if prompt[0] == lm.tokenizer.bos_token_id else prompt)] = True
     gen_sum = torch.zeros(method.geometry.embed.shape[1])
@@ -174,6 +200,12 @@ def twin_decode(lm: LoadedLM, job: JobSpec) -> list[TwinStep]:
 
         tau = float(method.params["tau"])
         logprobs = tau * process(tuned) + (1 - tau) * process(logits.detach())
+        if reference is not None:  # eLIDAO: V_a's log-probs from the instruction-prefixed text
+            head, seeds = reference
+            with torch.no_grad():
+                ref = model(input_ids=torch.cat([head, ids[:, body:]], 1)).logits[0, -1].float()
+            logprobs = logprobs.clone()
+            logprobs[seeds] = process(ref)[seeds]
         token = twin_token(torch.softmax(logprobs.double(), -1), gen.top_p, job.rng_seed, step)
         steps.append(TwinStep(logprobs.detach(), g.detach(), delta.detach(), token))
         if token == lm.eos_id:
