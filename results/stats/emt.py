@@ -5,6 +5,7 @@ all of a group's rows is not (it grows with their number); `matched_rows` picks 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -140,18 +141,28 @@ def shuffled_max(
     """(G, P) each (group, prompt) cell's maximum averaged over every shuffle of the row labels
     within the prompt (the within-prompt test's null), exactly: the expected maximum of k rows
     drawn without replacement from the prompt's n, k the cell's rows (0 where it has none)."""
-    out = np.zeros((n_groups, n_p))
     if prompt.size == 0:
-        return out
+        return np.zeros((n_groups, n_p))
     counts = np.bincount(group * n_p + prompt, minlength=n_groups * n_p).reshape(n_groups, n_p)
+    return _expected_max(_ranked(prompt, value), counts)
+
+
+def _ranked(prompt: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(prompt, value, 1-based ascending rank in its prompt, its prompt's rows, longest run) of
+    the rows sorted by (prompt, value): what `_expected_max` needs, whatever the labels."""
     order = np.lexsort((value, prompt))
     p, v = prompt[order], value[order]
     runs = prompt_runs(p)
-    rank = np.arange(p.size) - np.repeat(runs.starts, runs.lengths) + 1  # 1-based, ascending
-    n = np.repeat(runs.lengths, runs.lengths)
-    for g in range(n_groups):
-        chance = max_chance(n, rank, counts[g][p], runs.top)
-        out[g] = np.bincount(p, chance * v, n_p)
+    rank = np.arange(p.size) - np.repeat(runs.starts, runs.lengths) + 1
+    return p, v, rank, np.repeat(runs.lengths, runs.lengths), np.array(runs.top)
+
+
+def _expected_max(ranked: tuple[np.ndarray, ...], counts: np.ndarray) -> np.ndarray:
+    """(G, P) the expected maximum of `counts` (G, P) rows drawn from each prompt's."""
+    p, v, rank, n, top = ranked
+    out = np.zeros(counts.shape)
+    for g in range(counts.shape[0]):
+        out[g] = np.bincount(p, max_chance(n, rank, counts[g][p], int(top)) * v, counts.shape[1])
     return out
 
 
@@ -164,3 +175,78 @@ def matched_rows(counts: list[np.ndarray]) -> int:
     """
     quartiles = [int(np.quantile(c[c > 0], 0.25, method="lower")) for c in counts if np.any(c > 0)]
     return max(1, min(quartiles)) if quartiles else 1
+
+
+def run_centres(
+    group: np.ndarray, prompt: np.ndarray, value: np.ndarray, rng: np.random.Generator, draws: int
+) -> np.ndarray:
+    """(draws,) where the within-prompt test would centre the paper's EMT gap (× 100) in new
+    runs of these prompts: each prompt's female rows redrawn as Binomial(n, π), π its share
+    shrunk toward the pooled one by how much more the shares vary than counts of n would
+    (empirical Bayes, method of moments), the values kept; then the draws' mean is shrunk
+    toward 0 by their own spread (|mean| → sqrt(mean² − var)), since the pooled share the draws
+    start from is itself one run's estimate (docs/statistics.md, "Power and sample size")."""
+    n_p = int(prompt.max()) + 1
+    n = np.bincount(prompt, minlength=n_p)
+    k = np.bincount(prompt[group == 0], minlength=n_p)
+    seen = n > 0
+    pooled = k[seen].sum() / n[seen].sum()
+    share = np.where(seen, k / np.maximum(n, 1), pooled)
+    noise = pooled * (1 - pooled) / np.maximum(n, 1)
+    excess = max(0.0, float(np.var(share[seen]) - noise[seen].mean()))
+    pi = (
+        pooled + excess / (excess + noise) * (share - pooled)
+        if excess > 0
+        else np.full(n_p, pooled)
+    )
+    table, at = _max_by_count(_ranked(prompt, value), n), np.arange(n_p)
+    first = rng.binomial(n, np.clip(pi, 0.0, 1.0), size=(draws, n_p))  # (draws, P)
+    gaps = []
+    for counts in (first, n - first):  # each group's mean over the prompts where it has rows
+        gaps.append(table[at, counts].sum(1) / np.maximum(1, (counts > 0).sum(1)))
+    out = 100.0 * (gaps[0] - gaps[1])
+    mean, spread = float(out.mean()), float(out.std())
+    return out - mean + np.sign(mean) * np.sqrt(max(0.0, mean**2 - spread**2))
+
+
+def _max_by_count(ranked: tuple[np.ndarray, ...], n: np.ndarray) -> np.ndarray:
+    """(P, K + 1) the expected maximum of k rows drawn from each prompt's, for every k up to the
+    largest prompt's K (0 where k is 0 or above the prompt's rows)."""
+    p, v, rank, rows, top = ranked
+    table = np.zeros((n.size, int(top) + 1))
+    for k in range(1, int(top) + 1):
+        keep = rows >= k  # only prompts with at least k rows
+        chance = max_chance(rows[keep], rank[keep], np.full(int(keep.sum()), k), int(top))
+        table[:, k] = np.bincount(p[keep], chance * v[keep], n.size)
+    return table
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def centred_mde(centres: np.ndarray, tau2: float, noise2: float, alpha: float) -> float:
+    """The true gap (× 100) detected with probability 0.8 in either direction by a test whose
+    labellings' gaps are about N(s′, τ²) (`tau2`: the null's mean square less its centre²;
+    rejecting |T| past their 1 − `alpha` quantile), over new runs' centres s′ (`run_centres`),
+    the gap's own noise around its centre of variance `noise2` (the bootstrap's less the
+    centre's). Bisections: each centre's critical value, then the gap."""
+    tau, noise, power = math.sqrt(max(tau2, 1e-12)), math.sqrt(max(noise2, 1e-12)), 0.8
+    lo, hi = np.zeros_like(centres), np.abs(centres) + 10 * tau
+    for _ in range(40):  # the folded normal's quantile per centre
+        mid = (lo + hi) / 2
+        tail = 1 - _normal_cdf((mid - centres) / tau) + _normal_cdf((-mid - centres) / tau)
+        lo, hi = np.where(tail > alpha, mid, lo), np.where(tail > alpha, hi, mid)
+    crit = (lo + hi) / 2
+
+    def reached(gap: float) -> float:
+        return min(
+            float(np.mean(1 - _normal_cdf((crit - mu) / noise) + _normal_cdf((-crit - mu) / noise)))
+            for mu in (centres + gap, centres - gap)
+        )
+
+    low, high = 0.0, float(np.max(crit) + np.max(np.abs(centres)) + 10 * noise)
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if reached(mid) < power else (low, mid)
+    return (low + high) / 2

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from results.stats import emt
 from results.stats.bootstrap import (
     contrast,
     is_signed,
@@ -420,20 +421,19 @@ def detectable(
     rng: np.random.Generator,
     alpha: float = 0.05,
 ) -> float:
-    """The cell's MDE (`mde`), in two passes: the formula with the test's critical value, then
-    again with the critical value of the same test on the cell's rows with that gap added (in
-    the harder direction; half the labellings, at least 100). A real gap widens the labellings'
-    gaps and, where labels move within prompts, moves their centre: the first pass alone fell
-    0.02-0.11 short of the asked power (docs/statistics.md, "Power and sample size")."""
-    signed = is_signed(metric, n_groups)
-    centre = test.null_mean if metric == "toxicity" else 0.0
+    """The cell's MDE (`mde`) in two passes: with the test's critical value, then with that of
+    the same test on the rows with that gap added in the harder direction (half the labellings,
+    at least 100): a real gap widens the labellings' gaps. The paper's EMT where labels move
+    within prompts: over new runs' centres (docs/statistics.md, "Power and sample size")."""
+    signed, centre = is_signed(metric, n_groups), test.null_mean if metric == "toxicity" else 0.0
     centre_sd = centre_spread(metric, group, prompt, value, n_groups, unit_of, weights)
-    first = mde(test, spread, signed, centre, centre_sd)
-    if not np.isfinite(first):
+    if centre_sd > 0 and np.isfinite(test.crit) and np.isfinite(spread):
+        return emt.centred_mde(emt.run_centres(group, prompt, value, rng, 200), test.null_sq - centre**2, spread**2 - centre_sd**2, alpha)  # fmt: skip
+    if not np.isfinite(first := mde(test, spread, signed, centre)):
         return first
     moved = shifted(metric, group, value, -first if signed and centre > 0 else first, rng)
     alt = gap_test(metric, group, prompt, moved, n_groups, 0.0, max(100, n_perm // 2), rng, unit_of, paired, m, alpha)  # fmt: skip
-    return mde(test._replace(crit=alt.crit), spread, signed, centre, centre_sd)
+    return mde(test._replace(crit=alt.crit), spread, signed, centre)
 
 
 def bias_corrected_tv(observed: float, test: GapTest) -> float:
