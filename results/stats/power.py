@@ -22,7 +22,7 @@ from results.stats.aggregate import (
     resolve_groups,
 )
 from results.stats.bootstrap import gap_samples, is_signed, seeded_rng
-from results.stats.emt import matched_rows
+from results.stats.emt import centred_mde, matched_rows
 from results.stats.metrics import BIAS_METRICS, VIEWS, gap_inputs, with_group
 from results.stats.permutation import GapTest, gap_test, mde, null_labels, prompt_labels, shifted
 
@@ -386,7 +386,8 @@ def mde_at(
 ) -> float:
     """The MDE at `n_units` × `samples` (`mde`, in `detectable`'s two passes): the spread of
     the gap, the null's centre and the test's critical value over `reps` simulated data sets
-    with no true gap, then the critical value over `reps` with that gap.
+    with no true gap, then the critical value over `reps` with that gap. The paper's EMT where
+    labels move within prompts: `emt.centred_mde` over the simulated runs' centres.
 
     Raises:
         ValueError: the gap is undefined in most simulated runs, or the test cannot reject.
@@ -411,6 +412,9 @@ def mde_at(
         raise ValueError(f"{n_perm} labellings cannot reach p < {1 - level:g}")
     centre = null.null_mean if paper else 0.0
     centre_sd = float(np.std(centres)) if paper and pilot.label is None else 0.0
+    if centre_sd > 0:  # labels move within prompts: over the simulated runs' own centres
+        tau2 = float(np.mean([t.null_sq - t.null_mean**2 for _, t in runs]))
+        return centred_mde(centres, tau2, float(np.var(gaps)) - centre_sd**2, 1 - level)
     first = mde(null, float(np.std(gaps)), signed, centre, centre_sd)
     gap = -first if signed and centre > 0 else first
     crit = np.nanmedian([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
