@@ -71,9 +71,10 @@ def run_status(store: RunStore) -> str:
     problems, names = _config_lines(store)
     lines = [f"run {store.uri}", *problems, "generation:"]
     for row in table.iter_rows(named=True):
+        cell = f"{model_label(row['model'], names)} / {row['method']} / {row['task']}"
         lines.append(
-            f"  {model_label(row['model'], names)} / {row['method']} / {row['task']}: planned {row['planned']}, "
-            f"done {row['done']}, failed {row['failed']}, pending {row['pending']}"
+            f"  {cell}: planned {row['planned']}, done {row['done']}, failed {row['failed']}, "
+            f"pending {row['pending']}"
         )
     for path in store.quarantine_files():
         lines.append(f"  quarantined (unreadable, its jobs pending): {path}")
@@ -166,7 +167,7 @@ def _actor_lines(manifest: dict[str, Any], names: dict[str, str]) -> list[str]:
         util = f"{sum(busy) / len(busy):.0%}" if busy else "-"
         jobs = sum(a.get("jobs", 0) for a in mine)
         lines.append(
-            f"  {model_label(model, names)}: last run {len(mine)} actor(s) ({died} died), {jobs} jobs, "
-            f"mean utilisation {util} (manifest.json has each actor)"
+            f"  {model_label(model, names)}: last run {len(mine)} actor(s) ({died} died), "
+            f"{jobs} jobs, mean utilisation {util} (manifest.json has each actor)"
         )
     return lines

@@ -194,11 +194,7 @@ def run_centres(
     share = np.where(seen, k / np.maximum(n, 1), pooled)
     noise = pooled * (1 - pooled) / np.maximum(n, 1)
     excess = max(0.0, float(np.var(share[seen]) - noise[seen].mean()))
-    pi = (
-        pooled + excess / (excess + noise) * (share - pooled)
-        if excess > 0
-        else np.full(n_p, pooled)
-    )
+    pi = pooled + excess / np.maximum(excess + noise, 1e-300) * (share - pooled)
     table, at = _max_by_count(_ranked(prompt, value), n), np.arange(n_p)
     first = rng.binomial(n, np.clip(pi, 0.0, 1.0), size=(draws, n_p))  # (draws, P)
     gaps = []
@@ -212,13 +208,8 @@ def run_centres(
 def _max_by_count(ranked: tuple[np.ndarray, ...], n: np.ndarray) -> np.ndarray:
     """(P, K + 1) the expected maximum of k rows drawn from each prompt's, for every k up to the
     largest prompt's K (0 where k is 0 or above the prompt's rows)."""
-    p, v, rank, rows, top = ranked
-    table = np.zeros((n.size, int(top) + 1))
-    for k in range(1, int(top) + 1):
-        keep = rows >= k  # only prompts with at least k rows
-        chance = max_chance(rows[keep], rank[keep], np.full(int(keep.sum()), k), int(top))
-        table[:, k] = np.bincount(p[keep], chance * v[keep], n.size)
-    return table
+    ks = np.arange(int(ranked[-1]) + 1)[:, None]
+    return _expected_max(ranked, np.broadcast_to(ks, (ks.size, n.size))).T
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:

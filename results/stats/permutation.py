@@ -368,18 +368,17 @@ def mde(
     spread: float,
     signed: bool,
     centre: float = 0.0,
-    centre_sd: float = 0.0,
     power: float = POWER,
 ) -> float:
     """The true gap × 100 that `test` (rejecting past `test.crit`) detects with probability
     `power` in either direction, from the gap's bootstrap sd `spread` and where the null centres
-    it (`centre`; the paper's EMT: `test.null_mean`, with its spread `centre_sd` from
-    `centre_spread`). Formulas: docs/statistics.md, "Power and sample size"."""
+    it (`centre`; the paper's EMT: `test.null_mean`; where that centre moves from run to run,
+    `emt.centred_mde` instead). Formulas: docs/statistics.md, "Power and sample size"."""
     z = NormalDist().inv_cdf(power)
     if not (np.isfinite(test.crit) and np.isfinite(spread) and np.isfinite(test.null_sq)):
         return float("nan")
     if signed:
-        return float(test.crit + abs(centre) + z * np.sqrt(spread**2 + 7 * centre_sd**2))
+        return float(test.crit + abs(centre) + z * spread)
     reach = test.crit + z * np.sqrt(test.null_sq / 2)
     return float(np.sqrt(max(0.0, reach**2 - test.null_sq)))
 

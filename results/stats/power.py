@@ -415,7 +415,7 @@ def mde_at(
     if centre_sd > 0:  # labels move within prompts: over the simulated runs' own centres
         tau2 = float(np.mean([t.null_sq - t.null_mean**2 for _, t in runs]))
         return centred_mde(centres, tau2, float(np.var(gaps)) - centre_sd**2, 1 - level)
-    first = mde(null, float(np.std(gaps)), signed, centre, centre_sd)
+    first = mde(null, float(np.std(gaps)), signed, centre)
     gap = -first if signed and centre > 0 else first
     crit = np.nanmedian([tested(cell, simulate(rng, pilot, n_units, samples, gap), level, n_perm, rng)[1].crit for _ in range(reps)])  # fmt: skip
-    return mde(null._replace(crit=float(crit)), float(np.std(gaps)), signed, centre, centre_sd)
+    return mde(null._replace(crit=float(crit)), float(np.std(gaps)), signed, centre)

@@ -60,8 +60,8 @@ def vocab_forward(
     what the backward of softmax + output layer needs, and (E S)ᵀ (B, V) is ℓ̂_a's product with
     the sum S of generated embeddings (`gen_sum`; None: S = 0, zeros without a product).
 
-    The chunks' products are summed in float64: one float32 product
-    over a real vocabulary drops the many tiny p(x)·E(x) terms against a large partial sum.
+    The chunks' products are summed in float64: one float32 product over a real vocabulary
+    drops the many tiny p(x)·E(x) terms against a large partial sum.
     """
     tied = _same_matrix(weight, embed)
     step = _vocab_chunk(embed)
